@@ -1,0 +1,1 @@
+//! `ftrec-ckpt` (in construction).

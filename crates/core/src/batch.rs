@@ -1,0 +1,142 @@
+//! The training batch handed from data readers to trainers.
+
+use crate::CoreError;
+
+/// Dense (integer) features of a Criteo sample.
+pub const NUM_DENSE: usize = 13;
+/// Categorical features of a Criteo sample (one embedding table each).
+pub const NUM_SPARSE: usize = 26;
+
+/// One categorical feature over a batch, as a bag of rows per sample (CSR): sample `i` looks up
+/// `ids[offsets[i]..offsets[i+1]]`. One-hot Criteo data has one id per sample, or none for a
+/// missing value (an empty bag pools to zeros); multi-hot is allowed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SparseFeature {
+    pub offsets: Vec<u32>,
+    pub ids: Vec<u64>,
+}
+
+impl SparseFeature {
+    pub fn with_capacity(samples: usize) -> Self {
+        let mut offsets = Vec::with_capacity(samples + 1);
+        offsets.push(0);
+        SparseFeature {
+            offsets,
+            ids: Vec::with_capacity(samples),
+        }
+    }
+
+    /// Append one sample's bag.
+    pub fn push_bag(&mut self, ids: &[u64]) {
+        if self.offsets.is_empty() {
+            self.offsets.push(0);
+        }
+        self.ids.extend_from_slice(ids);
+        self.offsets.push(self.ids.len() as u32);
+    }
+
+    /// The bag of sample `i`.
+    #[inline]
+    pub fn bag(&self, i: usize) -> &[u64] {
+        &self.ids[self.offsets[i] as usize..self.offsets[i + 1] as usize]
+    }
+}
+
+/// A batch of samples: labels, transformed dense features (`size x dense_dim`, row-major) and
+/// one [`SparseFeature`] per table.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Batch {
+    pub size: usize,
+    pub labels: Vec<f32>,
+    pub dense: Vec<f32>,
+    pub sparse: Vec<SparseFeature>,
+}
+
+impl Batch {
+    /// An empty batch with room for `samples` samples of `dense_dim` dense and `tables`
+    /// categorical features.
+    pub fn with_capacity(samples: usize, dense_dim: usize, tables: usize) -> Self {
+        Batch {
+            size: 0,
+            labels: Vec::with_capacity(samples),
+            dense: Vec::with_capacity(samples * dense_dim),
+            sparse: (0..tables)
+                .map(|_| SparseFeature::with_capacity(samples))
+                .collect(),
+        }
+    }
+
+    /// Check internal consistency and that every id is below its table's row count.
+    pub fn validate(&self, dense_dim: usize, table_rows: &[u64]) -> Result<(), CoreError> {
+        let bad = |m: String| Err(CoreError::InvalidBatch(m));
+        if self.labels.len() != self.size {
+            return bad(format!(
+                "{} labels for {} samples",
+                self.labels.len(),
+                self.size
+            ));
+        }
+        if self.dense.len() != self.size * dense_dim {
+            return bad(format!(
+                "{} dense values for {} samples x {dense_dim}",
+                self.dense.len(),
+                self.size
+            ));
+        }
+        if self.sparse.len() != table_rows.len() {
+            return bad(format!(
+                "{} categorical features for {} tables",
+                self.sparse.len(),
+                table_rows.len()
+            ));
+        }
+        for (t, (f, &rows)) in self.sparse.iter().zip(table_rows).enumerate() {
+            if f.offsets.len() != self.size + 1 {
+                return bad(format!(
+                    "feature {t}: {} offsets for {} samples",
+                    f.offsets.len(),
+                    self.size
+                ));
+            }
+            if f.offsets.windows(2).any(|w| w[0] > w[1])
+                || *f.offsets.last().unwrap_or(&0) as usize != f.ids.len()
+            {
+                return bad(format!("feature {t}: offsets are not a valid CSR index"));
+            }
+            if let Some(&id) = f.ids.iter().find(|&&id| id >= rows) {
+                return Err(CoreError::RowOutOfRange {
+                    table: t as u32,
+                    row: id,
+                    rows,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validate_catches_out_of_range_ids_and_bad_shapes() {
+        let mut b = Batch::with_capacity(2, 1, 1);
+        b.size = 2;
+        b.labels = vec![0.0, 1.0];
+        b.dense = vec![0.5, 0.25];
+        b.sparse[0].push_bag(&[3]);
+        b.sparse[0].push_bag(&[]);
+        assert!(b.validate(1, &[4]).is_ok());
+        assert_eq!(b.sparse[0].bag(1), &[] as &[u64]);
+        assert!(matches!(
+            b.validate(1, &[3]),
+            Err(CoreError::RowOutOfRange { row: 3, .. })
+        ));
+        b.labels.pop();
+        assert!(matches!(
+            b.validate(1, &[4]),
+            Err(CoreError::InvalidBatch(_))
+        ));
+    }
+}

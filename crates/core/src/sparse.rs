@@ -1,0 +1,95 @@
+//! Summing a batch's embedding gradients per row before the optimizer sees them.
+//!
+//! A row that occurs several times in a batch must get exactly one optimizer update with the
+//! sum of its gradients (the stateful optimizers are not additive: two Adagrad steps differ from
+//! one step on the sum). The sum runs in the order contributions arrive, which the trainer
+//! fixes (sample order), so the result is bit-reproducible.
+
+use std::collections::HashMap;
+
+use crate::RowId;
+
+/// Accumulates `dim`-long gradients per row id for one table.
+#[derive(Debug, Clone)]
+pub struct SparseGradAccumulator {
+    dim: usize,
+    index: HashMap<RowId, u32>,
+    rows: Vec<RowId>,
+    grads: Vec<f32>,
+}
+
+impl SparseGradAccumulator {
+    pub fn new(dim: usize) -> Self {
+        SparseGradAccumulator {
+            dim,
+            index: HashMap::new(),
+            rows: Vec::new(),
+            grads: Vec::new(),
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.index.clear();
+        self.rows.clear();
+        self.grads.clear();
+    }
+
+    /// Add `grad` to row `row`'s sum.
+    #[inline]
+    pub fn add(&mut self, row: RowId, grad: &[f32]) {
+        debug_assert_eq!(grad.len(), self.dim);
+        let dim = self.dim;
+        let slot = *self.index.entry(row).or_insert_with(|| {
+            self.rows.push(row);
+            self.grads.extend(std::iter::repeat_n(0.0, dim));
+            (self.rows.len() - 1) as u32
+        }) as usize;
+        for (acc, g) in self.grads[slot * dim..(slot + 1) * dim]
+            .iter_mut()
+            .zip(grad)
+        {
+            *acc += g;
+        }
+    }
+
+    /// Distinct rows touched so far.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// `(row, summed gradient)` pairs, sorted by row id (a fixed order for appliers and for
+    /// the wire).
+    pub fn sorted(&self) -> Vec<(RowId, &[f32])> {
+        let mut out: Vec<(RowId, &[f32])> = self
+            .rows
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| (r, &self.grads[i * self.dim..(i + 1) * self.dim]))
+            .collect();
+        out.sort_unstable_by_key(|(r, _)| *r);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeated_rows_are_summed_once() {
+        let mut acc = SparseGradAccumulator::new(2);
+        acc.add(5, &[1.0, 2.0]);
+        acc.add(1, &[0.5, 0.5]);
+        acc.add(5, &[3.0, -1.0]);
+        assert_eq!(acc.len(), 2);
+        let s = acc.sorted();
+        assert_eq!(s[0], (1, &[0.5f32, 0.5][..]));
+        assert_eq!(s[1], (5, &[4.0f32, 1.0][..]));
+        acc.clear();
+        assert!(acc.is_empty());
+    }
+}

@@ -1,0 +1,1 @@
+//! `ftrec-data` (in construction).

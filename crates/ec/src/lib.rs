@@ -1,0 +1,1 @@
+//! `ftrec-ec` (in construction).

@@ -1,0 +1,1 @@
+//! `ftrec-model` (in construction).

@@ -1,0 +1,1 @@
+//! `ftrec-worker` (in construction).
