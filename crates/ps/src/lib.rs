@@ -1,0 +1,1 @@
+//! `ftrec-ps` (in construction).
