@@ -1,1 +1,78 @@
-//! `ftrec-ckpt` (in construction).
+//! `ftrec-ckpt`: the checkpoint storage engine.
+//!
+//! It owns
+//! - the [`ChunkStore`] trait, an async object store small enough for a local directory
+//!   ([`LocalStore`]), an S3-compatible bucket ([`S3Store`], feature `s3`, on by default) and a
+//!   map in memory ([`MemoryStore`]) to implement with one set of semantics, checked by one
+//!   [`conformance`] suite; and [`FaultyStore`], a seeded fault-injecting wrapper for tests;
+//! - the versioned on-disk [`format`]s: row files, dense files, manifests and the `CURRENT`
+//!   pointer, each framed with magic, version, a header checksum and a payload checksum;
+//! - checkpoint layout, commit and selection ([`Checkpoints`], [`Select`]): files create-only,
+//!   then the manifest create-only, then `CURRENT` swapped atomically; readers verify all three
+//!   levels and can fall back to the newest intact checkpoint;
+//! - full snapshots of parameter-server shards ([`snapshot`]): bounded-size chunk files written
+//!   with bounded memory by several servers into one checkpoint, and restore;
+//! - a bandwidth benchmark of the local backend against the raw disk ([`bench`]).
+//!
+//! It never decides *when* to checkpoint or *what* a strategy saves (that is policy, above
+//! this crate), never talks to the network except through a store, and never trusts bytes it
+//! reads: a damaged file is an error naming it, never silently loaded.
+//!
+//! Later work builds DECK delta checkpoints, staging, merging and lineage on the same pieces:
+//! [`CheckpointKind`] already has `Delta` and `Merged`, manifests carry parent ids, and
+//! [`Checkpoints::write_manifest`] commits a checkpoint without moving `CURRENT`.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use ftrec_ckpt::snapshot::{self, RowIds, ServerShard, ShardTarget, SnapshotOptions, TableShard, TableTarget};
+//! use ftrec_ckpt::{CheckpointId, CheckpointKind, Checkpoints, DataPosition, MemoryStore, Select};
+//! use ftrec_core::{EmbeddingTable, RowLayout, ServerId, TableId};
+//!
+//! # fn main() -> Result<(), ftrec_ckpt::CkptError> {
+//! let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+//! rt.block_on(async {
+//!     let ckpts = Checkpoints::new(Arc::new(MemoryStore::new()));
+//!     let table = EmbeddingTable::new_init(TableId(0), 100, RowLayout::new(4, 1), 7, 0.1);
+//!     let shard = ServerShard {
+//!         server: ServerId(0),
+//!         tables: vec![TableShard { table: &table, ids: RowIds::Identity }],
+//!         dense: None,
+//!     };
+//!     let id = CheckpointId::for_step(10, CheckpointKind::Full);
+//!     let opts = SnapshotOptions::default();
+//!     snapshot::write_full(&ckpts, &id, 10, DataPosition::None, &[shard], &opts).await?;
+//!
+//!     let manifest = ckpts.select(&Select::Current, &[CheckpointKind::Full]).await?;
+//!     let mut restored = EmbeddingTable::zeros(TableId(0), 100, RowLayout::new(4, 1));
+//!     let mut target = ShardTarget {
+//!         server: ServerId(0),
+//!         tables: vec![TableTarget { table: &mut restored, ids: RowIds::Identity }],
+//!         dense: None,
+//!     };
+//!     snapshot::restore_shard(&ckpts, &manifest, &mut target, &opts).await?;
+//!     assert_eq!(restored, table);
+//!     Ok(())
+//! })
+//! # }
+//! ```
+
+pub mod bench;
+pub mod checkpoint;
+pub mod conformance;
+pub mod error;
+pub mod format;
+pub mod key;
+pub mod snapshot;
+pub mod store;
+
+pub use bytes::Bytes;
+pub use checkpoint::{Checkpoints, Select};
+pub use error::{CkptError, Result};
+pub use format::{CheckpointId, CheckpointKind, DataPosition, Manifest};
+pub use key::Key;
+pub use store::fault::{FaultPlan, FaultyStore};
+pub use store::local::LocalStore;
+pub use store::memory::MemoryStore;
+#[cfg(feature = "s3")]
+pub use store::s3::{S3Config, S3Store};
+pub use store::{ChunkStore, ObjectMeta, PutMode};

@@ -1,1 +1,47 @@
-fn main() {}
+//! `ftrec`: the command-line front of the ftrec crates.
+//!
+//! The binary only parses flags into validated configurations, calls the library crates and maps
+//! errors to one clear line and a non-zero exit code.
+
+mod bench;
+mod data;
+mod flags;
+mod train;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = flags::Cli::parse();
+    let result = match cli.cmd {
+        flags::Cmd::Train(args) => train::run(args),
+        flags::Cmd::Data { cmd } => data::run(cmd),
+        flags::Cmd::Bench { cmd } => bench::run(cmd),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the chain of causes, outermost first.
+            let msg: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+            eprintln!("ftrec: error: {}", msg.join(": "));
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Write `value` as pretty JSON to `path` atomically (temp file, rename).
+pub(crate) fn write_json<T: serde::Serialize>(path: &std::path::Path, value: &T) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let tmp = path.with_extension("json.tmp");
+    let text = serde_json::to_string_pretty(value)?;
+    std::fs::write(&tmp, text + "\n").with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// Set the gemm thread count first thing, while the process has one thread.
+pub(crate) fn set_threads(threads: usize) -> anyhow::Result<()> {
+    ftrec_model::set_gemm_threads(threads)?;
+    Ok(())
+}

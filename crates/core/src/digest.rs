@@ -66,6 +66,17 @@ impl ModelDigest {
     pub fn hex(&self) -> String {
         format!("{:032x}", self.sum)
     }
+
+    /// The raw `(sum, items)` pair, so a partial digest can cross a process boundary
+    /// (a parameter server reports its shard's digest to the coordinator).
+    pub fn to_parts(&self) -> (u128, u64) {
+        (self.sum, self.items)
+    }
+
+    /// Rebuild a digest from [`ModelDigest::to_parts`].
+    pub fn from_parts(sum: u128, items: u64) -> Self {
+        ModelDigest { sum, items }
+    }
 }
 
 #[cfg(test)]
@@ -97,5 +108,14 @@ mod tests {
         d4.add_row(0, 1, &a);
         d4.add_row(1, 2, &b);
         assert_ne!(d1.hex(), d4.hex());
+    }
+
+    #[test]
+    fn parts_round_trip() {
+        let mut d = ModelDigest::new();
+        d.add_row(2, 7, &[1.5, -2.0]);
+        let (sum, items) = d.to_parts();
+        assert_eq!(ModelDigest::from_parts(sum, items), d);
+        assert_eq!(items, 1);
     }
 }

@@ -1,1 +1,43 @@
-//! `ftrec-worker` (in construction).
+//! `ftrec-worker`: the training loop.
+//!
+//! It owns
+//! - [`LocalTrainer`]: the single-process DLRM trainer (embedding tables in memory, the dense
+//!   MLP of `ftrec-model`, batches from `ftrec-data`), the reference every distributed and
+//!   fault-tolerant run is compared with, digest for digest;
+//! - [`train`]: a whole run (train, evaluate, report) driven by a [`TrainConfig`], returning a
+//!   [`TrainReport`];
+//! - [`sys`]: process measurements (peak resident memory).
+//!
+//! It never starts processes or opens sockets.
+//!
+//! ```no_run
+//! use ftrec_worker::{train, DataSpec, TrainConfig};
+//! let cfg = TrainConfig::from_preset("tiny", DataSpec::Synthetic).unwrap();
+//! let report = train(&cfg, &mut |_| {}).unwrap();
+//! println!("auc {:.4} digest {}", report.auc, report.model_digest);
+//! ```
+
+pub mod config;
+pub mod local;
+pub mod sys;
+
+pub use config::{DataSpec, TrainConfig};
+pub use local::{train, LocalTrainer, Progress, TrainReport};
+
+/// What can stop a training run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerError {
+    #[error(transparent)]
+    Core(#[from] ftrec_core::CoreError),
+    #[error(transparent)]
+    Model(#[from] ftrec_model::ModelError),
+    #[error(transparent)]
+    Data(#[from] ftrec_data::DataError),
+    #[error("invalid training configuration: {0}")]
+    Config(String),
+    #[error("the data ran out after {steps} steps ({samples} samples); ask for fewer steps or allow more epochs")]
+    DataExhausted { steps: u64, samples: u64 },
+    #[error("the held-out set is empty: {0}")]
+    NoEvalData(String),
+}

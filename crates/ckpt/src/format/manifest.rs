@@ -1,0 +1,465 @@
+//! Manifests (`MANI`, version 1): what one checkpoint holds.
+//!
+//! Header body (after the payload length): one reserved u32 (0). Payload: the [`Manifest`] as
+//! JSON. JSON because manifests are small, read by people during incidents, and grow fields
+//! over time; the frame's checksums protect it like any other file.
+//!
+//! A manifest lists every file of its checkpoint with size and whole-file crc32c, the step,
+//! the kind (full, delta, merged), the training data position to resume from, the parent
+//! checkpoints it depends on (its lineage, DECK §3.3 and §4.3: a delta depends on the full or
+//! merged checkpoint below it), and per server the shape of what it saved.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use ftrec_core::{RowId, RowLayout, ServerId, TableId};
+use serde::{Deserialize, Serialize};
+
+use super::{parse_frame, EncodedFile, FileKind, FrameBuilder};
+use crate::error::{CkptError, Result};
+use crate::key::{check_segment, Key};
+
+/// Name of a checkpoint; a valid key segment (it names the checkpoint's directory).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct CheckpointId(String);
+
+impl CheckpointId {
+    pub fn new(s: impl Into<String>) -> Result<Self> {
+        let s = s.into();
+        check_segment(&s, &s)?;
+        Ok(CheckpointId(s))
+    }
+
+    /// The conventional id `<step, 20 digits>-<kind>`, which sorts by step.
+    pub fn for_step(step: u64, kind: CheckpointKind) -> Self {
+        CheckpointId(format!("{step:020}-{}", kind.name()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for CheckpointId {
+    type Error = CkptError;
+    fn try_from(s: String) -> Result<Self> {
+        CheckpointId::new(s)
+    }
+}
+
+impl From<CheckpointId> for String {
+    fn from(id: CheckpointId) -> String {
+        id.0
+    }
+}
+
+impl fmt::Display for CheckpointId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for CheckpointId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+/// What a checkpoint holds relative to its parents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointKind {
+    /// Every row and every dense block: restorable alone.
+    Full,
+    /// The rows touched since the parent (DECK §3.1).
+    Delta,
+    /// Several consecutive deltas folded into one (DECK §3.3).
+    Merged,
+}
+
+impl CheckpointKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            CheckpointKind::Full => "full",
+            CheckpointKind::Delta => "delta",
+            CheckpointKind::Merged => "merged",
+        }
+    }
+}
+
+/// Where the training data stream stands at the checkpoint, as the data reader defines it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(tag = "type", content = "value", rename_all = "snake_case")]
+pub enum DataPosition {
+    #[default]
+    None,
+    /// Opaque bytes (stored as hex).
+    Bytes(#[serde(with = "hex_bytes")] Vec<u8>),
+    /// A JSON value.
+    Json(serde_json::Value),
+}
+
+mod hex_bytes {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        s.serialize_str(&hex)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let s = String::deserialize(d)?;
+        if s.len() % 2 != 0 || !s.bytes().all(|c| c.is_ascii_hexdigit()) {
+            return Err(serde::de::Error::custom("expected an even number of hex digits"));
+        }
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(serde::de::Error::custom))
+            .collect()
+    }
+}
+
+/// One table shard as saved by one server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableInfo {
+    pub table: TableId,
+    /// Rows this server saved for the table.
+    pub rows: u64,
+    pub layout: RowLayout,
+}
+
+/// The dense block range saved by one server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DenseInfo {
+    pub first_block: u64,
+    pub blocks: u64,
+    pub values: u64,
+    pub state_per_block: u32,
+}
+
+/// What one server saved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardInfo {
+    pub server: ServerId,
+    pub tables: Vec<TableInfo>,
+    pub dense: Option<DenseInfo>,
+}
+
+/// What a file holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum FileContent {
+    Rows {
+        server: ServerId,
+        table: TableId,
+        rows: u64,
+        first_row: RowId,
+        last_row: RowId,
+    },
+    Dense {
+        server: ServerId,
+        first_block: u64,
+        blocks: u64,
+    },
+}
+
+/// One file of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileInfo {
+    /// Path relative to the checkpoint's directory.
+    pub path: String,
+    pub size: u64,
+    pub crc32c: u32,
+    pub content: FileContent,
+}
+
+/// Everything a reader needs to find, verify and load one checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub id: CheckpointId,
+    pub kind: CheckpointKind,
+    /// Training step the checkpoint reflects (every update of steps `< step` is in it).
+    pub step: u64,
+    /// Checkpoints this one depends on (empty for a full checkpoint).
+    pub parents: Vec<CheckpointId>,
+    pub data_position: DataPosition,
+    /// One entry per server that contributed, sorted by server.
+    pub shards: Vec<ShardInfo>,
+    /// Every file, sorted by path.
+    pub files: Vec<FileInfo>,
+    /// Room for later writers (delta coverage, merge layers) without a format change.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+impl Manifest {
+    /// Check that the manifest agrees with itself; `file` names it in errors.
+    pub fn validate(&self, file: &str) -> Result<()> {
+        let bad = |reason: String| CkptError::Corrupt {
+            file: file.to_string(),
+            reason,
+        };
+        if self.kind == CheckpointKind::Full && !self.parents.is_empty() {
+            return Err(bad("a full checkpoint cannot have parents".into()));
+        }
+        if self.kind != CheckpointKind::Full && self.parents.is_empty() {
+            return Err(bad(format!(
+                "a {} checkpoint needs a parent",
+                self.kind.name()
+            )));
+        }
+        // Per-server shapes.
+        let mut tables: BTreeMap<(ServerId, TableId), TableInfo> = BTreeMap::new();
+        let mut dense: BTreeMap<ServerId, DenseInfo> = BTreeMap::new();
+        let mut servers = BTreeSet::new();
+        for s in &self.shards {
+            if !servers.insert(s.server) {
+                return Err(bad(format!("server {} listed twice", s.server.0)));
+            }
+            for t in &s.tables {
+                if t.layout.dim == 0 {
+                    return Err(bad(format!("table {} has dim 0", t.table.0)));
+                }
+                if tables.insert((s.server, t.table), *t).is_some() {
+                    return Err(bad(format!(
+                        "table {} listed twice for server {}",
+                        t.table.0, s.server.0
+                    )));
+                }
+            }
+            if let Some(d) = s.dense {
+                dense.insert(s.server, d);
+            }
+        }
+        // Files: unique valid paths, and they add up to the shapes.
+        let mut paths = BTreeSet::new();
+        let mut rows_seen: BTreeMap<(ServerId, TableId), u64> = BTreeMap::new();
+        let mut blocks_seen: BTreeMap<ServerId, u64> = BTreeMap::new();
+        for f in &self.files {
+            Key::new(f.path.as_str()).map_err(|e| bad(format!("file path: {e}")))?;
+            if !paths.insert(f.path.as_str()) {
+                return Err(bad(format!("file {} listed twice", f.path)));
+            }
+            match f.content {
+                FileContent::Rows {
+                    server,
+                    table,
+                    rows,
+                    ..
+                } => {
+                    if !tables.contains_key(&(server, table)) {
+                        return Err(bad(format!(
+                            "file {} holds table {} of server {}, which the shards do not list",
+                            f.path, table.0, server.0
+                        )));
+                    }
+                    *rows_seen.entry((server, table)).or_default() += rows;
+                }
+                FileContent::Dense {
+                    server,
+                    first_block,
+                    blocks,
+                } => {
+                    let Some(d) = dense.get(&server) else {
+                        return Err(bad(format!(
+                            "file {} holds dense blocks of server {}, which has none",
+                            f.path, server.0
+                        )));
+                    };
+                    let seen = blocks_seen.entry(server).or_default();
+                    if first_block != d.first_block + *seen {
+                        return Err(bad(format!(
+                            "dense file {} starts at block {first_block}, expected {}",
+                            f.path,
+                            d.first_block + *seen
+                        )));
+                    }
+                    *seen += blocks;
+                }
+            }
+        }
+        if self.kind == CheckpointKind::Full {
+            for ((server, table), t) in &tables {
+                let seen = rows_seen.get(&(*server, *table)).copied().unwrap_or(0);
+                if seen != t.rows {
+                    return Err(bad(format!(
+                        "table {} of server {}: files hold {seen} rows, shard lists {}",
+                        table.0, server.0, t.rows
+                    )));
+                }
+            }
+            for (server, d) in &dense {
+                let seen = blocks_seen.get(server).copied().unwrap_or(0);
+                if seen != d.blocks {
+                    return Err(bad(format!(
+                        "dense of server {}: files hold {seen} blocks, shard lists {}",
+                        server.0, d.blocks
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The shard info of `server`.
+    pub fn shard(&self, server: ServerId) -> Option<&ShardInfo> {
+        self.shards.iter().find(|s| s.server == server)
+    }
+
+    /// Files of `server`, in manifest order (by path).
+    pub fn files_of(&self, server: ServerId) -> impl Iterator<Item = &FileInfo> {
+        self.files.iter().filter(move |f| match f.content {
+            FileContent::Rows { server: s, .. } | FileContent::Dense { server: s, .. } => {
+                s == server
+            }
+        })
+    }
+
+    /// Total bytes of the checkpoint's data files.
+    pub fn data_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+
+    /// Encode as a `MANI` file.
+    pub fn encode(&self) -> Result<EncodedFile> {
+        let json = serde_json::to_vec(self)
+            .map_err(|e| CkptError::InvalidArgument(format!("manifest does not serialize: {e}")))?;
+        let mut b = FrameBuilder::new(FileKind::Manifest, &0u32.to_le_bytes(), json.len() as u64);
+        b.push(&json);
+        Ok(b.finish())
+    }
+
+    /// Decode and validate a `MANI` file named `file`; also returns its whole-file crc32c.
+    pub fn decode(file: &str, data: &[u8]) -> Result<(Manifest, u32)> {
+        let frame = parse_frame(file, FileKind::Manifest, data)?;
+        let m: Manifest = serde_json::from_slice(frame.payload).map_err(|e| CkptError::Corrupt {
+            file: file.to_string(),
+            reason: format!("manifest JSON: {e}"),
+        })?;
+        m.validate(file)?;
+        Ok((m, frame.file_crc))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn sample() -> Manifest {
+        let layout = RowLayout::new(4, 1);
+        Manifest {
+            id: CheckpointId::for_step(12, CheckpointKind::Full),
+            kind: CheckpointKind::Full,
+            step: 12,
+            parents: vec![],
+            data_position: DataPosition::Bytes(vec![0, 1, 0xab]),
+            shards: vec![ShardInfo {
+                server: ServerId(0),
+                tables: vec![TableInfo {
+                    table: TableId(2),
+                    rows: 5,
+                    layout,
+                }],
+                dense: Some(DenseInfo {
+                    first_block: 0,
+                    blocks: 1,
+                    values: 10,
+                    state_per_block: 1,
+                }),
+            }],
+            files: vec![
+                FileInfo {
+                    path: "s0000/dense-000000.dense".into(),
+                    size: 100,
+                    crc32c: 7,
+                    content: FileContent::Dense {
+                        server: ServerId(0),
+                        first_block: 0,
+                        blocks: 1,
+                    },
+                },
+                FileInfo {
+                    path: "s0000/t0002-000000.rows".into(),
+                    size: 200,
+                    crc32c: 9,
+                    content: FileContent::Rows {
+                        server: ServerId(0),
+                        table: TableId(2),
+                        rows: 5,
+                        first_row: 0,
+                        last_row: 4,
+                    },
+                },
+            ],
+            extra: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let m = sample();
+        let f = m.encode().unwrap();
+        let (back, crc) = Manifest::decode("MANIFEST", &f.bytes).unwrap();
+        assert_eq!(back, m);
+        assert_eq!(crc, f.crc32c);
+        let mut j = m.clone();
+        j.data_position = DataPosition::Json(serde_json::json!({"epoch": 1, "offset": 77}));
+        j.extra.insert("note".into(), serde_json::json!("x"));
+        let (back, _) = Manifest::decode("M", &j.encode().unwrap().bytes).unwrap();
+        assert_eq!(back, j);
+    }
+
+    #[test]
+    fn ids_are_validated_and_sort_by_step() {
+        assert!(CheckpointId::new("../x").is_err());
+        assert!(CheckpointId::new("a/b").is_err());
+        let a = CheckpointId::for_step(9, CheckpointKind::Full);
+        let b = CheckpointId::for_step(10, CheckpointKind::Delta);
+        assert!(a < b);
+        assert_eq!(a.as_str(), "00000000000000000009-full");
+    }
+
+    #[test]
+    fn inconsistent_manifests_are_refused() {
+        let mut m = sample();
+        m.files.pop();
+        assert!(matches!(m.validate("M"), Err(CkptError::Corrupt { .. })));
+        let mut m = sample();
+        m.files[1].path = "../escape".into();
+        assert!(matches!(m.validate("M"), Err(CkptError::Corrupt { .. })));
+        let mut m = sample();
+        m.parents.push(CheckpointId::new("p").unwrap());
+        assert!(matches!(m.validate("M"), Err(CkptError::Corrupt { .. })));
+        let mut m = sample();
+        m.files[0].content = FileContent::Dense {
+            server: ServerId(0),
+            first_block: 3,
+            blocks: 1,
+        };
+        assert!(matches!(m.validate("M"), Err(CkptError::Corrupt { .. })));
+        // An invalid manifest is refused on decode too, naming the file.
+        let mut m = sample();
+        m.files.pop();
+        let json = serde_json::to_vec(&m).unwrap();
+        let mut b = FrameBuilder::new(FileKind::Manifest, &0u32.to_le_bytes(), json.len() as u64);
+        b.push(&json);
+        let err = Manifest::decode("ckpt/x/MANIFEST", &b.finish().bytes).unwrap_err();
+        assert_eq!(err.file(), Some("ckpt/x/MANIFEST"));
+    }
+
+    #[test]
+    fn flip_any_byte_or_truncate_is_an_error_naming_the_file() {
+        let f = sample().encode().unwrap();
+        for i in 0..f.bytes.len() {
+            let mut d = f.bytes.to_vec();
+            d[i] ^= 0x04;
+            let err = Manifest::decode("MANIFEST", &d).unwrap_err();
+            assert_eq!(err.file(), Some("MANIFEST"), "byte {i}: {err}");
+        }
+        for len in 0..f.bytes.len() {
+            let err = Manifest::decode("MANIFEST", &f.bytes[..len]).unwrap_err();
+            assert_eq!(err.file(), Some("MANIFEST"), "len {len}: {err}");
+        }
+    }
+}

@@ -1,0 +1,483 @@
+//! A [`ChunkStore`] in a local directory.
+//!
+//! Key `a/b/c` is the file `<root>/a/b/c`. Writes are crash-atomic: the bytes go to a
+//! temporary file in the destination directory (named `.c.tmp-<pid>-<n>`, which no valid key
+//! can name and `list` skips), are fsynced, then the temporary file is renamed over the
+//! destination and the directory is fsynced so the rename itself is durable. A create-only
+//! put renames with `RENAME_NOREPLACE` (Linux) or hard-links (elsewhere, or where the file
+//! system lacks the flag): both fail if the destination exists, so of two racing creators
+//! exactly one wins.
+//!
+//! Blocking file-system calls run on tokio's blocking pool, so a caller must be inside a tokio
+//! runtime.
+//!
+//! Limits: a key cannot be both an object and a prefix of other keys (`a` and `a/b`), because
+//! a path cannot be both a file and a directory; such a put fails with
+//! [`CkptError::Precondition`]. A crash can leave temporary files behind; they are invisible to
+//! `list` and `get`, and [`LocalStore::remove_temp_files`] deletes them when no writer runs.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use super::{check_range, ChunkStore, ObjectMeta, PutMode};
+use crate::error::{CkptError, Result};
+use crate::key::Key;
+
+/// Objects as files under a root directory.
+#[derive(Debug, Clone)]
+pub struct LocalStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    root: PathBuf,
+    tmp_counter: AtomicU64,
+}
+
+/// Failures inside the local backend, before they are mapped to [`CkptError`].
+#[derive(Debug)]
+enum LocalFailure {
+    Io(io::Error),
+    /// An object and a directory would share a path.
+    PathConflict(&'static str),
+    /// The blocking task panicked or was cancelled.
+    Join(tokio::task::JoinError),
+}
+
+impl From<io::Error> for LocalFailure {
+    fn from(e: io::Error) -> Self {
+        LocalFailure::Io(e)
+    }
+}
+
+impl LocalFailure {
+    fn into_error(self, key: &str) -> CkptError {
+        match self {
+            LocalFailure::Io(e) => match e.kind() {
+                io::ErrorKind::NotFound => CkptError::NotFound {
+                    key: key.to_string(),
+                },
+                io::ErrorKind::AlreadyExists => CkptError::AlreadyExists {
+                    key: key.to_string(),
+                },
+                _ => CkptError::io(key, e),
+            },
+            LocalFailure::PathConflict(why) => CkptError::Precondition {
+                key: key.to_string(),
+                reason: why.to_string(),
+            },
+            LocalFailure::Join(e) => CkptError::TemporarilyUnavailable {
+                backend: "local",
+                reason: format!("blocking file task failed: {e}"),
+            },
+        }
+    }
+}
+
+type LResult<T> = std::result::Result<T, LocalFailure>;
+
+impl LocalStore {
+    /// A store rooted at `root`, which is created if missing.
+    pub fn new(root: impl Into<PathBuf>) -> Result<Self> {
+        let root = root.into();
+        fs::create_dir_all(&root).map_err(|e| CkptError::io(root.display().to_string(), e))?;
+        Ok(LocalStore {
+            inner: Arc::new(Inner {
+                root,
+                tmp_counter: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.inner.root
+    }
+
+    /// The file that holds `key`.
+    pub fn path_of(&self, key: &Key) -> PathBuf {
+        let mut p = self.inner.root.clone();
+        p.extend(key.segments());
+        p
+    }
+
+    /// Delete temporary files left by crashed writers. Only call it when no writer is active
+    /// on this directory. Returns how many were removed.
+    pub async fn remove_temp_files(&self) -> Result<u64> {
+        let root = self.inner.root.clone();
+        let root_key = root.display().to_string();
+        run_blocking(move || {
+            let mut removed = 0;
+            let mut stack = vec![root];
+            while let Some(dir) = stack.pop() {
+                for entry in fs::read_dir(&dir)? {
+                    let entry = entry?;
+                    let name = entry.file_name();
+                    let name = name.to_string_lossy();
+                    let ft = entry.file_type()?;
+                    if ft.is_dir() {
+                        stack.push(entry.path());
+                    } else if name.starts_with('.') && name.contains(".tmp-") {
+                        fs::remove_file(entry.path())?;
+                        removed += 1;
+                    }
+                }
+            }
+            Ok(removed)
+        })
+        .await
+        .map_err(|e| e.into_error(&root_key))
+    }
+}
+
+async fn run_blocking<T: Send + 'static>(
+    f: impl FnOnce() -> LResult<T> + Send + 'static,
+) -> LResult<T> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r,
+        Err(e) => Err(LocalFailure::Join(e)),
+    }
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Create `dir` and any missing parents below `root`, fsyncing each parent that gained an
+/// entry so the new directories survive a crash.
+fn ensure_dir(root: &Path, dir: &Path) -> LResult<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let mut missing = Vec::new();
+    let mut cur = dir;
+    while cur != root && !cur.is_dir() {
+        if cur.exists() {
+            return Err(LocalFailure::PathConflict(
+                "a parent of this key is an object; an object and a prefix cannot share a path on the local backend",
+            ));
+        }
+        missing.push(cur.to_path_buf());
+        match cur.parent() {
+            Some(p) => cur = p,
+            None => break,
+        }
+    }
+    for d in missing.iter().rev() {
+        match fs::create_dir(d) {
+            Ok(()) => {
+                if let Some(parent) = d.parent() {
+                    sync_dir(parent)?;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && d.is_dir() => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(LocalFailure::PathConflict(
+                    "a parent of this key is an object; an object and a prefix cannot share a path on the local backend",
+                ))
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Rename `from` to `to` unless `to` exists. Returns `AlreadyExists` if it does.
+fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        use std::ffi::CString;
+        use std::os::unix::ffi::OsStrExt;
+        let cfrom = CString::new(from.as_os_str().as_bytes())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let cto = CString::new(to.as_os_str().as_bytes())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: both pointers are valid NUL-terminated strings that outlive the call.
+        let rc = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                cfrom.as_ptr(),
+                libc::AT_FDCWD,
+                cto.as_ptr(),
+                libc::RENAME_NOREPLACE,
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            // The file system does not support the flag: fall back to link + unlink.
+            Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP) => {}
+            _ => return Err(err),
+        }
+    }
+    fs::hard_link(from, to)?;
+    fs::remove_file(from)
+}
+
+fn put_blocking(inner: &Inner, path: &Path, data: &[u8], mode: PutMode) -> LResult<()> {
+    let dir = path.parent().expect("a key path has a parent (the root)");
+    ensure_dir(&inner.root, dir)?;
+    if path.is_dir() {
+        return Err(LocalFailure::PathConflict(
+            "this key is a prefix of other objects; an object and a prefix cannot share a path on the local backend",
+        ));
+    }
+    let name = path
+        .file_name()
+        .expect("a key path has a file name")
+        .to_string_lossy();
+    let n = inner.tmp_counter.fetch_add(1, Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.tmp-{}-{n}", std::process::id()));
+    let result = (|| -> LResult<()> {
+        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        drop(f);
+        match mode {
+            PutMode::Overwrite => fs::rename(&tmp, path)?,
+            PutMode::Create => rename_noreplace(&tmp, path)?,
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        // Best effort: the temporary file is invisible anyway.
+        let _ = fs::remove_file(&tmp);
+        result?;
+    }
+    sync_dir(dir)?;
+    Ok(())
+}
+
+/// Map "is a directory" on read to NotFound: a prefix is not an object.
+fn open_object(path: &Path) -> io::Result<File> {
+    let f = File::open(path)?;
+    if f.metadata()?.is_dir() {
+        return Err(io::Error::new(io::ErrorKind::NotFound, "a prefix, not an object"));
+    }
+    Ok(f)
+}
+
+fn list_blocking(root: &Path, prefix: Option<&Key>) -> LResult<Vec<ObjectMeta>> {
+    let mut base = root.to_path_buf();
+    let mut base_key = String::new();
+    if let Some(p) = prefix {
+        base.extend(p.segments());
+        base_key = p.as_str().to_string();
+    }
+    let mut out = Vec::new();
+    match fs::metadata(&base) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Ok(out),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e.into()),
+    }
+    let mut stack = vec![(base, base_key)];
+    while let Some((dir, dir_key)) = stack.pop() {
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            // Removed concurrently: nothing to list there.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e.into()),
+        };
+        for entry in entries {
+            let entry = entry?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.starts_with('.') {
+                continue;
+            }
+            let key_str = if dir_key.is_empty() {
+                name.to_string()
+            } else {
+                format!("{dir_key}/{name}")
+            };
+            let ft = entry.file_type()?;
+            if ft.is_dir() {
+                stack.push((entry.path(), key_str));
+            } else if ft.is_file() {
+                // Files that are not valid keys were not written through this store: skip.
+                let Ok(key) = Key::new(key_str) else { continue };
+                let size = match entry.metadata() {
+                    Ok(m) => m.len(),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e.into()),
+                };
+                out.push(ObjectMeta { key, size });
+            }
+        }
+    }
+    out.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(out)
+}
+
+#[async_trait]
+impl ChunkStore for LocalStore {
+    fn backend(&self) -> &'static str {
+        "local"
+    }
+
+    async fn put(&self, key: &Key, data: Bytes, mode: PutMode) -> Result<()> {
+        let inner = self.inner.clone();
+        let path = self.path_of(key);
+        run_blocking(move || put_blocking(&inner, &path, &data, mode))
+            .await
+            .map_err(|e| e.into_error(key.as_str()))
+    }
+
+    async fn get(&self, key: &Key) -> Result<Bytes> {
+        let path = self.path_of(key);
+        run_blocking(move || {
+            let mut f = open_object(&path)?;
+            let len = f.metadata()?.len() as usize;
+            let mut buf = Vec::with_capacity(len);
+            f.read_to_end(&mut buf)?;
+            Ok(Bytes::from(buf))
+        })
+        .await
+        .map_err(|e| e.into_error(key.as_str()))
+    }
+
+    async fn get_range(&self, key: &Key, range: Range<u64>) -> Result<Bytes> {
+        let path = self.path_of(key);
+        let k = key.clone();
+        run_blocking(move || {
+            let mut f = open_object(&path)?;
+            let size = f.metadata()?.len();
+            if let Err(e) = check_range(&k, &range, size) {
+                return Ok(Err(e));
+            }
+            let mut buf = vec![0u8; (range.end - range.start) as usize];
+            f.seek(SeekFrom::Start(range.start))?;
+            f.read_exact(&mut buf)?;
+            Ok(Ok(Bytes::from(buf)))
+        })
+        .await
+        .map_err(|e| e.into_error(key.as_str()))?
+    }
+
+    async fn head(&self, key: &Key) -> Result<ObjectMeta> {
+        let path = self.path_of(key);
+        let size = run_blocking(move || {
+            let m = fs::metadata(&path)?;
+            if m.is_dir() {
+                return Err(io::Error::new(io::ErrorKind::NotFound, "a prefix, not an object").into());
+            }
+            Ok(m.len())
+        })
+        .await
+        .map_err(|e| e.into_error(key.as_str()))?;
+        Ok(ObjectMeta {
+            key: key.clone(),
+            size,
+        })
+    }
+
+    async fn list(&self, prefix: Option<&Key>) -> Result<Vec<ObjectMeta>> {
+        let root = self.inner.root.clone();
+        let p = prefix.cloned();
+        let err_key = prefix.map_or_else(|| self.inner.root.display().to_string(), Key::to_string);
+        run_blocking(move || list_blocking(&root, p.as_ref()))
+            .await
+            .map_err(|e| e.into_error(&err_key))
+    }
+
+    async fn delete(&self, key: &Key) -> Result<()> {
+        let path = self.path_of(key);
+        run_blocking(move || {
+            match fs::remove_file(&path) {
+                Ok(()) => {
+                    if let Some(dir) = path.parent() {
+                        sync_dir(dir)?;
+                    }
+                    Ok(())
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(e.into()),
+            }
+        })
+        .await
+        .map_err(|e| e.into_error(key.as_str()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn writes_leave_no_temp_files_and_stay_inside_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::new(dir.path().join("root")).unwrap();
+        let key = Key::new("a/b/c.bin").unwrap();
+        store
+            .put(&key, Bytes::from_static(b"hello"), PutMode::Create)
+            .await
+            .unwrap();
+        assert_eq!(
+            fs::read(dir.path().join("root/a/b/c.bin")).unwrap(),
+            b"hello"
+        );
+        let names: Vec<_> = fs::read_dir(dir.path().join("root/a/b"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, vec!["c.bin".to_string()]);
+        assert_eq!(store.remove_temp_files().await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn stale_temp_files_are_invisible_and_removable() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::new(dir.path()).unwrap();
+        let key = Key::new("x/y").unwrap();
+        store
+            .put(&key, Bytes::from_static(b"1"), PutMode::Create)
+            .await
+            .unwrap();
+        fs::write(dir.path().join("x/.y.tmp-1-0"), b"partial").unwrap();
+        let listed = store.list(None).await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].key, key);
+        assert_eq!(store.remove_temp_files().await.unwrap(), 1);
+    }
+
+    #[tokio::test]
+    async fn object_and_prefix_cannot_share_a_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::new(dir.path()).unwrap();
+        let a = Key::new("a").unwrap();
+        let ab = Key::new("a/b").unwrap();
+        store
+            .put(&a, Bytes::from_static(b"1"), PutMode::Create)
+            .await
+            .unwrap();
+        let err = store
+            .put(&ab, Bytes::from_static(b"2"), PutMode::Create)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, CkptError::Precondition { .. }), "{err}");
+        let c = Key::new("c/d").unwrap();
+        store
+            .put(&c, Bytes::from_static(b"1"), PutMode::Create)
+            .await
+            .unwrap();
+        let err = store
+            .put(&Key::new("c").unwrap(), Bytes::new(), PutMode::Overwrite)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, CkptError::Precondition { .. }), "{err}");
+        assert!(matches!(
+            store.get(&Key::new("c").unwrap()).await,
+            Err(CkptError::NotFound { .. })
+        ));
+    }
+}

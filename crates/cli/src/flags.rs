@@ -1,0 +1,125 @@
+//! Raw command-line flags (no IO). Each command turns them into a validated configuration.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Parser, Debug)]
+#[command(name = "ftrec", version, about = "Fault-tolerant training of deep-learning recommendation models")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Train a DLRM in one process (the reference every distributed run is compared with).
+    Train(TrainArgs),
+    /// Data tools.
+    Data {
+        #[command(subcommand)]
+        cmd: DataCmd,
+    },
+    /// Benchmarks that report ratios measured in the same run.
+    Bench {
+        #[command(subcommand)]
+        cmd: BenchCmd,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LayoutArg {
+    Kaggle,
+    Terabyte,
+}
+
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    /// Workload preset: tiny, small or kaggle. Without --data it also selects the synthetic
+    /// data; with --data it selects the model shape (default kaggle).
+    #[arg(long)]
+    pub preset: Option<String>,
+    /// Criteo TSV data: a file, several files, or a directory.
+    #[arg(long, num_args = 1..)]
+    pub data: Vec<PathBuf>,
+    /// Layout of --data.
+    #[arg(long, value_enum, default_value = "kaggle")]
+    pub layout: LayoutArg,
+    /// Cap every table at N rows (categoricals are hashed into the table size).
+    #[arg(long, value_name = "N")]
+    pub rows_per_table: Option<u64>,
+    /// Skip and count malformed lines instead of stopping at the first one.
+    #[arg(long)]
+    pub skip_malformed: bool,
+    /// Hold out every N-th line of the TSV data for evaluation.
+    #[arg(long, value_name = "N")]
+    pub holdout_every: Option<u64>,
+    /// Passes over the TSV data (0 = as many as the steps need).
+    #[arg(long, default_value_t = 0)]
+    pub epochs: u64,
+    #[arg(long)]
+    pub steps: Option<u64>,
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// Optimizer of the embedding rows: sgd, momentum, adagrad, rowwise_adagrad, adam.
+    #[arg(long)]
+    pub optimizer: Option<String>,
+    /// Learning rate of the embedding rows.
+    #[arg(long)]
+    pub lr: Option<f32>,
+    /// Optimizer of the dense MLP.
+    #[arg(long)]
+    pub dense_optimizer: Option<String>,
+    #[arg(long)]
+    pub dense_lr: Option<f32>,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Fixed reduction order everywhere: the run is a pure function of config and seed.
+    #[arg(long)]
+    pub deterministic: bool,
+    /// Threads for the matrix kernels and per-sample work (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Held-out samples for AUC and logloss.
+    #[arg(long)]
+    pub eval_samples: Option<usize>,
+    /// Write the report as JSON here.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DataCmd {
+    /// Write synthetic Criteo-like samples as Criteo Kaggle-layout TSV (DIR/train.tsv).
+    Synth {
+        #[arg(long, default_value = "small")]
+        preset: String,
+        #[arg(long)]
+        samples: u64,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCmd {
+    /// Trainer throughput, and the MLP's GFLOP/s next to raw sgemm GFLOP/s of the same run.
+    Train {
+        #[arg(long, default_value = "kaggle")]
+        preset: String,
+        #[arg(long)]
+        batch: Option<usize>,
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Timed MLP iterations.
+        #[arg(long, default_value_t = 20)]
+        iters: usize,
+        /// Timed end-to-end training steps.
+        #[arg(long, default_value_t = 30)]
+        steps: u64,
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+    },
+}

@@ -1,0 +1,158 @@
+//! `ftrec train`.
+
+use std::io::IsTerminal;
+
+use anyhow::{bail, Context, Result};
+use ftrec_core::{Optimizer, OptimizerKind};
+use ftrec_data::{DataPath, Layout, TsvConfig};
+use ftrec_worker::{DataSpec, Progress, TrainConfig, TrainReport};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::flags::{LayoutArg, TrainArgs};
+
+/// Flags -> validated configuration.
+pub fn config_from_args(a: &TrainArgs) -> Result<TrainConfig> {
+    let data = if a.data.is_empty() {
+        for (flag, set) in [
+            ("--rows-per-table", a.rows_per_table.is_some()),
+            ("--skip-malformed", a.skip_malformed),
+            ("--holdout-every", a.holdout_every.is_some()),
+            ("--epochs", a.epochs != 0),
+        ] {
+            if set {
+                bail!("{flag} applies to --data only");
+            }
+        }
+        DataSpec::Synthetic
+    } else {
+        let layout = match a.layout {
+            LayoutArg::Kaggle => Layout::Kaggle,
+            LayoutArg::Terabyte => Layout::Terabyte,
+        };
+        let mut tsv = TsvConfig::new(DataPath::from_paths(&a.data)?, layout);
+        if let Some(cap) = a.rows_per_table {
+            if cap == 0 {
+                bail!("--rows-per-table must be at least 1");
+            }
+            tsv = tsv.with_rows_per_table(cap);
+        }
+        if let Some(h) = a.holdout_every {
+            tsv.holdout_every = h;
+        }
+        tsv.skip_malformed = a.skip_malformed;
+        tsv.epochs = if a.epochs == 0 { None } else { Some(a.epochs) };
+        DataSpec::Tsv(tsv)
+    };
+    let preset = a
+        .preset
+        .clone()
+        .unwrap_or_else(|| if a.data.is_empty() { "small".into() } else { "kaggle".into() });
+    let mut cfg = TrainConfig::from_preset(&preset, data)?;
+    if let Some(s) = a.steps {
+        cfg.steps = s;
+    }
+    if let Some(b) = a.batch {
+        cfg.batch = b;
+    }
+    if let Some(t) = a.threads {
+        cfg.threads = t;
+    }
+    if let Some(e) = a.eval_samples {
+        cfg.eval_samples = e;
+    }
+    cfg.seed = a.seed;
+    cfg.deterministic = a.deterministic;
+    let parse = |name: &Option<String>, default: Optimizer, lr: Option<f32>| -> Result<Optimizer> {
+        let kind = match name {
+            Some(n) => n.parse::<OptimizerKind>()?,
+            None => default.kind,
+        };
+        Ok(Optimizer::new(kind, lr.unwrap_or(default.lr)))
+    };
+    cfg.sparse_optimizer = parse(&a.optimizer, cfg.sparse_optimizer, a.lr)?;
+    cfg.dense_optimizer = parse(&a.dense_optimizer, cfg.dense_optimizer, a.dense_lr)?;
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+pub fn run(a: TrainArgs) -> Result<()> {
+    let cfg = config_from_args(&a)?;
+    crate::set_threads(cfg.threads)?;
+    eprintln!(
+        "ftrec train: preset {} | {} tables, {} rows, dim {} | {} steps x batch {} | sparse {} lr {} | dense {} lr {} | seed {}{}",
+        cfg.preset.name,
+        cfg.preset.table_rows.len(),
+        cfg.preset.total_rows(),
+        cfg.preset.dim,
+        cfg.steps,
+        cfg.batch,
+        cfg.sparse_optimizer.kind,
+        cfg.sparse_optimizer.lr,
+        cfg.dense_optimizer.kind,
+        cfg.dense_optimizer.lr,
+        cfg.seed,
+        if cfg.deterministic { " | deterministic" } else { "" },
+    );
+    let report = run_with_progress(&cfg)?;
+    print_summary(&report);
+    if let Some(path) = &a.json {
+        crate::write_json(path, &report).with_context(|| "writing the JSON report")?;
+        eprintln!("report written to {}", path.display());
+    }
+    Ok(())
+}
+
+/// A progress bar on a terminal, a log line every 5% otherwise.
+fn run_with_progress(cfg: &TrainConfig) -> Result<TrainReport> {
+    let tty = std::io::stderr().is_terminal();
+    let bar = tty.then(|| {
+        let pb = ProgressBar::new(cfg.steps);
+        pb.set_style(
+            ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:30}] {pos}/{len} steps | {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        pb
+    });
+    let every = (cfg.steps / 20).max(1);
+    let mut on_step = |p: &Progress| {
+        if let Some(pb) = &bar {
+            pb.set_position(p.step);
+            pb.set_message(format!("{:.0} samples/s | loss {:.4}", p.samples_per_s, p.loss));
+        } else if p.step % every == 0 || p.step == p.steps {
+            eprintln!(
+                "step {}/{} | {:.0} samples/s | loss {:.4} | {:.1}s",
+                p.step, p.steps, p.samples_per_s, p.loss, p.elapsed_s
+            );
+        }
+    };
+    let report = ftrec_worker::train(cfg, &mut on_step);
+    if let Some(pb) = bar {
+        pb.finish_and_clear();
+    }
+    Ok(report?)
+}
+
+fn print_summary(r: &TrainReport) {
+    println!("steps            {}", r.steps);
+    println!("samples          {}", r.samples);
+    println!("train time       {:.2} s (wall {:.2} s)", r.train_s, r.wall_s);
+    println!("samples/s        {:.0}", r.samples_per_s);
+    println!("train loss       {:.5}", r.train_loss);
+    println!("eval samples     {}", r.eval_samples);
+    match r.teacher_auc {
+        Some(t) => println!("auc              {:.4} (teacher ceiling {:.4})", r.auc, t),
+        None => println!("auc              {:.4}", r.auc),
+    }
+    println!("logloss          {:.5}", r.logloss);
+    println!("model bytes      {}", r.model_bytes);
+    if let Some(p) = r.peak_rss_bytes {
+        println!("peak RSS         {:.2} GiB", p as f64 / (1u64 << 30) as f64);
+    }
+    if r.malformed_skipped > 0 {
+        println!("malformed lines  {} skipped", r.malformed_skipped);
+    }
+    println!("model_digest     {}", r.model_digest);
+}

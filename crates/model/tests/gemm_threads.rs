@@ -1,0 +1,73 @@
+//! The gemm backend fixes its thread count once per process, so comparing thread counts needs
+//! one process per count: this test re-runs itself as a child with `MATMUL_NUM_THREADS` set to
+//! 1, 2 and 4, and checks that a full model step produces the same bits in each.
+
+use std::process::Command;
+
+use ftrec_core::rng::{mix64, SplitMix};
+use ftrec_core::{Optimizer, OptimizerKind};
+use ftrec_model::{gemm_threads, Dlrm, DlrmConfig, Workspace};
+
+const CHILD_ENV: &str = "FTREC_MODEL_GEMM_CHILD";
+const TEST_NAME: &str = "model_step_is_bit_identical_for_every_gemm_thread_count";
+
+fn fold(h: u64, v: &[f32]) -> u64 {
+    v.iter().fold(h, |h, x| mix64(h ^ x.to_bits() as u64))
+}
+
+/// One model step on shapes big enough for the backend to split every large product.
+fn step_fingerprint() -> u64 {
+    let cfg = DlrmConfig {
+        dense_in: 13,
+        bottom: vec![256, 128, 16],
+        top: vec![256, 128, 1],
+        tables: 8,
+        dim: 16,
+    };
+    let model = Dlrm::new(cfg.clone(), 77, &Optimizer::new(OptimizerKind::Sgd, 0.1)).unwrap();
+    let b = 1024;
+    let mut g = SplitMix::new(5);
+    let mut fill = |n: usize| -> Vec<f32> { (0..n).map(|_| g.next_f32() - 0.3).collect() };
+    let dense = fill(b * cfg.dense_in);
+    let pooled = fill(b * cfg.tables * cfg.dim);
+    let labels: Vec<f32> = fill(b).iter().map(|u| (*u > 0.0) as u8 as f32).collect();
+    let mut ws = Workspace::new(1).unwrap();
+    let loss = model.forward_backward(&mut ws, &dense, &pooled, &labels).unwrap();
+    let h = fold(mix64(loss.to_bits()), ws.grad_params());
+    fold(h, ws.grad_pooled())
+}
+
+#[test]
+fn model_step_is_bit_identical_for_every_gemm_thread_count() {
+    if let Ok(want) = std::env::var(CHILD_ENV) {
+        assert_eq!(gemm_threads().to_string(), want, "the child runs with the wrong count");
+        println!("FINGERPRINT {:016x}", step_fingerprint());
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut prints = Vec::new();
+    for threads in ["1", "2", "4"] {
+        let out = Command::new(&exe)
+            .args(["--exact", TEST_NAME, "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, threads)
+            .env("MATMUL_NUM_THREADS", threads)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "child with {threads} gemm threads failed: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let print = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("FINGERPRINT "))
+            .unwrap_or_else(|| panic!("child with {threads} threads printed no fingerprint: {stdout}"))
+            .to_string();
+        prints.push((threads, print));
+    }
+    assert!(
+        prints.iter().all(|(_, p)| *p == prints[0].1),
+        "fingerprints differ across gemm thread counts: {prints:?}"
+    );
+}

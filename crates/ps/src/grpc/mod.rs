@@ -1,0 +1,127 @@
+//! The gRPC transport (tonic): [`serve`] puts a [`SharedServer`] on a socket, [`GrpcClient`]
+//! implements [`crate::PsService`] against it.
+//!
+//! Both ends set their message size limits explicitly ([`GrpcConfig::max_message_bytes`]) and
+//! cut large payloads into chunks of about [`GrpcConfig::chunk_bytes`]: pulls into several
+//! requests, pushes, stages, imports and exports into streams whose chunks form one logical
+//! message (a push is applied only once its whole stream has arrived and validated).
+
+mod client;
+mod handler;
+mod wire;
+
+/// Messages and service stubs generated from `proto/ps.proto`.
+#[allow(clippy::all, missing_docs)]
+pub mod proto {
+    tonic::include_proto!("ftrec.ps.v1");
+}
+
+use std::net::SocketAddr;
+
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub use client::GrpcClient;
+
+use crate::{PsError, SharedServer};
+
+/// Transport settings, the same on both ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrpcConfig {
+    /// Largest message either end sends or accepts.
+    pub max_message_bytes: usize,
+    /// Target size of one chunk of a large payload; well under `max_message_bytes`.
+    pub chunk_bytes: usize,
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        GrpcConfig {
+            max_message_bytes: 16 << 20,
+            chunk_bytes: 1 << 20,
+        }
+    }
+}
+
+impl GrpcConfig {
+    pub fn validate(&self) -> Result<(), PsError> {
+        // A chunk carries at least one row or one dense block plus framing; keep room for it.
+        if self.chunk_bytes == 0 || self.chunk_bytes.saturating_mul(2) > self.max_message_bytes {
+            return Err(PsError::InvalidConfig(format!(
+                "chunk size {} must be positive and at most half the message limit {}",
+                self.chunk_bytes, self.max_message_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A running gRPC server. Dropping the handle also shuts the server down.
+#[derive(Debug)]
+pub struct ServeHandle {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl ServeHandle {
+    /// The address the server is bound to (the real port when bound to port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stop accepting connections, let requests in flight finish, then return.
+    pub async fn shutdown(mut self) -> Result<(), PsError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match (&mut self.task).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(PsError::Internal(format!("server on {} failed: {e}", self.addr))),
+            Err(e) => Err(PsError::Internal(format!("server task on {} ended: {e}", self.addr))),
+        }
+    }
+}
+
+/// Serve `server` on `addr` (port 0 picks a free port; see [`ServeHandle::local_addr`]).
+/// Must be called inside a tokio runtime; the server runs as a task of that runtime.
+pub async fn serve(
+    server: SharedServer,
+    addr: SocketAddr,
+    config: GrpcConfig,
+) -> Result<ServeHandle, PsError> {
+    config.validate()?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| PsError::Unavailable {
+            addr: addr.to_string(),
+            reason: format!("cannot bind: {e}"),
+        })?;
+    let bound = listener.local_addr().map_err(|e| PsError::Unavailable {
+        addr: addr.to_string(),
+        reason: format!("bound socket has no address: {e}"),
+    })?;
+    let incoming =
+        tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let svc = proto::parameter_server_server::ParameterServerServer::new(handler::Handler::new(
+        server, config,
+    ))
+    .max_decoding_message_size(config.max_message_bytes)
+    .max_encoding_message_size(config.max_message_bytes);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(
+        tonic::transport::Server::builder().serve_with_incoming_shutdown(
+            svc,
+            incoming,
+            async move {
+                // A sent signal and a dropped handle both stop the server.
+                let _ = stopped.await;
+            },
+        ),
+    );
+    Ok(ServeHandle {
+        addr: bound,
+        stop: Some(stop),
+        task,
+    })
+}

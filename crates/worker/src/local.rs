@@ -1,0 +1,383 @@
+//! The single-process trainer.
+//!
+//! One step: pool the batch's embedding bags from the in-memory tables, run the dense model
+//! forward and backward, scatter the pooled gradient to the looked-up rows (summed per row in
+//! sample order), apply the sparse optimizer once per touched row and the dense optimizer once
+//! per block. Every reduction has a fixed order, so the run is a pure function of its
+//! [`TrainConfig`] and the final [`ftrec_core::ModelDigest`] is the oracle the distributed and
+//! fault-tolerant runs are compared with.
+//!
+//! Batches are produced by a prefetch thread (the order is the source's, so prefetching changes
+//! timing only).
+
+use std::sync::mpsc;
+use std::time::Instant;
+
+use ftrec_core::{Batch, EmbeddingTable, ModelDigest, RowLayout, SparseGradAccumulator, TableId};
+use ftrec_data::{BatchSource, EvalSet, Position};
+use ftrec_model::{metrics, pool_sum_tables, scatter_grads, Dlrm, DlrmConfig, Workspace};
+use serde::{Deserialize, Serialize};
+
+use crate::config::{DataSpec, TrainConfig};
+use crate::WorkerError;
+
+/// Embedding tables + dense model + reusable buffers.
+pub struct LocalTrainer {
+    cfg: TrainConfig,
+    tables: Vec<EmbeddingTable>,
+    model: Dlrm,
+    ws: Workspace,
+    accs: Vec<SparseGradAccumulator>,
+    pooled: Vec<f32>,
+    step: u64,
+    /// Seconds spent in each part of the step, for the report.
+    pub timing: StepTiming,
+}
+
+/// Where a step's time goes (seconds, summed over the run).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepTiming {
+    /// Waiting for the next batch (zero when prefetching keeps up).
+    pub data_wait_s: f64,
+    pub pool_s: f64,
+    pub mlp_s: f64,
+    pub sparse_update_s: f64,
+    pub dense_update_s: f64,
+}
+
+impl LocalTrainer {
+    /// Fresh tables and model, initialised from `cfg.seed`.
+    pub fn new(cfg: &TrainConfig) -> Result<LocalTrainer, WorkerError> {
+        cfg.validate()?;
+        let p = &cfg.preset;
+        let layout = RowLayout::new(p.dim, cfg.sparse_optimizer.state_words(p.dim));
+        let tables = p
+            .table_rows
+            .iter()
+            .enumerate()
+            .map(|(t, &rows)| {
+                EmbeddingTable::new_init(TableId(t as u32), rows, layout, cfg.seed, p.init_scale)
+            })
+            .collect();
+        let model = Dlrm::new(DlrmConfig::from_preset(p), cfg.seed, &cfg.dense_optimizer)?;
+        let ws = model.workspace(cfg.batch, cfg.threads)?;
+        Ok(LocalTrainer {
+            cfg: cfg.clone(),
+            accs: (0..p.table_rows.len()).map(|_| SparseGradAccumulator::new(p.dim)).collect(),
+            pooled: Vec::new(),
+            tables,
+            model,
+            ws,
+            step: 0,
+            timing: StepTiming::default(),
+        })
+    }
+
+    /// Steps applied so far.
+    pub fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    pub fn tables(&self) -> &[EmbeddingTable] {
+        &self.tables
+    }
+
+    pub fn model(&self) -> &Dlrm {
+        &self.model
+    }
+
+    /// Bytes of parameters and optimizer state held (tables + dense).
+    pub fn model_bytes(&self) -> u64 {
+        let dense = self.model.params();
+        self.tables.iter().map(|t| t.bytes()).sum::<u64>()
+            + 4 * (dense.values.len() + dense.state.len()) as u64
+    }
+
+    /// One training step on `batch`; returns the batch's mean loss.
+    pub fn step(&mut self, batch: &Batch) -> Result<f64, WorkerError> {
+        let p = &self.cfg.preset;
+        batch.validate(p.dense_features(), &p.table_rows)?;
+        let (b, t, d) = (batch.size, p.table_rows.len(), p.dim);
+
+        let t0 = Instant::now();
+        self.pooled.resize(b * t * d, 0.0);
+        pool_sum_tables(&batch.sparse, b, &self.tables, &mut self.pooled)?;
+        let t1 = Instant::now();
+        let loss =
+            self.model.forward_backward(&mut self.ws, &batch.dense, &self.pooled, &batch.labels)?;
+        let t2 = Instant::now();
+
+        for acc in &mut self.accs {
+            acc.clear();
+        }
+        scatter_grads(&batch.sparse, b, d, self.ws.grad_pooled(), &mut self.accs)?;
+        apply_sparse(&mut self.tables, &self.accs, &self.cfg.sparse_optimizer, self.cfg.threads);
+        let t3 = Instant::now();
+        self.model.apply_gradients(&self.cfg.dense_optimizer, self.ws.grad_params())?;
+        let t4 = Instant::now();
+
+        self.timing.pool_s += (t1 - t0).as_secs_f64();
+        self.timing.mlp_s += (t2 - t1).as_secs_f64();
+        self.timing.sparse_update_s += (t3 - t2).as_secs_f64();
+        self.timing.dense_update_s += (t4 - t3).as_secs_f64();
+        self.step += 1;
+        Ok(loss)
+    }
+
+    /// Click probabilities for `batch` (no update).
+    pub fn predict(&mut self, batch: &Batch, out: &mut Vec<f32>) -> Result<(), WorkerError> {
+        let p = &self.cfg.preset;
+        batch.validate(p.dense_features(), &p.table_rows)?;
+        let (b, t, d) = (batch.size, p.table_rows.len(), p.dim);
+        self.pooled.resize(b * t * d, 0.0);
+        pool_sum_tables(&batch.sparse, b, &self.tables, &mut self.pooled)?;
+        self.model.predict(&mut self.ws, &batch.dense, &self.pooled, out)?;
+        Ok(())
+    }
+
+    /// AUC and logloss over a held-out set.
+    pub fn evaluate(&mut self, eval: &EvalSet) -> Result<Evaluation, WorkerError> {
+        let mut probs = Vec::with_capacity(eval.samples());
+        let mut labels = Vec::with_capacity(eval.samples());
+        let mut out = Vec::new();
+        for batch in &eval.batches {
+            self.predict(batch, &mut out)?;
+            probs.extend_from_slice(&out);
+            labels.extend_from_slice(&batch.labels);
+        }
+        Evaluation::of(&probs, &labels)
+    }
+
+    /// The model digest: every table row (values + optimizer state) and every dense block.
+    pub fn digest(&self) -> ModelDigest {
+        let mut d = ModelDigest::new();
+        for t in &self.tables {
+            for r in 0..t.rows() {
+                d.add_row(t.id.0, r, t.row(r));
+            }
+        }
+        self.model.params().digest_into(&mut d);
+        d
+    }
+}
+
+/// One optimizer update per touched row. Tables are independent, so they are spread over
+/// threads; within a table rows are updated in id order. The result does not depend on the
+/// thread count.
+fn apply_sparse(
+    tables: &mut [EmbeddingTable],
+    accs: &[SparseGradAccumulator],
+    opt: &ftrec_core::Optimizer,
+    threads: usize,
+) {
+    let apply_one = |table: &mut EmbeddingTable, acc: &SparseGradAccumulator| {
+        let dim = table.layout().dim;
+        for (row, grad) in acc.sorted() {
+            opt.apply(table.row_mut(row), dim, grad);
+        }
+    };
+    if threads <= 1 {
+        for (table, acc) in tables.iter_mut().zip(accs) {
+            apply_one(table, acc);
+        }
+        return;
+    }
+    let mut work: Vec<(&mut EmbeddingTable, &SparseGradAccumulator)> =
+        tables.iter_mut().zip(accs).collect();
+    // Balance by touched rows: deal the biggest tables out first.
+    work.sort_by_key(|(_, acc)| std::cmp::Reverse(acc.len()));
+    let mut bins: Vec<Vec<(&mut EmbeddingTable, &SparseGradAccumulator)>> =
+        (0..threads).map(|_| Vec::new()).collect();
+    let mut load = vec![0usize; threads];
+    for item in work {
+        let i = (0..threads).min_by_key(|&i| load[i]).unwrap_or(0);
+        load[i] += item.1.len();
+        bins[i].push(item);
+    }
+    std::thread::scope(|s| {
+        for bin in bins {
+            s.spawn(move || {
+                for (table, acc) in bin {
+                    apply_one(table, acc);
+                }
+            });
+        }
+    });
+}
+
+/// AUC and logloss of predictions against labels.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Evaluation {
+    pub auc: f64,
+    pub logloss: f64,
+    pub samples: usize,
+}
+
+impl Evaluation {
+    pub fn of(probs: &[f32], labels: &[f32]) -> Result<Evaluation, WorkerError> {
+        let auc = metrics::auc(probs, labels)?;
+        let logloss = metrics::logloss(probs, labels)?;
+        Ok(Evaluation { auc, logloss, samples: probs.len() })
+    }
+}
+
+/// Progress of a run, handed to the caller's callback after every step.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    pub step: u64,
+    pub steps: u64,
+    pub samples: u64,
+    /// Mean loss of the last [`LOSS_WINDOW`] steps.
+    pub loss: f64,
+    pub elapsed_s: f64,
+    pub samples_per_s: f64,
+}
+
+/// Steps over which the reported training loss is averaged.
+pub const LOSS_WINDOW: usize = 50;
+
+/// What a run reports (serialised as the `--json` report).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainReport {
+    pub steps: u64,
+    pub samples: u64,
+    /// Whole run: set-up, training and evaluation.
+    pub wall_s: f64,
+    /// Training steps only.
+    pub train_s: f64,
+    pub samples_per_s: f64,
+    /// Mean loss of the last [`LOSS_WINDOW`] steps.
+    pub train_loss: f64,
+    pub auc: f64,
+    pub logloss: f64,
+    pub eval_samples: usize,
+    /// The planted teacher's AUC on the same held-out samples (synthetic data only): the
+    /// ceiling a model can reach.
+    pub teacher_auc: Option<f64>,
+    pub teacher_logloss: Option<f64>,
+    pub model_digest: String,
+    /// Parameters and optimizer state held (bytes).
+    pub model_bytes: u64,
+    /// Peak resident memory of the process (bytes), where the platform reports it.
+    pub peak_rss_bytes: Option<u64>,
+    pub malformed_skipped: u64,
+    /// Where the data stream stands after the last step.
+    pub position: Position,
+    pub timing: StepTiming,
+    /// The effective configuration.
+    pub config: TrainConfig,
+}
+
+/// Build the configured data source.
+pub fn open_source(cfg: &TrainConfig) -> Result<Box<dyn BatchSource>, WorkerError> {
+    Ok(match &cfg.data {
+        DataSpec::Synthetic => {
+            Box::new(ftrec_data::SyntheticSource::new(
+            ftrec_data::SynthConfig::from_preset(&cfg.preset, cfg.seed),
+        )?)
+        }
+        DataSpec::Tsv(tsv) => Box::new(ftrec_data::TsvReader::open(tsv.clone())?),
+    })
+}
+
+type Prefetched = Result<Option<(Batch, Position)>, ftrec_data::DataError>;
+
+/// Train for `cfg.steps` steps, evaluate on the held-out split, report. `on_step` sees every
+/// step's progress.
+pub fn train(
+    cfg: &TrainConfig,
+    on_step: &mut dyn FnMut(&Progress),
+) -> Result<TrainReport, WorkerError> {
+    let start = Instant::now();
+    cfg.validate()?;
+    let mut source = open_source(cfg)?;
+    let eval = source.eval_set(cfg.eval_samples, cfg.batch.min(8192))?;
+    if eval.samples() == 0 {
+        return Err(WorkerError::NoEvalData(match &cfg.data {
+            DataSpec::Tsv(t) => format!(
+                "no held-out lines were found (every {}th line is held out; the data may be too short)",
+                t.holdout_every
+            ),
+            DataSpec::Synthetic => "the generator produced no held-out samples".into(),
+        }));
+    }
+    let mut trainer = LocalTrainer::new(cfg)?;
+
+    // The prefetch thread owns the source and hands batches over in order.
+    let (tx, rx) = mpsc::sync_channel::<Prefetched>(2);
+    let steps = cfg.steps;
+    let batch_size = cfg.batch;
+    let producer = std::thread::spawn(move || {
+        for _ in 0..steps {
+            let item = source.next_batch(batch_size).map(|b| b.map(|b| (b, source.position())));
+            let stop = !matches!(item, Ok(Some(_)));
+            if tx.send(item).is_err() || stop {
+                break;
+            }
+        }
+        (source.position(), source.malformed_skipped())
+    });
+
+    let train_start = Instant::now();
+    let mut samples = 0u64;
+    let mut window = std::collections::VecDeque::with_capacity(LOSS_WINDOW);
+    let mut last_position = None;
+    for step in 0..steps {
+        let wait = Instant::now();
+        let next = rx.recv().unwrap_or(Ok(None))?;
+        trainer.timing.data_wait_s += wait.elapsed().as_secs_f64();
+        let Some((batch, position)) = next else {
+            return Err(WorkerError::DataExhausted { steps: step, samples });
+        };
+        let loss = trainer.step(&batch)?;
+        samples += batch.size as u64;
+        last_position = Some(position);
+        if window.len() == LOSS_WINDOW {
+            window.pop_front();
+        }
+        window.push_back(loss);
+        let elapsed_s = train_start.elapsed().as_secs_f64();
+        on_step(&Progress {
+            step: step + 1,
+            steps,
+            samples,
+            loss: window.iter().sum::<f64>() / window.len() as f64,
+            elapsed_s,
+            samples_per_s: samples as f64 / elapsed_s.max(1e-9),
+        });
+    }
+    let train_s = train_start.elapsed().as_secs_f64();
+    drop(rx);
+    let (end_position, malformed_skipped) = producer
+        .join()
+        .map_err(|_| WorkerError::Config("the data prefetch thread panicked".into()))?;
+
+    let evaluation = trainer.evaluate(&eval)?;
+    let teacher = match &eval.teacher_probs {
+        Some(tp) => {
+            let labels: Vec<f32> = eval.batches.iter().flat_map(|b| b.labels.iter().copied()).collect();
+            Some(Evaluation::of(tp, &labels)?)
+        }
+        None => None,
+    };
+    Ok(TrainReport {
+        steps,
+        samples,
+        wall_s: start.elapsed().as_secs_f64(),
+        train_s,
+        samples_per_s: samples as f64 / train_s.max(1e-9),
+        train_loss: window.iter().sum::<f64>() / window.len().max(1) as f64,
+        auc: evaluation.auc,
+        logloss: evaluation.logloss,
+        eval_samples: evaluation.samples,
+        teacher_auc: teacher.map(|t| t.auc),
+        teacher_logloss: teacher.map(|t| t.logloss),
+        model_digest: trainer.digest().hex(),
+        model_bytes: trainer.model_bytes(),
+        peak_rss_bytes: crate::sys::peak_rss_bytes(),
+        malformed_skipped: malformed_skipped + eval.malformed_skipped,
+        position: last_position.unwrap_or(end_position),
+        timing: trainer.timing,
+        config: cfg.clone(),
+    })
+}
