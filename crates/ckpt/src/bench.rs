@@ -193,7 +193,7 @@ fn build_model(cfg: &BenchConfig) -> Result<Model> {
     let rows_per_table = (cfg.model_bytes / layout.bytes() as u64 / cfg.tables as u64).max(1);
     let map = ShardMap::new(cfg.servers)
         .map_err(|e| CkptError::InvalidArgument(format!("shard map: {e}")))?;
-    let dense_values = 64 * 1024;
+    let dense_values: usize = 64 * 1024;
     let blocks = dense_values.div_ceil(ftrec_core::DENSE_BLOCK);
     let per_server = blocks.div_ceil(cfg.servers as usize);
     let mut shards = Vec::new();

@@ -26,7 +26,8 @@ use crate::store::{ChunkStore, PutMode};
 /// What a backend guarantees beyond the common contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capabilities {
-    /// Of several concurrent create-only puts of one key, exactly one succeeds.
+    /// Of several concurrent create-only puts of one key, exactly one succeeds (without it,
+    /// at least one does and losers still see `AlreadyExists`).
     pub atomic_create: bool,
 }
 
@@ -271,9 +272,8 @@ pub async fn concurrent_creates_have_one_winner(
     base: &Key,
     caps: Capabilities,
 ) {
-    if !caps.atomic_create {
-        return;
-    }
+    // Without atomic creates, still: at least one racer wins, every loser is told
+    // AlreadyExists, and the object is exactly one winner's bytes (never a mix).
     for round in 0..5u64 {
         let key = k(base, &format!("race/{round}"));
         let racers = (0..8u64).map(|i| {
@@ -293,7 +293,11 @@ pub async fn concurrent_creates_have_one_winner(
             .filter(|(_, r)| r.is_ok())
             .map(|(i, _)| *i)
             .collect();
-        assert_eq!(winners.len(), 1, "round {round}: winners {winners:?}");
+        if caps.atomic_create {
+            assert_eq!(winners.len(), 1, "round {round}: winners {winners:?}");
+        } else {
+            assert!(!winners.is_empty(), "round {round}: no racer won");
+        }
         for (i, r) in &results {
             if let Err(e) = r {
                 assert!(
@@ -304,8 +308,10 @@ pub async fn concurrent_creates_have_one_winner(
         }
         let stored = must(store.get(&key).await, "get");
         assert!(
-            stored == pattern(100 * round + winners[0], 4096),
-            "the stored object is not the winner's"
+            winners
+                .iter()
+                .any(|&w| stored == pattern(100 * round + w, 4096)),
+            "round {round}: the stored object is no winner's bytes"
         );
     }
 }

@@ -23,7 +23,14 @@ struct TrainBench {
 
 pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
-        BenchCmd::Train { preset, batch, threads, iters, steps, json } => {
+        BenchCmd::Train {
+            preset,
+            batch,
+            threads,
+            iters,
+            steps,
+            json,
+        } => {
             let mut cfg = TrainConfig::from_preset(&preset, DataSpec::Synthetic)?;
             if let Some(b) = batch {
                 cfg.batch = b;

@@ -5,7 +5,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Parser, Debug)]
-#[command(name = "ftrec", version, about = "Fault-tolerant training of deep-learning recommendation models")]
+#[command(
+    name = "ftrec",
+    version,
+    about = "Fault-tolerant training of deep-learning recommendation models"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub cmd: Cmd,

@@ -31,7 +31,10 @@ fn main() -> ExitCode {
 }
 
 /// Write `value` as pretty JSON to `path` atomically (temp file, rename).
-pub(crate) fn write_json<T: serde::Serialize>(path: &std::path::Path, value: &T) -> anyhow::Result<()> {
+pub(crate) fn write_json<T: serde::Serialize>(
+    path: &std::path::Path,
+    value: &T,
+) -> anyhow::Result<()> {
     use anyhow::Context;
     let tmp = path.with_extension("json.tmp");
     let text = serde_json::to_string_pretty(value)?;

@@ -43,10 +43,13 @@ pub fn config_from_args(a: &TrainArgs) -> Result<TrainConfig> {
         tsv.epochs = if a.epochs == 0 { None } else { Some(a.epochs) };
         DataSpec::Tsv(tsv)
     };
-    let preset = a
-        .preset
-        .clone()
-        .unwrap_or_else(|| if a.data.is_empty() { "small".into() } else { "kaggle".into() });
+    let preset = a.preset.clone().unwrap_or_else(|| {
+        if a.data.is_empty() {
+            "small".into()
+        } else {
+            "kaggle".into()
+        }
+    });
     let mut cfg = TrainConfig::from_preset(&preset, data)?;
     if let Some(s) = a.steps {
         cfg.steps = s;
@@ -108,11 +111,9 @@ fn run_with_progress(cfg: &TrainConfig) -> Result<TrainReport> {
     let bar = tty.then(|| {
         let pb = ProgressBar::new(cfg.steps);
         pb.set_style(
-            ProgressStyle::with_template(
-                "{elapsed_precise} [{bar:30}] {pos}/{len} steps | {msg}",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
+            ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} steps | {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
         );
         pb
     });
@@ -120,7 +121,10 @@ fn run_with_progress(cfg: &TrainConfig) -> Result<TrainReport> {
     let mut on_step = |p: &Progress| {
         if let Some(pb) = &bar {
             pb.set_position(p.step);
-            pb.set_message(format!("{:.0} samples/s | loss {:.4}", p.samples_per_s, p.loss));
+            pb.set_message(format!(
+                "{:.0} samples/s | loss {:.4}",
+                p.samples_per_s, p.loss
+            ));
         } else if p.step % every == 0 || p.step == p.steps {
             eprintln!(
                 "step {}/{} | {:.0} samples/s | loss {:.4} | {:.1}s",
@@ -138,7 +142,10 @@ fn run_with_progress(cfg: &TrainConfig) -> Result<TrainReport> {
 fn print_summary(r: &TrainReport) {
     println!("steps            {}", r.steps);
     println!("samples          {}", r.samples);
-    println!("train time       {:.2} s (wall {:.2} s)", r.train_s, r.wall_s);
+    println!(
+        "train time       {:.2} s (wall {:.2} s)",
+        r.train_s, r.wall_s
+    );
     println!("samples/s        {:.0}", r.samples_per_s);
     println!("train loss       {:.5}", r.train_loss);
     println!("eval samples     {}", r.eval_samples);

@@ -3,7 +3,7 @@
 //! factorization-machine student learns.
 //!
 //! `cargo run --release -p ftrec-data --example synth_stats -- [preset] [seed] [probe_steps]`
-//! `[dense first pairs decay_rank]` (defaults: kaggle 1 0 and the default teacher scales; set
+//! `[dense first pairs decay_rank zipf_exponent]` (defaults: kaggle 1 0 and the default teacher scales; set
 //! probe_steps, e.g. 1500, to train the student probe on the preset).
 
 use std::collections::HashSet;
@@ -45,7 +45,6 @@ fn distinct_rows(b: &Batch) -> usize {
 /// A factorization machine over what a DLRM sees (bucketised dense features, hashed rows):
 /// a rough stand-in for how much of the teacher is learnable from a given number of samples.
 struct Probe {
-    table_rows: Vec<u64>,
     bins: Vec<f32>,
     first: Vec<Vec<f32>>,
     latent: Vec<Vec<f32>>,
@@ -64,7 +63,6 @@ impl Probe {
     fn new(table_rows: &[u64]) -> Probe {
         let mut r = ftrec_core::rng::SplitMix::new(3);
         Probe {
-            table_rows: table_rows.to_vec(),
             bins: vec![0.0; NUM_DENSE * BINS],
             first: table_rows.iter().map(|&n| vec![0.0; n as usize]).collect(),
             latent: table_rows
@@ -128,19 +126,15 @@ impl Probe {
                 for &row in b.sparse[t].bag(i) {
                     let r = row as usize;
                     step(&mut self.first[t][r], &mut self.g_first[t][r], g);
-                    for k in 0..K {
-                        let v = self.latent[t][r * K + k];
-                        let grad = g * (sum[k] - v) + 1e-5 * v;
-                        step(
-                            &mut self.latent[t][r * K + k],
-                            &mut self.g_latent[t][r * K + k],
-                            grad,
-                        );
+                    let vs = &mut self.latent[t][r * K..r * K + K];
+                    let gs = &mut self.g_latent[t][r * K..r * K + K];
+                    for ((v, acc), s) in vs.iter_mut().zip(gs).zip(&sum) {
+                        let grad = g * (s - *v) + 1e-5 * *v;
+                        step(v, acc, grad);
                     }
                 }
             }
         }
-        let _ = &self.table_rows;
     }
 }
 
@@ -156,12 +150,16 @@ fn main() {
     cfg.teacher.first = scale(5, cfg.teacher.first);
     cfg.teacher.pairs = scale(6, cfg.teacher.pairs);
     cfg.teacher.decay_rank = scale(7, cfg.teacher.decay_rank);
+    if let Some(e) = args.get(8) {
+        let e: f64 = e.parse().expect("zipf exponent");
+        cfg.zipf_exponents = vec![e; cfg.table_rows.len()];
+    }
     println!("teacher scales {:?}", cfg.teacher);
     let mut src = SyntheticSource::new(cfg).expect("source");
     println!(
         "preset {} seed {seed}: zipf exponent {}, teacher bias {:.3}",
         preset.name,
-        preset.zipf_exponent,
+        src.config().zipf_exponents[0],
         src.teacher().bias()
     );
 
@@ -190,6 +188,12 @@ fn main() {
         "distinct rows per batch of 2048: {:.0} of {} lookups (mean over {batches} batches)",
         total as f64 / batches as f64,
         2048 * NUM_SPARSE
+    );
+    let mut sorted = per_table.clone();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    println!(
+        "  13 most-touched tables: {:.0}",
+        sorted[..13].iter().sum::<usize>() as f64 / batches as f64
     );
     println!(
         "  per table: {:?}",

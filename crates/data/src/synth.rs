@@ -110,13 +110,14 @@ pub const DENSE_SHAPES: [DenseShape; NUM_DENSE] = [
 /// Missing rate of C1..C26: most columns always present, a few often empty (C19, C20, C22,
 /// C25, C26), as in Criteo.
 pub const CAT_MISSING: [f64; NUM_SPARSE] = [
-    0.0, 0.0, 0.03, 0.03, 0.0, 0.12, 0.0, 0.0, 0.0, 0.0, 0.0, 0.03, 0.0, 0.0, 0.0, 0.03, 0.0,
-    0.0, 0.44, 0.44, 0.03, 0.76, 0.0, 0.03, 0.44, 0.44,
+    0.0, 0.0, 0.03, 0.03, 0.0, 0.12, 0.0, 0.0, 0.0, 0.0, 0.0, 0.03, 0.0, 0.0, 0.0, 0.03, 0.0, 0.0,
+    0.44, 0.44, 0.03, 0.76, 0.0, 0.03, 0.44, 0.44,
 ];
 
 /// Table pairs (0-based) whose latents interact in the teacher: head x head, big x small and
 /// big x big, so that the dot interaction of a DLRM has something real to find.
-pub const TEACHER_PAIRS: [(usize, usize); 6] = [(0, 1), (2, 3), (4, 13), (6, 9), (15, 20), (23, 25)];
+pub const TEACHER_PAIRS: [(usize, usize); 6] =
+    [(0, 1), (2, 3), (4, 13), (6, 9), (15, 20), (23, 25)];
 
 /// Dimension of the teacher's latents.
 const LATENT_DIM: usize = 4;
@@ -137,10 +138,10 @@ pub struct TeacherScales {
 impl Default for TeacherScales {
     fn default() -> Self {
         TeacherScales {
-            dense: 0.45,
-            first: 0.45,
-            pairs: 0.9,
-            decay_rank: 100.0,
+            dense: 0.5,
+            first: 0.3,
+            pairs: 0.4,
+            decay_rank: 50.0,
         }
     }
 }
@@ -148,9 +149,12 @@ impl Default for TeacherScales {
 impl TeacherScales {
     fn validate(&self) -> Result<(), DataError> {
         let ok = |x: f64| x.is_finite() && x >= 0.0;
-        if !(ok(self.dense) && ok(self.first) && ok(self.pairs))
-            || !(self.decay_rank.is_finite() && self.decay_rank > 0.0)
-        {
+        let valid = ok(self.dense)
+            && ok(self.first)
+            && ok(self.pairs)
+            && self.decay_rank.is_finite()
+            && self.decay_rank > 0.0;
+        if !valid {
             return Err(DataError::InvalidConfig(format!(
                 "teacher scales must be finite and non-negative (decay_rank positive): {self:?}"
             )));
@@ -432,7 +436,8 @@ impl SyntheticSource {
                 self.teacher.score(&s)
             })
             .collect();
-        let mean_at = |b: f64| scores.iter().map(|&z| sigmoid(b + z)).sum::<f64>() / scores.len() as f64;
+        let mean_at =
+            |b: f64| scores.iter().map(|&z| sigmoid(b + z)).sum::<f64>() / scores.len() as f64;
         let (mut lo, mut hi) = (-30.0, 30.0);
         for _ in 0..100 {
             let mid = 0.5 * (lo + hi);

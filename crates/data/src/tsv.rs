@@ -165,7 +165,9 @@ fn list_dir(dir: &Path, layout: Layout) -> Result<Vec<PathBuf>, DataError> {
                 })
                 .collect();
             if days.is_empty() {
-                let compressed = names.iter().any(|n| n.starts_with("day_") && n.contains('.'));
+                let compressed = names
+                    .iter()
+                    .any(|n| n.starts_with("day_") && n.contains('.'));
                 return Err(DataError::NoFiles {
                     dir: dir.to_path_buf(),
                     expected: if compressed {

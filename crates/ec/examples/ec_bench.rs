@@ -48,7 +48,7 @@ fn main() -> Result<(), ftrec_ec::EcError> {
             "{:>10} {:>14} {:>14} {:>14}",
             "row bytes", "gf256 c=1", "gf256 c!=1", "sum"
         );
-        for row_bytes in [64usize, 128, 1024, 4096, 1 << 20] {
+        for row_bytes in [64usize, 128, 1024, 4096, 64 << 10, 1 << 20] {
             if row_bytes > working_set {
                 continue;
             }
@@ -138,11 +138,12 @@ fn main() -> Result<(), ftrec_ec::EcError> {
     })?;
     println!(
         "{updates} updates: rows up to |{:.3}|; max |recovered - true| = {:.3e} (worst-case bound {:.3e}); \
-         fresh-parity decode error {:.3e}; |propagated - fresh parity| = {:.3e}; {} of {} parity words differ in bits",
+         fresh-parity decode error {:.3e}; vs row decoded from a fresh parity {:.3e}; |propagated - fresh parity| = {:.3e}; {} of {} parity words differ in bits",
         rep.last.row_magnitude,
         rep.max_recovered_vs_true,
         rep.last.bound,
         rep.last.fresh_recovered_vs_true,
+        rep.last.recovered_vs_fresh_recovered,
         rep.max_parity_vs_fresh,
         rep.last.parity_words_differing,
         16 + optimizer.state_words(16)
@@ -155,6 +156,11 @@ fn main() -> Result<(), ftrec_ec::EcError> {
     for k in [2usize, 4] {
         let layout = StripeLayout::new(5, k, 1, &preset.table_rows)?;
         let load = update_load(&layout, trace.steps(steps))?;
+        println!(
+            "k = {k}: parity rows per server {:?} (prefix bound {})",
+            layout.parity_counts(),
+            layout.prefix_imbalance()
+        );
         println!(
             "k = {k}: max/min without coding {:.2}x, with coding {:.2}x (data {:?}, parity {:?})",
             load.uncoded_imbalance(),

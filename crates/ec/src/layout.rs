@@ -5,7 +5,9 @@
 //! consecutive rows of a table sit on consecutive servers around the ring. Stripe `s` of table
 //! `t` is rows `s*k .. s*k + k` (position `i` holds row `s*k + i`): `k` consecutive rows, hence
 //! `k` different servers, and every server can name the stripe and position of its own row
-//! `(t, local index L)` from `R = L*n + ((server - t) mod n)` alone. The last stripe of a table
+//! `(t, local index L)` from `R = L*n + ((server - t) mod n)` alone. Since `k <= n`, a stripe
+//! covers rows of at most two consecutive local-index groups `(t, L)` and `(t, L + 1)` (the
+//! `n` rows of a group sit one per server). The last stripe of a table
 //! whose row count is not a multiple of `k` is short: its missing positions are *absent*, read
 //! as zeros and never stored.
 //!
@@ -14,8 +16,9 @@
 //! ones follows a fixed pattern over a *rotation period* of `n` stripes (after `n` stripes every
 //! data window has come back to where it started), chosen when the layout is built so that
 //! - over every full period each server receives exactly `r` parity rows, whatever `n`, `k`,
-//!   `r` (the paper's placement, which puts the parity on "the next" server, leaves servers
-//!   out whenever the window stride `k` shares a factor with `n`);
+//!   `r` (a fixed offset, such as the parity right after the data window as in ECRec Fig. 3,
+//!   only works when `gcd(n, k) = 1`: otherwise the windows start at multiples of the gcd
+//!   and the parities never reach the other servers);
 //! - after any number of stripes of a table, per-server parity counts differ by at most
 //!   [`StripeLayout::prefix_imbalance`], which is 1 whenever the data windows allow it (found by
 //!   a bounded search) and otherwise the smallest bound the search could reach (2 in the
@@ -23,7 +26,7 @@
 //!
 //! Table `t`'s stripe `s` uses pattern entry `s mod n` rotated by `t` (the shard map's offset).
 //! On a server, a table's parity rows are numbered densely in stripe order (a [`ParitySlot`]):
-//! parity rows of table `t` before stripe `s` on that server, computed in O(1) from per-period
+//! parity rows of table `t` before stripe `s` on that server, computed in O(r) from per-period
 //! occurrence lists, so a server can allocate its parity tables up front and address them
 //! without a map.
 

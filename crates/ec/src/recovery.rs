@@ -358,7 +358,20 @@ mod tests {
                 let dec = code.decoder(&t.available, &t.wanted()).unwrap();
                 let reads: Vec<usize> = t.reads.iter().map(|m| m.position).collect();
                 assert_eq!(dec.reads(), reads.as_slice());
-                assert!(plan.lock_range_of(t.stripe).is_some());
+            }
+            for range in 0..plan.ranges().len() {
+                for t in plan.tasks(range).unwrap() {
+                    assert_eq!(plan.lock_range_of(t.stripe), Some(range));
+                }
+            }
+            for (t, _) in layout.table_rows().iter().enumerate() {
+                let table = TableId(t as u32);
+                for index in 0..layout.stripes(table).unwrap() {
+                    let stripe = StripeId { table, index };
+                    if !layout.is_affected(stripe, &lost) {
+                        assert_eq!(plan.lock_range_of(stripe), None);
+                    }
+                }
             }
             let map = layout.shard_map();
             let mut want_rows = std::collections::BTreeSet::new();

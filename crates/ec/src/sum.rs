@@ -133,6 +133,8 @@ pub struct DriftSnapshot {
     pub recovered_vs_true: f64,
     /// A row recovered from a freshly encoded parity vs the true row: the decoding error alone.
     pub fresh_recovered_vs_true: f64,
+    /// A row recovered from the propagated parity vs the same row recovered from a fresh one.
+    pub recovered_vs_fresh_recovered: f64,
     /// The propagated parity vs a freshly encoded one.
     pub parity_vs_fresh: f64,
     /// Words whose bits differ between the propagated and the fresh parity.
@@ -208,6 +210,7 @@ impl SumParityTracker {
             updates: self.updates,
             recovered_vs_true: 0.0,
             fresh_recovered_vs_true: 0.0,
+            recovered_vs_fresh_recovered: 0.0,
             parity_vs_fresh: 0.0,
             parity_words_differing: 0,
             row_magnitude: 0.0,
@@ -238,6 +241,9 @@ impl SumParityTracker {
                 let bound = self.bound[w] + ROUNDING * steps;
                 snap.within_bound &= err <= bound;
                 snap.recovered_vs_true = snap.recovered_vs_true.max(err);
+                snap.recovered_vs_fresh_recovered = snap
+                    .recovered_vs_fresh_recovered
+                    .max(f64::from((x - y).abs()));
                 snap.fresh_recovered_vs_true = snap
                     .fresh_recovered_vs_true
                     .max(f64::from((y - truth).abs()));

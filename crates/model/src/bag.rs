@@ -105,7 +105,13 @@ pub fn pool_sum_tables(
             t.check_row(row)?;
         }
     }
-    pool_sum(features, batch, dim, |t, row| Some(tables[t].row(row)), pooled)
+    pool_sum(
+        features,
+        batch,
+        dim,
+        |t, row| Some(tables[t].row(row)),
+        pooled,
+    )
 }
 
 /// Feed the pooled gradient `[batch x tables x dim]` back to every looked-up row: each id in
@@ -193,7 +199,11 @@ mod tests {
         f[1].ids[0] = 4;
         assert!(matches!(
             pool_sum_tables(&f, 2, &tables, &mut pooled),
-            Err(ModelError::Core(CoreError::RowOutOfRange { table: 1, row: 4, .. }))
+            Err(ModelError::Core(CoreError::RowOutOfRange {
+                table: 1,
+                row: 4,
+                ..
+            }))
         ));
         let mut f = features();
         f[0].offsets[1] = 5;
@@ -202,21 +212,46 @@ mod tests {
             Err(ModelError::InvalidFeature { table: 0, .. })
         ));
         assert!(matches!(
-            pool_sum_tables(&features(), 3, &tables, &mut vec![0.0; 12]),
+            pool_sum_tables(&features(), 3, &tables, &mut [0.0; 12]),
             Err(ModelError::InvalidFeature { table: 0, .. })
         ));
         assert!(matches!(
-            pool_sum_tables(&features(), 2, &tables, &mut vec![0.0; 7]),
-            Err(ModelError::ShapeMismatch { expected: 8, got: 7, .. })
+            pool_sum_tables(&features(), 2, &tables, &mut [0.0; 7]),
+            Err(ModelError::ShapeMismatch {
+                expected: 8,
+                got: 7,
+                ..
+            })
         ));
-        let missing = pool_sum(&features(), 2, 2, |t, r| (r != 3).then(|| tables[t].row(r)), &mut pooled);
-        assert!(matches!(missing, Err(ModelError::RowUnavailable { table: 0, row: 3 })));
-        let short = pool_sum(&features(), 2, 4, |t, r| Some(tables[t].row(r)), &mut vec![0.0; 16]);
-        assert!(matches!(short, Err(ModelError::RowTooShort { got: 3, dim: 4, .. })));
+        let missing = pool_sum(
+            &features(),
+            2,
+            2,
+            |t, r| (r != 3).then(|| tables[t].row(r)),
+            &mut pooled,
+        );
+        assert!(matches!(
+            missing,
+            Err(ModelError::RowUnavailable { table: 0, row: 3 })
+        ));
+        let short = pool_sum(
+            &features(),
+            2,
+            4,
+            |t, r| Some(tables[t].row(r)),
+            &mut [0.0; 16],
+        );
+        assert!(matches!(
+            short,
+            Err(ModelError::RowTooShort { got: 3, dim: 4, .. })
+        ));
         let mut accs = vec![SparseGradAccumulator::new(2)];
         assert!(matches!(
             scatter_grads(&features(), 2, 2, &[0.0; 8], &mut accs),
-            Err(ModelError::ShapeMismatch { what: "gradient accumulators", .. })
+            Err(ModelError::ShapeMismatch {
+                what: "gradient accumulators",
+                ..
+            })
         ));
     }
 }

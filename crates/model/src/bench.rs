@@ -87,7 +87,13 @@ pub fn bench_mlp(
     };
 
     // (a) raw sgemm.
-    let width = cfg.bottom.iter().chain(&cfg.top).copied().max().unwrap_or(1);
+    let width = cfg
+        .bottom
+        .iter()
+        .chain(&cfg.top)
+        .copied()
+        .max()
+        .unwrap_or(1);
     let (m, k, n) = (batch, width, width);
     let a = fill(m * k, -1.0, 1.0);
     let b = fill(k * n, -1.0, 1.0);

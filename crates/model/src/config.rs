@@ -179,9 +179,15 @@ mod tests {
     fn kaggle_shape_counts() {
         let cfg = DlrmConfig::from_preset(&Preset::kaggle());
         cfg.validate().unwrap();
-        assert_eq!(cfg.interaction_width(), Preset::kaggle().interaction_width());
+        assert_eq!(
+            cfg.interaction_width(),
+            Preset::kaggle().interaction_width()
+        );
         // 13-512-256-64-16 then 367-512-256-1, weights plus biases.
-        let expect = (13 * 512 + 512) + (512 * 256 + 256) + (256 * 64 + 64) + (64 * 16 + 16)
+        let expect = (13 * 512 + 512)
+            + (512 * 256 + 256)
+            + (256 * 64 + 64)
+            + (64 * 16 + 16)
             + (367 * 512 + 512)
             + (512 * 256 + 256)
             + (256 + 1);
@@ -199,17 +205,62 @@ mod tests {
         let good = DlrmConfig::from_preset(&Preset::tiny());
         good.validate().unwrap();
         let cases: Vec<(DlrmConfig, &str)> = vec![
-            (DlrmConfig { bottom: vec![32, 4], ..good.clone() }, "embedding dim"),
-            (DlrmConfig { top: vec![32, 2], ..good.clone() }, "end at 1"),
-            (DlrmConfig { top: vec![], ..good.clone() }, "at least one layer"),
-            (DlrmConfig { bottom: vec![0, 8], ..good.clone() }, "positive width"),
-            (DlrmConfig { dense_in: 0, ..good.clone() }, "dense input"),
-            (DlrmConfig { tables: 0, ..good.clone() }, "embedding table"),
-            (DlrmConfig { dim: 0, bottom: vec![0], ..good.clone() }, "dim"),
+            (
+                DlrmConfig {
+                    bottom: vec![32, 4],
+                    ..good.clone()
+                },
+                "embedding dim",
+            ),
+            (
+                DlrmConfig {
+                    top: vec![32, 2],
+                    ..good.clone()
+                },
+                "end at 1",
+            ),
+            (
+                DlrmConfig {
+                    top: vec![],
+                    ..good.clone()
+                },
+                "at least one layer",
+            ),
+            (
+                DlrmConfig {
+                    bottom: vec![0, 8],
+                    ..good.clone()
+                },
+                "positive width",
+            ),
+            (
+                DlrmConfig {
+                    dense_in: 0,
+                    ..good.clone()
+                },
+                "dense input",
+            ),
+            (
+                DlrmConfig {
+                    tables: 0,
+                    ..good.clone()
+                },
+                "embedding table",
+            ),
+            (
+                DlrmConfig {
+                    dim: 0,
+                    bottom: vec![0],
+                    ..good.clone()
+                },
+                "dim",
+            ),
         ];
         for (cfg, needle) in cases {
             match cfg.validate() {
-                Err(ModelError::InvalidConfig(m)) => assert!(m.contains(needle), "{m:?} lacks {needle:?}"),
+                Err(ModelError::InvalidConfig(m)) => {
+                    assert!(m.contains(needle), "{m:?} lacks {needle:?}")
+                }
                 other => panic!("{cfg:?} gave {other:?}"),
             }
         }

@@ -132,7 +132,8 @@ impl Workspace {
         let widest = batch * cfg.max_width();
         self.grad_a.resize(widest, 0.0);
         self.grad_b.resize(widest, 0.0);
-        self.partials.resize(batch.div_ceil(BIAS_BLOCK) * cfg.max_width(), 0.0);
+        self.partials
+            .resize(batch.div_ceil(BIAS_BLOCK) * cfg.max_width(), 0.0);
         self.grad_params.resize(cfg.param_count(), 0.0);
         self.grad_pooled.resize(batch * cfg.tables * cfg.dim, 0.0);
     }
@@ -255,7 +256,11 @@ impl Dlrm {
             }
         };
         check("dense features", batch * cfg.dense_in, dense.len())?;
-        check("pooled embeddings", batch * cfg.tables * cfg.dim, pooled.len())?;
+        check(
+            "pooled embeddings",
+            batch * cfg.tables * cfg.dim,
+            pooled.len(),
+        )?;
         check("dense parameters", cfg.param_count(), self.params.len())
     }
 
@@ -438,23 +443,32 @@ impl Dlrm {
                 let gi = &g[..b * iw];
                 let dz0 = &mut h[..b * dim];
                 let gp = &mut grad_pooled[..b * emb_w];
-                par::split2(threads, b, iw * dim * 2, dz0, dim, gp, emb_w, |first, dz, de| {
-                    for (i, (dz, de)) in dz
-                        .chunks_exact_mut(dim)
-                        .zip(de.chunks_exact_mut(emb_w))
-                        .enumerate()
-                    {
-                        let s = first + i;
-                        interaction::backward(
-                            dim,
-                            &z0[s * dim..(s + 1) * dim],
-                            &pooled[s * emb_w..(s + 1) * emb_w],
-                            &gi[s * iw..(s + 1) * iw],
-                            dz,
-                            de,
-                        );
-                    }
-                });
+                par::split2(
+                    threads,
+                    b,
+                    iw * dim * 2,
+                    dz0,
+                    dim,
+                    gp,
+                    emb_w,
+                    |first, dz, de| {
+                        for (i, (dz, de)) in dz
+                            .chunks_exact_mut(dim)
+                            .zip(de.chunks_exact_mut(emb_w))
+                            .enumerate()
+                        {
+                            let s = first + i;
+                            interaction::backward(
+                                dim,
+                                &z0[s * dim..(s + 1) * dim],
+                                &pooled[s * emb_w..(s + 1) * emb_w],
+                                &gi[s * iw..(s + 1) * iw],
+                                dz,
+                                de,
+                            );
+                        }
+                    },
+                );
                 std::mem::swap(&mut g, &mut h);
             }
         }
@@ -628,18 +642,29 @@ mod tests {
         let pooled = uniform(13, b * cfg.tables * cfg.dim, -0.8, 0.8);
         let labels = [1.0, 0.0, 0.3, 1.0, 0.0];
         let mut ws = Workspace::new(1).unwrap();
-        let loss = model.forward_backward(&mut ws, &dense, &pooled, &labels).unwrap();
+        let loss = model
+            .forward_backward(&mut ws, &dense, &pooled, &labels)
+            .unwrap();
 
         let p64 = to64(&model.params().values);
         let (d64, e64, l64) = (to64(&dense), to64(&pooled), to64(&labels));
         let (ref_loss, _, min_pre) = reference(&cfg, &p64, &d64, &e64, &l64);
-        assert!(min_pre > 1e-4, "a ReLU input is {min_pre}, too close to its kink");
-        assert!((loss - ref_loss).abs() < 1e-5 * ref_loss, "{loss} vs {ref_loss}");
+        assert!(
+            min_pre > 1e-4,
+            "a ReLU input is {min_pre}, too close to its kink"
+        );
+        assert!(
+            (loss - ref_loss).abs() < 1e-5 * ref_loss,
+            "{loss} vs {ref_loss}"
+        );
 
         let h = 1e-6;
         let close = |what: String, got: f32, want: f64| {
             let err = (got as f64 - want).abs();
-            assert!(err <= 1e-3 * want.abs() + 2e-6, "{what}: analytic {got}, numeric {want}");
+            assert!(
+                err <= 1e-3 * want.abs() + 2e-6,
+                "{what}: analytic {got}, numeric {want}"
+            );
         };
         let mut groups = Vec::new();
         for (li, l) in cfg.layers().iter().enumerate() {
@@ -658,7 +683,10 @@ mod tests {
                 close(format!("{name} [{i}]"), ws.grad_params()[i], fd);
                 nonzero += usize::from(fd.abs() > 1e-6);
             }
-            assert!(nonzero > 0, "{name}: every gradient is zero, the check proves nothing");
+            assert!(
+                nonzero > 0,
+                "{name}: every gradient is zero, the check proves nothing"
+            );
         }
         for i in 0..e64.len() {
             let mut e = e64.clone();
@@ -666,7 +694,11 @@ mod tests {
             let up = reference(&cfg, &p64, &d64, &e, &l64).0;
             e[i] -= 2.0 * h;
             let down = reference(&cfg, &p64, &d64, &e, &l64).0;
-            close(format!("pooled [{i}]"), ws.grad_pooled()[i], (up - down) / (2.0 * h));
+            close(
+                format!("pooled [{i}]"),
+                ws.grad_pooled()[i],
+                (up - down) / (2.0 * h),
+            );
         }
     }
 
@@ -726,10 +758,17 @@ mod tests {
         let (dense, pooled, labels) = mid_inputs(&cfg, b);
         let run = |threads: usize| {
             let mut ws = Workspace::new(threads).unwrap();
-            let loss = model.forward_backward(&mut ws, &dense, &pooled, &labels).unwrap();
+            let loss = model
+                .forward_backward(&mut ws, &dense, &pooled, &labels)
+                .unwrap();
             let mut probs = Vec::new();
             model.predict(&mut ws, &dense, &pooled, &mut probs).unwrap();
-            (loss.to_bits(), bits(ws.grad_params()), bits(ws.grad_pooled()), bits(&probs))
+            (
+                loss.to_bits(),
+                bits(ws.grad_params()),
+                bits(ws.grad_pooled()),
+                bits(&probs),
+            )
         };
         let one = run(1);
         assert!(one.1.iter().any(|&g| g != 0) && one.2.iter().any(|&g| g != 0));
@@ -745,12 +784,22 @@ mod tests {
         let (dense, pooled, labels) = mid_inputs(&cfg, 300);
         let mut ws = model.workspace(300, 2).unwrap();
         let before = ws.buffer_fingerprint();
-        model.forward_backward(&mut ws, &dense, &pooled, &labels).unwrap();
-        assert_eq!(ws.buffer_fingerprint(), before, "a step at the reserved batch reallocated");
+        model
+            .forward_backward(&mut ws, &dense, &pooled, &labels)
+            .unwrap();
+        assert_eq!(
+            ws.buffer_fingerprint(),
+            before,
+            "a step at the reserved batch reallocated"
+        );
         let b = 100;
         let (d, p, l) = (&dense[..b * 13], &pooled[..b * 26 * 16], &labels[..b]);
         let loss = model.forward_backward(&mut ws, d, p, l).unwrap();
-        assert_eq!(ws.buffer_fingerprint(), before, "a smaller batch reallocated");
+        assert_eq!(
+            ws.buffer_fingerprint(),
+            before,
+            "a smaller batch reallocated"
+        );
         assert_eq!(ws.grad_pooled().len(), b * 26 * 16);
         assert_eq!(ws.logits().len(), b);
         let mut fresh = Workspace::new(2).unwrap();
@@ -775,11 +824,19 @@ mod tests {
             } else {
                 (6.0 / (l.input + l.output) as f32).sqrt()
             };
-            assert!(w.iter().all(|v| v.abs() <= bound), "layer {li} exceeds its bound");
+            assert!(
+                w.iter().all(|v| v.abs() <= bound),
+                "layer {li} exceeds its bound"
+            );
             let mean_sq = w.iter().map(|v| v * v).sum::<f32>() / w.len() as f32;
             // Uniform on [-bound, bound] has variance bound^2 / 3.
-            assert!((mean_sq / (bound * bound / 3.0) - 1.0).abs() < 0.3, "layer {li}");
-            assert!(a.params().values[l.bias_offset()..l.end()].iter().all(|&v| v == 0.0));
+            assert!(
+                (mean_sq / (bound * bound / 3.0) - 1.0).abs() < 0.3,
+                "layer {li}"
+            );
+            assert!(a.params().values[l.bias_offset()..l.end()]
+                .iter()
+                .all(|&v| v == 0.0));
         }
     }
 
@@ -792,11 +849,18 @@ mod tests {
         let pooled = vec![0.1; 2 * 3 * 4];
         assert!(matches!(
             model.forward_backward(&mut ws, &dense[..5], &pooled, &[0.0, 1.0]),
-            Err(ModelError::ShapeMismatch { what: "dense features", expected: 6, got: 5 })
+            Err(ModelError::ShapeMismatch {
+                what: "dense features",
+                expected: 6,
+                got: 5
+            })
         ));
         assert!(matches!(
             model.forward_backward(&mut ws, &dense, &pooled[1..], &[0.0, 1.0]),
-            Err(ModelError::ShapeMismatch { what: "pooled embeddings", .. })
+            Err(ModelError::ShapeMismatch {
+                what: "pooled embeddings",
+                ..
+            })
         ));
         assert!(matches!(
             model.forward_backward(&mut ws, &dense, &pooled, &[0.0, f32::NAN]),
@@ -808,13 +872,22 @@ mod tests {
         ));
         assert!(matches!(
             model.predict(&mut ws, &dense[..4], &pooled, &mut Vec::new()),
-            Err(ModelError::ShapeMismatch { what: "dense features", .. })
+            Err(ModelError::ShapeMismatch {
+                what: "dense features",
+                ..
+            })
         ));
-        assert!(matches!(Workspace::new(0), Err(ModelError::InvalidThreads(0))));
+        assert!(matches!(
+            Workspace::new(0),
+            Err(ModelError::InvalidThreads(0))
+        ));
         let n = model.params().len();
         assert!(matches!(
             model.apply_gradients(&sgd(), &vec![0.0; n - 1]),
-            Err(ModelError::ShapeMismatch { what: "dense gradient", .. })
+            Err(ModelError::ShapeMismatch {
+                what: "dense gradient",
+                ..
+            })
         ));
         let adam = Optimizer::new(OptimizerKind::Adam, 0.01);
         assert!(matches!(
@@ -824,15 +897,30 @@ mod tests {
         model.params_mut().values.pop();
         assert!(matches!(
             model.forward_backward(&mut ws, &dense, &pooled, &[0.0, 1.0]),
-            Err(ModelError::ShapeMismatch { what: "dense parameters", .. })
+            Err(ModelError::ShapeMismatch {
+                what: "dense parameters",
+                ..
+            })
         ));
-        let bad = DlrmConfig { top: vec![4], ..cfg.clone() };
-        assert!(matches!(Dlrm::new(bad, 1, &sgd()), Err(ModelError::InvalidConfig(_))));
+        let bad = DlrmConfig {
+            top: vec![4],
+            ..cfg.clone()
+        };
+        assert!(matches!(
+            Dlrm::new(bad, 1, &sgd()),
+            Err(ModelError::InvalidConfig(_))
+        ));
         let p = Dlrm::new(cfg.clone(), 1, &sgd()).unwrap().into_params();
-        let other = DlrmConfig { bottom: vec![7, 4], ..cfg };
+        let other = DlrmConfig {
+            bottom: vec![7, 4],
+            ..cfg
+        };
         assert!(matches!(
             Dlrm::from_params(other, p),
-            Err(ModelError::ShapeMismatch { what: "dense parameters", .. })
+            Err(ModelError::ShapeMismatch {
+                what: "dense parameters",
+                ..
+            })
         ));
     }
 

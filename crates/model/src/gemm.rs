@@ -166,7 +166,13 @@ pub(crate) fn at_b(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [
 mod tests {
     use super::*;
 
-    fn naive(m: usize, k: usize, n: usize, a: impl Fn(usize, usize) -> f32, b: impl Fn(usize, usize) -> f32) -> Vec<f32> {
+    fn naive(
+        m: usize,
+        k: usize,
+        n: usize,
+        a: impl Fn(usize, usize) -> f32,
+        b: impl Fn(usize, usize) -> f32,
+    ) -> Vec<f32> {
         let mut c = vec![0.0f32; m * n];
         for i in 0..m {
             for j in 0..n {
@@ -179,7 +185,10 @@ mod tests {
     fn close(x: &[f32], y: &[f32]) {
         assert_eq!(x.len(), y.len());
         for (i, (a, b)) in x.iter().zip(y).enumerate() {
-            assert!((a - b).abs() <= 1e-4 * b.abs().max(1.0), "element {i}: {a} vs {b}");
+            assert!(
+                (a - b).abs() <= 1e-4 * b.abs().max(1.0),
+                "element {i}: {a} vs {b}"
+            );
         }
     }
 
@@ -190,19 +199,31 @@ mod tests {
         let bt: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.11).cos()).collect();
         let mut c = vec![f32::NAN; m * n];
         a_bt(m, k, n, &a, &bt, &mut c);
-        close(&c, &naive(m, k, n, |i, p| a[i * k + p], |p, j| bt[j * k + p]));
+        close(
+            &c,
+            &naive(m, k, n, |i, p| a[i * k + p], |p, j| bt[j * k + p]),
+        );
 
         let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.23).cos()).collect();
         a_b(m, k, n, &a, &b, &mut c);
-        close(&c, &naive(m, k, n, |i, p| a[i * k + p], |p, j| b[p * n + j]));
+        close(
+            &c,
+            &naive(m, k, n, |i, p| a[i * k + p], |p, j| b[p * n + j]),
+        );
 
         // A is [k x m] here: reuse `a` as a 5x7 matrix.
         at_b(m, k, n, &a, &b, &mut c);
-        close(&c, &naive(m, k, n, |i, p| a[p * m + i], |p, j| b[p * n + j]));
+        close(
+            &c,
+            &naive(m, k, n, |i, p| a[p * m + i], |p, j| b[p * n + j]),
+        );
     }
 
     #[test]
     fn zero_threads_is_rejected() {
-        assert!(matches!(set_gemm_threads(0), Err(ModelError::InvalidThreads(0))));
+        assert!(matches!(
+            set_gemm_threads(0),
+            Err(ModelError::InvalidThreads(0))
+        ));
     }
 }

@@ -24,7 +24,12 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     for (l, (x, y)) in ca.remainder().iter().zip(cb.remainder()).enumerate() {
         acc[l] += x * y;
     }
-    let a4 = [acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]];
+    let a4 = [
+        acc[0] + acc[4],
+        acc[1] + acc[5],
+        acc[2] + acc[6],
+        acc[3] + acc[7],
+    ];
     (a4[0] + a4[2]) + (a4[1] + a4[3])
 }
 

@@ -135,18 +135,27 @@ mod tests {
         assert_eq!(auc(&[0.9, 0.1], &[0.0, 1.0]).unwrap(), 0.0);
         assert_eq!(auc(&[0.5, 0.5, 0.5], &[0.0, 1.0, 1.0]).unwrap(), 0.5);
         // Positives 0.8, 0.4; negatives 0.6, 0.2: 3 of 4 pairs won.
-        assert_eq!(auc(&[0.8, 0.6, 0.4, 0.2], &[1.0, 0.0, 1.0, 0.0]).unwrap(), 0.75);
+        assert_eq!(
+            auc(&[0.8, 0.6, 0.4, 0.2], &[1.0, 0.0, 1.0, 0.0]).unwrap(),
+            0.75
+        );
     }
 
     #[test]
     fn auc_rejects_what_it_cannot_rank() {
         assert!(matches!(
             auc(&[0.1, 0.2], &[1.0, 1.0]),
-            Err(ModelError::SingleClass { positives: 2, negatives: 0 })
+            Err(ModelError::SingleClass {
+                positives: 2,
+                negatives: 0
+            })
         ));
         assert!(matches!(
             auc(&[], &[]),
-            Err(ModelError::SingleClass { positives: 0, negatives: 0 })
+            Err(ModelError::SingleClass {
+                positives: 0,
+                negatives: 0
+            })
         ));
         assert!(matches!(
             auc(&[0.1, f32::NAN], &[1.0, 0.0]),
@@ -158,7 +167,11 @@ mod tests {
         ));
         assert!(matches!(
             auc(&[0.1, 0.2], &[1.0]),
-            Err(ModelError::ShapeMismatch { expected: 2, got: 1, .. })
+            Err(ModelError::ShapeMismatch {
+                expected: 2,
+                got: 1,
+                ..
+            })
         ));
     }
 

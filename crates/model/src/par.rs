@@ -16,8 +16,14 @@ fn units_per_part(threads: usize, units: usize, unit_cost: usize) -> usize {
 }
 
 /// Run `f(first_unit, chunk)` over `a` cut into chunks of whole units (`a_unit` floats each).
-pub(crate) fn split1<F>(threads: usize, units: usize, unit_cost: usize, a: &mut [f32], a_unit: usize, f: F)
-where
+pub(crate) fn split1<F>(
+    threads: usize,
+    units: usize,
+    unit_cost: usize,
+    a: &mut [f32],
+    a_unit: usize,
+    f: F,
+) where
     F: Fn(usize, &mut [f32]) + Sync,
 {
     let per = units_per_part(threads, units, unit_cost);

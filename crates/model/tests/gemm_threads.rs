@@ -32,7 +32,9 @@ fn step_fingerprint() -> u64 {
     let pooled = fill(b * cfg.tables * cfg.dim);
     let labels: Vec<f32> = fill(b).iter().map(|u| (*u > 0.0) as u8 as f32).collect();
     let mut ws = Workspace::new(1).unwrap();
-    let loss = model.forward_backward(&mut ws, &dense, &pooled, &labels).unwrap();
+    let loss = model
+        .forward_backward(&mut ws, &dense, &pooled, &labels)
+        .unwrap();
     let h = fold(mix64(loss.to_bits()), ws.grad_params());
     fold(h, ws.grad_pooled())
 }
@@ -40,7 +42,11 @@ fn step_fingerprint() -> u64 {
 #[test]
 fn model_step_is_bit_identical_for_every_gemm_thread_count() {
     if let Ok(want) = std::env::var(CHILD_ENV) {
-        assert_eq!(gemm_threads().to_string(), want, "the child runs with the wrong count");
+        assert_eq!(
+            gemm_threads().to_string(),
+            want,
+            "the child runs with the wrong count"
+        );
         println!("FINGERPRINT {:016x}", step_fingerprint());
         return;
     }
@@ -61,8 +67,11 @@ fn model_step_is_bit_identical_for_every_gemm_thread_count() {
         );
         let print = stdout
             .lines()
-            .find_map(|l| l.strip_prefix("FINGERPRINT "))
-            .unwrap_or_else(|| panic!("child with {threads} threads printed no fingerprint: {stdout}"))
+            .find_map(|l| l.split("FINGERPRINT ").nth(1))
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| {
+                panic!("child with {threads} threads printed no fingerprint: {stdout}")
+            })
             .to_string();
         prints.push((threads, print));
     }

@@ -28,6 +28,9 @@ fn the_first_product_fixes_the_gemm_thread_count() {
     assert_eq!(set_gemm_threads(1), Ok(1));
     assert!(matches!(
         set_gemm_threads(2),
-        Err(ModelError::GemmThreadsFixed { requested: 2, current: 1 })
+        Err(ModelError::GemmThreadsFixed {
+            requested: 2,
+            current: 1
+        })
     ));
 }

@@ -38,6 +38,6 @@ pub enum WorkerError {
     Config(String),
     #[error("the data ran out after {steps} steps ({samples} samples); ask for fewer steps or allow more epochs")]
     DataExhausted { steps: u64, samples: u64 },
-    #[error("the held-out set is empty: {0}")]
+    #[error("no usable held-out set: {0}")]
     NoEvalData(String),
 }

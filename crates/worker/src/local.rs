@@ -63,7 +63,9 @@ impl LocalTrainer {
         let ws = model.workspace(cfg.batch, cfg.threads)?;
         Ok(LocalTrainer {
             cfg: cfg.clone(),
-            accs: (0..p.table_rows.len()).map(|_| SparseGradAccumulator::new(p.dim)).collect(),
+            accs: (0..p.table_rows.len())
+                .map(|_| SparseGradAccumulator::new(p.dim))
+                .collect(),
             pooled: Vec::new(),
             tables,
             model,
@@ -104,16 +106,23 @@ impl LocalTrainer {
         pool_sum_tables(&batch.sparse, b, &self.tables, &mut self.pooled)?;
         let t1 = Instant::now();
         let loss =
-            self.model.forward_backward(&mut self.ws, &batch.dense, &self.pooled, &batch.labels)?;
+            self.model
+                .forward_backward(&mut self.ws, &batch.dense, &self.pooled, &batch.labels)?;
         let t2 = Instant::now();
 
         for acc in &mut self.accs {
             acc.clear();
         }
         scatter_grads(&batch.sparse, b, d, self.ws.grad_pooled(), &mut self.accs)?;
-        apply_sparse(&mut self.tables, &self.accs, &self.cfg.sparse_optimizer, self.cfg.threads);
+        apply_sparse(
+            &mut self.tables,
+            &self.accs,
+            &self.cfg.sparse_optimizer,
+            self.cfg.threads,
+        );
         let t3 = Instant::now();
-        self.model.apply_gradients(&self.cfg.dense_optimizer, self.ws.grad_params())?;
+        self.model
+            .apply_gradients(&self.cfg.dense_optimizer, self.ws.grad_params())?;
         let t4 = Instant::now();
 
         self.timing.pool_s += (t1 - t0).as_secs_f64();
@@ -131,7 +140,8 @@ impl LocalTrainer {
         let (b, t, d) = (batch.size, p.table_rows.len(), p.dim);
         self.pooled.resize(b * t * d, 0.0);
         pool_sum_tables(&batch.sparse, b, &self.tables, &mut self.pooled)?;
-        self.model.predict(&mut self.ws, &batch.dense, &self.pooled, out)?;
+        self.model
+            .predict(&mut self.ws, &batch.dense, &self.pooled, out)?;
         Ok(())
     }
 
@@ -217,7 +227,11 @@ impl Evaluation {
     pub fn of(probs: &[f32], labels: &[f32]) -> Result<Evaluation, WorkerError> {
         let auc = metrics::auc(probs, labels)?;
         let logloss = metrics::logloss(probs, labels)?;
-        Ok(Evaluation { auc, logloss, samples: probs.len() })
+        Ok(Evaluation {
+            auc,
+            logloss,
+            samples: probs.len(),
+        })
     }
 }
 
@@ -271,11 +285,9 @@ pub struct TrainReport {
 /// Build the configured data source.
 pub fn open_source(cfg: &TrainConfig) -> Result<Box<dyn BatchSource>, WorkerError> {
     Ok(match &cfg.data {
-        DataSpec::Synthetic => {
-            Box::new(ftrec_data::SyntheticSource::new(
+        DataSpec::Synthetic => Box::new(ftrec_data::SyntheticSource::new(
             ftrec_data::SynthConfig::from_preset(&cfg.preset, cfg.seed),
-        )?)
-        }
+        )?),
         DataSpec::Tsv(tsv) => Box::new(ftrec_data::TsvReader::open(tsv.clone())?),
     })
 }
@@ -301,6 +313,20 @@ pub fn train(
             DataSpec::Synthetic => "the generator produced no held-out samples".into(),
         }));
     }
+    // Fail before training, not after: AUC needs both classes in the held-out set.
+    let positives = eval
+        .batches
+        .iter()
+        .flat_map(|b| &b.labels)
+        .filter(|&&l| l > 0.5)
+        .count();
+    if positives == 0 || positives == eval.samples() {
+        return Err(WorkerError::NoEvalData(format!(
+            "all {} held-out samples have the same label, so AUC is undefined; hold out more \
+             samples (more data, a smaller --holdout-every or more --eval-samples)",
+            eval.samples()
+        )));
+    }
     let mut trainer = LocalTrainer::new(cfg)?;
 
     // The prefetch thread owns the source and hands batches over in order.
@@ -309,7 +335,9 @@ pub fn train(
     let batch_size = cfg.batch;
     let producer = std::thread::spawn(move || {
         for _ in 0..steps {
-            let item = source.next_batch(batch_size).map(|b| b.map(|b| (b, source.position())));
+            let item = source
+                .next_batch(batch_size)
+                .map(|b| b.map(|b| (b, source.position())));
             let stop = !matches!(item, Ok(Some(_)));
             if tx.send(item).is_err() || stop {
                 break;
@@ -327,7 +355,10 @@ pub fn train(
         let next = rx.recv().unwrap_or(Ok(None))?;
         trainer.timing.data_wait_s += wait.elapsed().as_secs_f64();
         let Some((batch, position)) = next else {
-            return Err(WorkerError::DataExhausted { steps: step, samples });
+            return Err(WorkerError::DataExhausted {
+                steps: step,
+                samples,
+            });
         };
         let loss = trainer.step(&batch)?;
         samples += batch.size as u64;
@@ -355,7 +386,11 @@ pub fn train(
     let evaluation = trainer.evaluate(&eval)?;
     let teacher = match &eval.teacher_probs {
         Some(tp) => {
-            let labels: Vec<f32> = eval.batches.iter().flat_map(|b| b.labels.iter().copied()).collect();
+            let labels: Vec<f32> = eval
+                .batches
+                .iter()
+                .flat_map(|b| b.labels.iter().copied())
+                .collect();
             Some(Evaluation::of(tp, &labels)?)
         }
         None => None,

@@ -2,27 +2,54 @@
 
 /// Peak resident set size of this process in bytes (`VmHWM`), if the platform reports it.
 pub fn peak_rss_bytes() -> Option<u64> {
-    status_kib("VmHWM:").map(|k| k * 1024)
+    memory().map(|m| m.peak_rss)
 }
 
 /// Current resident set size of this process in bytes (`VmRSS`).
 pub fn rss_bytes() -> Option<u64> {
-    status_kib("VmRSS:").map(|k| k * 1024)
+    memory().map(|m| m.rss)
 }
 
-fn status_kib(key: &str) -> Option<u64> {
+/// Current and peak resident memory, read together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Memory {
+    pub rss: u64,
+    pub peak_rss: u64,
+}
+
+/// Both figures from one read of `/proc/self/status` (Linux); `None` elsewhere.
+pub fn memory() -> Option<Memory> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with(key))?;
-    line[key.len()..].trim().trim_end_matches("kB").trim().parse().ok()
+    let kib = |key: &str| -> Option<u64> {
+        let line = s.lines().find(|l| l.starts_with(key))?;
+        line[key.len()..]
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()
+    };
+    let rss = kib("VmRSS:")? * 1024;
+    // The kernel folds the current RSS into the high-water mark lazily; take the max so the
+    // peak is never reported below the present.
+    let peak_rss = (kib("VmHWM:")? * 1024).max(rss);
+    Some(Memory { rss, peak_rss })
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
-    fn peak_is_at_least_current() {
-        if let (Some(peak), Some(now)) = (super::peak_rss_bytes(), super::rss_bytes()) {
-            assert!(peak >= now, "peak {peak} < current {now}");
-            assert!(now > 0);
-        }
+    fn peak_covers_a_large_allocation() {
+        let Some(before) = super::memory() else {
+            return;
+        };
+        let big = vec![1u8; 64 << 20];
+        let after = super::memory().unwrap();
+        assert!(after.peak_rss >= after.rss);
+        assert!(
+            after.peak_rss >= before.rss + (60 << 20),
+            "{before:?} -> {after:?}"
+        );
+        drop(big);
     }
 }

@@ -168,7 +168,6 @@ impl FrameBuilder {
 /// A parsed, checksum-verified frame.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Frame<'a> {
-    pub version: u16,
     /// Header body after the payload length.
     pub header: &'a [u8],
     pub payload: &'a [u8],
@@ -279,7 +278,6 @@ pub(crate) fn parse_frame<'a>(file: &str, kind: FileKind, data: &'a [u8]) -> Res
         4,
     );
     Ok(Frame {
-        version,
         header: &data[PREFIX_LEN + 8..head_end],
         payload,
         file_crc,
@@ -395,7 +393,6 @@ mod tests {
         let f = sample();
         assert_eq!(f.crc32c, crc32c::crc32c(&f.bytes));
         let frame = parse_frame("x", FileKind::Manifest, &f.bytes).unwrap();
-        assert_eq!(frame.version, 1);
         assert_eq!(frame.header, &[1, 2, 3, 4]);
         assert_eq!(frame.payload, b"0123456789");
         assert_eq!(frame.file_crc, f.crc32c);

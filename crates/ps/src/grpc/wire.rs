@@ -414,6 +414,8 @@ fn detail_of(e: &PsError) -> proto::ErrorDetail {
         }
         PsError::InvalidConfig(m) => (K::InvalidConfig, vec![], m.clone()),
         PsError::MalformedRequest(m) => (K::MalformedRequest, vec![], m.clone()),
+        PsError::Internal(m) => (K::Internal, vec![], m.clone()),
+        // Client-side conditions never come from a server; carried as text if they ever do.
         other => (K::Internal, vec![], other.to_string()),
     };
     proto::ErrorDetail {

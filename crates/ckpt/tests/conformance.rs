@@ -1,0 +1,49 @@
+//! The chunk-store conformance suite on every backend: memory, a local directory, a real
+//! S3-compatible server on loopback, and the fault-injecting wrapper (with a plan that only
+//! delays) around memory and local.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use ftrec_ckpt::conformance::Capabilities;
+use ftrec_ckpt::store::fault::Op;
+use ftrec_ckpt::{ChunkStore, FaultPlan, FaultyStore};
+
+ftrec_ckpt::chunk_store_conformance!(memory, memory_store(), Capabilities::FULL);
+
+ftrec_ckpt::chunk_store_conformance!(local, local_store(), Capabilities::FULL);
+
+// s3s-fs checks `If-None-Match: *` before it writes, so two racing creators can both succeed
+// there; every other property holds.
+ftrec_ckpt::chunk_store_conformance!(
+    s3,
+    (s3_store(None).await as Arc<dyn ChunkStore>, ()),
+    Capabilities {
+        atomic_create: false
+    }
+);
+
+fn delaying(inner: Arc<dyn ChunkStore>) -> Arc<dyn ChunkStore> {
+    let plan = FaultPlan::new(7)
+        .delay(Op::Put, Duration::from_micros(200))
+        .delay(Op::Get, Duration::from_micros(100));
+    Arc::new(FaultyStore::new(inner, plan))
+}
+
+ftrec_ckpt::chunk_store_conformance!(
+    faulty_memory,
+    (delaying(memory_store().0), ()),
+    Capabilities::FULL
+);
+
+ftrec_ckpt::chunk_store_conformance!(
+    faulty_local,
+    {
+        let (s, dir) = local_store();
+        (delaying(s), dir)
+    },
+    Capabilities::FULL
+);
