@@ -97,10 +97,10 @@ pub async fn create_only_refuses_existing(store: &dyn ChunkStore, base: &Key, _c
     let key = k(base, "once");
     let (v1, v2) = (pattern(10, 64), pattern(11, 32));
     must(store.put(&key, v1.clone(), PutMode::Create).await, "first create");
-    let err = store.put(&key, v2, PutMode::Create).await.unwrap_err();
+    let second = store.put(&key, v2, PutMode::Create).await;
     assert!(
-        matches!(err, CkptError::AlreadyExists { .. }),
-        "second create should be AlreadyExists, got {err}"
+        matches!(second, Err(CkptError::AlreadyExists { .. })),
+        "second create should be AlreadyExists, got {second:?}"
     );
     assert!(
         must(store.get(&key).await, "get") == v1,
@@ -119,8 +119,11 @@ pub async fn overwrite_replaces(store: &dyn ChunkStore, base: &Key, _caps: Capab
         "overwrite did not replace"
     );
     assert_eq!(must(store.head(&key).await, "head").size, 7);
-    let err = store.put(&key, v1, PutMode::Create).await.unwrap_err();
-    assert!(matches!(err, CkptError::AlreadyExists { .. }), "{err}");
+    let create = store.put(&key, v1, PutMode::Create).await;
+    assert!(
+        matches!(create, Err(CkptError::AlreadyExists { .. })),
+        "create over an existing object should be AlreadyExists, got {create:?}"
+    );
 }
 
 pub async fn missing_is_not_found(store: &dyn ChunkStore, base: &Key, _caps: Capabilities) {

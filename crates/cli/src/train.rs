@@ -125,7 +125,7 @@ fn run_with_progress(cfg: &TrainConfig) -> Result<TrainReport> {
                 "{:.0} samples/s | loss {:.4}",
                 p.samples_per_s, p.loss
             ));
-        } else if p.step % every == 0 || p.step == p.steps {
+        } else if p.step.is_multiple_of(every) || p.step == p.steps {
             eprintln!(
                 "step {}/{} | {:.0} samples/s | loss {:.4} | {:.1}s",
                 p.step, p.steps, p.samples_per_s, p.loss, p.elapsed_s

@@ -261,6 +261,21 @@ mod tests {
         assert_eq!(parse_line(&out[..out.len() - 1]), Ok(s));
     }
 
+    proptest::proptest! {
+        #[test]
+        fn any_sample_survives_format_then_parse(
+            label: bool,
+            dense in proptest::array::uniform13(proptest::option::of(proptest::num::i64::ANY)),
+            cats in proptest::collection::vec(proptest::option::of(proptest::num::u32::ANY), NUM_SPARSE),
+        ) {
+            let mut s = RawSample { label, dense, ..Default::default() };
+            s.cats.copy_from_slice(&cats);
+            let mut out = Vec::new();
+            s.write_tsv_line(&mut out);
+            proptest::prop_assert_eq!(parse_line(&out[..out.len() - 1]), Ok(s));
+        }
+    }
+
     #[test]
     fn each_kind_of_bad_field_is_named() {
         let dense = ["1"; 13];

@@ -144,7 +144,9 @@ impl DlrmConfig {
     /// backward: per layer `2*in*out` forward, `2*in*out` for the weight gradient and
     /// `2*in*out` for the input gradient, except the first bottom layer, whose input (the dense
     /// features) needs no gradient. The batch's total is this times the batch size, i.e. the sum
-    /// of `2*M*N*K` over every gemm of a step. Bias, ReLU, interaction and loss work is left out.
+    /// of `2*M*N*K` over every gemm of a step (a layer with one output runs as per-sample dots
+    /// rather than a gemm, and is counted the same). Bias, ReLU, interaction and loss work is
+    /// left out.
     pub fn flops_per_sample(&self) -> u64 {
         self.layers()
             .iter()

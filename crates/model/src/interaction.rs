@@ -10,7 +10,7 @@
 const LANES: usize = 8;
 
 /// `a . b`, summed lane-wise then across lanes in a fixed order.
-#[inline]
+#[inline(always)]
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     let mut acc = [0.0f32; LANES];
@@ -34,7 +34,7 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `y += g * x`.
-#[inline]
+#[inline(always)]
 fn axpy(g: f32, x: &[f32], y: &mut [f32]) {
     for (y, x) in y.iter_mut().zip(x) {
         *y += g * x;
@@ -44,6 +44,18 @@ fn axpy(g: f32, x: &[f32], y: &mut [f32]) {
 /// Forward for one sample: `z0` (`dim`), `emb` (`tables x dim`), `out` (interaction width).
 #[inline]
 pub(crate) fn forward(dim: usize, z0: &[f32], emb: &[f32], out: &mut [f32]) {
+    // Common dims get a copy of the loop with a constant trip count (fully unrolled dots);
+    // the arithmetic is the same as the generic path's, so the results are too.
+    match dim {
+        8 => forward_impl(8, z0, emb, out),
+        16 => forward_impl(16, z0, emb, out),
+        32 => forward_impl(32, z0, emb, out),
+        _ => forward_impl(dim, z0, emb, out),
+    }
+}
+
+#[inline(always)]
+fn forward_impl(dim: usize, z0: &[f32], emb: &[f32], out: &mut [f32]) {
     let n = emb.len() / dim + 1;
     let z = |a: usize| -> &[f32] {
         if a == 0 {
@@ -68,6 +80,23 @@ pub(crate) fn forward(dim: usize, z0: &[f32], emb: &[f32], out: &mut [f32]) {
 /// Contributions are added in pair order, so the result is reproducible.
 #[inline]
 pub(crate) fn backward(
+    dim: usize,
+    z0: &[f32],
+    emb: &[f32],
+    g: &[f32],
+    dz0: &mut [f32],
+    demb: &mut [f32],
+) {
+    match dim {
+        8 => backward_impl(8, z0, emb, g, dz0, demb),
+        16 => backward_impl(16, z0, emb, g, dz0, demb),
+        32 => backward_impl(32, z0, emb, g, dz0, demb),
+        _ => backward_impl(dim, z0, emb, g, dz0, demb),
+    }
+}
+
+#[inline(always)]
+fn backward_impl(
     dim: usize,
     z0: &[f32],
     emb: &[f32],

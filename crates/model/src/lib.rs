@@ -50,8 +50,7 @@
 //!
 //! let mut accs = vec![SparseGradAccumulator::new(cfg.dim); cfg.tables];
 //! scatter_grads(&features, 2, cfg.dim, ws.grad_pooled(), &mut accs)?;
-//! let grad = ws.grad_params().to_vec();
-//! model.apply_gradients(&opt, &grad)?;
+//! model.apply_gradients(&opt, ws.grad_params())?;
 //! # Ok::<(), ftrec_model::ModelError>(())
 //! ```
 

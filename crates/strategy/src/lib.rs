@@ -1,0 +1,40 @@
+//! `ftrec-strategy`: every fault-tolerance strategy as a pure state machine.
+//!
+//! A strategy never touches a socket, a disk or a clock. The cluster feeds it [`Event`]s (a step
+//! finished, time passed, a server was lost, a save finished) and carries out the [`Action`]s it
+//! returns (pause, save, restore, resume, abort), acknowledging them with further events. That
+//! keeps the decisions testable on hand-built event sequences (the shape of raft-rs's
+//! `step`/`Ready`).
+//!
+//! It owns
+//! - [`policy`]: the math the strategies decide with: Young's interval, the overhead terms of
+//!   CPR Eq. 1 and Eq. 2, CPR's expected PLS (Eq. 4) and the interval for a target PLS;
+//! - [`NoFaultTolerance`] (`none`): a server loss ends the run with a clear reason;
+//! - [`FullCheckpoint`] (`full`): periodic full checkpoints (every N steps, every T seconds, or
+//!   Young's interval from measured save cost and a configured MTBF) and full recovery: every
+//!   server reloads the last committed checkpoint and the lost steps are redone (CPR §2.2).
+//!
+//! ```
+//! use ftrec_strategy::{Action, Event, FullCheckpoint, Interval, Strategy};
+//! let mut s = FullCheckpoint::new(Interval::Steps(10)).unwrap();
+//! assert!(s.on(&Event::StepDone { step: 5, now_s: 1.0 }).is_empty());
+//! let actions = s.on(&Event::StepDone { step: 10, now_s: 2.0 });
+//! assert_eq!(actions, vec![Action::PauseTraining, Action::SaveFull { step: 10 }]);
+//! ```
+
+pub mod full;
+pub mod machine;
+pub mod policy;
+
+pub use full::{FullCheckpoint, Interval};
+pub use machine::{Action, CheckpointRef, Event, NoFaultTolerance, Strategy};
+
+/// A strategy configuration that cannot work.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[non_exhaustive]
+pub enum StrategyError {
+    #[error("invalid strategy configuration: {0}")]
+    InvalidConfig(String),
+    #[error("unknown strategy {0:?} (expected none or full)")]
+    UnknownStrategy(String),
+}
