@@ -86,31 +86,3 @@ pub use tsv::{
 };
 pub use write::{synth_to_dir, write_tsv, SYNTH_FILE};
 pub use zipf::Zipf;
-
-use serde::{Deserialize, Serialize};
-
-/// Which source a run reads, as recorded in a run configuration.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "source", rename_all = "snake_case")]
-pub enum DataSpec {
-    Synthetic(SynthConfig),
-    Tsv(TsvConfig),
-}
-
-impl DataSpec {
-    /// Open the source.
-    pub fn open(&self) -> Result<Box<dyn BatchSource>, DataError> {
-        Ok(match self {
-            DataSpec::Synthetic(c) => Box::new(SyntheticSource::new(c.clone())?),
-            DataSpec::Tsv(c) => Box::new(TsvReader::open(c.clone())?),
-        })
-    }
-
-    /// Rows of each table the source's ids index.
-    pub fn table_rows(&self) -> &[u64] {
-        match self {
-            DataSpec::Synthetic(c) => &c.table_rows,
-            DataSpec::Tsv(c) => &c.table_rows,
-        }
-    }
-}

@@ -62,8 +62,8 @@ fn median_and_min(mut times: Vec<f64>) -> (f64, f64) {
 
 /// Measure (a) raw `sgemm` on a `batch x width x width` product, `width` being the widest
 /// layer of `cfg` (2048x512x512 for the Kaggle shape at batch 2048), and (b) full model steps
-/// (`Dlrm::forward_backward` on seeded random inputs), each `iters` times after a warm-up,
-/// and report median speeds and their ratio.
+/// (`Dlrm::forward_backward` on seeded random inputs), `iters` times each, alternating, after
+/// a warm-up; report median speeds and their ratio.
 ///
 /// Sets the process's gemm thread count to `threads` (see [`crate::set_gemm_threads`]); if
 /// an earlier product already fixed a different count this is
@@ -86,7 +86,7 @@ pub fn bench_mlp(
         (0..n).map(|_| lo + (hi - lo) * rng.next_f32()).collect()
     };
 
-    // (a) raw sgemm.
+    // (a) raw sgemm inputs.
     let width = cfg
         .bottom
         .iter()
@@ -98,17 +98,8 @@ pub fn bench_mlp(
     let a = fill(m * k, -1.0, 1.0);
     let b = fill(k * n, -1.0, 1.0);
     let mut c = vec![0.0f32; m * n];
-    gemm::a_b(m, k, n, &a, &b, &mut c);
-    let mut times = Vec::with_capacity(iters);
-    for _ in 0..iters {
-        let t = Instant::now();
-        gemm::a_b(m, k, n, &a, &b, &mut c);
-        times.push(t.elapsed().as_secs_f64());
-    }
-    let (sgemm_s, _) = median_and_min(times);
-    let sgemm_gflops = 2.0 * (m * k * n) as f64 / sgemm_s / 1e9;
 
-    // (b) model steps.
+    // (b) model and step inputs.
     let model = Dlrm::new(
         cfg.clone(),
         0x5EED,
@@ -121,16 +112,26 @@ pub fn bench_mlp(
         .map(|u| if u < 0.25 { 1.0 } else { 0.0 })
         .collect();
     let mut ws: Workspace = model.workspace(batch, threads)?;
+
+    // Warm up, then alternate the two measurements so that both see the same machine (other
+    // load, clock changes) and their ratio stays meaningful on a shared box.
     for _ in 0..2 {
+        gemm::a_b(m, k, n, &a, &b, &mut c);
         model.forward_backward(&mut ws, &dense, &pooled, &labels)?;
     }
-    let mut times = Vec::with_capacity(iters);
+    let mut sgemm_times = Vec::with_capacity(iters);
+    let mut step_times = Vec::with_capacity(iters);
     for _ in 0..iters {
         let t = Instant::now();
+        gemm::a_b(m, k, n, &a, &b, &mut c);
+        sgemm_times.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
         model.forward_backward(&mut ws, &dense, &pooled, &labels)?;
-        times.push(t.elapsed().as_secs_f64());
+        step_times.push(t.elapsed().as_secs_f64());
     }
-    let (step_s, step_min_s) = median_and_min(times);
+    let (sgemm_s, _) = median_and_min(sgemm_times);
+    let sgemm_gflops = 2.0 * (m * k * n) as f64 / sgemm_s / 1e9;
+    let (step_s, step_min_s) = median_and_min(step_times);
     let step_flops = cfg.flops_per_sample() * batch as u64;
     let mlp_gflops = step_flops as f64 / step_s / 1e9;
     Ok(MlpBench {
