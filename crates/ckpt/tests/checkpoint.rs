@@ -17,11 +17,13 @@ use ftrec_ckpt::{
 
 fn small_model() -> TestModel {
     // Two servers, tiny chunks: every kind of file, each small enough to damage byte by byte.
-    TestModel::new(2, 21, true)
+    TestModel::with_spec(&Spec::micro(), 2, 21, true)
 }
 
 fn opts() -> SnapshotOptions {
     SnapshotOptions {
+        // 32 rows of the micro model per file: its 90-row table splits into two files per
+        // server.
         chunk_bytes: 1024,
         max_in_flight: 2,
     }
@@ -105,7 +107,12 @@ async fn every_flipped_byte_of_every_file_is_refused_naming_the_file() {
     let ckpts = Checkpoints::new(store.clone());
     let m = write(&ckpts, &model, 5).await;
     let keys = all_keys(&ckpts, &m);
-    assert!(keys.len() > 10, "every kind of file is present");
+    for kind in ["CURRENT", "MANIFEST", ".rows", ".dense"] {
+        assert!(
+            keys.iter().any(|k| k.as_str().ends_with(kind)),
+            "no {kind} file among {keys:?}"
+        );
+    }
     let mut checked = 0;
     for key in &keys {
         let len = store.head(key).await.unwrap().size as usize;
@@ -134,7 +141,7 @@ async fn every_flipped_byte_of_every_file_is_refused_naming_the_file() {
             checked += 1;
         }
     }
-    assert!(checked > 1000);
+    assert!(checked > 500, "{checked} positions damaged");
     // Undamaged again: opens fine.
     assert!(open_and_restore(&ckpts, &model, &Select::Current)
         .await
@@ -210,7 +217,7 @@ async fn newest_intact_falls_back_past_damage() {
         Err(CkptError::NoCheckpoint { .. })
     ));
 
-    let older = TestModel::new(2, 99, true);
+    let older = TestModel::with_spec(&Spec::micro(), 2, 99, true);
     let m10 = write(&ckpts, &older, 10).await;
     let m20 = write(&ckpts, &model, 20).await;
 
@@ -248,7 +255,7 @@ async fn newest_intact_falls_back_past_damage() {
 
     // A manifest written without moving CURRENT (a crash between the two) is complete:
     // NewestIntact takes it, Current does not.
-    let newer = TestModel::new(2, 7, true);
+    let newer = TestModel::with_spec(&Spec::micro(), 2, 7, true);
     let id30 = CheckpointId::for_step(30, CheckpointKind::Full);
     let mut reports = Vec::new();
     for s in newer.shards() {

@@ -96,7 +96,7 @@ impl Workspace {
 
     /// Grow every buffer for `batch` samples of `cfg` now rather than on the first step.
     pub fn reserve(&mut self, cfg: &DlrmConfig, batch: usize) {
-        self.prepare(cfg, batch);
+        self.prepare(cfg, batch, true);
     }
 
     /// Samples of the last forward pass.
@@ -121,7 +121,9 @@ impl Workspace {
         self.acts.last().map_or(&[][..], |v| &v[..self.batch])
     }
 
-    fn prepare(&mut self, cfg: &DlrmConfig, batch: usize) {
+    /// Size the buffers for `batch` samples; gradient buffers only for training (`train`),
+    /// so that a prediction leaves the last step's gradients readable.
+    fn prepare(&mut self, cfg: &DlrmConfig, batch: usize, train: bool) {
         let layers = cfg.layers();
         self.batch = batch;
         self.acts.resize_with(layers.len(), Vec::new);
@@ -129,6 +131,9 @@ impl Workspace {
             buf.resize(batch * l.output, 0.0);
         }
         self.top_in.resize(batch * cfg.interaction_width(), 0.0);
+        if !train {
+            return;
+        }
         let widest = batch * cfg.max_width();
         self.grad_a.resize(widest, 0.0);
         self.grad_b.resize(widest, 0.0);
@@ -286,7 +291,7 @@ impl Dlrm {
         {
             return Err(ModelError::InvalidLabel { index, value });
         }
-        ws.prepare(&self.cfg, batch);
+        ws.prepare(&self.cfg, batch, true);
         self.forward(ws, dense, pooled);
         let loss = self.loss_and_logit_grad(ws, labels);
         self.backward(ws, dense, pooled);
@@ -294,7 +299,8 @@ impl Dlrm {
     }
 
     /// Click probabilities for a batch (`dense` `[B x dense_in]`, `pooled`
-    /// `[B x tables x dim]`), written to `out` (cleared first).
+    /// `[B x tables x dim]`), written to `out` (cleared first). The workspace's gradients from
+    /// the last [`Dlrm::forward_backward`] are left as they were.
     pub fn predict(
         &self,
         ws: &mut Workspace,
@@ -304,7 +310,7 @@ impl Dlrm {
     ) -> Result<(), ModelError> {
         let batch = dense.len() / self.cfg.dense_in;
         self.check_inputs(batch, dense, pooled)?;
-        ws.prepare(&self.cfg, batch);
+        ws.prepare(&self.cfg, batch, false);
         self.forward(ws, dense, pooled);
         out.clear();
         out.extend(ws.logits().iter().map(|&s| sigmoid(s as f64) as f32));
@@ -528,7 +534,7 @@ mod kernels {
     pub fn matvec_bias_act(x: &[f32], w: &[f32], bias: f32, relu: bool, y: &mut [f32]) {
         for (y, xr) in y.iter_mut().zip(x.chunks_exact(w.len())) {
             let t = interaction::dot(xr, w) + bias;
-            *y = if relu && t <= 0.0 { 0.0 } else { t };
+            *y = if !relu || t > 0.0 { t } else { 0.0 };
         }
     }
 
@@ -937,6 +943,15 @@ mod tests {
         );
         assert_eq!(ws.grad_pooled().len(), b * 26 * 16);
         assert_eq!(ws.logits().len(), b);
+        let grads_before = bits(ws.grad_pooled());
+        model
+            .predict(&mut ws, &dense[..13], &pooled[..26 * 16], &mut Vec::new())
+            .unwrap();
+        assert_eq!(
+            bits(ws.grad_pooled()),
+            grads_before,
+            "predict touched the gradients"
+        );
         let mut fresh = Workspace::new(2).unwrap();
         let fresh_loss = model.forward_backward(&mut fresh, d, p, l).unwrap();
         assert_eq!(loss.to_bits(), fresh_loss.to_bits());

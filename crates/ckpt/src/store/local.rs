@@ -158,13 +158,19 @@ fn ensure_dir(root: &Path, dir: &Path) -> LResult<()> {
     }
     let mut missing = Vec::new();
     let mut cur = dir;
-    while cur != root && !cur.is_dir() {
-        if cur.exists() {
-            return Err(LocalFailure::PathConflict(
-                "a parent of this key is an object; an object and a prefix cannot share a path on the local backend",
-            ));
+    while cur != root {
+        // One metadata call per level: a directory that another writer creates meanwhile is
+        // seen as a directory, never as a conflict.
+        match fs::metadata(cur) {
+            Ok(m) if m.is_dir() => break,
+            Ok(_) => {
+                return Err(LocalFailure::PathConflict(
+                    "a parent of this key is an object; an object and a prefix cannot share a path on the local backend",
+                ))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => missing.push(cur.to_path_buf()),
+            Err(e) => return Err(e.into()),
         }
-        missing.push(cur.to_path_buf());
         match cur.parent() {
             Some(p) => cur = p,
             None => break,

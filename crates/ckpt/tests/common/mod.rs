@@ -146,6 +146,35 @@ pub struct TestModel {
 
 pub const DENSE_VALUES: usize = 3 * DENSE_BLOCK + 57;
 
+/// Shapes of a test model.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub table_rows: Vec<u64>,
+    pub dim: usize,
+    pub dense_values: usize,
+}
+
+impl Spec {
+    /// The `tiny` preset's 26 tables.
+    pub fn tiny() -> Spec {
+        let p = Preset::tiny();
+        Spec {
+            table_rows: p.table_rows,
+            dim: p.dim,
+            dense_values: DENSE_VALUES,
+        }
+    }
+
+    /// Two small tables and two dense blocks: every file small enough to damage byte by byte.
+    pub fn micro() -> Spec {
+        Spec {
+            table_rows: vec![90, 3],
+            dim: 4,
+            dense_values: DENSE_BLOCK + 44,
+        }
+    }
+}
+
 pub fn sparse_opt() -> Optimizer {
     Optimizer::new(OptimizerKind::RowWiseAdagrad, 0.05)
 }
@@ -156,29 +185,33 @@ pub fn dense_opt() -> Optimizer {
 
 impl TestModel {
     pub fn new(servers: u32, seed: u64, updated: bool) -> TestModel {
-        let preset = Preset::tiny();
+        Self::with_spec(&Spec::tiny(), servers, seed, updated)
+    }
+
+    pub fn with_spec(spec: &Spec, servers: u32, seed: u64, updated: bool) -> TestModel {
+        let init_scale = 0.05;
         let map = ShardMap::new(servers).unwrap();
         let sopt = sparse_opt();
         let dopt = dense_opt();
-        let layout = RowLayout::new(preset.dim, sopt.state_words(preset.dim));
-        let blocks = DENSE_VALUES.div_ceil(DENSE_BLOCK);
+        let layout = RowLayout::new(spec.dim, sopt.state_words(spec.dim));
+        let blocks = spec.dense_values.div_ceil(DENSE_BLOCK);
         let mut out = Vec::new();
         for s in 0..servers {
             let server = ServerId(s);
             let mut tables = Vec::new();
-            for (t, &rows) in preset.table_rows.iter().enumerate() {
+            for (t, &rows) in spec.table_rows.iter().enumerate() {
                 let id = TableId(t as u32);
                 let n = map.rows_on(id, rows, server);
                 let mut table = EmbeddingTable::zeros(id, n, layout);
-                table.init_rows(seed, preset.init_scale, |l| map.global_row(id, server, l));
+                table.init_rows(seed, init_scale, |l| map.global_row(id, server, l));
                 if updated {
                     for local in 0..n {
                         let g = map.global_row(id, server, local);
                         let mut rng = SplitMix::keyed(seed ^ 0x5EED, t as u64, g);
                         if rng.next_u64() % 3 == 0 {
                             let grad: Vec<f32> =
-                                (0..preset.dim).map(|_| rng.next_f32() - 0.5).collect();
-                            sopt.apply(table.row_mut(local), preset.dim, &grad);
+                                (0..spec.dim).map(|_| rng.next_f32() - 0.5).collect();
+                            sopt.apply(table.row_mut(local), spec.dim, &grad);
                         }
                     }
                 }
@@ -187,7 +220,7 @@ impl TestModel {
             let b0 = blocks * s as usize / servers as usize;
             let b1 = blocks * (s as usize + 1) / servers as usize;
             let lo = b0 * DENSE_BLOCK;
-            let hi = (b1 * DENSE_BLOCK).min(DENSE_VALUES);
+            let hi = (b1 * DENSE_BLOCK).min(spec.dense_values);
             let values: Vec<f32> = (lo..hi).map(|i| ((i as f32) * 0.37).sin() * 0.1).collect();
             let mut dense = DenseParams::new(values, &dopt);
             if updated {
