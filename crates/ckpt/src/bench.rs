@@ -217,73 +217,76 @@ fn build_model(cfg: &BenchConfig) -> Result<Model> {
     Ok(Model { map, shards })
 }
 
-fn server_shards(m: &Model) -> Vec<ServerShard<'_>> {
-    m.shards
-        .iter()
-        .enumerate()
-        .map(|(s, (tables, first_block, dense))| ServerShard {
-            server: ServerId(s as u32),
-            tables: tables
-                .iter()
-                .map(|t| TableShard {
-                    table: t,
-                    ids: RowIds::Sharded {
-                        map: m.map,
-                        server: ServerId(s as u32),
-                    },
-                })
-                .collect(),
-            dense: Some(DenseShard {
-                first_block: *first_block,
-                params: dense,
-            }),
-        })
-        .collect()
+fn server_shard(m: &Model, s: usize) -> ServerShard<'_> {
+    let (tables, first_block, dense) = &m.shards[s];
+    let server = ServerId(s as u32);
+    ServerShard {
+        server,
+        tables: tables
+            .iter()
+            .map(|t| TableShard {
+                table: t,
+                ids: RowIds::Sharded { map: m.map, server },
+            })
+            .collect(),
+        dense: Some(DenseShard {
+            first_block: *first_block,
+            params: dense,
+        }),
+    }
 }
 
-fn digest(shards: &[ServerShard<'_>]) -> ModelDigest {
+fn model_digest(m: &Model) -> ModelDigest {
     let mut d = ModelDigest::new();
-    for s in shards {
-        d.merge(&snapshot::shard_digest(s));
+    for s in 0..m.shards.len() {
+        d.merge(&snapshot::shard_digest(&server_shard(m, s)));
     }
     d
 }
 
-/// Run the measurement. Needs a multi-threaded tokio runtime for the store's blocking pool to
-/// overlap with encoding.
+fn join_err(e: tokio::task::JoinError) -> CkptError {
+    CkptError::TemporarilyUnavailable {
+        backend: "bench",
+        reason: format!("server task failed: {e}"),
+    }
+}
+
+/// Run the measurement. Each server writes and restores in its own tokio task, as each server
+/// is its own process in a cluster; use a multi-threaded runtime.
 pub async fn measure_local_bandwidth(cfg: &BenchConfig) -> Result<BandwidthReport> {
     std::fs::create_dir_all(&cfg.dir).map_err(|e| io_err(&cfg.dir, e))?;
     let ckpt_dir = cfg.dir.join("ftrec-bench-ckpt");
     let raw_path = cfg.dir.join("ftrec-bench-raw.bin");
     let _ = std::fs::remove_dir_all(&ckpt_dir);
 
-    let model = build_model(cfg)?;
-    let shards = server_shards(&model);
-    let saved = digest(&shards);
-
-    let store = LocalStore::new(&ckpt_dir)?;
-    let ckpts = Checkpoints::new(Arc::new(store));
+    let model = Arc::new(build_model(cfg)?);
+    let saved = model_digest(&model);
+    let ckpts = Checkpoints::new(Arc::new(LocalStore::new(&ckpt_dir)?));
     let id = CheckpointId::for_step(1, CheckpointKind::Full);
 
     // Checkpoint write first so the raw file can have exactly its size.
     let start = Instant::now();
-    let manifest = snapshot::write_full(
-        &ckpts,
-        &id,
-        1,
-        DataPosition::None,
-        &shards,
-        &cfg.snapshot,
-    )
-    .await?;
+    let tasks: Vec<_> = (0..model.shards.len())
+        .map(|s| {
+            let (model, ckpts, id, opts) = (model.clone(), ckpts.clone(), id.clone(), cfg.snapshot);
+            tokio::spawn(async move {
+                snapshot::write_shard(&ckpts, &id, &server_shard(&model, s), &opts).await
+            })
+        })
+        .collect();
+    let mut reports = Vec::new();
+    for t in tasks {
+        reports.push(t.await.map_err(join_err)??);
+    }
+    let manifest = snapshot::full_manifest(id.clone(), 1, DataPosition::None, reports);
+    ckpts.commit(&manifest).await?;
     let ckpt_write = start.elapsed().as_secs_f64();
     let bytes = manifest.data_bytes();
-    drop(shards);
 
     let raw_path2 = raw_path.clone();
     let raw_write_s = tokio::task::spawn_blocking(move || raw_write(&raw_path2, bytes))
         .await
-        .map_err(|e| CkptError::InvalidArgument(format!("raw write task: {e}")))??;
+        .map_err(join_err)??;
 
     let mut cache_dropped = drop_cache(&raw_path);
     for f in files_under(&ckpt_dir) {
@@ -293,14 +296,14 @@ pub async fn measure_local_bandwidth(cfg: &BenchConfig) -> Result<BandwidthRepor
     let raw_path2 = raw_path.clone();
     let raw_read_s = tokio::task::spawn_blocking(move || raw_read(&raw_path2))
         .await
-        .map_err(|e| CkptError::InvalidArgument(format!("raw read task: {e}")))??;
+        .map_err(join_err)??;
 
-    // Restore into zeroed shards of the same shapes, every server in parallel.
-    let mut targets: Vec<(Vec<EmbeddingTable>, u64, DenseParams)> = model
+    // Restore into zeroed shards of the same shapes, every server in its own task.
+    let opt = Optimizer::new(OptimizerKind::RowWiseAdagrad, 0.1);
+    let zeroed: Vec<(Vec<EmbeddingTable>, u64, DenseParams)> = model
         .shards
         .iter()
         .map(|(tables, b0, dense)| {
-            let opt = Optimizer::new(OptimizerKind::RowWiseAdagrad, 0.1);
             (
                 tables
                     .iter()
@@ -311,19 +314,21 @@ pub async fn measure_local_bandwidth(cfg: &BenchConfig) -> Result<BandwidthRepor
             )
         })
         .collect();
+    let map = model.map;
     drop(model);
-    let map = ShardMap::new(cfg.servers).expect("checked in build_model");
     let start = Instant::now();
-    let manifest = ckpts.select(&Select::Current, &[CheckpointKind::Full]).await?;
-    let restores = targets
-        .iter_mut()
+    let manifest = Arc::new(
+        ckpts
+            .select(&Select::Current, &[CheckpointKind::Full])
+            .await?,
+    );
+    let tasks: Vec<_> = zeroed
+        .into_iter()
         .enumerate()
-        .map(|(s, (tables, b0, dense))| {
+        .map(|(s, (mut tables, b0, mut dense))| {
             let server = ServerId(s as u32);
-            let manifest = &manifest;
-            let ckpts = &ckpts;
-            let opts = cfg.snapshot;
-            async move {
+            let (manifest, ckpts, opts) = (manifest.clone(), ckpts.clone(), cfg.snapshot);
+            tokio::spawn(async move {
                 let mut target = ShardTarget {
                     server,
                     tables: tables
@@ -334,38 +339,26 @@ pub async fn measure_local_bandwidth(cfg: &BenchConfig) -> Result<BandwidthRepor
                         })
                         .collect(),
                     dense: Some(DenseTarget {
-                        first_block: *b0,
-                        params: dense,
+                        first_block: b0,
+                        params: &mut dense,
                     }),
                 };
-                snapshot::restore_shard(ckpts, manifest, &mut target, &opts).await
-            }
-        });
-    let reports = futures_util::future::try_join_all(restores).await?;
-    let ckpt_read = start.elapsed().as_secs_f64();
-
-    let restored: Vec<ServerShard<'_>> = targets
-        .iter()
-        .enumerate()
-        .map(|(s, (tables, b0, dense))| ServerShard {
-            server: ServerId(s as u32),
-            tables: tables
-                .iter()
-                .map(|t| TableShard {
-                    table: t,
-                    ids: RowIds::Sharded {
-                        map,
-                        server: ServerId(s as u32),
-                    },
-                })
-                .collect(),
-            dense: Some(DenseShard {
-                first_block: *b0,
-                params: dense,
-            }),
+                let report = snapshot::restore_shard(&ckpts, &manifest, &mut target, &opts).await;
+                drop(target);
+                report.map(|r| (r, (tables, b0, dense)))
+            })
         })
         .collect();
-    let restored_identical = digest(&restored) == saved;
+    let mut files = 0;
+    let mut shards = Vec::new();
+    for t in tasks {
+        let (r, state) = t.await.map_err(join_err)??;
+        files += r.files;
+        shards.push(state);
+    }
+    let ckpt_read = start.elapsed().as_secs_f64();
+    let restored = Model { map, shards };
+    let restored_identical = model_digest(&restored) == saved;
 
     let _ = std::fs::remove_dir_all(&ckpt_dir);
     let _ = std::fs::remove_file(&raw_path);
@@ -380,7 +373,7 @@ pub async fn measure_local_bandwidth(cfg: &BenchConfig) -> Result<BandwidthRepor
     );
     Ok(BandwidthReport {
         bytes,
-        files: reports.iter().map(|r| r.files).sum(),
+        files,
         raw_write_mibs: rw,
         raw_read_mibs: rr,
         ckpt_write_mibs: cw,

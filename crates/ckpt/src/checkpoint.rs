@@ -3,7 +3,7 @@
 //! Layout under an optional root key:
 //!
 //! ```text
-//! CURRENT                              pointer: id + manifest size + manifest crc32c
+//! CURRENT                              pointer: id + manifest size and checksums
 //! ckpt/<id>/MANIFEST                   the manifest (written create-only)
 //! ckpt/<id>/s<server>/t<table>-<n>.rows
 //! ckpt/<id>/s<server>/dense-<n>.dense
@@ -16,9 +16,10 @@
 //! [`Checkpoints::delete_checkpoint`]); a crash between manifest and `CURRENT` leaves a
 //! complete checkpoint that [`Select::NewestIntact`] still finds.
 //!
-//! Readers verify `CURRENT`'s own checksums, the manifest's checksums and its size and crc32c
-//! as `CURRENT` recorded them, and every data file's checksums, size and crc32c as the
-//! manifest recorded them. Any mismatch is an error naming the file.
+//! Readers verify `CURRENT`'s own checksums, the manifest's checksums and its size and
+//! checksums as `CURRENT` recorded them, and every data file's checksums and size, both as the
+//! file stores them and as the manifest recorded them. Any mismatch is an error naming the
+//! file.
 
 use std::sync::Arc;
 
@@ -28,8 +29,8 @@ use crate::error::{CkptError, Result};
 use crate::format::dense::DenseChunk;
 use crate::format::rows::RowChunk;
 use crate::format::{
-    check_recorded, CheckpointId, CheckpointKind, CurrentPointer, EncodedFile, FileContent,
-    FileInfo, Manifest,
+    check_recorded, CheckpointId, CheckpointKind, CurrentPointer, EncodedFile, FileChecksums,
+    FileContent, FileInfo, Manifest,
 };
 use crate::key::Key;
 use crate::store::{ChunkStore, PutMode};
@@ -127,7 +128,7 @@ impl Checkpoints {
         let pointer = CurrentPointer {
             id: manifest.id.clone(),
             manifest_size: mfile.size(),
-            manifest_crc32c: mfile.crc32c,
+            manifest_crc32c: mfile.checksums,
         };
         self.store
             .put(
@@ -177,25 +178,18 @@ impl Checkpoints {
         }
     }
 
-    /// Read and verify the manifest of `id`. With `recorded = Some((size, crc))` (from
+    /// Read and verify the manifest of `id`. With `recorded = Some((size, checksums))` (from
     /// `CURRENT`), the manifest must also match those.
     pub async fn read_manifest(
         &self,
         id: &CheckpointId,
-        recorded: Option<(u64, u32)>,
+        recorded: Option<(u64, FileChecksums)>,
     ) -> Result<Manifest> {
         let key = self.manifest_key(id);
         let data = self.store.get(&key).await?;
         let (m, crc) = Manifest::decode(key.as_str(), &data)?;
         if let Some((size, rcrc)) = recorded {
-            check_recorded(
-                key.as_str(),
-                "manifest (as recorded in CURRENT)",
-                data.len() as u64,
-                crc,
-                size,
-                rcrc,
-            )?;
+            check_recorded(key.as_str(), "CURRENT", data.len() as u64, crc, size, rcrc)?;
         }
         if &m.id != id {
             return Err(CkptError::Corrupt {
@@ -261,7 +255,7 @@ impl Checkpoints {
                         h.first_row, h.last_row
                     )));
                 }
-                (VerifiedFile::Rows(c), c.file_crc)
+                (VerifiedFile::Rows(c), c.checksums)
             }
             FileContent::Dense {
                 first_block,
@@ -275,18 +269,34 @@ impl Checkpoints {
                         c.header.first_block, c.header.blocks
                     )));
                 }
-                (VerifiedFile::Dense(c), c.file_crc)
+                (VerifiedFile::Dense(c), c.checksums)
             }
         };
         check_recorded(
             name,
-            "file (as recorded in the manifest)",
+            "manifest",
             data.len() as u64,
             crc,
             info.size,
             info.crc32c,
         )?;
         Ok(decoded)
+    }
+
+    /// Decode a file whose bytes already passed [`Checkpoints::verify_file`] against `info`.
+    pub(crate) fn decode_verified<'a>(
+        key: &Key,
+        info: &FileInfo,
+        data: &'a [u8],
+    ) -> Result<VerifiedFile<'a>> {
+        Ok(match info.content {
+            FileContent::Rows { .. } => {
+                VerifiedFile::Rows(RowChunk::decode_verified(key.as_str(), data)?)
+            }
+            FileContent::Dense { .. } => {
+                VerifiedFile::Dense(DenseChunk::decode_verified(key.as_str(), data)?)
+            }
+        })
     }
 
     /// Read every file of `manifest` and verify it; `parallel` files are read at once.
@@ -323,9 +333,12 @@ impl Checkpoints {
         };
         match policy {
             Select::Current => {
-                let p = self.read_current().await?.ok_or_else(|| CkptError::NoCheckpoint {
-                    root: self.describe(),
-                })?;
+                let p = self
+                    .read_current()
+                    .await?
+                    .ok_or_else(|| CkptError::NoCheckpoint {
+                        root: self.describe(),
+                    })?;
                 let m = self
                     .read_manifest(&p.id, Some((p.manifest_size, p.manifest_crc32c)))
                     .await?;

@@ -5,7 +5,7 @@
 //! message naming the broken property. [`chunk_store_conformance!`](crate::chunk_store_conformance)
 //! expands to one `#[tokio::test]` per case, so a backend's test file is a few lines:
 //!
-//! ```ignore
+//! ```text
 //! ftrec_ckpt::chunk_store_conformance!(memory, {
 //!     let store: Arc<dyn ChunkStore> = Arc::new(MemoryStore::new());
 //!     (store, ())
@@ -96,7 +96,10 @@ pub async fn put_get_round_trip(store: &dyn ChunkStore, base: &Key, _caps: Capab
 pub async fn create_only_refuses_existing(store: &dyn ChunkStore, base: &Key, _caps: Capabilities) {
     let key = k(base, "once");
     let (v1, v2) = (pattern(10, 64), pattern(11, 32));
-    must(store.put(&key, v1.clone(), PutMode::Create).await, "first create");
+    must(
+        store.put(&key, v1.clone(), PutMode::Create).await,
+        "first create",
+    );
     let second = store.put(&key, v2, PutMode::Create).await;
     assert!(
         matches!(second, Err(CkptError::AlreadyExists { .. })),
@@ -111,9 +114,15 @@ pub async fn create_only_refuses_existing(store: &dyn ChunkStore, base: &Key, _c
 pub async fn overwrite_replaces(store: &dyn ChunkStore, base: &Key, _caps: Capabilities) {
     let key = k(base, "ow");
     let (v1, v2) = (pattern(20, 100), pattern(21, 7));
-    must(store.put(&key, v1.clone(), PutMode::Overwrite).await, "overwrite a missing key");
+    must(
+        store.put(&key, v1.clone(), PutMode::Overwrite).await,
+        "overwrite a missing key",
+    );
     assert!(must(store.get(&key).await, "get") == v1);
-    must(store.put(&key, v2.clone(), PutMode::Overwrite).await, "overwrite");
+    must(
+        store.put(&key, v2.clone(), PutMode::Overwrite).await,
+        "overwrite",
+    );
     assert!(
         must(store.get(&key).await, "get") == v2,
         "overwrite did not replace"
@@ -178,7 +187,10 @@ pub async fn list_is_sorted_and_segment_wise(
             .into_iter()
             .map(|m| {
                 (
-                    m.key.strip_prefix(base).expect("listed key under base").to_string(),
+                    m.key
+                        .strip_prefix(base)
+                        .expect("listed key under base")
+                        .to_string(),
                     m.size,
                 )
             })
@@ -210,14 +222,23 @@ pub async fn list_is_sorted_and_segment_wise(
 
 pub async fn delete_is_idempotent(store: &dyn ChunkStore, base: &Key, _caps: Capabilities) {
     let key = k(base, "d/x");
-    must(store.put(&key, pattern(50, 10), PutMode::Create).await, "put");
+    must(
+        store.put(&key, pattern(50, 10), PutMode::Create).await,
+        "put",
+    );
     must(store.delete(&key).await, "delete");
     let e = store.get(&key).await.unwrap_err();
-    assert!(matches!(e, CkptError::NotFound { .. }), "get after delete: {e}");
+    assert!(
+        matches!(e, CkptError::NotFound { .. }),
+        "get after delete: {e}"
+    );
     must(store.delete(&key).await, "delete of a missing key");
     assert!(must(store.list(Some(&k(base, "d"))).await, "list").is_empty());
     // A deleted key can be created again.
-    must(store.put(&key, pattern(51, 3), PutMode::Create).await, "re-create");
+    must(
+        store.put(&key, pattern(51, 3), PutMode::Create).await,
+        "re-create",
+    );
 }
 
 pub async fn many_concurrent_puts(store: &dyn ChunkStore, base: &Key, _caps: Capabilities) {
@@ -251,7 +272,10 @@ pub async fn overwrite_is_atomic_for_readers(
     must(store.put(&key, version(0), PutMode::Create).await, "put");
     let writer = async {
         for v in 1..=24u8 {
-            must(store.put(&key, version(v), PutMode::Overwrite).await, "overwrite");
+            must(
+                store.put(&key, version(v), PutMode::Overwrite).await,
+                "overwrite",
+            );
         }
     };
     let reader = async {
@@ -380,13 +404,9 @@ macro_rules! __conformance_case {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $case() {
             let (store, _guard) = $setup;
-            let base = $crate::Key::new(concat!(
-                "conformance/",
-                module_path!(),
-                "/",
-                stringify!($case)
+            let base = $crate::Key::new(
+                concat!("conformance/", module_path!(), "/", stringify!($case)).replace("::", "."),
             )
-            .replace("::", "."))
             .expect("valid base key");
             $crate::conformance::$case(&*store, &base, $caps).await;
         }

@@ -187,7 +187,10 @@ mod tests {
             match Key::new(k) {
                 Err(CkptError::InvalidKey { key, reason }) => {
                     assert_eq!(key, k);
-                    assert!(reason.contains(why), "{k:?}: reason {reason:?} lacks {why:?}");
+                    assert!(
+                        reason.contains(why),
+                        "{k:?}: reason {reason:?} lacks {why:?}"
+                    );
                 }
                 other => panic!("{k:?} should be invalid, got {other:?}"),
             }

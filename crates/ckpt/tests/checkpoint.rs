@@ -180,18 +180,18 @@ async fn every_truncation_is_refused_naming_the_file() {
 
 #[tokio::test]
 async fn a_swapped_file_is_refused_even_though_it_is_well_formed() {
-    // Two valid row files of the same table: putting one in the other's place passes its own
-    // checksums but not the manifest's record.
+    // Two valid row files of the same size (32 rows of table 0, on two servers): putting one
+    // in the other's place passes its own checksums but not the manifest's record.
     let model = small_model();
     let store: Arc<dyn ChunkStore> = Arc::new(MemoryStore::new());
     let ckpts = Checkpoints::new(store.clone());
     let m = write(&ckpts, &model, 5).await;
-    let a = ckpts
-        .file_key(&m.id, "s0000/t0000-000000.rows")
-        .unwrap();
-    let b = ckpts
-        .file_key(&m.id, "s0000/t0000-000001.rows")
-        .unwrap();
+    let a = ckpts.file_key(&m.id, "s0000/t0000-000000.rows").unwrap();
+    let b = ckpts.file_key(&m.id, "s0001/t0000-000000.rows").unwrap();
+    assert_eq!(
+        store.head(&a).await.unwrap().size,
+        store.head(&b).await.unwrap().size
+    );
     let bytes_b = store.get(&b).await.unwrap();
     store.put(&a, bytes_b, PutMode::Overwrite).await.unwrap();
     let err = open_and_restore(&ckpts, &model, &Select::Current)
@@ -207,7 +207,9 @@ async fn newest_intact_falls_back_past_damage() {
     let ckpts = Checkpoints::new(store.clone());
 
     assert!(matches!(
-        ckpts.select(&Select::Current, &[CheckpointKind::Full]).await,
+        ckpts
+            .select(&Select::Current, &[CheckpointKind::Full])
+            .await,
         Err(CkptError::NoCheckpoint { .. })
     ));
     assert!(matches!(

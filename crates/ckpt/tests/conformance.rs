@@ -18,6 +18,7 @@ ftrec_ckpt::chunk_store_conformance!(local, local_store(), Capabilities::FULL);
 
 // s3s-fs checks `If-None-Match: *` before it writes, so two racing creators can both succeed
 // there; every other property holds.
+#[cfg(feature = "s3")]
 ftrec_ckpt::chunk_store_conformance!(
     s3,
     (s3_store(None).await as Arc<dyn ChunkStore>, ()),

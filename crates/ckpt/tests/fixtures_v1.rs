@@ -68,9 +68,11 @@ fn model(zeros: bool) -> (ShardMap, Vec<Server>) {
                         for local in 0..n {
                             let g = map.global_row(id, server, local);
                             let base = (t as u64 * 100 + g) as f32;
-                            table
-                                .row_mut(local)
-                                .copy_from_slice(&[base, base + 0.25, -(g as f32) - 0.5]);
+                            table.row_mut(local).copy_from_slice(&[
+                                base,
+                                base + 0.25,
+                                -(g as f32) - 0.5,
+                            ]);
                         }
                     }
                     table
@@ -138,9 +140,16 @@ fn id() -> CheckpointId {
 async fn write_fixture(store: Arc<dyn ChunkStore>) {
     let (map, servers) = model(false);
     let ckpts = Checkpoints::new(store);
-    snapshot::write_full(&ckpts, &id(), STEP, position(), &shards(map, &servers), &opts())
-        .await
-        .unwrap();
+    snapshot::write_full(
+        &ckpts,
+        &id(),
+        STEP,
+        position(),
+        &shards(map, &servers),
+        &opts(),
+    )
+    .await
+    .unwrap();
 }
 
 /// Regenerate once per run if asked to; both tests wait for it.

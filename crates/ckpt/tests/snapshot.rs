@@ -76,6 +76,7 @@ async fn round_trip_is_bit_identical_on_local() {
     round_trip(store).await;
 }
 
+#[cfg(feature = "s3")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_trip_is_bit_identical_on_s3() {
     round_trip(s3_store(Some("snapshot-round-trip")).await).await;
@@ -303,7 +304,10 @@ async fn writes_hold_at_most_max_in_flight_chunks() {
     .unwrap();
     let max = store.max.load(Ordering::SeqCst);
     let bytes = m.data_bytes();
-    assert!(bytes > 50 * 4096, "the model spans many chunks ({bytes} bytes)");
+    assert!(
+        bytes > 50 * 4096,
+        "the model spans many chunks ({bytes} bytes)"
+    );
     // The manifest is the only larger object, and it is put alone after the data.
     let largest_data = m.files.iter().map(|f| f.size).max().unwrap();
     assert!(largest_data <= 4096);
@@ -346,10 +350,7 @@ async fn files_are_laid_out_per_server_and_table() {
         .count();
     assert_eq!(rows_files, 2 * 26);
     assert_eq!(dense_files, 2);
-    assert!(m
-        .files
-        .iter()
-        .any(|f| f.path == "s0001/t0025-000000.rows"));
+    assert!(m.files.iter().any(|f| f.path == "s0001/t0025-000000.rows"));
     let listed = ckpts
         .store()
         .list(Some(&ckpts.checkpoint_dir(&m.id)))

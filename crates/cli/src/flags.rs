@@ -29,6 +29,92 @@ pub enum Cmd {
         #[command(subcommand)]
         cmd: BenchCmd,
     },
+    /// Train with parameter-server processes, a coordinator, a fault-tolerance strategy and
+    /// injected faults (synthetic data).
+    Run(RunArgs),
+    /// One parameter-server process (started by `ftrec run`; lives until its stdin closes).
+    Server(ServerArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[arg(long, default_value = "tiny")]
+    pub preset: String,
+    #[arg(long, default_value_t = 2)]
+    pub servers: u32,
+    #[arg(long, default_value_t = 1)]
+    pub workers: u32,
+    /// Synchronous deterministic mode: contributions summed in worker order.
+    #[arg(long)]
+    pub sync: bool,
+    /// Fault tolerance: none or full.
+    #[arg(long, default_value = "none")]
+    pub strategy: String,
+    /// Full checkpoint interval, in steps (strategy full).
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub ckpt_every_steps: u64,
+    /// Checkpoint directory (default: WORK_DIR/ckpt).
+    #[arg(long, value_name = "DIR")]
+    pub ckpt_dir: Option<PathBuf>,
+    /// Port files and default checkpoints (default: a new directory under the temp dir).
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+    /// SIGKILL server I right after step S completes (repeatable).
+    #[arg(long, value_name = "server=I@step=S")]
+    pub kill: Vec<String>,
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// Samples per worker per step.
+    #[arg(long)]
+    pub batch: Option<usize>,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[arg(long)]
+    pub optimizer: Option<String>,
+    #[arg(long)]
+    pub lr: Option<f32>,
+    #[arg(long)]
+    pub dense_optimizer: Option<String>,
+    #[arg(long)]
+    pub dense_lr: Option<f32>,
+    /// Matrix-kernel threads per worker.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Held-out samples for AUC and logloss (0 skips the evaluation).
+    #[arg(long)]
+    pub eval_samples: Option<usize>,
+    /// Heartbeat interval and timeout, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    pub heartbeat_ms: u64,
+    #[arg(long, default_value_t = 1000)]
+    pub heartbeat_timeout_ms: u64,
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct ServerArgs {
+    #[arg(long)]
+    pub id: u32,
+    #[arg(long)]
+    pub servers: u32,
+    #[arg(long)]
+    pub preset: String,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[arg(long)]
+    pub optimizer: Option<String>,
+    #[arg(long)]
+    pub lr: Option<f32>,
+    #[arg(long)]
+    pub dense_optimizer: Option<String>,
+    #[arg(long)]
+    pub dense_lr: Option<f32>,
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: std::net::SocketAddr,
+    /// Write the bound address here (atomically) once serving.
+    #[arg(long, value_name = "PATH")]
+    pub port_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

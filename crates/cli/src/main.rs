@@ -4,6 +4,7 @@
 //! errors to one clear line and a non-zero exit code.
 
 mod bench;
+mod cluster_cmd;
 mod data;
 mod flags;
 mod train;
@@ -18,6 +19,8 @@ fn main() -> ExitCode {
         flags::Cmd::Train(args) => train::run(args),
         flags::Cmd::Data { cmd } => data::run(cmd),
         flags::Cmd::Bench { cmd } => bench::run(cmd),
+        flags::Cmd::Run(args) => cluster_cmd::run(args),
+        flags::Cmd::Server(args) => cluster_cmd::server(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -56,14 +56,20 @@ pub enum PsError {
         expected: u64,
         got: u64,
     },
-    #[error("step {step} refused: step {last} is already committed (steps commit in increasing order)")]
+    #[error(
+        "step {step} refused: step {last} is already committed (steps commit in increasing order)"
+    )]
     StepAlreadyCommitted { step: u64, last: u64 },
     #[error("worker {worker} already staged a contribution to step {step}")]
     AlreadyStaged { step: u64, worker: u32 },
     #[error("step {step}: {detail}")]
     StepWorkersMismatch { step: u64, detail: String },
     #[error("{what} is {bytes} bytes, over the limit of {limit} bytes")]
-    TooLarge { what: String, bytes: u64, limit: u64 },
+    TooLarge {
+        what: String,
+        bytes: u64,
+        limit: u64,
+    },
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
     #[error("malformed request: {0}")]

@@ -373,7 +373,11 @@ impl Server {
 
     /// Dense values of global indices `range`, which must lie inside this server's range.
     pub fn pull_dense(&self, range: Range<u64>) -> Result<Vec<f32>, PsError> {
-        self.check_dense_range(range.start, range.end, "not inside this server's dense range")?;
+        self.check_dense_range(
+            range.start,
+            range.end,
+            "not inside this server's dense range",
+        )?;
         let lo = (range.start - self.dense_range.start) as usize;
         let hi = (range.end - self.dense_range.start) as usize;
         Ok(self.dense.values[lo..hi].to_vec())
@@ -419,10 +423,10 @@ impl Server {
             let hi = lo.saturating_add(part.grads.len() as u64);
             self.check_dense_range(lo, hi, "not inside this server's dense range")?;
             let block = DENSE_BLOCK as u64;
-            if lo % block != 0 {
+            if !lo.is_multiple_of(block) {
                 return Err(self.dense_error(lo, hi, "offset is not at a block boundary"));
             }
-            if hi % block != 0 && hi != self.dense_range.end {
+            if !hi.is_multiple_of(block) && hi != self.dense_range.end {
                 return Err(self.dense_error(
                     lo,
                     hi,
@@ -430,7 +434,9 @@ impl Server {
                 ));
             }
             if let Some(i) = part.grads.iter().position(|g| !g.is_finite()) {
-                return Err(PsError::NonFiniteDenseGradient { index: lo + i as u64 });
+                return Err(PsError::NonFiniteDenseGradient {
+                    index: lo + i as u64,
+                });
             }
         }
         Ok(())
@@ -522,7 +528,9 @@ impl Server {
                 return Err(mismatch(format!("worker {w} staged no contribution")));
             }
         }
-        let staged_workers: Vec<u32> = staged.map(|s| s.keys().copied().collect()).unwrap_or_default();
+        let staged_workers: Vec<u32> = staged
+            .map(|s| s.keys().copied().collect())
+            .unwrap_or_default();
         if let Some(w) = staged_workers.iter().find(|w| !seen.contains(w)) {
             return Err(mismatch(format!(
                 "worker {w} staged a contribution but is not in the commit order"
@@ -681,7 +689,7 @@ impl Server {
     pub fn import_rows(&mut self, block: &RowBlock) -> Result<u64, PsError> {
         let t = self.table_index(block.table)?;
         let w = self.layout.words();
-        if block.data.len() % w != 0 {
+        if !block.data.len().is_multiple_of(w) {
             return Err(PsError::ShapeMismatch {
                 what: format!(
                     "row import into table {} (whole rows of {w} words)",
@@ -722,11 +730,12 @@ impl Server {
         let first = (blocks.start - self.dense_blocks.start) as usize;
         let last = (blocks.end - self.dense_blocks.start) as usize;
         let spb = self.dense_state_per_block();
-        let vlo = first * DENSE_BLOCK;
+        // The last block may be short, so an empty range at the end starts past the values.
         let vhi = (last * DENSE_BLOCK).min(self.dense.len());
+        let vlo = (first * DENSE_BLOCK).min(vhi);
         Ok(DenseBlock {
             first_block: blocks.start,
-            values: self.dense.values[vlo..vhi.max(vlo)].to_vec(),
+            values: self.dense.values[vlo..vhi].to_vec(),
             state: self.dense.state[first * spb..last * spb].to_vec(),
         })
     }
@@ -734,29 +743,30 @@ impl Server {
     /// Overwrite dense blocks from an export.
     pub fn import_dense(&mut self, block: &DenseBlock) -> Result<u64, PsError> {
         let spb = self.dense_state_per_block();
-        let n = if spb > 0 {
-            (block.state.len() / spb) as u64
-        } else {
-            block.values.len().div_ceil(DENSE_BLOCK) as u64
+        let n = match block.state.len().checked_div(spb) {
+            Some(n) => n as u64,
+            // No state words (SGD): the values alone say how many blocks there are.
+            None => block.values.len().div_ceil(DENSE_BLOCK) as u64,
         };
         let hi = block.first_block.saturating_add(n);
         self.check_block_range(block.first_block, hi)?;
         let first = (block.first_block - self.dense_blocks.start) as usize;
-        let vlo = first * DENSE_BLOCK;
         let vhi = ((first + n as usize) * DENSE_BLOCK).min(self.dense.len());
-        let expected_values = (vhi - vlo.min(vhi)) as u64;
+        let vlo = (first * DENSE_BLOCK).min(vhi);
+        let expected_values = (vhi - vlo) as u64;
         if block.values.len() as u64 != expected_values {
             return Err(PsError::ShapeMismatch {
-                what: format!("dense import of {n} blocks from block {}", block.first_block),
+                what: format!(
+                    "dense import of {n} blocks from block {}",
+                    block.first_block
+                ),
                 expected: expected_values,
                 got: block.values.len() as u64,
             });
         }
         if block.state.len() != n as usize * spb {
             return Err(PsError::ShapeMismatch {
-                what: format!(
-                    "dense state import of {n} blocks ({spb} state words per block)"
-                ),
+                what: format!("dense state import of {n} blocks ({spb} state words per block)"),
                 expected: n * spb as u64,
                 got: block.state.len() as u64,
             });

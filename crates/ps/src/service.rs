@@ -79,8 +79,7 @@ pub trait PsService: Send + Sync {
     ) -> impl Future<Output = Result<DenseBlock, PsError>> + Send;
 
     /// Overwrite dense blocks; returns the number of blocks written.
-    fn import_dense(&self, block: DenseBlock)
-        -> impl Future<Output = Result<u64, PsError>> + Send;
+    fn import_dense(&self, block: DenseBlock) -> impl Future<Output = Result<u64, PsError>> + Send;
 }
 
 /// A [`Server`] shared between request handlers: reads (pulls, exports, digests) run
@@ -199,7 +198,7 @@ impl PsService for InProcessClient {
 #[derive(Debug, Clone)]
 pub enum PsClient {
     InProcess(InProcessClient),
-    Grpc(crate::grpc::GrpcClient),
+    Grpc(Box<crate::grpc::GrpcClient>),
 }
 
 macro_rules! delegate {

@@ -168,9 +168,10 @@ impl<S: PsService + Clone + 'static> ShardedClient<S> {
             .map(|i| Some(i.dense_range.clone()))
             .collect();
         let replies = self
-            .on_each(shares, |s, r: Range<u64>| async move {
-                s.pull_dense(r).await
-            })
+            .on_each(
+                shares,
+                |s, r: Range<u64>| async move { s.pull_dense(r).await },
+            )
             .await?;
         let mut out = Vec::new();
         for (_, r) in replies {
@@ -201,7 +202,8 @@ impl<S: PsService + Clone + 'static> ShardedClient<S> {
             for (i, &r) in part.rows.iter().enumerate() {
                 let s = &mut per[self.map.owner(part.table, r).0 as usize];
                 s.rows.push(r);
-                s.grads.extend_from_slice(&part.grads[i * dim..(i + 1) * dim]);
+                s.grads
+                    .extend_from_slice(&part.grads[i * dim..(i + 1) * dim]);
             }
             for (s, p) in per.into_iter().enumerate() {
                 if !p.rows.is_empty() {
@@ -211,7 +213,7 @@ impl<S: PsService + Clone + 'static> ShardedClient<S> {
         }
         for part in &update.dense {
             let lo = part.offset;
-            let hi = lo + part.grads.len() as u64;
+            let hi = lo.saturating_add(part.grads.len() as u64);
             let mut placed = false;
             for (s, info) in self.infos.iter().enumerate() {
                 let r = &info.dense_range;
@@ -270,7 +272,10 @@ impl<S: PsService + Clone + 'static> ShardedClient<S> {
     pub async fn commit_step(&self, step: u64, workers: &[u32]) -> Result<ApplyReport, PsError> {
         let shares = vec![Some(workers.to_vec()); self.servers.len()];
         let replies = self
-            .on_each(shares, move |s, w| async move { s.commit_step(step, w).await })
+            .on_each(
+                shares,
+                move |s, w| async move { s.commit_step(step, w).await },
+            )
             .await?;
         let mut total = ApplyReport::default();
         for (_, r) in replies {

@@ -63,7 +63,9 @@ impl Update {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.sparse.iter().all(|s| s.rows.is_empty() && s.grads.is_empty())
+        self.sparse
+            .iter()
+            .all(|s| s.rows.is_empty() && s.grads.is_empty())
             && self.dense.iter().all(|d| d.grads.is_empty())
     }
 
@@ -115,7 +117,10 @@ impl PulledRows {
 pub fn dedup_requests(requests: &[RowRequest]) -> Vec<RowRequest> {
     let mut by_table: std::collections::BTreeMap<TableId, Vec<RowId>> = Default::default();
     for r in requests {
-        by_table.entry(r.table).or_default().extend_from_slice(&r.rows);
+        by_table
+            .entry(r.table)
+            .or_default()
+            .extend_from_slice(&r.rows);
     }
     by_table
         .into_iter()

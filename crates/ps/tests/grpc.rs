@@ -34,7 +34,11 @@ async fn raw(addr: SocketAddr) -> ParameterServerClient<tonic::transport::Channe
 /// The typed error travels in the status details, where the typed client decodes it.
 fn assert_typed(status: &tonic::Status) {
     let detail = <proto::ErrorDetail as prost::Message>::decode(status.details()).unwrap();
-    assert_ne!(detail.kind, proto::ErrorKind::Unspecified as i32, "{status:?}");
+    assert_ne!(
+        detail.kind,
+        proto::ErrorKind::Unspecified as i32,
+        "{status:?}"
+    );
 }
 
 #[tokio::test]
@@ -55,7 +59,10 @@ async fn corrupted_payload_lengths_get_error_replies() {
         .await
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
-    assert!(status.message().contains("not a multiple of 8"), "{status:?}");
+    assert!(
+        status.message().contains("not a multiple of 8"),
+        "{status:?}"
+    );
     assert_typed(&status);
 
     // Gradients torn mid-float, inside a streamed push.
@@ -71,7 +78,10 @@ async fn corrupted_payload_lengths_get_error_replies() {
         .push(tokio_stream::iter(vec![chunk]))
         .await
         .unwrap_err();
-    assert!(status.message().contains("not a multiple of 4"), "{status:?}");
+    assert!(
+        status.message().contains("not a multiple of 4"),
+        "{status:?}"
+    );
     assert_typed(&status);
 
     // Whole floats, but not `dim` of them per row.
@@ -153,7 +163,9 @@ async fn large_payloads_travel_in_chunks_under_the_message_limit() {
     let remote = SharedServer::new(Server::new(config(16), &dense).unwrap());
     let twin = InProcessClient::new(SharedServer::new(Server::new(config(16), &dense).unwrap()));
     let handle = serve(remote.clone(), loopback(), small).await.unwrap();
-    let client = GrpcClient::connect(handle.local_addr(), small).await.unwrap();
+    let client = GrpcClient::connect(handle.local_addr(), small)
+        .await
+        .unwrap();
 
     let all: Vec<RowId> = (0..1000).collect();
     let update = Update::new()
@@ -180,7 +192,10 @@ async fn large_payloads_travel_in_chunks_under_the_message_limit() {
         bits(&twin.pull_dense(0..9000).await.unwrap())
     );
     let exported = client.export_rows(TableId(0), 0..1000).await.unwrap();
-    assert_eq!(exported, twin.export_rows(TableId(0), 0..1000).await.unwrap());
+    assert_eq!(
+        exported,
+        twin.export_rows(TableId(0), 0..1000).await.unwrap()
+    );
     assert_eq!(client.import_rows(exported).await.unwrap(), 1000);
     let d = client.export_dense(0..36).await.unwrap();
     assert_eq!(d, twin.export_dense(0..36).await.unwrap());
@@ -204,11 +219,16 @@ async fn large_payloads_travel_in_chunks_under_the_message_limit() {
 
 #[tokio::test]
 async fn serve_binds_port_zero_and_shuts_down_gracefully() {
-    let server = SharedServer::new(Server::new(config(1, 0, OptimizerKind::Sgd), &dense_init()).unwrap());
-    let handle = serve(server, loopback(), GrpcConfig::default()).await.unwrap();
+    let server =
+        SharedServer::new(Server::new(config(1, 0, OptimizerKind::Sgd), &dense_init()).unwrap());
+    let handle = serve(server, loopback(), GrpcConfig::default())
+        .await
+        .unwrap();
     let addr = handle.local_addr();
     assert_ne!(addr.port(), 0);
-    let client = GrpcClient::connect(addr, GrpcConfig::default()).await.unwrap();
+    let client = GrpcClient::connect(addr, GrpcConfig::default())
+        .await
+        .unwrap();
     assert_eq!(client.info().await.unwrap().dim, DIM);
     // A connected client does not hold the shutdown up.
     handle.shutdown().await.unwrap();
@@ -221,7 +241,8 @@ async fn serve_binds_port_zero_and_shuts_down_gracefully() {
 
 #[tokio::test]
 async fn bad_transport_configs_are_refused() {
-    let server = SharedServer::new(Server::new(config(1, 0, OptimizerKind::Sgd), &dense_init()).unwrap());
+    let server =
+        SharedServer::new(Server::new(config(1, 0, OptimizerKind::Sgd), &dense_init()).unwrap());
     for bad in [
         GrpcConfig {
             max_message_bytes: 1 << 20,

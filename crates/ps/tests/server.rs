@@ -8,12 +8,15 @@ use common::*;
 use ftrec_core::{OptimizerKind, RowId, ServerId, TableId, DENSE_BLOCK};
 use ftrec_ps::{
     dense_block_range, dense_value_range, InProcessClient, PsError, PushObserver, RowImages,
-    Server, ServerConfig, SharedServer, ShardedClient, Update, UpdateOrigin,
+    Server, ServerConfig, ShardedClient, SharedServer, Update, UpdateOrigin,
 };
+
+/// Words of the updated rows before and after, when the observer asked for them.
+type Images = Option<(Vec<f32>, Vec<f32>)>;
 
 #[derive(Debug, Default)]
 struct Seen {
-    rows: Vec<(UpdateOrigin, TableId, Vec<RowId>, Option<(Vec<f32>, Vec<f32>)>)>,
+    rows: Vec<(UpdateOrigin, TableId, Vec<RowId>, Images)>,
     dense: Vec<(UpdateOrigin, Vec<u64>)>,
 }
 
@@ -46,7 +49,11 @@ impl PushObserver for Recorder {
     }
 
     fn dense_updated(&mut self, origin: UpdateOrigin, blocks: &[u64]) {
-        self.seen.lock().unwrap().dense.push((origin, blocks.to_vec()));
+        self.seen
+            .lock()
+            .unwrap()
+            .dense
+            .push((origin, blocks.to_vec()));
     }
 }
 
@@ -82,26 +89,32 @@ fn observers_see_each_touched_row_once_with_its_images() {
     s.push(&update).unwrap();
     let after = s.export_rows(TableId(3), 0..local_rows).unwrap();
 
-    let seen = ids_only.lock().unwrap();
-    assert_eq!(seen.rows.len(), 1);
-    let (origin, table, rows, images) = &seen.rows[0];
-    assert_eq!((*origin, *table), (UpdateOrigin::Push, TableId(3)));
-    assert_eq!(rows, &vec![2, 8, 40]);
-    assert!(images.is_none());
-    let first_block = dense_lo / DENSE_BLOCK as u64;
-    assert_eq!(seen.dense, vec![(UpdateOrigin::Push, vec![first_block])]);
-
-    let seen = with_images.lock().unwrap();
-    let (_, _, rows, images) = &seen.rows[0];
-    let (old, new) = images.as_ref().unwrap();
-    for (i, &r) in rows.iter().enumerate() {
-        let local = r as usize / 2;
-        let slot = local * words..(local + 1) * words;
-        assert_eq!(bits(&old[i * words..(i + 1) * words]), bits(&before.data[slot.clone()]));
-        assert_eq!(bits(&new[i * words..(i + 1) * words]), bits(&after.data[slot]));
-        assert_ne!(bits(&old[i * words..(i + 1) * words]), bits(&new[i * words..(i + 1) * words]));
+    {
+        let seen = ids_only.lock().unwrap();
+        assert_eq!(seen.rows.len(), 1);
+        let (origin, table, rows, images) = &seen.rows[0];
+        assert_eq!((*origin, *table), (UpdateOrigin::Push, TableId(3)));
+        assert_eq!(rows, &vec![2, 8, 40]);
+        assert!(images.is_none());
+        let first_block = dense_lo / DENSE_BLOCK as u64;
+        assert_eq!(seen.dense, vec![(UpdateOrigin::Push, vec![first_block])]);
     }
-    drop(seen);
+    {
+        let seen = with_images.lock().unwrap();
+        let (_, _, rows, images) = &seen.rows[0];
+        let (old, new) = images.as_ref().unwrap();
+        for (i, &r) in rows.iter().enumerate() {
+            let local = r as usize / 2;
+            let slot = local * words..(local + 1) * words;
+            let (o, n) = (
+                &old[i * words..(i + 1) * words],
+                &new[i * words..(i + 1) * words],
+            );
+            assert_eq!(bits(o), bits(&before.data[slot.clone()]));
+            assert_eq!(bits(n), bits(&after.data[slot]));
+            assert_ne!(bits(o), bits(n));
+        }
+    }
 
     // Steps are reported with their number; imports are not reported.
     s.apply_step(3, &[&update]).unwrap();
@@ -119,7 +132,9 @@ fn apply_step_equals_stage_and_commit() {
     direct.apply_step(0, &refs).unwrap();
     let mut staged = server(1, 0, OptimizerKind::Adagrad);
     for w in [1u32, 2, 0] {
-        staged.stage_step(0, w, contributions[w as usize].clone()).unwrap();
+        staged
+            .stage_step(0, w, contributions[w as usize].clone())
+            .unwrap();
     }
     assert_eq!(staged.staged_steps(), vec![(0, vec![0, 1, 2])]);
     staged.commit_step(0, &[0, 1, 2]).unwrap();

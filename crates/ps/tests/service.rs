@@ -51,13 +51,19 @@ async fn pull_push_round_trip(tr: Transport) {
         .await
         .unwrap();
     assert_eq!(pulled.len(), 1);
-    assert_eq!(pulled[0].rows, vec![0, 3, 22], "ids are deduplicated and sorted");
+    assert_eq!(
+        pulled[0].rows,
+        vec![0, 3, 22],
+        "ids are deduplicated and sorted"
+    );
     let whole = whole_table(0, kind);
     for &r in &pulled[0].rows {
         assert_eq!(bits(pulled[0].get(r).unwrap()), bits(&whole.row(r)[..DIM]));
     }
 
-    let grads: Vec<f32> = (0..rows.len() * DIM).map(|i| i as f32 * 0.01 - 0.1).collect();
+    let grads: Vec<f32> = (0..rows.len() * DIM)
+        .map(|i| i as f32 * 0.01 - 0.1)
+        .collect();
     let update = Update::new()
         .with_sparse(TableId(0), rows.clone(), grads)
         .with_dense(0, vec![0.25; DENSE_LEN]);
@@ -93,8 +99,9 @@ async fn pushes_apply_the_optimizer_bit_for_bit(tr: Transport) {
         let ps = &c.clients[0];
         // The reference here is core's own code path: the trainer's accumulator, then
         // `Optimizer::apply` per row and `DenseParams::apply` on the whole dense gradient.
-        let mut tables: Vec<EmbeddingTable> =
-            (0..TABLE_ROWS.len()).map(|t| whole_table(t, kind)).collect();
+        let mut tables: Vec<EmbeddingTable> = (0..TABLE_ROWS.len())
+            .map(|t| whole_table(t, kind))
+            .collect();
         let reference = Reference::new(kind);
         let (opt, dopt) = (reference.sparse, reference.dense_opt);
         let mut dense = DenseParams::new(dense_init(), &dopt);
@@ -120,7 +127,11 @@ async fn pushes_apply_the_optimizer_bit_for_bit(tr: Transport) {
             assert_eq!(bits(&got.data), bits(table.as_slice()), "{kind}: table {t}");
         }
         let got = ps.export_dense(0..4).await.unwrap();
-        assert_eq!(bits(&got.values), bits(&dense.values), "{kind}: dense values");
+        assert_eq!(
+            bits(&got.values),
+            bits(&dense.values),
+            "{kind}: dense values"
+        );
         assert_eq!(bits(&got.state), bits(&dense.state), "{kind}: dense state");
         c.stop().await;
     }
@@ -144,13 +155,24 @@ async fn sharded_initial_rows_equal_the_unsharded_table(tr: Transport) {
         let whole = whole_table(t, kind);
         assert_eq!(p.rows, (0..TABLE_ROWS[t]).collect::<Vec<_>>());
         for r in 0..whole.rows() {
-            assert_eq!(bits(p.get(r).unwrap()), bits(&whole.row(r)[..DIM]), "table {t} row {r}");
+            assert_eq!(
+                bits(p.get(r).unwrap()),
+                bits(&whole.row(r)[..DIM]),
+                "table {t} row {r}"
+            );
         }
     }
     // Every server holds a part of the dense vector, and together exactly all of it.
-    let ranges: Vec<_> = sharded.infos().iter().map(|i| i.dense_range.clone()).collect();
+    let ranges: Vec<_> = sharded
+        .infos()
+        .iter()
+        .map(|i| i.dense_range.clone())
+        .collect();
     assert!(ranges.iter().all(|r| !r.is_empty()), "{ranges:?}");
-    assert_eq!(bits(&sharded.pull_dense().await.unwrap()), bits(&dense_init()));
+    assert_eq!(
+        bits(&sharded.pull_dense().await.unwrap()),
+        bits(&dense_init())
+    );
     c.stop().await;
 }
 
@@ -195,7 +217,11 @@ async fn deterministic_steps_sum_in_the_given_worker_order(tr: Transport) {
         let mut reference = Reference::new(OptimizerKind::Sgd);
         let ordered: Vec<Update> = order.iter().map(|&w| make(w as usize)).collect();
         reference.apply(&ordered.iter().collect::<Vec<_>>());
-        assert_eq!(sharded.digest().await.unwrap(), reference.digest(), "order {order:?}");
+        assert_eq!(
+            sharded.digest().await.unwrap(),
+            reference.digest(),
+            "order {order:?}"
+        );
         let row = sharded
             .pull_rows(&[RowRequest {
                 table: TableId(3),
@@ -230,7 +256,11 @@ async fn step_protocol_errors(tr: Transport) {
             "{bad:?}: {e:?}"
         );
     }
-    assert_eq!(ps.digest().await.unwrap(), before, "refused commits change nothing");
+    assert_eq!(
+        ps.digest().await.unwrap(),
+        before,
+        "refused commits change nothing"
+    );
     let report = ps.commit_step(5, vec![1, 0]).await.unwrap();
     assert!(report.rows_updated > 0);
     assert!(matches!(
@@ -279,7 +309,10 @@ async fn bad_requests_are_refused_and_the_server_keeps_serving(tr: Transport) {
                 table: TableId(9),
                 rows: vec![0],
             },
-            PsError::UnknownTable { table: 9, tables: 4 },
+            PsError::UnknownTable {
+                table: 9,
+                tables: 4,
+            },
         ),
         (
             RowRequest {
@@ -318,10 +351,13 @@ async fn bad_requests_are_refused_and_the_server_keeps_serving(tr: Transport) {
         // A good part followed by a bad one: nothing of the update may be applied.
         good.clone()
             .with_sparse(TableId(0), vec![foreign_row], vec![0.5; DIM]),
-        good.clone().with_dense(dense.start + 1, vec![0.1; DENSE_BLOCK]),
-        good.clone().with_dense(dense.start, vec![0.1; DENSE_BLOCK - 1]),
+        good.clone()
+            .with_dense(dense.start + 1, vec![0.1; DENSE_BLOCK]),
+        good.clone()
+            .with_dense(dense.start, vec![0.1; DENSE_BLOCK - 1]),
         good.clone().with_dense(dense.end, vec![0.1; DENSE_BLOCK]),
-        good.clone().with_dense(dense.start, vec![f32::INFINITY; DENSE_BLOCK]),
+        good.clone()
+            .with_dense(dense.start, vec![f32::INFINITY; DENSE_BLOCK]),
     ];
     for bad in bad_pushes {
         let e = ps.push(bad.clone()).await.unwrap_err();
@@ -337,7 +373,11 @@ async fn bad_requests_are_refused_and_the_server_keeps_serving(tr: Transport) {
             ),
             "{bad:?}: {e:?}"
         );
-        assert_eq!(ps.digest().await.unwrap(), before, "refused push changed state: {e}");
+        assert_eq!(
+            ps.digest().await.unwrap(),
+            before,
+            "refused push changed state: {e}"
+        );
     }
     assert!(matches!(
         ps.pull_dense(dense.start..dense.end + 1).await,
@@ -385,7 +425,10 @@ async fn export_import_restores_a_shard(tr: Transport) {
     let fresh = Cluster::start(tr, 2, kind).await;
     let sharded = trained.sharded().await;
     for push in 0..3 {
-        sharded.push(&random_update(40 + push, 25, true)).await.unwrap();
+        sharded
+            .push(&random_update(40 + push, 25, true))
+            .await
+            .unwrap();
     }
     for (src, dst) in trained.clients.iter().zip(&fresh.clients) {
         let info = src.info().await.unwrap();
@@ -394,7 +437,10 @@ async fn export_import_restores_a_shard(tr: Transport) {
             // Two ranges per table, to exercise partial imports.
             let mid = rows / 2;
             for range in [0..mid, mid..rows] {
-                let block = src.export_rows(TableId(t as u32), range.clone()).await.unwrap();
+                let block = src
+                    .export_rows(TableId(t as u32), range.clone())
+                    .await
+                    .unwrap();
                 let n = dst.import_rows(block).await.unwrap();
                 assert_eq!(n, range.end - range.start);
             }

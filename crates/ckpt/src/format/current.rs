@@ -1,16 +1,16 @@
 //! The `CURRENT` pointer (`CURR`, version 1): which checkpoint is current, and the size and
-//! whole-file crc32c of its manifest so a reader can tell a stale or damaged manifest from the
-//! one that was committed.
+//! checksums of its manifest so a reader can tell a stale or damaged manifest from the one that
+//! was committed.
 //!
 //! Header body (after the payload length), 16 bytes:
 //!
 //! ```text
-//! manifest_size u64 | manifest_crc32c u32 | 0 u32
+//! manifest_size u64 | manifest header crc32c u32 | manifest payload crc32c u32
 //! ```
 //!
 //! Payload: the checkpoint id (UTF-8).
 
-use super::{parse_frame, EncodedFile, Fields, FileKind, FrameBuilder};
+use super::{parse_frame, EncodedFile, Fields, FileChecksums, FileKind, FrameBuilder};
 use crate::error::{CkptError, Result};
 use crate::format::CheckpointId;
 
@@ -19,15 +19,15 @@ use crate::format::CheckpointId;
 pub struct CurrentPointer {
     pub id: CheckpointId,
     pub manifest_size: u64,
-    pub manifest_crc32c: u32,
+    pub manifest_crc32c: FileChecksums,
 }
 
 impl CurrentPointer {
     pub fn encode(&self) -> EncodedFile {
         let mut head = Vec::with_capacity(16);
         head.extend_from_slice(&self.manifest_size.to_le_bytes());
-        head.extend_from_slice(&self.manifest_crc32c.to_le_bytes());
-        head.extend_from_slice(&0u32.to_le_bytes());
+        head.extend_from_slice(&self.manifest_crc32c.header.to_le_bytes());
+        head.extend_from_slice(&self.manifest_crc32c.payload.to_le_bytes());
         let id = self.id.as_str().as_bytes();
         let mut b = FrameBuilder::new(FileKind::Current, &head, id.len() as u64);
         b.push(id);
@@ -39,7 +39,10 @@ impl CurrentPointer {
         let frame = parse_frame(file, FileKind::Current, data)?;
         let mut f = Fields::new(file, frame.header);
         let manifest_size = f.u64()?;
-        let manifest_crc32c = f.u32()?;
+        let manifest_crc32c = FileChecksums {
+            header: f.u32()?,
+            payload: f.u32()?,
+        };
         let id = std::str::from_utf8(frame.payload)
             .ok()
             .and_then(|s| CheckpointId::new(s).ok())
@@ -65,7 +68,10 @@ mod tests {
         let p = CurrentPointer {
             id: CheckpointId::for_step(3, CheckpointKind::Full),
             manifest_size: 1234,
-            manifest_crc32c: 0xdead_beef,
+            manifest_crc32c: FileChecksums {
+                header: 0xdead_beef,
+                payload: 0x1234_5678,
+            },
         };
         let f = p.encode();
         assert_eq!(CurrentPointer::decode("CURRENT", &f.bytes).unwrap(), p);

@@ -14,7 +14,10 @@
 
 use ftrec_core::DENSE_BLOCK;
 
-use super::{copy_le_into_f32s, parse_frame, EncodedFile, Fields, FileKind, FrameBuilder};
+use super::{
+    copy_le_into_f32s, parse_frame_checked, EncodedFile, Fields, FileChecksums, FileKind,
+    FrameBuilder,
+};
 use crate::error::{CkptError, Result};
 
 /// What a dense file's header says.
@@ -61,18 +64,26 @@ pub struct DenseChunk<'a> {
     pub header: DenseChunkHeader,
     values: &'a [u8],
     state: &'a [u8],
-    /// crc32c of the whole file.
-    pub file_crc: u32,
+    pub checksums: FileChecksums,
 }
 
 impl<'a> DenseChunk<'a> {
     /// Parse and verify a dense file named `file`.
     pub fn decode(file: &str, data: &'a [u8]) -> Result<Self> {
+        Self::decode_checked(file, data, true)
+    }
+
+    /// Decode bytes that already passed [`DenseChunk::decode`] without re-reading the payload.
+    pub(crate) fn decode_verified(file: &str, data: &'a [u8]) -> Result<Self> {
+        Self::decode_checked(file, data, false)
+    }
+
+    fn decode_checked(file: &str, data: &'a [u8], full: bool) -> Result<Self> {
         let corrupt = |reason: String| CkptError::Corrupt {
             file: file.to_string(),
             reason,
         };
-        let frame = parse_frame(file, FileKind::Dense, data)?;
+        let frame = parse_frame_checked(file, FileKind::Dense, data, full)?;
         let mut f = Fields::new(file, frame.header);
         let first_block = f.u64()?;
         let blocks = f.u64()?;
@@ -108,7 +119,7 @@ impl<'a> DenseChunk<'a> {
             },
             values: v,
             state: s,
-            file_crc: frame.file_crc,
+            checksums: frame.checksums,
         })
     }
 
@@ -149,7 +160,7 @@ mod tests {
         c.copy_state(&mut s);
         assert_eq!(v, values);
         assert_eq!(s, state);
-        assert_eq!(c.file_crc, crc32c::crc32c(&f.bytes));
+        assert_eq!(c.checksums, f.checksums);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! JSON. JSON because manifests are small, read by people during incidents, and grow fields
 //! over time; the frame's checksums protect it like any other file.
 //!
-//! A manifest lists every file of its checkpoint with size and whole-file crc32c, the step,
+//! A manifest lists every file of its checkpoint with its size and checksums, the step,
 //! the kind (full, delta, merged), the training data position to resume from, the parent
 //! checkpoints it depends on (its lineage, DECK §3.3 and §4.3: a delta depends on the full or
 //! merged checkpoint below it), and per server the shape of what it saved.
@@ -15,7 +15,7 @@ use std::fmt;
 use ftrec_core::{RowId, RowLayout, ServerId, TableId};
 use serde::{Deserialize, Serialize};
 
-use super::{parse_frame, EncodedFile, FileKind, FrameBuilder};
+use super::{parse_frame, EncodedFile, FileChecksums, FileKind, FrameBuilder};
 use crate::error::{CkptError, Result};
 use crate::key::{check_segment, Key};
 
@@ -111,7 +111,9 @@ mod hex_bytes {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
         let s = String::deserialize(d)?;
         if s.len() % 2 != 0 || !s.bytes().all(|c| c.is_ascii_hexdigit()) {
-            return Err(serde::de::Error::custom("expected an even number of hex digits"));
+            return Err(serde::de::Error::custom(
+                "expected an even number of hex digits",
+            ));
         }
         (0..s.len())
             .step_by(2)
@@ -170,7 +172,8 @@ pub struct FileInfo {
     /// Path relative to the checkpoint's directory.
     pub path: String,
     pub size: u64,
-    pub crc32c: u32,
+    /// The file's header and payload crc32c.
+    pub crc32c: FileChecksums,
     pub content: FileContent,
 }
 
@@ -330,15 +333,16 @@ impl Manifest {
         Ok(b.finish())
     }
 
-    /// Decode and validate a `MANI` file named `file`; also returns its whole-file crc32c.
-    pub fn decode(file: &str, data: &[u8]) -> Result<(Manifest, u32)> {
+    /// Decode and validate a `MANI` file named `file`; also returns its checksums.
+    pub fn decode(file: &str, data: &[u8]) -> Result<(Manifest, FileChecksums)> {
         let frame = parse_frame(file, FileKind::Manifest, data)?;
-        let m: Manifest = serde_json::from_slice(frame.payload).map_err(|e| CkptError::Corrupt {
-            file: file.to_string(),
-            reason: format!("manifest JSON: {e}"),
-        })?;
+        let m: Manifest =
+            serde_json::from_slice(frame.payload).map_err(|e| CkptError::Corrupt {
+                file: file.to_string(),
+                reason: format!("manifest JSON: {e}"),
+            })?;
         m.validate(file)?;
-        Ok((m, frame.file_crc))
+        Ok((m, frame.checksums))
     }
 }
 
@@ -372,7 +376,10 @@ mod tests {
                 FileInfo {
                     path: "s0000/dense-000000.dense".into(),
                     size: 100,
-                    crc32c: 7,
+                    crc32c: FileChecksums {
+                        header: 7,
+                        payload: 8,
+                    },
                     content: FileContent::Dense {
                         server: ServerId(0),
                         first_block: 0,
@@ -382,7 +389,10 @@ mod tests {
                 FileInfo {
                     path: "s0000/t0002-000000.rows".into(),
                     size: 200,
-                    crc32c: 9,
+                    crc32c: FileChecksums {
+                        header: 9,
+                        payload: 10,
+                    },
                     content: FileContent::Rows {
                         server: ServerId(0),
                         table: TableId(2),
@@ -402,7 +412,7 @@ mod tests {
         let f = m.encode().unwrap();
         let (back, crc) = Manifest::decode("MANIFEST", &f.bytes).unwrap();
         assert_eq!(back, m);
-        assert_eq!(crc, f.crc32c);
+        assert_eq!(crc, f.checksums);
         let mut j = m.clone();
         j.data_position = DataPosition::Json(serde_json::json!({"epoch": 1, "offset": 77}));
         j.extra.insert("note".into(), serde_json::json!("x"));

@@ -16,9 +16,14 @@
 //! The header is checked apart from the payload, so a reader can trust the shape (kind,
 //! version, sizes) before touching the payload, and a torn file is told apart from a flipped
 //! bit: a file whose size is not `24 + H + P` is torn or truncated; a size that fits with a
-//! checksum that does not is corruption. Both are errors naming the file. Manifests also record
-//! each file's size and whole-file crc32c; a reader derives that whole-file checksum from the
-//! part checksums ([`crc32c::crc32c_combine`]) instead of hashing the bytes twice.
+//! checksum that does not is corruption. Both are errors naming the file.
+//!
+//! Manifests (and `CURRENT`, for the manifest) record each file's size and both of its
+//! checksums ([`FileChecksums`]), so a file that is well formed but not the one that was
+//! written (an older version, another chunk of the same size) is refused too. They record the
+//! two part checksums rather than a crc32c of the whole file on purpose: a CRC over a message
+//! followed by its own CRC is a constant, so a whole-file crc32c of this frame would depend
+//! only on the lengths, not on the content.
 //!
 //! Payloads of row and dense files are raw little-endian words at 8-byte-aligned offsets, so a
 //! reader can stream them or map them.
@@ -40,6 +45,7 @@ pub use manifest::{
     ShardInfo, TableInfo,
 };
 pub use rows::{RowChunk, RowChunkHeader};
+use serde::{Deserialize, Serialize};
 
 /// First four bytes of every file.
 pub const MAGIC: [u8; 4] = *b"FTRC";
@@ -86,11 +92,20 @@ impl FileKind {
     }
 }
 
-/// An encoded file and its whole-file crc32c (what a manifest records).
+/// A file's two checksums, as its frame stores them and a manifest records them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct FileChecksums {
+    /// crc32c of the prefix and header body.
+    pub header: u32,
+    /// crc32c of the payload.
+    pub payload: u32,
+}
+
+/// An encoded file and its checksums (what a manifest records).
 #[derive(Debug, Clone)]
 pub struct EncodedFile {
     pub bytes: bytes::Bytes,
-    pub crc32c: u32,
+    pub checksums: FileChecksums,
 }
 
 impl EncodedFile {
@@ -103,6 +118,7 @@ impl EncodedFile {
 pub(crate) struct FrameBuilder {
     buf: Vec<u8>,
     head_len: usize,
+    header_crc: u32,
     payload_len: u64,
 }
 
@@ -127,6 +143,7 @@ impl FrameBuilder {
         FrameBuilder {
             buf,
             head_len,
+            header_crc: crc,
             payload_len,
         }
     }
@@ -149,18 +166,14 @@ impl FrameBuilder {
             self.payload_len,
             "payload length declared in the header"
         );
-        let head_crc = crc32c::crc32c(&self.buf[..self.head_len]);
         let payload_crc = crc32c::crc32c(payload);
-        let trailer = payload_crc.to_le_bytes();
-        self.buf.extend_from_slice(&trailer);
-        let crc = crc32c::crc32c_combine(
-            crc32c::crc32c_combine(head_crc, payload_crc, self.payload_len as usize),
-            crc32c::crc32c(&trailer),
-            4,
-        );
+        self.buf.extend_from_slice(&payload_crc.to_le_bytes());
         EncodedFile {
             bytes: bytes::Bytes::from(self.buf),
-            crc32c: crc,
+            checksums: FileChecksums {
+                header: self.header_crc,
+                payload: payload_crc,
+            },
         }
     }
 }
@@ -171,8 +184,7 @@ pub(crate) struct Frame<'a> {
     /// Header body after the payload length.
     pub header: &'a [u8],
     pub payload: &'a [u8],
-    /// crc32c of the whole file.
-    pub file_crc: u32,
+    pub checksums: FileChecksums,
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -185,6 +197,17 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 
 /// Parse and verify the frame of `data`, which should be a `kind` file named `file`.
 pub(crate) fn parse_frame<'a>(file: &str, kind: FileKind, data: &'a [u8]) -> Result<Frame<'a>> {
+    parse_frame_checked(file, kind, data, true)
+}
+
+/// [`parse_frame`], optionally skipping the payload checksum. Only for bytes that already
+/// passed a full [`parse_frame`] (verification done off the copying thread).
+pub(crate) fn parse_frame_checked<'a>(
+    file: &str,
+    kind: FileKind,
+    data: &'a [u8],
+    check_payload: bool,
+) -> Result<Frame<'a>> {
     let corrupt = |reason: String| CkptError::Corrupt {
         file: file.to_string(),
         reason,
@@ -262,7 +285,11 @@ pub(crate) fn parse_frame<'a>(file: &str, kind: FileKind, data: &'a [u8]) -> Res
     let payload_end = payload_start + p as usize;
     let payload = &data[payload_start..payload_end];
     let stored = u32_at(data, payload_end);
-    let payload_crc = crc32c::crc32c(payload);
+    let payload_crc = if check_payload {
+        crc32c::crc32c(payload)
+    } else {
+        stored
+    };
     if stored != payload_crc {
         return Err(CkptError::ChecksumMismatch {
             file: file.to_string(),
@@ -271,27 +298,24 @@ pub(crate) fn parse_frame<'a>(file: &str, kind: FileKind, data: &'a [u8]) -> Res
             got: payload_crc,
         });
     }
-    let head_block_crc = crc32c::crc32c(&data[..payload_start]);
-    let file_crc = crc32c::crc32c_combine(
-        crc32c::crc32c_combine(head_block_crc, payload_crc, payload.len()),
-        crc32c::crc32c(&data[payload_end..]),
-        4,
-    );
     Ok(Frame {
         header: &data[PREFIX_LEN + 8..head_end],
         payload,
-        file_crc,
+        checksums: FileChecksums {
+            header: head_crc,
+            payload: payload_crc,
+        },
     })
 }
 
 /// Check a parsed file against what its manifest (or CURRENT) recorded.
 pub(crate) fn check_recorded(
     file: &str,
-    what: &'static str,
+    by: &'static str,
     size: u64,
-    crc: u32,
+    sums: FileChecksums,
     recorded_size: u64,
-    recorded_crc: u32,
+    recorded: FileChecksums,
 ) -> Result<()> {
     if size != recorded_size {
         return Err(CkptError::Truncated {
@@ -300,15 +324,37 @@ pub(crate) fn check_recorded(
             found: size,
         });
     }
-    if crc != recorded_crc {
+    if sums.header != recorded.header {
         return Err(CkptError::ChecksumMismatch {
             file: file.to_string(),
-            what,
-            expected: recorded_crc,
-            got: crc,
+            what: by_header(by),
+            expected: recorded.header,
+            got: sums.header,
+        });
+    }
+    if sums.payload != recorded.payload {
+        return Err(CkptError::ChecksumMismatch {
+            file: file.to_string(),
+            what: by_payload(by),
+            expected: recorded.payload,
+            got: sums.payload,
         });
     }
     Ok(())
+}
+
+fn by_header(by: &'static str) -> &'static str {
+    match by {
+        "CURRENT" => "header (as recorded in CURRENT)",
+        _ => "header (as recorded in the manifest)",
+    }
+}
+
+fn by_payload(by: &'static str) -> &'static str {
+    match by {
+        "CURRENT" => "payload (as recorded in CURRENT)",
+        _ => "payload (as recorded in the manifest)",
+    }
 }
 
 /// Little-endian field reader over a header body; running off the end is corruption.
@@ -368,7 +414,10 @@ pub(crate) fn copy_le_into_f32s(src: &[u8], dst: &mut [f32]) {
     {
         // SAFETY: as above; any byte pattern is a valid f32, and the lengths match.
         let out = unsafe {
-            std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(dst))
+            std::slice::from_raw_parts_mut(
+                dst.as_mut_ptr().cast::<u8>(),
+                std::mem::size_of_val(dst),
+            )
         };
         out.copy_from_slice(src);
     }
@@ -389,13 +438,34 @@ mod tests {
     }
 
     #[test]
-    fn frame_round_trip_and_file_crc() {
+    fn frame_round_trip_and_checksums() {
         let f = sample();
-        assert_eq!(f.crc32c, crc32c::crc32c(&f.bytes));
+        let h = PREFIX_LEN + 8 + 4;
+        assert_eq!(f.checksums.header, crc32c::crc32c(&f.bytes[..h]));
+        assert_eq!(f.checksums.payload, crc32c::crc32c(b"0123456789"));
         let frame = parse_frame("x", FileKind::Manifest, &f.bytes).unwrap();
         assert_eq!(frame.header, &[1, 2, 3, 4]);
         assert_eq!(frame.payload, b"0123456789");
-        assert_eq!(frame.file_crc, f.crc32c);
+        assert_eq!(frame.checksums, f.checksums);
+    }
+
+    #[test]
+    fn recorded_checksums_see_content_that_a_whole_file_crc_would_not() {
+        // Two frames of equal lengths: their whole-file crc32c is the same (the CRC residue of
+        // a message followed by its CRC), their recorded checksums are not.
+        let mut a = FrameBuilder::new(FileKind::Rows, &[1, 0, 0, 0], 4);
+        a.push(b"abcd");
+        let a = a.finish();
+        let mut b = FrameBuilder::new(FileKind::Rows, &[2, 0, 0, 0], 4);
+        b.push(b"wxyz");
+        let b = b.finish();
+        assert_eq!(crc32c::crc32c(&a.bytes), crc32c::crc32c(&b.bytes));
+        assert_ne!(a.checksums.header, b.checksums.header);
+        assert_ne!(a.checksums.payload, b.checksums.payload);
+        assert!(matches!(
+            check_recorded("f", "manifest", 36, b.checksums, 36, a.checksums),
+            Err(CkptError::ChecksumMismatch { .. })
+        ));
     }
 
     #[test]

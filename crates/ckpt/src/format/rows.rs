@@ -12,7 +12,10 @@
 
 use ftrec_core::{RowId, RowLayout, TableId};
 
-use super::{copy_le_into_f32s, parse_frame, EncodedFile, Fields, FileKind, FrameBuilder};
+use super::{
+    copy_le_into_f32s, parse_frame_checked, EncodedFile, Fields, FileChecksums, FileKind,
+    FrameBuilder,
+};
 use crate::error::{CkptError, Result};
 
 /// What a row file's header says.
@@ -40,7 +43,7 @@ pub fn encode_rows(
             "row layout has dim 0".to_string(),
         ));
     }
-    if rows.len() % words != 0 {
+    if !rows.len().is_multiple_of(words) {
         return Err(CkptError::InvalidArgument(format!(
             "{} words is not a whole number of {words}-word rows",
             rows.len()
@@ -91,19 +94,28 @@ pub struct RowChunk<'a> {
     pub header: RowChunkHeader,
     ids: &'a [u8],
     rows: &'a [u8],
-    /// crc32c of the whole file.
-    pub file_crc: u32,
+    pub checksums: FileChecksums,
 }
 
 impl<'a> RowChunk<'a> {
     /// Parse and verify a row file named `file`: frame checksums, header consistency, and
     /// strictly ascending ids that match the header's first and last row.
     pub fn decode(file: &str, data: &'a [u8]) -> Result<Self> {
+        Self::decode_checked(file, data, true)
+    }
+
+    /// Decode bytes that already passed [`RowChunk::decode`], without repeating the checks
+    /// that read the whole payload.
+    pub(crate) fn decode_verified(file: &str, data: &'a [u8]) -> Result<Self> {
+        Self::decode_checked(file, data, false)
+    }
+
+    fn decode_checked(file: &str, data: &'a [u8], full: bool) -> Result<Self> {
         let corrupt = |reason: String| CkptError::Corrupt {
             file: file.to_string(),
             reason,
         };
-        let frame = parse_frame(file, FileKind::Rows, data)?;
+        let frame = parse_frame_checked(file, FileKind::Rows, data, full)?;
         let mut f = Fields::new(file, frame.header);
         let table = TableId(f.u32()?);
         let dim = f.u32()? as usize;
@@ -134,8 +146,11 @@ impl<'a> RowChunk<'a> {
             },
             ids,
             rows: rows_bytes,
-            file_crc: frame.file_crc,
+            checksums: frame.checksums,
         };
+        if !full {
+            return Ok(chunk);
+        }
         let mut prev: Option<RowId> = None;
         for id in chunk.ids() {
             if prev.is_some_and(|p| id <= p) {
@@ -215,14 +230,13 @@ mod tests {
     #[test]
     fn round_trip() {
         let (layout, ids, rows, f) = sample();
-        assert_eq!(f.crc32c, crc32c::crc32c(&f.bytes));
         assert_eq!(f.bytes.len(), 24 + 44 + 4 * 8 + 16 * 4);
         let c = RowChunk::decode("t", &f.bytes).unwrap();
         assert_eq!(c.header.table, TableId(7));
         assert_eq!(c.header.layout, layout);
         assert_eq!((c.header.first_row, c.header.last_row), (2, 40));
         assert_eq!(c.ids().collect::<Vec<_>>(), ids);
-        assert_eq!(c.file_crc, f.crc32c);
+        assert_eq!(c.checksums, f.checksums);
         let mut back = vec![0f32; 16];
         c.copy_rows(0, 4, &mut back);
         assert_eq!(back, rows);

@@ -125,17 +125,29 @@ impl FaultPlan {
 
     /// Tear the n-th put.
     pub fn tear_nth_put(self, n: u64, at: TearAt) -> Self {
-        self.rule(FaultRule::new(Op::Put, Trigger::Nth(n), FaultAction::Tear(at)))
+        self.rule(FaultRule::new(
+            Op::Put,
+            Trigger::Nth(n),
+            FaultAction::Tear(at),
+        ))
     }
 
     /// Flip a byte in the n-th put.
     pub fn flip_nth_put(self, n: u64) -> Self {
-        self.rule(FaultRule::new(Op::Put, Trigger::Nth(n), FaultAction::FlipByte))
+        self.rule(FaultRule::new(
+            Op::Put,
+            Trigger::Nth(n),
+            FaultAction::FlipByte,
+        ))
     }
 
     /// Flip a byte in the n-th whole-object get.
     pub fn flip_nth_get(self, n: u64) -> Self {
-        self.rule(FaultRule::new(Op::Get, Trigger::Nth(n), FaultAction::FlipByte))
+        self.rule(FaultRule::new(
+            Op::Get,
+            Trigger::Nth(n),
+            FaultAction::FlipByte,
+        ))
     }
 
     /// Delay every call of `op`.
@@ -224,7 +236,7 @@ impl FaultyStore {
             let draw = hash3(self.plan.seed, i as u64, n);
             let fires = match rule.trigger {
                 Trigger::Nth(k) => n == k,
-                Trigger::Every(k) => k > 0 && n % k == 0,
+                Trigger::Every(k) => k > 0 && n.is_multiple_of(k),
                 Trigger::Probability(p) => SplitMix::new(draw).next_f64() < p,
                 Trigger::Always => true,
             };
@@ -376,7 +388,9 @@ mod tests {
     async fn nth_put_fails_and_writes_nothing() {
         let mem = Arc::new(MemoryStore::new());
         let s = FaultyStore::new(mem.clone(), FaultPlan::new(1).fail_nth_put(2));
-        s.put(&key("a"), payload(10), PutMode::Create).await.unwrap();
+        s.put(&key("a"), payload(10), PutMode::Create)
+            .await
+            .unwrap();
         let err = s
             .put(&key("b"), payload(10), PutMode::Create)
             .await
@@ -386,7 +400,9 @@ mod tests {
             mem.get(&key("b")).await,
             Err(CkptError::NotFound { .. })
         ));
-        s.put(&key("c"), payload(10), PutMode::Create).await.unwrap();
+        s.put(&key("c"), payload(10), PutMode::Create)
+            .await
+            .unwrap();
         let log = s.injected();
         assert_eq!(log.len(), 1);
         assert_eq!(log[0].key, "b");
@@ -429,7 +445,9 @@ mod tests {
         for _ in 0..2 {
             let mem = Arc::new(MemoryStore::new());
             let s = FaultyStore::new(mem.clone(), FaultPlan::new(5).flip_nth_put(1));
-            s.put(&key("a"), data.clone(), PutMode::Create).await.unwrap();
+            s.put(&key("a"), data.clone(), PutMode::Create)
+                .await
+                .unwrap();
             let stored = mem.get(&key("a")).await.unwrap();
             let diff: Vec<usize> = (0..64).filter(|&i| stored[i] != data[i]).collect();
             assert_eq!(diff.len(), 1);

@@ -267,7 +267,10 @@ fn put_blocking(inner: &Inner, path: &Path, data: &[u8], mode: PutMode) -> LResu
 fn open_object(path: &Path) -> io::Result<File> {
     let f = File::open(path)?;
     if f.metadata()?.is_dir() {
-        return Err(io::Error::new(io::ErrorKind::NotFound, "a prefix, not an object"));
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            "a prefix, not an object",
+        ));
     }
     Ok(f)
 }
@@ -375,7 +378,9 @@ impl ChunkStore for LocalStore {
         let size = run_blocking(move || {
             let m = fs::metadata(&path)?;
             if m.is_dir() {
-                return Err(io::Error::new(io::ErrorKind::NotFound, "a prefix, not an object").into());
+                return Err(
+                    io::Error::new(io::ErrorKind::NotFound, "a prefix, not an object").into(),
+                );
             }
             Ok(m.len())
         })
@@ -398,17 +403,15 @@ impl ChunkStore for LocalStore {
 
     async fn delete(&self, key: &Key) -> Result<()> {
         let path = self.path_of(key);
-        run_blocking(move || {
-            match fs::remove_file(&path) {
-                Ok(()) => {
-                    if let Some(dir) = path.parent() {
-                        sync_dir(dir)?;
-                    }
-                    Ok(())
+        run_blocking(move || match fs::remove_file(&path) {
+            Ok(()) => {
+                if let Some(dir) = path.parent() {
+                    sync_dir(dir)?;
                 }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(e.into()),
+                Ok(())
             }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e.into()),
         })
         .await
         .map_err(|e| e.into_error(key.as_str()))

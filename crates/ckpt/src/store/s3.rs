@@ -90,12 +90,10 @@ fn map_err(key: &str, e: object_store::Error) -> CkptError {
         E::AlreadyExists { .. } => CkptError::AlreadyExists {
             key: key.to_string(),
         },
-        E::Precondition { source, .. } | E::NotModified { source, .. } => {
-            CkptError::Precondition {
-                key: key.to_string(),
-                reason: source.to_string(),
-            }
-        }
+        E::Precondition { source, .. } | E::NotModified { source, .. } => CkptError::Precondition {
+            key: key.to_string(),
+            reason: source.to_string(),
+        },
         E::InvalidPath { source } => CkptError::InvalidKey {
             key: key.to_string(),
             reason: source.to_string(),

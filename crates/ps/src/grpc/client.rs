@@ -166,7 +166,7 @@ impl PsService for GrpcClient {
         loop {
             // An empty or reversed range still goes to the server once, which judges it.
             let hi = if range.end > lo {
-                (lo + step).min(range.end)
+                lo.saturating_add(step).min(range.end)
             } else {
                 range.end
             };

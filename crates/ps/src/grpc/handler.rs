@@ -225,7 +225,11 @@ impl ParameterServer for Handler {
             .blocking(move |s| {
                 let s = s.read()?;
                 let block = s.export_rows(TableId(r.table), r.lo..r.hi)?;
-                Ok(wire::rows_to_chunks(&block, s.layout().words(), chunk_bytes))
+                Ok(wire::rows_to_chunks(
+                    &block,
+                    s.layout().words(),
+                    chunk_bytes,
+                ))
             })
             .await?;
         Ok(Response::new(stream_of(chunks)))
@@ -235,7 +239,12 @@ impl ParameterServer for Handler {
         &self,
         req: Request<Streaming<proto::RowsChunk>>,
     ) -> Result<Response<proto::ImportReply>, Status> {
-        let words = self.server.read().map_err(|e| to_status(&e))?.layout().words();
+        let words = self
+            .server
+            .read()
+            .map_err(|e| to_status(&e))?
+            .layout()
+            .words();
         let mut stream = req.into_inner();
         let mut block = None;
         while let Some(chunk) = stream.message().await? {
@@ -244,9 +253,13 @@ impl ParameterServer for Handler {
                 .map_err(|e| to_status(&e))?;
         }
         let block = block.ok_or_else(|| {
-            to_status(&PsError::MalformedRequest("row import stream carried no chunk".into()))
+            to_status(&PsError::MalformedRequest(
+                "row import stream carried no chunk".into(),
+            ))
         })?;
-        let items = self.blocking(move |s| s.write()?.import_rows(&block)).await?;
+        let items = self
+            .blocking(move |s| s.write()?.import_rows(&block))
+            .await?;
         Ok(Response::new(proto::ImportReply { items }))
     }
 
@@ -285,7 +298,9 @@ impl ParameterServer for Handler {
                 "dense import stream carried no chunk".into(),
             ))
         })?;
-        let items = self.blocking(move |s| s.write()?.import_dense(&block)).await?;
+        let items = self
+            .blocking(move |s| s.write()?.import_dense(&block))
+            .await?;
         Ok(Response::new(proto::ImportReply { items }))
     }
 }

@@ -77,8 +77,14 @@ impl ServeHandle {
         }
         match (&mut self.task).await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(PsError::Internal(format!("server on {} failed: {e}", self.addr))),
-            Err(e) => Err(PsError::Internal(format!("server task on {} ended: {e}", self.addr))),
+            Ok(Err(e)) => Err(PsError::Internal(format!(
+                "server on {} failed: {e}",
+                self.addr
+            ))),
+            Err(e) => Err(PsError::Internal(format!(
+                "server task on {} ended: {e}",
+                self.addr
+            ))),
         }
     }
 }
@@ -101,8 +107,7 @@ pub async fn serve(
         addr: addr.to_string(),
         reason: format!("bound socket has no address: {e}"),
     })?;
-    let incoming =
-        tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let svc = proto::parameter_server_server::ParameterServerServer::new(handler::Handler::new(
         server, config,
     ))

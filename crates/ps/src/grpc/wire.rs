@@ -26,7 +26,7 @@ pub(crate) fn u64s_to_bytes(values: &[u64]) -> Vec<u8> {
 }
 
 fn check_multiple(what: &str, len: usize, unit: usize) -> Result<(), PsError> {
-    if len % unit == 0 {
+    if len.is_multiple_of(unit) {
         Ok(())
     } else {
         Err(PsError::PayloadLength {
@@ -97,7 +97,7 @@ pub(crate) fn update_to_chunks(
     }
     let block_bytes = DENSE_BLOCK * 4;
     for part in &update.dense {
-        let misaligned = part.offset % DENSE_BLOCK as u64 != 0;
+        let misaligned = !part.offset.is_multiple_of(DENSE_BLOCK as u64);
         let mut i = 0;
         while i < part.grads.len() || (i == 0 && part.grads.is_empty()) {
             if cur_bytes + block_bytes > chunk_bytes && cur_bytes > 0 {
@@ -112,7 +112,7 @@ pub(crate) fn update_to_chunks(
                 (blocks * DENSE_BLOCK).min(part.grads.len() - i)
             };
             cur.dense.push(proto::DensePart {
-                offset: part.offset + i as u64,
+                offset: part.offset.saturating_add(i as u64),
                 grads: f32s_to_bytes(&part.grads[i..i + n]),
             });
             cur_bytes += n * 4;
@@ -205,7 +205,7 @@ pub(crate) fn rows_to_chunks(
         .enumerate()
         .map(|(i, c)| proto::RowsChunk {
             table: block.table.0,
-            first_local: block.first_local + (i * rows_per) as u64,
+            first_local: block.first_local.saturating_add((i * rows_per) as u64),
             words: f32s_to_bytes(c),
         })
         .collect();
@@ -228,11 +228,17 @@ pub(crate) fn rows_from_chunk(chunk: proto::RowsChunk) -> Result<RowBlock, PsErr
 }
 
 /// Append `next` to `acc` if it continues it; a gap or another table is a malformed stream.
-pub(crate) fn join_rows(acc: &mut Option<RowBlock>, next: RowBlock, words: usize) -> Result<(), PsError> {
+pub(crate) fn join_rows(
+    acc: &mut Option<RowBlock>,
+    next: RowBlock,
+    words: usize,
+) -> Result<(), PsError> {
     match acc {
         None => *acc = Some(next),
         Some(a) => {
-            let expected = a.first_local + (a.data.len() / words.max(1)) as u64;
+            let expected = a
+                .first_local
+                .saturating_add((a.data.len() / words.max(1)) as u64);
             if a.table != next.table || next.first_local != expected {
                 return Err(PsError::MalformedRequest(format!(
                     "row chunk for table {} at local row {} does not continue table {} at local row {expected}",
@@ -270,7 +276,7 @@ pub(crate) fn dense_to_chunks(
         let shi = (e * state_per_block).min(block.state.len());
         let slo = (b * state_per_block).min(shi);
         out.push(proto::DenseChunk {
-            first_block: block.first_block + b as u64,
+            first_block: block.first_block.saturating_add(b as u64),
             values: f32s_to_bytes(&block.values[vlo..vhi]),
             state: f32s_to_bytes(&block.state[slo..shi]),
         });
@@ -301,8 +307,10 @@ pub(crate) fn join_dense(acc: &mut Option<DenseBlock>, next: DenseBlock) -> Resu
     match acc {
         None => *acc = Some(next),
         Some(a) => {
-            let whole = a.values.len() % DENSE_BLOCK == 0;
-            let expected = a.first_block + (a.values.len() / DENSE_BLOCK) as u64;
+            let whole = a.values.len().is_multiple_of(DENSE_BLOCK);
+            let expected = a
+                .first_block
+                .saturating_add((a.values.len() / DENSE_BLOCK) as u64);
             if !whole || next.first_block != expected {
                 return Err(PsError::MalformedRequest(format!(
                     "dense chunk at block {} does not continue the chunks before it (expected block {expected} after whole blocks)",
@@ -368,9 +376,11 @@ fn detail_of(e: &PsError) -> proto::ErrorDetail {
         PsError::PayloadLength { what, len, unit } => {
             (K::PayloadLength, vec![*len, *unit], what.clone())
         }
-        PsError::NonFiniteGradient { table, row } => {
-            (K::NonFiniteGradient, vec![*table as u64, *row], String::new())
-        }
+        PsError::NonFiniteGradient { table, row } => (
+            K::NonFiniteGradient,
+            vec![*table as u64, *row],
+            String::new(),
+        ),
         PsError::NonFiniteDenseGradient { index } => {
             (K::NonFiniteDenseGradient, vec![*index], String::new())
         }
@@ -540,20 +550,63 @@ mod tests {
     #[test]
     fn every_server_error_survives_the_status_round_trip() {
         let errors = vec![
-            PsError::UnknownTable { table: 3, tables: 2 },
-            PsError::RowOutOfRange { table: 1, row: 99, rows: 10 },
-            PsError::NotOwner { table: 1, row: 4, owner: 2, server: 0 },
-            PsError::GradientLength { table: 0, rows: 3, expected: 12, got: 11 },
-            PsError::PayloadLength { what: "row ids".into(), len: 7, unit: 8 },
+            PsError::UnknownTable {
+                table: 3,
+                tables: 2,
+            },
+            PsError::RowOutOfRange {
+                table: 1,
+                row: 99,
+                rows: 10,
+            },
+            PsError::NotOwner {
+                table: 1,
+                row: 4,
+                owner: 2,
+                server: 0,
+            },
+            PsError::GradientLength {
+                table: 0,
+                rows: 3,
+                expected: 12,
+                got: 11,
+            },
+            PsError::PayloadLength {
+                what: "row ids".into(),
+                len: 7,
+                unit: 8,
+            },
             PsError::NonFiniteGradient { table: 2, row: 5 },
             PsError::NonFiniteDenseGradient { index: 17 },
-            PsError::DenseRange { lo: 1, hi: 2, owned_lo: 0, owned_hi: 256, reason: "r".into() },
-            PsError::LocalRange { table: 0, lo: 5, hi: 9, rows: 6 },
-            PsError::ShapeMismatch { what: "w".into(), expected: 4, got: 5 },
+            PsError::DenseRange {
+                lo: 1,
+                hi: 2,
+                owned_lo: 0,
+                owned_hi: 256,
+                reason: "r".into(),
+            },
+            PsError::LocalRange {
+                table: 0,
+                lo: 5,
+                hi: 9,
+                rows: 6,
+            },
+            PsError::ShapeMismatch {
+                what: "w".into(),
+                expected: 4,
+                got: 5,
+            },
             PsError::StepAlreadyCommitted { step: 3, last: 4 },
             PsError::AlreadyStaged { step: 3, worker: 1 },
-            PsError::StepWorkersMismatch { step: 3, detail: "d".into() },
-            PsError::TooLarge { what: "update".into(), bytes: 10, limit: 5 },
+            PsError::StepWorkersMismatch {
+                step: 3,
+                detail: "d".into(),
+            },
+            PsError::TooLarge {
+                what: "update".into(),
+                bytes: 10,
+                limit: 5,
+            },
             PsError::InvalidConfig("c".into()),
             PsError::MalformedRequest("m".into()),
             PsError::Internal("i".into()),
@@ -582,11 +635,19 @@ mod tests {
         assert_eq!(bytes_to_u64s("ids", &u64s_to_bytes(&ids)).unwrap(), ids);
         assert!(matches!(
             bytes_to_f32s("v", &[0u8; 7]),
-            Err(PsError::PayloadLength { len: 7, unit: 4, .. })
+            Err(PsError::PayloadLength {
+                len: 7,
+                unit: 4,
+                ..
+            })
         ));
         assert!(matches!(
             bytes_to_u64s("ids", &[0u8; 12]),
-            Err(PsError::PayloadLength { len: 12, unit: 8, .. })
+            Err(PsError::PayloadLength {
+                len: 12,
+                unit: 8,
+                ..
+            })
         ));
     }
 

@@ -7,12 +7,12 @@ use std::net::SocketAddr;
 
 use ftrec_core::rng::SplitMix;
 use ftrec_core::{
-    DenseParams, EmbeddingTable, ModelDigest, Optimizer, OptimizerKind, RowId, RowLayout,
-    ServerId, ShardMap, SparseGradAccumulator, TableId, DENSE_BLOCK,
+    DenseParams, EmbeddingTable, ModelDigest, Optimizer, OptimizerKind, RowId, RowLayout, ServerId,
+    ShardMap, SparseGradAccumulator, TableId, DENSE_BLOCK,
 };
 use ftrec_ps::grpc::{self, GrpcClient, GrpcConfig, ServeHandle};
 use ftrec_ps::{
-    InProcessClient, Limits, PsClient, Server, ServerConfig, SharedServer, ShardedClient, Update,
+    InProcessClient, Limits, PsClient, Server, ServerConfig, ShardedClient, SharedServer, Update,
 };
 
 pub const DIM: usize = 4;
@@ -77,12 +77,14 @@ impl Cluster {
                 Transport::InProcess => PsClient::InProcess(InProcessClient::new(server.clone())),
                 Transport::Grpc => {
                     let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
-                    let h = grpc::serve(server.clone(), addr, grpc_config).await.unwrap();
+                    let h = grpc::serve(server.clone(), addr, grpc_config)
+                        .await
+                        .unwrap();
                     let client = GrpcClient::connect(h.local_addr(), grpc_config)
                         .await
                         .unwrap();
                     c.handles.push(h);
-                    PsClient::Grpc(client)
+                    PsClient::Grpc(Box::new(client))
                 }
             };
             c.servers.push(server);
@@ -119,7 +121,9 @@ impl Reference {
             tables: TABLE_ROWS
                 .iter()
                 .enumerate()
-                .map(|(t, &rows)| EmbeddingTable::new_init(TableId(t as u32), rows, layout, SEED, SCALE))
+                .map(|(t, &rows)| {
+                    EmbeddingTable::new_init(TableId(t as u32), rows, layout, SEED, SCALE)
+                })
                 .collect(),
             dense: DenseParams::new(dense_init(), &cfg.dense_optimizer),
             sparse: cfg.sparse_optimizer,
@@ -130,8 +134,11 @@ impl Reference {
     /// Apply the sum of `updates` (in order) as one step: one update per touched row, and per
     /// touched dense block a sum that starts from the first contribution.
     pub fn apply(&mut self, updates: &[&Update]) {
-        let mut accs: Vec<SparseGradAccumulator> =
-            self.tables.iter().map(|_| SparseGradAccumulator::new(DIM)).collect();
+        let mut accs: Vec<SparseGradAccumulator> = self
+            .tables
+            .iter()
+            .map(|_| SparseGradAccumulator::new(DIM))
+            .collect();
         let blocks = self.dense.blocks();
         let mut dense: Vec<Option<Vec<f32>>> = vec![None; blocks];
         for u in updates {

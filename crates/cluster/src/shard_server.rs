@@ -1,0 +1,84 @@
+//! The body of a server process (`ftrec server`): build the shard, serve it over gRPC, publish
+//! the bound address, and live until the launcher goes away.
+
+use std::io::Read;
+use std::path::Path;
+
+use ftrec_core::{Preset, ServerId, ShardMap};
+use ftrec_model::{Dlrm, DlrmConfig};
+use ftrec_ps::grpc::{serve, GrpcConfig};
+use ftrec_ps::{Server, ServerConfig, SharedServer};
+
+use crate::{ClusterError, ServerSpec};
+
+/// The shard `spec` describes, initialised exactly as the single-process model initialises the
+/// same rows and dense values.
+pub fn build_server(spec: &ServerSpec) -> Result<Server, ClusterError> {
+    spec.validate()?;
+    let preset = Preset::by_name(&spec.preset).map_err(|e| ClusterError::Config(e.to_string()))?;
+    let map = ShardMap::new(spec.servers).map_err(|e| ClusterError::Config(e.to_string()))?;
+    let mut config = ServerConfig::from_preset(&preset, map, ServerId(spec.id), spec.seed);
+    config.sparse_optimizer = spec.sparse_optimizer;
+    config.dense_optimizer = spec.dense_optimizer;
+    // The dense initial values are the model's, from the same seed; each server keeps its range.
+    let dense = Dlrm::new(
+        DlrmConfig::from_preset(&preset),
+        spec.seed,
+        &spec.dense_optimizer,
+    )
+    .map_err(|e| ClusterError::Config(e.to_string()))?;
+    Ok(Server::new(config, &dense.params().values)?)
+}
+
+/// Write `text` to `path` atomically: a reader sees nothing or all of it.
+pub fn write_atomic(path: &Path, text: &[u8]) -> Result<(), ClusterError> {
+    let io = |e: std::io::Error| ClusterError::Io {
+        what: format!("writing {}", path.display()),
+        source: e,
+    };
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// Run a server process: serve the shard until standard input reaches end of file (the
+/// launcher holds the other end of the pipe, so a launcher that exits or dies takes its servers
+/// with it: no orphans), then shut down cleanly.
+pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
+    let server = SharedServer::new(build_server(spec)?);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| ClusterError::Io {
+            what: "starting the server runtime".into(),
+            source: e,
+        })?;
+    rt.block_on(async {
+        let handle = serve(server, spec.listen, GrpcConfig::default()).await?;
+        let addr = handle.local_addr();
+        if let Some(path) = &spec.port_file {
+            write_atomic(path, format!("{addr}\n").as_bytes())?;
+        }
+        println!(
+            "ftrec server {} of {} listening on {addr}",
+            spec.id, spec.servers
+        );
+        let stdin_closed = tokio::task::spawn_blocking(|| {
+            let mut sink = [0u8; 256];
+            let mut stdin = std::io::stdin();
+            while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+        });
+        let _ = stdin_closed.await;
+        // Graceful shutdown waits for open connections; a client that keeps one open must not
+        // keep the process alive, so the wait is bounded.
+        match tokio::time::timeout(std::time::Duration::from_secs(2), handle.shutdown()).await {
+            Ok(r) => r?,
+            Err(_) => eprintln!(
+                "ftrec server {}: connections still open at shutdown",
+                spec.id
+            ),
+        }
+        Ok(())
+    })
+}

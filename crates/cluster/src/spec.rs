@@ -1,0 +1,458 @@
+//! Validated configurations: one server process ([`ServerSpec`]), one run ([`RunConfig`]) and
+//! the faults to inject ([`KillSpec`]).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use ftrec_core::{Optimizer, OptimizerKind, Preset};
+use serde::{Deserialize, Serialize};
+
+use crate::ClusterError;
+
+/// Everything a server process needs to build and serve its shard. The launcher turns it into
+/// the command line of `ftrec server` ([`ServerSpec::to_args`]); the server binary parses it
+/// back ([`ServerSpec::from_args`]) or gets it from the `ftrec` flag parser.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServerSpec {
+    pub id: u32,
+    pub servers: u32,
+    pub preset: String,
+    pub seed: u64,
+    pub sparse_optimizer: Optimizer,
+    pub dense_optimizer: Optimizer,
+    pub listen: SocketAddr,
+    /// Where the bound address is written (atomically) once the server accepts requests.
+    pub port_file: Option<PathBuf>,
+}
+
+impl ServerSpec {
+    /// Server `id` of `servers` with the preset's optimizers.
+    pub fn from_preset(
+        preset: &Preset,
+        id: u32,
+        servers: u32,
+        seed: u64,
+    ) -> Result<ServerSpec, ClusterError> {
+        let spec = ServerSpec {
+            id,
+            servers,
+            preset: preset.name.clone(),
+            seed,
+            sparse_optimizer: Optimizer::new(preset.sparse_optimizer, preset.sparse_lr),
+            dense_optimizer: Optimizer::new(preset.dense_optimizer, preset.dense_lr),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            port_file: None,
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    pub fn validate(&self) -> Result<(), ClusterError> {
+        if self.servers == 0 {
+            return Err(ClusterError::Config("--servers must be at least 1".into()));
+        }
+        if self.id >= self.servers {
+            return Err(ClusterError::Config(format!(
+                "--id {} is not a server of {} (ids are 0..{})",
+                self.id, self.servers, self.servers
+            )));
+        }
+        Preset::by_name(&self.preset).map_err(|e| ClusterError::Config(e.to_string()))?;
+        for (flag, o) in [
+            ("--optimizer", &self.sparse_optimizer),
+            ("--dense-optimizer", &self.dense_optimizer),
+        ] {
+            o.validate()
+                .map_err(|e| ClusterError::Config(format!("{flag}: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// The arguments of `ftrec server` (after the executable name) that rebuild this spec.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut a = vec![
+            "server".to_string(),
+            "--id".into(),
+            self.id.to_string(),
+            "--servers".into(),
+            self.servers.to_string(),
+            "--preset".into(),
+            self.preset.clone(),
+            "--seed".into(),
+            self.seed.to_string(),
+            "--optimizer".into(),
+            self.sparse_optimizer.kind.to_string(),
+            "--lr".into(),
+            self.sparse_optimizer.lr.to_string(),
+            "--dense-optimizer".into(),
+            self.dense_optimizer.kind.to_string(),
+            "--dense-lr".into(),
+            self.dense_optimizer.lr.to_string(),
+            "--listen".into(),
+            self.listen.to_string(),
+        ];
+        if let Some(p) = &self.port_file {
+            a.push("--port-file".into());
+            a.push(p.display().to_string());
+        }
+        a
+    }
+
+    /// Parse what [`ServerSpec::to_args`] writes (the leading `server` word is optional). Every
+    /// flag but `--port-file`, `--optimizer`, `--lr`, `--dense-optimizer` and `--dense-lr` is
+    /// required.
+    pub fn from_args(args: &[String]) -> Result<ServerSpec, ClusterError> {
+        let args = match args.first() {
+            Some(a) if a == "server" => &args[1..],
+            _ => args,
+        };
+        let mut get = std::collections::BTreeMap::new();
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            let known = [
+                "--id",
+                "--servers",
+                "--preset",
+                "--seed",
+                "--optimizer",
+                "--lr",
+                "--dense-optimizer",
+                "--dense-lr",
+                "--listen",
+                "--port-file",
+            ];
+            if !known.contains(&flag.as_str()) {
+                return Err(ClusterError::Config(format!(
+                    "unknown server flag {flag:?}"
+                )));
+            }
+            let value = it
+                .next()
+                .ok_or_else(|| ClusterError::Config(format!("{flag} needs a value")))?;
+            get.insert(flag.as_str(), value.clone());
+        }
+        fn need<T: FromStr>(
+            get: &std::collections::BTreeMap<&str, String>,
+            flag: &str,
+        ) -> Result<T, ClusterError>
+        where
+            T::Err: std::fmt::Display,
+        {
+            let v = get
+                .get(flag)
+                .ok_or_else(|| ClusterError::Config(format!("missing {flag}")))?;
+            v.parse()
+                .map_err(|e| ClusterError::Config(format!("{flag} {v:?}: {e}")))
+        }
+        let preset_name: String = need(&get, "--preset")?;
+        let preset =
+            Preset::by_name(&preset_name).map_err(|e| ClusterError::Config(e.to_string()))?;
+        let mut spec = ServerSpec::from_preset(
+            &preset,
+            need(&get, "--id")?,
+            need(&get, "--servers")?,
+            need(&get, "--seed")?,
+        )?;
+        if get.contains_key("--optimizer") {
+            spec.sparse_optimizer.kind = need::<OptimizerKind>(&get, "--optimizer")?;
+        }
+        if get.contains_key("--lr") {
+            spec.sparse_optimizer.lr = need(&get, "--lr")?;
+        }
+        if get.contains_key("--dense-optimizer") {
+            spec.dense_optimizer.kind = need::<OptimizerKind>(&get, "--dense-optimizer")?;
+        }
+        if get.contains_key("--dense-lr") {
+            spec.dense_optimizer.lr = need(&get, "--dense-lr")?;
+        }
+        spec.listen = need(&get, "--listen")?;
+        spec.port_file = get.get("--port-file").map(PathBuf::from);
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+/// A fault to inject: SIGKILL server `server` right after step `step` completes. Parsed from
+/// `server=I@step=S`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KillSpec {
+    pub server: u32,
+    pub step: u64,
+}
+
+impl FromStr for KillSpec {
+    type Err = ClusterError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || {
+            ClusterError::Config(format!(
+                "--kill {s:?}: expected server=I@step=S (for example server=1@step=12)"
+            ))
+        };
+        let (who, when) = s.split_once('@').ok_or_else(bad)?;
+        let server = who
+            .strip_prefix("server=")
+            .ok_or_else(bad)?
+            .parse()
+            .map_err(|_| bad())?;
+        let step = when
+            .strip_prefix("step=")
+            .ok_or_else(bad)?
+            .parse()
+            .map_err(|_| bad())?;
+        Ok(KillSpec { server, step })
+    }
+}
+
+/// Which fault-tolerance strategy the coordinator runs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "name", rename_all = "snake_case")]
+pub enum StrategyChoice {
+    /// A server loss ends the run.
+    None,
+    /// Full checkpoints every `every_steps` steps and full recovery (CPR §2.2).
+    Full { every_steps: u64 },
+}
+
+impl StrategyChoice {
+    /// `none` or `full` (with the checkpoint interval `every_steps`).
+    pub fn parse(name: &str, every_steps: u64) -> Result<StrategyChoice, ClusterError> {
+        match name {
+            "none" => Ok(StrategyChoice::None),
+            "full" => Ok(StrategyChoice::Full { every_steps }),
+            other => Err(ClusterError::Config(format!(
+                "unknown strategy {other:?} (expected none or full)"
+            ))),
+        }
+    }
+}
+
+/// One multi-process run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunConfig {
+    pub preset: Preset,
+    pub servers: u32,
+    pub workers: u32,
+    /// Synchronous deterministic mode: contributions staged and committed in worker order.
+    /// Without it each worker pushes its update as soon as it has it (the steps stay
+    /// barriered, but the order in which servers sum the workers' updates is arrival order).
+    pub sync: bool,
+    pub strategy: StrategyChoice,
+    pub kills: Vec<KillSpec>,
+    pub steps: u64,
+    /// Samples per worker per step.
+    pub batch: usize,
+    pub seed: u64,
+    pub sparse_optimizer: Optimizer,
+    pub dense_optimizer: Optimizer,
+    /// Held-out samples for AUC and logloss (0 skips the evaluation).
+    pub eval_samples: usize,
+    /// Executable started as `EXE server ...` for every server process.
+    pub server_exe: PathBuf,
+    /// Port files and the default checkpoint directory live here.
+    pub work_dir: PathBuf,
+    /// Checkpoints (default `work_dir/ckpt`).
+    pub ckpt_dir: Option<PathBuf>,
+    /// Interval of the heartbeat probes.
+    #[serde(with = "millis")]
+    pub heartbeat: Duration,
+    /// A probe unanswered this long declares the server lost.
+    #[serde(with = "millis")]
+    pub heartbeat_timeout: Duration,
+    /// Longest wait for a started server to write its port file.
+    #[serde(with = "millis")]
+    pub start_timeout: Duration,
+    /// Threads of the matrix kernels in each worker.
+    pub threads: usize,
+}
+
+mod millis {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_millis(u64::deserialize(d)?))
+    }
+}
+
+impl RunConfig {
+    /// Defaults for `preset`: the preset's batch, steps, optimizers and held-out samples, 2
+    /// servers, 1 worker, synchronous, no fault tolerance, no kills.
+    pub fn new(preset: Preset, server_exe: PathBuf, work_dir: PathBuf) -> RunConfig {
+        RunConfig {
+            servers: 2,
+            workers: 1,
+            sync: true,
+            strategy: StrategyChoice::None,
+            kills: Vec::new(),
+            steps: preset.steps,
+            batch: preset.batch,
+            seed: 1,
+            sparse_optimizer: Optimizer::new(preset.sparse_optimizer, preset.sparse_lr),
+            dense_optimizer: Optimizer::new(preset.dense_optimizer, preset.dense_lr),
+            eval_samples: preset.eval_samples,
+            preset,
+            server_exe,
+            work_dir,
+            ckpt_dir: None,
+            heartbeat: Duration::from_millis(100),
+            heartbeat_timeout: Duration::from_millis(1000),
+            start_timeout: Duration::from_secs(30),
+            threads: 1,
+        }
+    }
+
+    /// Check every field; the error names the offending one.
+    pub fn validate(&self) -> Result<(), ClusterError> {
+        let bad = |m: String| Err(ClusterError::Config(m));
+        self.preset
+            .validate()
+            .map_err(|e| ClusterError::Config(e.to_string()))?;
+        if self.servers == 0 || self.servers > 64 {
+            return bad(format!(
+                "--servers {} must be between 1 and 64",
+                self.servers
+            ));
+        }
+        if self.workers == 0 || self.workers > 64 {
+            return bad(format!(
+                "--workers {} must be between 1 and 64",
+                self.workers
+            ));
+        }
+        if self.steps == 0 {
+            return bad("--steps must be at least 1".into());
+        }
+        if self.batch == 0 {
+            return bad("--batch must be at least 1".into());
+        }
+        if self.threads == 0 || self.threads > 256 {
+            return bad("--threads must be between 1 and 256".into());
+        }
+        if let StrategyChoice::Full { every_steps: 0 } = self.strategy {
+            return bad("--ckpt-every-steps must be at least 1".into());
+        }
+        for k in &self.kills {
+            if k.server >= self.servers {
+                return bad(format!(
+                    "--kill server={}@step={}: there are only servers 0..{}",
+                    k.server, k.step, self.servers
+                ));
+            }
+            if k.step == 0 || k.step >= self.steps {
+                return bad(format!(
+                    "--kill server={}@step={}: the step must be in 1..{} (a kill after the last \
+                     step would not be noticed)",
+                    k.server, k.step, self.steps
+                ));
+            }
+        }
+        if self.heartbeat.is_zero() || self.heartbeat_timeout.is_zero() {
+            return bad("heartbeat interval and timeout must be positive".into());
+        }
+        for (flag, o) in [
+            ("--optimizer", &self.sparse_optimizer),
+            ("--dense-optimizer", &self.dense_optimizer),
+        ] {
+            o.validate()
+                .map_err(|e| ClusterError::Config(format!("{flag}: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// The checkpoint directory in use.
+    pub fn ckpt_dir(&self) -> PathBuf {
+        self.ckpt_dir
+            .clone()
+            .unwrap_or_else(|| self.work_dir.join("ckpt"))
+    }
+
+    /// The spec of server `id` (listening on a free port of 127.0.0.1).
+    pub fn server_spec(&self, id: u32) -> ServerSpec {
+        ServerSpec {
+            id,
+            servers: self.servers,
+            preset: self.preset.name.clone(),
+            seed: self.seed,
+            sparse_optimizer: self.sparse_optimizer,
+            dense_optimizer: self.dense_optimizer,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            port_file: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kill_specs_parse_and_bad_ones_name_the_format() {
+        assert_eq!(
+            "server=1@step=12".parse::<KillSpec>().unwrap(),
+            KillSpec {
+                server: 1,
+                step: 12
+            }
+        );
+        for bad in [
+            "server=1",
+            "worker=1@step=2",
+            "server=x@step=2",
+            "server=1@step=",
+        ] {
+            let e = bad.parse::<KillSpec>().unwrap_err();
+            assert!(e.to_string().contains("server=I@step=S"), "{e}");
+        }
+    }
+
+    #[test]
+    fn server_spec_round_trips_through_its_arguments() {
+        let mut spec = ServerSpec::from_preset(&Preset::tiny(), 1, 3, 42).unwrap();
+        spec.port_file = Some(PathBuf::from("/tmp/x.port"));
+        spec.sparse_optimizer.lr = 0.125;
+        assert_eq!(ServerSpec::from_args(&spec.to_args()).unwrap(), spec);
+    }
+
+    #[test]
+    fn server_spec_refuses_an_id_outside_the_cluster_and_unknown_flags() {
+        let spec = ServerSpec::from_preset(&Preset::tiny(), 0, 2, 1).unwrap();
+        let mut args = spec.to_args();
+        let i = args.iter().position(|a| a == "--id").unwrap();
+        args[i + 1] = "2".into();
+        assert!(ServerSpec::from_args(&args)
+            .unwrap_err()
+            .to_string()
+            .contains("--id 2"));
+        let mut args = spec.to_args();
+        args.push("--bogus".into());
+        args.push("1".into());
+        assert!(matches!(
+            ServerSpec::from_args(&args),
+            Err(ClusterError::Config(m)) if m.contains("--bogus")
+        ));
+    }
+
+    #[test]
+    fn run_config_refuses_kills_outside_the_run() {
+        let mut cfg = RunConfig::new(Preset::tiny(), "x".into(), "/tmp".into());
+        cfg.steps = 10;
+        cfg.kills = vec![KillSpec { server: 2, step: 3 }];
+        assert!(matches!(cfg.validate(), Err(ClusterError::Config(m)) if m.contains("server=2")));
+        cfg.kills = vec![KillSpec {
+            server: 1,
+            step: 10,
+        }];
+        assert!(matches!(cfg.validate(), Err(ClusterError::Config(m)) if m.contains("step=10")));
+        assert!(matches!(
+            StrategyChoice::parse("ecrec", 5),
+            Err(ClusterError::Config(m)) if m.contains("ecrec")
+        ));
+    }
+}

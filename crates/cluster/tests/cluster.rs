@@ -1,0 +1,172 @@
+//! Real multi-process runs: server processes of `ftrec-cluster-server`, worker threads, real
+//! SIGKILLs.
+
+use std::path::PathBuf;
+
+use ftrec_cluster::{run, EventKind, KillSpec, RunConfig, RunReport, StrategyChoice};
+use ftrec_core::Preset;
+
+fn config(dir: &tempfile::TempDir, servers: u32, workers: u32, steps: u64) -> RunConfig {
+    let mut cfg = RunConfig::new(
+        Preset::tiny(),
+        PathBuf::from(env!("CARGO_BIN_EXE_ftrec-cluster-server")),
+        dir.path().to_path_buf(),
+    );
+    cfg.servers = servers;
+    cfg.workers = workers;
+    cfg.steps = steps;
+    cfg.batch = 64;
+    cfg.seed = 11;
+    cfg.eval_samples = 512;
+    cfg
+}
+
+/// Every server process the run started is gone (reaped: signal 0 finds no process) and every
+/// address it listened on can be bound again.
+fn assert_no_children_left(report: &RunReport) {
+    assert!(!report.server_pids.is_empty());
+    for &pid in &report.server_pids {
+        // SAFETY: signal 0 only checks for existence; it sends nothing.
+        let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+        assert_eq!(r, -1, "server process {pid} is still alive");
+    }
+    for addr in &report.server_addrs {
+        std::net::TcpListener::bind(addr.as_str())
+            .unwrap_or_else(|e| panic!("port {addr} is still taken: {e}"));
+    }
+}
+
+#[test]
+fn one_worker_sync_run_equals_the_single_process_trainer_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir, 2, 1, 12);
+    let report = run(&cfg).unwrap();
+    assert_no_children_left(&report);
+    assert!(report.aborted.is_none());
+
+    let mut local =
+        ftrec_worker::TrainConfig::from_preset("tiny", ftrec_worker::DataSpec::Synthetic).unwrap();
+    local.steps = cfg.steps;
+    local.batch = cfg.batch;
+    local.seed = cfg.seed;
+    local.threads = 1;
+    local.eval_samples = 512;
+    let single = ftrec_worker::train(&local, &mut |_| {}).unwrap();
+    assert_eq!(report.model_digest.len(), single.model_digest.len());
+    assert_eq!(report.model_digest, single.model_digest);
+    // Same model, same held-out set: same metrics.
+    assert_eq!(report.auc, Some(single.auc));
+    assert_eq!(report.samples, 12 * 64);
+}
+
+#[test]
+fn full_recovery_after_a_kill_gives_the_failure_free_model() {
+    let clean_dir = tempfile::tempdir().unwrap();
+    let mut clean = config(&clean_dir, 2, 2, 20);
+    clean.strategy = StrategyChoice::Full { every_steps: 5 };
+    clean.eval_samples = 0;
+    let clean = run(&clean).unwrap();
+    assert_no_children_left(&clean);
+    assert!(clean.failures.is_empty());
+    assert!(!clean.model_digest.is_empty());
+    assert_eq!(clean.checkpoints, 4);
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 2, 2, 20);
+    cfg.strategy = StrategyChoice::Full { every_steps: 5 };
+    cfg.kills = vec![KillSpec {
+        server: 1,
+        step: 12,
+    }];
+    cfg.eval_samples = 0;
+    let report = run(&cfg).unwrap();
+    assert_no_children_left(&report);
+
+    assert!(report.aborted.is_none());
+    assert_eq!(report.steps, 20);
+    assert_eq!(report.model_digest, clean.model_digest);
+    assert_eq!(report.failures.len(), 1);
+    let f = &report.failures[0];
+    assert_eq!((f.server, f.step), (1, 12));
+    // Restored from the checkpoint of step 10: steps 11 and 12 were redone.
+    assert_eq!(f.steps_redone, 2);
+    assert!(f.detected_s.is_some() && f.resumed_s.is_some());
+    assert!(f.resumed_s >= f.detected_s);
+    // Two servers at the start and one replacement.
+    assert_eq!(report.server_pids.len(), 3);
+    let kinds: Vec<EventKind> = report.events.iter().map(|e| e.kind).collect();
+    for k in [
+        EventKind::CheckpointStart,
+        EventKind::CheckpointEnd,
+        EventKind::FailureInjected,
+        EventKind::FailureDetected,
+        EventKind::RecoveryStart,
+        EventKind::ServerReplaced,
+        EventKind::TrainingResumed,
+    ] {
+        assert!(kinds.contains(&k), "no {k:?} event in {kinds:?}");
+    }
+    assert!(report.bytes_written > 0);
+    assert!(cfg.ckpt_dir().join("ckpt-00000020/MANIFEST.json").exists());
+    // Superseded checkpoints are dropped once a newer one is committed.
+    assert!(!cfg.ckpt_dir().join("ckpt-00000015").exists());
+}
+
+#[test]
+fn a_kill_before_the_first_checkpoint_restarts_from_the_seed() {
+    let clean_dir = tempfile::tempdir().unwrap();
+    let mut clean = config(&clean_dir, 3, 1, 6);
+    clean.eval_samples = 0;
+    let clean = run(&clean).unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 3, 1, 6);
+    cfg.strategy = StrategyChoice::Full { every_steps: 100 };
+    cfg.kills = vec![KillSpec { server: 0, step: 3 }];
+    cfg.eval_samples = 0;
+    let report = run(&cfg).unwrap();
+    assert_no_children_left(&report);
+    assert_eq!(report.checkpoints, 0);
+    assert_eq!(report.failures[0].steps_redone, 3);
+    assert_eq!(report.model_digest, clean.model_digest);
+}
+
+#[test]
+fn strategy_none_ends_the_run_on_a_kill_and_names_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 2, 1, 10);
+    cfg.kills = vec![KillSpec { server: 1, step: 4 }];
+    cfg.eval_samples = 0;
+    let report = run(&cfg).unwrap();
+    assert_no_children_left(&report);
+    let reason = report.aborted.as_deref().unwrap();
+    assert!(reason.contains("server 1"), "{reason}");
+    assert_eq!(report.steps, 4);
+    assert!(report.model_digest.is_empty());
+    assert!(report.failures[0].detected_s.is_some());
+}
+
+#[test]
+fn a_server_executable_that_cannot_start_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 2, 1, 3);
+    cfg.server_exe = dir.path().join("no-such-binary");
+    let e = run(&cfg).unwrap_err();
+    assert!(
+        matches!(e, ftrec_cluster::ClusterError::Spawn { server: 0, .. }),
+        "{e}"
+    );
+}
+
+#[test]
+fn asynchronous_mode_trains_every_step_with_several_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 2, 3, 8);
+    cfg.sync = false;
+    let report = run(&cfg).unwrap();
+    assert_no_children_left(&report);
+    assert_eq!(report.steps, 8);
+    assert_eq!(report.samples, 8 * 3 * 64);
+    assert!(report.train_loss.is_finite());
+    assert!(report.auc.is_some_and(|a| a > 0.0 && a < 1.0));
+}
