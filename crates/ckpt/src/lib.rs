@@ -5,14 +5,15 @@
 //!   ([`LocalStore`]), an S3-compatible bucket ([`S3Store`], feature `s3`, on by default) and a
 //!   map in memory ([`MemoryStore`]) to implement with one set of semantics, checked by one
 //!   [`conformance`] suite; and [`FaultyStore`], a seeded fault-injecting wrapper for tests;
-//! - the versioned on-disk [`format`]s: row files, dense files, manifests and the `CURRENT`
-//!   pointer, each framed with magic, version, a header checksum and a payload checksum;
+//! - the versioned on-disk [formats](mod@format): row files, dense files, manifests and the
+//!   `CURRENT` pointer, each framed with magic, version, a header checksum and a payload
+//!   checksum;
 //! - checkpoint layout, commit and selection ([`Checkpoints`], [`Select`]): files create-only,
 //!   then the manifest create-only, then `CURRENT` swapped atomically; readers verify all three
 //!   levels and can fall back to the newest intact checkpoint;
 //! - full snapshots of parameter-server shards ([`snapshot`]): bounded-size chunk files written
 //!   with bounded memory by several servers into one checkpoint, and restore;
-//! - a bandwidth benchmark of the local backend against the raw disk ([`bench`]).
+//! - a bandwidth benchmark of the local backend against the raw disk ([`bench`](mod@bench)).
 //!
 //! It never decides *when* to checkpoint or *what* a strategy saves (that is policy, above
 //! this crate), never talks to the network except through a store, and never trusts bytes it

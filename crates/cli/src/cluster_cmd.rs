@@ -101,6 +101,7 @@ pub fn server(a: ServerArgs) -> Result<()> {
     spec.dense_optimizer = optimizer(&a.dense_optimizer, spec.dense_optimizer, a.dense_lr)?;
     spec.listen = a.listen;
     spec.port_file = a.port_file;
+    spec.until = a.until.parse()?;
     spec.validate()?;
     ftrec_cluster::serve_shard(&spec)?;
     Ok(())

@@ -32,7 +32,7 @@ pub enum Cmd {
     /// Train with parameter-server processes, a coordinator, a fault-tolerance strategy and
     /// injected faults (synthetic data).
     Run(RunArgs),
-    /// One parameter-server process (started by `ftrec run`; lives until its stdin closes).
+    /// One parameter-server process (`ftrec run` starts them; start them by hand on other hosts).
     Server(ServerArgs),
 }
 
@@ -115,6 +115,10 @@ pub struct ServerArgs {
     /// Write the bound address here (atomically) once serving.
     #[arg(long, value_name = "PATH")]
     pub port_file: Option<PathBuf>,
+    /// What ends the server: `signal` (SIGINT/SIGTERM) or `stdin` (end of file on standard
+    /// input, or a signal; what `ftrec run` asks of the servers it starts).
+    #[arg(long, default_value = "signal")]
+    pub until: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

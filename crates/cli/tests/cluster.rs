@@ -135,6 +135,8 @@ fn a_server_exits_when_its_stdin_closes_and_publishes_its_address() {
             "1",
             "--preset",
             "tiny",
+            "--until",
+            "stdin",
             "--port-file",
         ])
         .arg(&port)
@@ -155,4 +157,48 @@ fn a_server_exits_when_its_stdin_closes_and_publishes_its_address() {
     drop(child.stdin.take());
     let status = child.wait().unwrap();
     assert!(status.success());
+}
+
+#[test]
+fn a_server_started_by_hand_ignores_stdin_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = dir.path().join("s.port");
+    let mut child = ftrec()
+        .args([
+            "server",
+            "--id",
+            "0",
+            "--servers",
+            "1",
+            "--preset",
+            "tiny",
+            "--port-file",
+        ])
+        .arg(&port)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    while !port.exists() {
+        assert!(child.try_wait().unwrap().is_none(), "server exited early");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let addr: std::net::SocketAddr = std::fs::read_to_string(&port)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // Standard input is at end of file from the start, and the server still serves.
+    assert!(std::net::TcpStream::connect(addr).is_ok());
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "server exited on a closed stdin"
+    );
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
 }

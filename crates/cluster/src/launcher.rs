@@ -30,6 +30,7 @@ impl ServerProcess {
         let _ = std::fs::remove_file(&port_file);
         let mut spec = spec.clone();
         spec.port_file = Some(port_file.clone());
+        spec.until = crate::spec::Lifetime::Stdin;
         let child = Command::new(exe)
             .args(spec.to_args())
             // The server lives until this pipe closes (see `serve_shard`).

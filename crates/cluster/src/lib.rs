@@ -55,7 +55,7 @@ pub use coordinator::run;
 pub use launcher::ServerProcess;
 pub use report::{EventKind, FailureReport, RunReport, TimedEvent};
 pub use shard_server::{build_server, serve_shard};
-pub use spec::{KillSpec, RunConfig, ServerSpec, StrategyChoice};
+pub use spec::{KillSpec, Lifetime, RunConfig, ServerSpec, StrategyChoice};
 
 /// What can stop a cluster run or a server process.
 #[derive(Debug, thiserror::Error)]

@@ -9,6 +9,7 @@ use ftrec_model::{Dlrm, DlrmConfig};
 use ftrec_ps::grpc::{serve, GrpcConfig};
 use ftrec_ps::{Server, ServerConfig, SharedServer};
 
+use crate::spec::Lifetime;
 use crate::{ClusterError, ServerSpec};
 
 /// The shard `spec` describes, initialised exactly as the single-process model initialises the
@@ -41,9 +42,48 @@ pub fn write_atomic(path: &Path, text: &[u8]) -> Result<(), ClusterError> {
     std::fs::rename(&tmp, path).map_err(io)
 }
 
-/// Run a server process: serve the shard until standard input reaches end of file (the
-/// launcher holds the other end of the pipe, so a launcher that exits or dies takes its servers
-/// with it: no orphans), then shut down cleanly.
+/// Wait for SIGINT/SIGTERM, or (with [`Lifetime::Stdin`]) for end of file on standard input.
+async fn wait_for_end(until: Lifetime) {
+    let signal = async {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            match signal(SignalKind::terminate()) {
+                Ok(mut term) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = tokio::signal::ctrl_c() => {}
+                    }
+                }
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    };
+    match until {
+        Lifetime::Signal => signal.await,
+        Lifetime::Stdin => {
+            let stdin_closed = tokio::task::spawn_blocking(|| {
+                let mut sink = [0u8; 256];
+                let mut stdin = std::io::stdin();
+                while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+            });
+            tokio::select! {
+                _ = stdin_closed => {}
+                _ = signal => {}
+            }
+        }
+    }
+}
+
+/// Run a server process: serve the shard until [`ServerSpec::until`] says stop (the launcher
+/// asks for end of file on standard input: it holds the other end of the pipe, so a launcher
+/// that exits or dies takes its servers with it and no orphan is left), then shut down cleanly.
 pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
     let server = SharedServer::new(build_server(spec)?);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -64,12 +104,7 @@ pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
             "ftrec server {} of {} listening on {addr}",
             spec.id, spec.servers
         );
-        let stdin_closed = tokio::task::spawn_blocking(|| {
-            let mut sink = [0u8; 256];
-            let mut stdin = std::io::stdin();
-            while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
-        });
-        let _ = stdin_closed.await;
+        wait_for_end(spec.until).await;
         // Graceful shutdown waits for open connections; a client that keeps one open must not
         // keep the process alive, so the wait is bounded.
         match tokio::time::timeout(std::time::Duration::from_secs(2), handle.shutdown()).await {

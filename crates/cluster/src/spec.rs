@@ -25,6 +25,40 @@ pub struct ServerSpec {
     pub listen: SocketAddr,
     /// Where the bound address is written (atomically) once the server accepts requests.
     pub port_file: Option<PathBuf>,
+    /// What ends the process.
+    pub until: Lifetime,
+}
+
+/// What ends a server process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Lifetime {
+    /// SIGINT or SIGTERM: a server started by hand or by a host's service manager.
+    Signal,
+    /// End of file on standard input (or a signal): the launcher holds the other end of the
+    /// pipe, so a launcher that exits or dies takes its servers with it.
+    Stdin,
+}
+
+impl FromStr for Lifetime {
+    type Err = ClusterError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "signal" => Ok(Lifetime::Signal),
+            "stdin" => Ok(Lifetime::Stdin),
+            _ => Err(ClusterError::Config(format!(
+                "--until must be signal or stdin, not {s:?}"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for Lifetime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Lifetime::Signal => "signal",
+            Lifetime::Stdin => "stdin",
+        })
+    }
 }
 
 impl ServerSpec {
@@ -44,6 +78,7 @@ impl ServerSpec {
             dense_optimizer: Optimizer::new(preset.dense_optimizer, preset.dense_lr),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             port_file: None,
+            until: Lifetime::Signal,
         };
         spec.validate()?;
         Ok(spec)
@@ -93,6 +128,8 @@ impl ServerSpec {
             "--listen".into(),
             self.listen.to_string(),
         ];
+        a.push("--until".into());
+        a.push(self.until.to_string());
         if let Some(p) = &self.port_file {
             a.push("--port-file".into());
             a.push(p.display().to_string());
@@ -122,6 +159,7 @@ impl ServerSpec {
                 "--dense-lr",
                 "--listen",
                 "--port-file",
+                "--until",
             ];
             if !known.contains(&flag.as_str()) {
                 return Err(ClusterError::Config(format!(
@@ -169,6 +207,9 @@ impl ServerSpec {
         }
         spec.listen = need(&get, "--listen")?;
         spec.port_file = get.get("--port-file").map(PathBuf::from);
+        if get.contains_key("--until") {
+            spec.until = need(&get, "--until")?;
+        }
         spec.validate()?;
         Ok(spec)
     }
@@ -384,6 +425,7 @@ impl RunConfig {
             dense_optimizer: self.dense_optimizer,
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             port_file: None,
+            until: Lifetime::Stdin,
         }
     }
 }

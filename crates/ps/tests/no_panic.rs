@@ -29,7 +29,7 @@ enum Op {
     Abort(u64),
 }
 
-fn edgy_u64() -> impl Strategy<Value = u64> {
+fn edgy_u64() -> impl Strategy<Value = u64> + Clone {
     prop_oneof![
         0u64..70,
         250u64..260,
