@@ -4,17 +4,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use ftrec_cluster::{KillSpec, RunConfig, RunReport, ServerSpec, StrategyChoice};
-use ftrec_core::{Optimizer, OptimizerKind, Preset};
+use ftrec_core::Preset;
 
 use crate::flags::{RunArgs, ServerArgs};
-
-fn optimizer(name: &Option<String>, default: Optimizer, lr: Option<f32>) -> Result<Optimizer> {
-    let kind = match name {
-        Some(n) => n.parse::<OptimizerKind>()?,
-        None => default.kind,
-    };
-    Ok(Optimizer::new(kind, lr.unwrap_or(default.lr)))
-}
 
 /// Flags -> validated run configuration.
 pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
@@ -49,8 +41,8 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
     }
     cfg.seed = a.seed;
     cfg.threads = a.threads;
-    cfg.sparse_optimizer = optimizer(&a.optimizer, cfg.sparse_optimizer, a.lr)?;
-    cfg.dense_optimizer = optimizer(&a.dense_optimizer, cfg.dense_optimizer, a.dense_lr)?;
+    a.opt
+        .apply(&mut cfg.sparse_optimizer, &mut cfg.dense_optimizer)?;
     cfg.heartbeat = Duration::from_millis(a.heartbeat_ms);
     cfg.heartbeat_timeout = Duration::from_millis(a.heartbeat_timeout_ms);
     cfg.validate()?;
@@ -97,8 +89,8 @@ fn finish(report: &RunReport) -> Result<()> {
 pub fn server(a: ServerArgs) -> Result<()> {
     let preset = Preset::by_name(&a.preset)?;
     let mut spec = ServerSpec::from_preset(&preset, a.id, a.servers, a.seed)?;
-    spec.sparse_optimizer = optimizer(&a.optimizer, spec.sparse_optimizer, a.lr)?;
-    spec.dense_optimizer = optimizer(&a.dense_optimizer, spec.dense_optimizer, a.dense_lr)?;
+    a.opt
+        .apply(&mut spec.sparse_optimizer, &mut spec.dense_optimizer)?;
     spec.listen = a.listen;
     spec.port_file = a.port_file;
     spec.until = a.until.parse()?;

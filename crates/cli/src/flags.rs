@@ -69,14 +69,8 @@ pub struct RunArgs {
     pub batch: Option<usize>,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    #[arg(long)]
-    pub optimizer: Option<String>,
-    #[arg(long)]
-    pub lr: Option<f32>,
-    #[arg(long)]
-    pub dense_optimizer: Option<String>,
-    #[arg(long)]
-    pub dense_lr: Option<f32>,
+    #[command(flatten)]
+    pub opt: OptimizerArgs,
     /// Matrix-kernel threads per worker.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
@@ -102,14 +96,8 @@ pub struct ServerArgs {
     pub preset: String,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    #[arg(long)]
-    pub optimizer: Option<String>,
-    #[arg(long)]
-    pub lr: Option<f32>,
-    #[arg(long)]
-    pub dense_optimizer: Option<String>,
-    #[arg(long)]
-    pub dense_lr: Option<f32>,
+    #[command(flatten)]
+    pub opt: OptimizerArgs,
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: std::net::SocketAddr,
     /// Write the bound address here (atomically) once serving.
@@ -155,17 +143,8 @@ pub struct TrainArgs {
     pub steps: Option<u64>,
     #[arg(long)]
     pub batch: Option<usize>,
-    /// Optimizer of the embedding rows: sgd, momentum, adagrad, rowwise_adagrad, adam.
-    #[arg(long)]
-    pub optimizer: Option<String>,
-    /// Learning rate of the embedding rows.
-    #[arg(long)]
-    pub lr: Option<f32>,
-    /// Optimizer of the dense MLP.
-    #[arg(long)]
-    pub dense_optimizer: Option<String>,
-    #[arg(long)]
-    pub dense_lr: Option<f32>,
+    #[command(flatten)]
+    pub opt: OptimizerArgs,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Fixed reduction order everywhere: the run is a pure function of config and seed.
@@ -216,4 +195,44 @@ pub enum BenchCmd {
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
     },
+}
+
+/// Optimizer flags shared by every command that builds a model.
+#[derive(Args, Debug, Clone)]
+pub struct OptimizerArgs {
+    /// Optimizer of the embedding rows: sgd, momentum, adagrad, rowwise_adagrad, adam.
+    #[arg(long)]
+    pub optimizer: Option<String>,
+    /// Learning rate of the embedding rows.
+    #[arg(long)]
+    pub lr: Option<f32>,
+    /// Optimizer of the dense MLP.
+    #[arg(long)]
+    pub dense_optimizer: Option<String>,
+    /// Learning rate of the dense MLP.
+    #[arg(long)]
+    pub dense_lr: Option<f32>,
+}
+
+impl OptimizerArgs {
+    /// Override the preset's optimizers with whatever the flags name.
+    pub fn apply(
+        &self,
+        sparse: &mut ftrec_core::Optimizer,
+        dense: &mut ftrec_core::Optimizer,
+    ) -> Result<(), ftrec_core::CoreError> {
+        let one = |name: &Option<String>, default: ftrec_core::Optimizer, lr: Option<f32>| {
+            let kind = match name {
+                Some(n) => n.parse::<ftrec_core::OptimizerKind>()?,
+                None => default.kind,
+            };
+            Ok::<_, ftrec_core::CoreError>(ftrec_core::Optimizer::new(
+                kind,
+                lr.unwrap_or(default.lr),
+            ))
+        };
+        *sparse = one(&self.optimizer, *sparse, self.lr)?;
+        *dense = one(&self.dense_optimizer, *dense, self.dense_lr)?;
+        Ok(())
+    }
 }

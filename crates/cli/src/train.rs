@@ -3,7 +3,6 @@
 use std::io::IsTerminal;
 
 use anyhow::{bail, Context, Result};
-use ftrec_core::{Optimizer, OptimizerKind};
 use ftrec_data::{DataPath, Layout, TsvConfig};
 use ftrec_worker::{DataSpec, Progress, TrainConfig, TrainReport};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -65,15 +64,8 @@ pub fn config_from_args(a: &TrainArgs) -> Result<TrainConfig> {
     }
     cfg.seed = a.seed;
     cfg.deterministic = a.deterministic;
-    let parse = |name: &Option<String>, default: Optimizer, lr: Option<f32>| -> Result<Optimizer> {
-        let kind = match name {
-            Some(n) => n.parse::<OptimizerKind>()?,
-            None => default.kind,
-        };
-        Ok(Optimizer::new(kind, lr.unwrap_or(default.lr)))
-    };
-    cfg.sparse_optimizer = parse(&a.optimizer, cfg.sparse_optimizer, a.lr)?;
-    cfg.dense_optimizer = parse(&a.dense_optimizer, cfg.dense_optimizer, a.dense_lr)?;
+    a.opt
+        .apply(&mut cfg.sparse_optimizer, &mut cfg.dense_optimizer)?;
     cfg.validate()?;
     Ok(cfg)
 }
