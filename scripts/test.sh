@@ -7,5 +7,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 cargo fmt --all -- --check
-cargo test --workspace --all-targets
-cargo test --workspace --doc
+# One invocation builds each library once for unit, integration and doc tests (examples are
+# compiled too; the workspace has no bench targets).
+cargo test --workspace
