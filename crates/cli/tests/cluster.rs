@@ -1,6 +1,7 @@
 //! `ftrec run` and `ftrec server` end to end: real server processes of this binary, a real
 //! SIGKILL, the JSON report, and clear errors.
 
+use std::path::Path;
 use std::process::Command;
 
 fn ftrec() -> Command {
@@ -122,25 +123,20 @@ fn bad_run_flags_give_one_clear_error_line() {
     }
 }
 
-#[test]
-fn a_server_exits_when_its_stdin_closes_and_publishes_its_address() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = dir.path().join("s.port");
+/// Start `ftrec server` for a one-server tiny model with `extra` flags and `stdin`, and wait
+/// until it has published its address.
+fn spawn_server(
+    dir: &Path,
+    extra: &[&str],
+    stdin: std::process::Stdio,
+) -> (std::process::Child, std::net::SocketAddr) {
+    let port = dir.join("s.port");
     let mut child = ftrec()
-        .args([
-            "server",
-            "--id",
-            "0",
-            "--servers",
-            "1",
-            "--preset",
-            "tiny",
-            "--until",
-            "stdin",
-            "--port-file",
-        ])
+        .args(["server", "--id", "0", "--servers", "1", "--preset", "tiny"])
+        .args(extra)
+        .arg("--port-file")
         .arg(&port)
-        .stdin(std::process::Stdio::piped())
+        .stdin(stdin)
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
@@ -148,11 +144,22 @@ fn a_server_exits_when_its_stdin_closes_and_publishes_its_address() {
         assert!(child.try_wait().unwrap().is_none(), "server exited early");
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    let addr: std::net::SocketAddr = std::fs::read_to_string(&port)
+    let addr = std::fs::read_to_string(&port)
         .unwrap()
         .trim()
         .parse()
         .unwrap();
+    (child, addr)
+}
+
+#[test]
+fn a_server_exits_when_its_stdin_closes_and_publishes_its_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, addr) = spawn_server(
+        dir.path(),
+        &["--until", "stdin"],
+        std::process::Stdio::piped(),
+    );
     assert!(std::net::TcpStream::connect(addr).is_ok());
     drop(child.stdin.take());
     let status = child.wait().unwrap();
@@ -162,32 +169,7 @@ fn a_server_exits_when_its_stdin_closes_and_publishes_its_address() {
 #[test]
 fn a_server_started_by_hand_ignores_stdin_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
-    let port = dir.path().join("s.port");
-    let mut child = ftrec()
-        .args([
-            "server",
-            "--id",
-            "0",
-            "--servers",
-            "1",
-            "--preset",
-            "tiny",
-            "--port-file",
-        ])
-        .arg(&port)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    while !port.exists() {
-        assert!(child.try_wait().unwrap().is_none(), "server exited early");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    let addr: std::net::SocketAddr = std::fs::read_to_string(&port)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let (mut child, addr) = spawn_server(dir.path(), &[], std::process::Stdio::null());
     // Standard input is at end of file from the start, and the server still serves.
     assert!(std::net::TcpStream::connect(addr).is_ok());
     assert!(
