@@ -1,10 +1,19 @@
-//! Compiles `proto/ps.proto` with protox (pure Rust, so no `protoc` is needed) and generates the
-//! tonic client and server stubs from the resulting descriptor set.
+//! Compiles every `proto/*.proto` with protox (pure Rust, so no `protoc` is needed) and
+//! generates the tonic client and server stubs from the resulting descriptor set.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto = "proto/ps.proto";
-    println!("cargo:rerun-if-changed={proto}");
-    let descriptors = protox::compile([proto], ["proto"])?;
+    println!("cargo:rerun-if-changed=proto");
+    let mut protos: Vec<String> = std::fs::read_dir("proto")?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "proto"))
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    protos.sort();
+    for p in &protos {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    let descriptors = protox::compile(&protos, ["proto"])?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

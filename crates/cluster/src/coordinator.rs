@@ -492,6 +492,12 @@ impl Coordinator {
                     self.aborted = Some(reason);
                     return Ok(false);
                 }
+                other => {
+                    return Err(ClusterError::Protocol(format!(
+                        "strategy {} asked for {other:?}, which this coordinator cannot carry out",
+                        self.strategy.name()
+                    )))
+                }
             }
         }
         Ok(true)

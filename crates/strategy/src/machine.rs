@@ -13,6 +13,7 @@ pub struct CheckpointRef {
 
 /// What happened, as the cluster saw it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum Event {
     /// Every worker finished step `step` (steps count from 1) at `now_s` seconds into the run.
     StepDone { step: u64, now_s: f64 },
@@ -20,7 +21,8 @@ pub enum Event {
     Tick { now_s: f64 },
     /// The coordinator declared `server` lost.
     ServerLost { server: ServerId, now_s: f64 },
-    /// A save asked for by [`Action::SaveFull`] is durable and committed.
+    /// A save asked for by [`Action::SaveFull`] or [`Action::SaveDelta`] is committed
+    /// (`cost_s`: the training pause it caused).
     SaveFinished {
         checkpoint: CheckpointRef,
         cost_s: f64,
@@ -30,10 +32,15 @@ pub enum Event {
     SaveFailed { step: u64, reason: String },
     /// Every server holds the restored state and a replacement is in place.
     RestoreFinished { step: u64, now_s: f64 },
+    /// The replacement of `server` rebuilt its whole state (ECRec §3.4) and serves it.
+    RebuildFinished { server: ServerId, now_s: f64 },
+    /// The rebuild of `server` failed (for example the replacement died too).
+    RebuildFailed { server: ServerId, reason: String },
 }
 
 /// What the cluster must do.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum Action {
     /// Stop issuing steps after the current one.
     PauseTraining,
@@ -41,6 +48,13 @@ pub enum Action {
     ResumeTraining,
     /// Every server writes its shards; the coordinator commits one checkpoint at `step`.
     SaveFull { step: u64 },
+    /// Every server writes the rows touched since the previous save (values and optimizer
+    /// state), the dense part and the data position; the coordinator commits one delta
+    /// checkpoint at `step` whose parent is the previous one (DECK §3.1).
+    SaveDelta { step: u64 },
+    /// Start a replacement for `server` and rebuild its rows, parities and dense replica
+    /// from the survivors in the background while training goes on (ECRec §3.4).
+    Rebuild { server: ServerId },
     /// Replace lost servers, then every server loads `checkpoint` (or, with `None`, the initial
     /// state from the seed) and the workers rewind the data to that step: full recovery.
     RestoreAll { checkpoint: Option<CheckpointRef> },

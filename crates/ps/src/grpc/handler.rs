@@ -17,7 +17,8 @@ use ftrec_core::TableId;
 
 type ChunkStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
-pub(crate) struct Handler {
+/// The parameter-server service implementation behind [`super::ps_service`].
+pub struct Handler {
     server: SharedServer,
     config: GrpcConfig,
 }

@@ -7,7 +7,7 @@
 //! message (a push is applied only once its whole stream has arrived and validated).
 
 mod client;
-mod handler;
+pub mod handler;
 mod wire;
 
 /// Messages and service stubs generated from `proto/ps.proto`.
@@ -22,6 +22,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub use client::GrpcClient;
+pub use tonic::service::Routes;
 
 use crate::{PsError, SharedServer};
 
@@ -89,6 +90,19 @@ impl ServeHandle {
     }
 }
 
+/// The parameter-server service of `server`, with `config`'s message limits, ready to be
+/// served alone ([`serve`]) or next to other services on the same socket ([`serve_routes`]).
+pub fn ps_service(
+    server: SharedServer,
+    config: GrpcConfig,
+) -> proto::parameter_server_server::ParameterServerServer<handler::Handler> {
+    proto::parameter_server_server::ParameterServerServer::new(handler::Handler::new(
+        server, config,
+    ))
+    .max_decoding_message_size(config.max_message_bytes)
+    .max_encoding_message_size(config.max_message_bytes)
+}
+
 /// Serve `server` on `addr` (port 0 picks a free port; see [`ServeHandle::local_addr`]).
 /// Must be called inside a tokio runtime; the server runs as a task of that runtime.
 pub async fn serve(
@@ -97,6 +111,13 @@ pub async fn serve(
     config: GrpcConfig,
 ) -> Result<ServeHandle, PsError> {
     config.validate()?;
+    serve_routes(Routes::new(ps_service(server, config)), addr).await
+}
+
+/// Serve several gRPC services on one socket: the parameter-server service and the services the
+/// fault-tolerance strategies add (ECRec's parity and recovery traffic, checkpoint writes).
+/// Build `routes` with [`Routes::new`] and [`Routes::add_service`].
+pub async fn serve_routes(routes: Routes, addr: SocketAddr) -> Result<ServeHandle, PsError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| PsError::Unavailable {
@@ -108,21 +129,14 @@ pub async fn serve(
         reason: format!("bound socket has no address: {e}"),
     })?;
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let svc = proto::parameter_server_server::ParameterServerServer::new(handler::Handler::new(
-        server, config,
-    ))
-    .max_decoding_message_size(config.max_message_bytes)
-    .max_encoding_message_size(config.max_message_bytes);
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(
-        tonic::transport::Server::builder().serve_with_incoming_shutdown(
-            svc,
-            incoming,
-            async move {
+        tonic::transport::Server::builder()
+            .add_routes(routes)
+            .serve_with_incoming_shutdown(incoming, async move {
                 // A sent signal and a dropped handle both stop the server.
                 let _ = stopped.await;
-            },
-        ),
+            }),
     );
     Ok(ServeHandle {
         addr: bound,
