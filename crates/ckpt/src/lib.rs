@@ -19,9 +19,13 @@
 //! this crate), never talks to the network except through a store, and never trusts bytes it
 //! reads: a damaged file is an error naming it, never silently loaded.
 //!
-//! Later work builds DECK delta checkpoints, staging, merging and lineage on the same pieces:
-//! [`CheckpointKind`] already has `Delta` and `Merged`, manifests carry parent ids, and
-//! [`Checkpoints::write_manifest`] commits a checkpoint without moving `CURRENT`.
+//! - DECK delta checkpointing ([`deck`], deck.txt §3–§4): the touched-row [`deck::Tracker`]
+//!   with several consumers, the multi-layer staging pipeline ([`deck::staging`]: copy-out →
+//!   staging directory → store, at most four chunks in memory), the lineage graph
+//!   ([`deck::Lineage`]), the hierarchical [`deck::Merger`], retention and [`deck::gc`], and
+//!   restore of full + merged + deltas ([`deck::select_chain`], [`deck::restore_chain`]);
+//! - opening a store from a location string, a directory or `s3://bucket/prefix`
+//!   ([`location::open`]).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -60,9 +64,11 @@
 pub mod bench;
 pub mod checkpoint;
 pub mod conformance;
+pub mod deck;
 pub mod error;
 pub mod format;
 pub mod key;
+pub mod location;
 pub mod snapshot;
 pub mod store;
 

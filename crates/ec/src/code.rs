@@ -4,7 +4,7 @@
 //! Positions in a stripe are numbered data first, then parities: `0..k` are the data rows,
 //! `k..k + r` the parities (`k + j` is parity `j`).
 
-use crate::gf::{bytes, bytes_mut, invert, mul, mul_xor_into};
+use crate::gf::{bytes, bytes_mut, invert, mul, mul_xor_into, xor_into};
 use crate::{EcError, Gf256Code, SumCode};
 
 pub(crate) fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), EcError> {
@@ -177,6 +177,24 @@ impl Code {
             }
             Code::Gf256(c) => c.update_parity(position, parity_index, old, new, parity),
         }
+    }
+
+    /// Add parity contributions accumulated apart (deltas applied with
+    /// [`Code::apply_delta`] to a zeroed row) into `parity`: XOR for gf256, `+` for sum. Since
+    /// both codes are linear, `encode(rows at step C)` merged with the deltas committed after
+    /// C is the parity at the current step; a rebuilt parity is finished this way while
+    /// training goes on (ECRec §3.4).
+    pub fn merge_parity(&self, acc: &[f32], parity: &mut [f32]) -> Result<(), EcError> {
+        check_len("accumulated parity contributions", parity.len(), acc.len())?;
+        match self {
+            Code::Sum(_) => {
+                for (p, a) in parity.iter_mut().zip(acc) {
+                    *p += a;
+                }
+            }
+            Code::Gf256(_) => xor_into(bytes_mut(parity), bytes(acc)),
+        }
+        Ok(())
     }
 
     fn check_sum_positions(&self, position: usize, parity_index: usize) -> Result<(), EcError> {
@@ -492,6 +510,37 @@ mod tests {
         ));
         assert!(matches!(
             code.reconstruct(&mut [vec![1.0], vec![2.0]], &[true, false]),
+            Err(EcError::ShapeMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn merged_contributions_equal_in_place_updates() {
+        // A parity rebuilt from old rows plus separately accumulated deltas equals the parity
+        // updated in place, bit for bit (gf256).
+        let code = Code::new(CodeKind::Gf256, 3, 2).unwrap();
+        let rows = [vec![1.0f32, -2.0], vec![0.25, 8.0], vec![3.5, 0.0]];
+        let new1 = vec![7.0f32, f32::MIN_POSITIVE];
+        for j in 0..2 {
+            let mut enc = [vec![0.0f32; 2], vec![0.0f32; 2]];
+            let (a, b) = enc.split_at_mut(1);
+            code.encode(
+                &[&rows[0], &rows[1], &rows[2]],
+                &mut [&mut a[0][..], &mut b[0][..]],
+            )
+            .unwrap();
+            let mut in_place = enc[j].clone();
+            code.update_parity(1, j, &rows[1], &new1, &mut in_place)
+                .unwrap();
+            let mut acc = vec![0.0f32; 2];
+            code.update_parity(1, j, &rows[1], &new1, &mut acc).unwrap();
+            let mut merged = enc[j].clone();
+            code.merge_parity(&acc, &mut merged).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&merged), bits(&in_place));
+        }
+        assert!(matches!(
+            code.merge_parity(&[0.0], &mut [0.0, 1.0]),
             Err(EcError::ShapeMismatch { .. })
         ));
     }

@@ -82,6 +82,19 @@ pub enum PsError {
     Rpc { code: String, message: String },
     #[error("internal error: {0}")]
     Internal(String),
+    /// The erasure-coding layer refused a request (too many losses in a stripe, a layout that
+    /// does not fit the server count, a position out of range).
+    #[error("erasure coding: {0}")]
+    Coding(String),
+    /// A commit or parity operation named a step this server has not prepared.
+    #[error("step {step} is not prepared on this server (prepare it first, or it was aborted)")]
+    NotPrepared { step: u64 },
+}
+
+impl From<ftrec_ec::EcError> for PsError {
+    fn from(e: ftrec_ec::EcError) -> Self {
+        PsError::Coding(e.to_string())
+    }
 }
 
 impl From<CoreError> for PsError {

@@ -16,7 +16,9 @@
 //!   ([`InProcessClient`] on a [`SharedServer`]) and gRPC ([`grpc::serve`],
 //!   [`grpc::GrpcClient`]);
 //! - [`ShardedClient`], which routes a worker's rows and dense values to the servers that hold
-//!   them.
+//!   them;
+//! - [`ec`]: ECRec on top of the server (parity rows, difference propagation server to server,
+//!   dense replicas, two-phase commit, degraded reads, rebuild of a lost server).
 //!
 //! It never decides *when* to checkpoint, encode or recover (the strategies do), never reads
 //! training data, and never panics on a request: a bad request gets a [`PsError`] reply and
@@ -49,6 +51,8 @@
 //! });
 //! ```
 
+pub mod ckpt;
+pub mod ec;
 pub mod error;
 pub mod grpc;
 pub mod observer;
@@ -59,8 +63,11 @@ pub mod update;
 
 pub use error::PsError;
 pub use observer::{PushObserver, RowImages, UpdateOrigin};
-pub use server::{dense_block_range, dense_value_range, Limits, Server, ServerConfig};
-pub use service::{InProcessClient, PsClient, PsService, SharedServer};
+pub use server::{
+    dense_block_range, dense_value_range, Limits, PreparedDense, PreparedRows, PreparedStep,
+    Server, ServerConfig,
+};
+pub use service::{InProcessClient, PsClient, PsService, RowSource, SharedServer};
 pub use sharded::ShardedClient;
 pub use update::{
     dedup_requests, ApplyReport, DenseBlock, DenseGrads, PulledRows, RowBlock, RowRequest,

@@ -175,6 +175,37 @@ impl Accumulator {
     }
 }
 
+/// Rows of one table as [`Server::prepare_step`] computed them: `old` and `new` hold `words`
+/// words per row (values then optimizer state), aligned with `rows` (sorted, distinct).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreparedRows {
+    pub table: TableId,
+    pub rows: Vec<RowId>,
+    pub words: usize,
+    pub old: Vec<f32>,
+    pub new: Vec<f32>,
+}
+
+/// One dense block as [`Server::prepare_step`] computed it: the summed gradient and the new
+/// values and optimizer state (the state words the optimizer uses for this block).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreparedDense {
+    /// Global block index.
+    pub block: u64,
+    pub grad: Vec<f32>,
+    pub values: Vec<f32>,
+    pub state: Vec<f32>,
+}
+
+/// A deterministic step computed but not applied: phase 1 of the two-phase commit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreparedStep {
+    pub step: u64,
+    pub workers: Vec<u32>,
+    pub rows: Vec<PreparedRows>,
+    pub dense: Vec<PreparedDense>,
+}
+
 /// One parameter server's shard of the model.
 pub struct Server {
     config: ServerConfig,
@@ -516,6 +547,21 @@ impl Server {
     /// `workers`, which must name exactly the workers that staged one. On a refusal the staged
     /// contributions stay, so the caller can retry with the right list or abort.
     pub fn commit_step(&mut self, step: u64, workers: &[u32]) -> Result<ApplyReport, PsError> {
+        self.check_commit_workers(step, workers)?;
+        let mut contributions = self.staged.remove(&step).unwrap_or_default();
+        let ordered: Vec<Update> = workers
+            .iter()
+            .filter_map(|w| contributions.remove(w))
+            .collect();
+        let bytes: u64 = ordered.iter().map(Update::payload_bytes).sum();
+        self.staged_bytes -= bytes;
+        let refs: Vec<&Update> = ordered.iter().collect();
+        Ok(self.apply_step_validated(step, &refs))
+    }
+
+    /// Check that `step` is fresh and `workers` names exactly the workers that staged a
+    /// contribution to it.
+    fn check_commit_workers(&self, step: u64, workers: &[u32]) -> Result<(), PsError> {
         self.check_step_fresh(step)?;
         let staged = self.staged.get(&step);
         let mismatch = |detail: String| PsError::StepWorkersMismatch { step, detail };
@@ -539,15 +585,164 @@ impl Server {
         if workers.is_empty() {
             return Err(mismatch("the commit names no worker".into()));
         }
-        let mut contributions = self.staged.remove(&step).unwrap_or_default();
-        let ordered: Vec<Update> = workers
-            .iter()
-            .filter_map(|w| contributions.remove(w))
-            .collect();
-        let bytes: u64 = ordered.iter().map(Update::payload_bytes).sum();
-        self.staged_bytes -= bytes;
-        let refs: Vec<&Update> = ordered.iter().collect();
-        Ok(self.apply_step_validated(step, &refs))
+        Ok(())
+    }
+
+    /// Two-phase commit, phase 1 (ECRec §3.5): compute step `step` from its staged
+    /// contributions summed in `workers` order, exactly as [`Server::commit_step`] would, but
+    /// change nothing. The result holds every touched row's words before and after (values and
+    /// optimizer state, what difference propagation sends, ECRec §3.2) and every touched dense
+    /// block's summed gradient (what a dense replica applies, ECRec §3.3) and new words.
+    pub fn prepare_step(&self, step: u64, workers: &[u32]) -> Result<PreparedStep, PsError> {
+        self.check_commit_workers(step, workers)?;
+        let staged = &self.staged[&step];
+        let mut acc = Accumulator::new(self.config.dim);
+        for w in workers {
+            acc.add(&staged[w], self.dense_range.start, self.dense.len());
+        }
+        let dim = self.config.dim;
+        let words = self.layout.words();
+        let opt = self.config.sparse_optimizer;
+        let map = self.config.shard_map;
+        let mut rows_out = Vec::with_capacity(acc.tables.len());
+        for (table, sums) in &acc.tables {
+            let shard = &self.tables[table.0 as usize];
+            let sorted = sums.sorted();
+            let mut p = PreparedRows {
+                table: *table,
+                rows: Vec::with_capacity(sorted.len()),
+                words,
+                old: Vec::with_capacity(sorted.len() * words),
+                new: Vec::with_capacity(sorted.len() * words),
+            };
+            for (row, grad) in sorted {
+                let r = shard.row(map.local_index(*table, row));
+                p.rows.push(row);
+                p.old.extend_from_slice(r);
+                let at = p.new.len();
+                p.new.extend_from_slice(r);
+                opt.apply(&mut p.new[at..], dim, grad);
+            }
+            rows_out.push(p);
+        }
+        let dopt = self.config.dense_optimizer;
+        let spb = self.dense_state_per_block();
+        let mut dense_out = Vec::new();
+        for (b, &touched) in acc.dense_touched.iter().enumerate() {
+            if !touched {
+                continue;
+            }
+            let lo = b * DENSE_BLOCK;
+            let hi = (lo + DENSE_BLOCK).min(acc.dense_sum.len());
+            let sw = dopt.state_words(hi - lo);
+            let mut values = self.dense.values[lo..hi].to_vec();
+            let mut state = self.dense.state[b * spb..b * spb + sw].to_vec();
+            let grad = acc.dense_sum[lo..hi].to_vec();
+            dopt.apply_split(&mut values, &mut state, &grad);
+            dense_out.push(PreparedDense {
+                block: self.dense_blocks.start + b as u64,
+                grad,
+                values,
+                state,
+            });
+        }
+        Ok(PreparedStep {
+            step,
+            workers: workers.to_vec(),
+            rows: rows_out,
+            dense: dense_out,
+        })
+    }
+
+    /// Two-phase commit, phase 2: install a step computed by [`Server::prepare_step`] on this
+    /// server and drop its staged contributions. The result is bit-identical to
+    /// [`Server::commit_step`] with the same workers; observers see the same calls.
+    pub fn commit_prepared(&mut self, prepared: &PreparedStep) -> Result<ApplyReport, PsError> {
+        let step = prepared.step;
+        self.check_commit_workers(step, &prepared.workers)?;
+        let words = self.layout.words();
+        let map = self.config.shard_map;
+        for p in &prepared.rows {
+            let t = self.table_index(p.table)?;
+            let expected = p.rows.len() * words;
+            if p.words != words || p.new.len() != expected || p.old.len() != expected {
+                return Err(PsError::ShapeMismatch {
+                    what: format!("prepared rows of table {} for step {step}", p.table.0),
+                    expected: expected as u64,
+                    got: p.new.len() as u64,
+                });
+            }
+            for &row in &p.rows {
+                self.local_row(t, row)?;
+            }
+        }
+        for d in &prepared.dense {
+            self.check_block_range(d.block, d.block + 1)?;
+        }
+        if let Some(s) = self.staged.remove(&step) {
+            self.staged_bytes -= s.values().map(Update::payload_bytes).sum::<u64>();
+        }
+        let mut report = ApplyReport::default();
+        for p in &prepared.rows {
+            let shard = &mut self.tables[p.table.0 as usize];
+            for (i, &row) in p.rows.iter().enumerate() {
+                shard
+                    .row_mut(map.local_index(p.table, row))
+                    .copy_from_slice(&p.new[i * words..(i + 1) * words]);
+            }
+            report.rows_updated += p.rows.len() as u64;
+            for o in &mut self.observers {
+                let images = o.wants_row_images().then_some(RowImages {
+                    words,
+                    old: &p.old,
+                    new: &p.new,
+                });
+                o.rows_updated(UpdateOrigin::Step(step), p.table, &p.rows, images);
+            }
+        }
+        let spb = self.dense_state_per_block();
+        let mut blocks = Vec::with_capacity(prepared.dense.len());
+        for d in &prepared.dense {
+            let b = (d.block - self.dense_blocks.start) as usize;
+            let lo = b * DENSE_BLOCK;
+            self.dense.values[lo..lo + d.values.len()].copy_from_slice(&d.values);
+            self.dense.state[b * spb..b * spb + d.state.len()].copy_from_slice(&d.state);
+            blocks.push(d.block);
+        }
+        report.dense_blocks_updated = blocks.len() as u64;
+        if !blocks.is_empty() {
+            for o in &mut self.observers {
+                o.dense_updated(UpdateOrigin::Step(step), &blocks);
+            }
+        }
+        self.last_committed_step = Some(step);
+        Ok(report)
+    }
+
+    /// Rows touched by the contributions staged for `step`, per table (sorted, distinct).
+    pub fn staged_rows(&self, step: u64) -> Vec<RowRequest> {
+        let mut reqs = Vec::new();
+        if let Some(s) = self.staged.get(&step) {
+            for u in s.values() {
+                for part in &u.sparse {
+                    reqs.push(RowRequest {
+                        table: part.table,
+                        rows: part.rows.clone(),
+                    });
+                }
+            }
+        }
+        crate::update::dedup_requests(&reqs)
+    }
+
+    /// Set the last committed step after a restore or a rebuild brought the state to it.
+    pub fn set_last_committed_step(&mut self, step: Option<u64>) {
+        self.last_committed_step = step;
+    }
+
+    /// Global indices of the dense blocks this server holds.
+    pub fn dense_blocks(&self) -> Range<u64> {
+        self.dense_blocks.clone()
     }
 
     /// Drop every contribution staged for `step`; returns how many there were.

@@ -6,6 +6,7 @@
 
 use std::future::Future;
 use std::ops::Range;
+use std::pin::Pin;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use ftrec_core::{ModelDigest, TableId};
@@ -82,17 +83,55 @@ pub trait PsService: Send + Sync {
     fn import_dense(&self, block: DenseBlock) -> impl Future<Output = Result<u64, PsError>> + Send;
 }
 
+/// Makes rows that a server does not hold yet available before a pull reads them: a
+/// replacement server under ECRec recovery decodes them from the survivors on first access
+/// (ECRec §3.4). Installed with [`SharedServer::set_row_source`].
+pub trait RowSource: Send + Sync {
+    /// Return once every row named in `requests` holds its current words on this server.
+    fn ensure_rows<'a>(
+        &'a self,
+        requests: &'a [RowRequest],
+    ) -> Pin<Box<dyn Future<Output = Result<(), PsError>> + Send + 'a>>;
+}
+
+type RowSourceSlot = Arc<RwLock<Option<Arc<dyn RowSource>>>>;
+
 /// A [`Server`] shared between request handlers: reads (pulls, exports, digests) run
 /// concurrently, updates one at a time.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SharedServer {
     inner: Arc<RwLock<Server>>,
+    row_source: RowSourceSlot,
+}
+
+impl std::fmt::Debug for SharedServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedServer")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
 }
 
 impl SharedServer {
     pub fn new(server: Server) -> Self {
         SharedServer {
             inner: Arc::new(RwLock::new(server)),
+            row_source: Arc::new(RwLock::new(None)),
+        }
+    }
+
+    /// Install (or with `None` remove) the source that pulls consult before reading rows.
+    pub fn set_row_source(&self, source: Option<Arc<dyn RowSource>>) -> Result<(), PsError> {
+        *self.row_source.write().map_err(|_| poisoned())? = source;
+        Ok(())
+    }
+
+    /// Let the installed [`RowSource`], if any, make the requested rows available.
+    pub async fn ensure_rows(&self, requests: &[RowRequest]) -> Result<(), PsError> {
+        let source = self.row_source.read().map_err(|_| poisoned())?.clone();
+        match source {
+            Some(s) => s.ensure_rows(requests).await,
+            None => Ok(()),
         }
     }
 
@@ -149,6 +188,7 @@ impl PsService for InProcessClient {
     }
 
     async fn pull_rows(&self, requests: Vec<RowRequest>) -> Result<Vec<PulledRows>, PsError> {
+        self.server.ensure_rows(&requests).await?;
         self.server.pull_rows_dedup(&requests)
     }
 

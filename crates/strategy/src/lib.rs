@@ -22,10 +22,14 @@
 //! assert_eq!(actions, vec![Action::PauseTraining, Action::SaveFull { step: 10 }]);
 //! ```
 
+pub mod deck;
+pub mod ecrec;
 pub mod full;
 pub mod machine;
 pub mod policy;
 
+pub use deck::{Deck, DeckConfig};
+pub use ecrec::{EcRec, EcRecConfig};
 pub use full::{FullCheckpoint, Interval};
 pub use machine::{Action, CheckpointRef, Event, NoFaultTolerance, Strategy};
 

@@ -178,6 +178,41 @@ impl FrameBuilder {
     }
 }
 
+/// The prefix, header body and header checksum of a `kind` file whose payload is
+/// `payload_len` bytes, and that checksum: for writers that stream the payload themselves.
+pub(crate) fn frame_head(kind: FileKind, header_rest: &[u8], payload_len: u64) -> (Vec<u8>, u32) {
+    let h = 8 + header_rest.len();
+    debug_assert!(h <= MAX_HEADER_LEN);
+    let mut buf = Vec::with_capacity(PREFIX_LEN + h + 4);
+    buf.extend_from_slice(&MAGIC);
+    buf.extend_from_slice(&kind.tag());
+    buf.extend_from_slice(&kind.version().to_le_bytes());
+    buf.extend_from_slice(&0u16.to_le_bytes());
+    buf.extend_from_slice(&(h as u32).to_le_bytes());
+    buf.extend_from_slice(&payload_len.to_le_bytes());
+    buf.extend_from_slice(header_rest);
+    let crc = crc32c::crc32c(&buf);
+    buf.extend_from_slice(&crc.to_le_bytes());
+    (buf, crc)
+}
+
+/// `words` as little-endian bytes, borrowed where the machine is little-endian.
+pub(crate) fn f32s_le_bytes(words: &[f32]) -> std::borrow::Cow<'_, [u8]> {
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: f32 has no padding; u8 has alignment 1; the slice covers exactly `words`.
+        std::borrow::Cow::Borrowed(unsafe {
+            std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), std::mem::size_of_val(words))
+        })
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        let mut v = Vec::with_capacity(words.len() * 4);
+        push_f32s_le(&mut v, words);
+        std::borrow::Cow::Owned(v)
+    }
+}
+
 /// A parsed, checksum-verified frame.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Frame<'a> {

@@ -88,6 +88,99 @@ pub fn encode_rows(
     Ok(b.finish())
 }
 
+/// The header body of a row file for `ids` (strictly ascending) of `layout` rows.
+fn rows_head(table: TableId, layout: RowLayout, ids: &[RowId]) -> Result<Vec<u8>> {
+    if let Some(w) = ids.windows(2).find(|w| w[0] >= w[1]) {
+        return Err(CkptError::InvalidArgument(format!(
+            "row ids must be strictly ascending: {} follows {} in table {}",
+            w[1], w[0], table.0
+        )));
+    }
+    let mut head = Vec::with_capacity(36);
+    head.extend_from_slice(&table.0.to_le_bytes());
+    head.extend_from_slice(&(layout.dim as u32).to_le_bytes());
+    head.extend_from_slice(&(layout.state_words as u32).to_le_bytes());
+    head.extend_from_slice(&(ids.len() as u64).to_le_bytes());
+    head.extend_from_slice(&ids.first().copied().unwrap_or(0).to_le_bytes());
+    head.extend_from_slice(&ids.last().copied().unwrap_or(0).to_le_bytes());
+    Ok(head)
+}
+
+fn ids_le_bytes(ids: &[RowId]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(ids.len() * 8);
+    for id in ids {
+        b.extend_from_slice(&id.to_le_bytes());
+    }
+    b
+}
+
+/// [`encode_rows`] from rows already in little-endian bytes (`ids.len()` rows of
+/// `layout.bytes()` bytes).
+pub(crate) fn encode_rows_raw(
+    table: TableId,
+    layout: RowLayout,
+    ids: &[RowId],
+    row_bytes: &[u8],
+) -> Result<EncodedFile> {
+    if row_bytes.len() != ids.len() * layout.bytes() {
+        return Err(CkptError::InvalidArgument(format!(
+            "{} row bytes for {} rows of {} bytes in table {}",
+            row_bytes.len(),
+            ids.len(),
+            layout.bytes(),
+            table.0
+        )));
+    }
+    let head = rows_head(table, layout, ids)?;
+    let mut b = FrameBuilder::new(
+        FileKind::Rows,
+        &head,
+        (ids.len() * 8 + row_bytes.len()) as u64,
+    );
+    b.push(&ids_le_bytes(ids));
+    b.push(row_bytes);
+    Ok(b.finish())
+}
+
+/// Write a row file for `ids` and `rows` (`layout.words()` words per row) straight to `out`,
+/// without building it in memory first; returns its size and checksums. The bytes are exactly
+/// those of [`encode_rows`].
+pub(crate) fn write_rows_to(
+    out: &mut impl std::io::Write,
+    table: TableId,
+    layout: RowLayout,
+    ids: &[RowId],
+    rows: &[f32],
+) -> Result<(u64, FileChecksums)> {
+    if rows.len() != ids.len() * layout.words() {
+        return Err(CkptError::InvalidArgument(format!(
+            "{} words for {} rows of {} words in table {}",
+            rows.len(),
+            ids.len(),
+            layout.words(),
+            table.0
+        )));
+    }
+    let head = rows_head(table, layout, ids)?;
+    let id_bytes = ids_le_bytes(ids);
+    let row_bytes = super::f32s_le_bytes(rows);
+    let payload_len = (id_bytes.len() + row_bytes.len()) as u64;
+    let (prefix, header_crc) = super::frame_head(FileKind::Rows, &head, payload_len);
+    let payload_crc = crc32c::crc32c_append(crc32c::crc32c(&id_bytes), &row_bytes);
+    let io = |e: std::io::Error| CkptError::io(format!("row file of table {}", table.0), e);
+    out.write_all(&prefix).map_err(io)?;
+    out.write_all(&id_bytes).map_err(io)?;
+    out.write_all(&row_bytes).map_err(io)?;
+    out.write_all(&payload_crc.to_le_bytes()).map_err(io)?;
+    Ok((
+        prefix.len() as u64 + payload_len + 4,
+        FileChecksums {
+            header: header_crc,
+            payload: payload_crc,
+        },
+    ))
+}
+
 /// A decoded row file borrowing the file's bytes.
 #[derive(Debug, Clone, Copy)]
 pub struct RowChunk<'a> {
@@ -245,6 +338,24 @@ mod tests {
         assert_eq!(one, rows[8..12]);
         // The payload starts 8-byte aligned.
         assert_eq!((f.bytes.len() - 4 - 4 * 8 - 16 * 4) % 8, 0);
+    }
+
+    #[test]
+    fn streamed_and_raw_encodings_equal_encode_rows() {
+        let (layout, ids, rows, f) = sample();
+        let mut out = Vec::new();
+        let (size, sums) = write_rows_to(&mut out, TableId(7), layout, &ids, &rows).unwrap();
+        assert_eq!(out, f.bytes.to_vec());
+        assert_eq!((size, sums), (f.size(), f.checksums));
+        let raw = encode_rows_raw(
+            TableId(7),
+            layout,
+            &ids,
+            &super::super::f32s_le_bytes(&rows),
+        )
+        .unwrap();
+        assert_eq!(raw.bytes, f.bytes);
+        assert!(write_rows_to(&mut Vec::new(), TableId(7), layout, &[3, 2], &rows[..8]).is_err());
     }
 
     #[test]

@@ -100,6 +100,10 @@ impl ParameterServer for Handler {
             })
             .collect::<Result<Vec<_>, PsError>>()
             .map_err(|e| to_status(&e))?;
+        self.server
+            .ensure_rows(&parts)
+            .await
+            .map_err(|e| to_status(&e))?;
         let s = self.server.read().map_err(|e| to_status(&e))?;
         let values = s.pull_rows(&parts).map_err(|e| to_status(&e))?;
         Ok(Response::new(proto::PullRowsReply {

@@ -8,7 +8,7 @@
 
 mod client;
 pub mod handler;
-mod wire;
+pub(crate) mod wire;
 
 /// Messages and service stubs generated from `proto/ps.proto`.
 #[allow(clippy::all, missing_docs)]

@@ -334,7 +334,9 @@ fn code_of(e: &PsError) -> Code {
         PsError::RowOutOfRange { .. } | PsError::LocalRange { .. } => Code::OutOfRange,
         PsError::StepAlreadyCommitted { .. }
         | PsError::AlreadyStaged { .. }
-        | PsError::StepWorkersMismatch { .. } => Code::FailedPrecondition,
+        | PsError::StepWorkersMismatch { .. }
+        | PsError::NotPrepared { .. }
+        | PsError::Coding(_) => Code::FailedPrecondition,
         PsError::TooLarge { .. } => Code::ResourceExhausted,
         PsError::Internal(_) => Code::Internal,
         PsError::Unavailable { .. } => Code::Unavailable,
@@ -425,6 +427,8 @@ fn detail_of(e: &PsError) -> proto::ErrorDetail {
         PsError::InvalidConfig(m) => (K::InvalidConfig, vec![], m.clone()),
         PsError::MalformedRequest(m) => (K::MalformedRequest, vec![], m.clone()),
         PsError::Internal(m) => (K::Internal, vec![], m.clone()),
+        PsError::Coding(m) => (K::Coding, vec![], m.clone()),
+        PsError::NotPrepared { step } => (K::NotPrepared, vec![*step], String::new()),
         // Client-side conditions never come from a server; carried as text if they ever do.
         other => (K::Internal, vec![], other.to_string()),
     };
@@ -511,6 +515,8 @@ fn from_detail(d: proto::ErrorDetail) -> Option<PsError> {
         K::InvalidConfig => PsError::InvalidConfig(text),
         K::MalformedRequest => PsError::MalformedRequest(text),
         K::Internal => PsError::Internal(text),
+        K::Coding => PsError::Coding(text),
+        K::NotPrepared => PsError::NotPrepared { step: arg(0)? },
     })
 }
 
@@ -610,6 +616,8 @@ mod tests {
             PsError::InvalidConfig("c".into()),
             PsError::MalformedRequest("m".into()),
             PsError::Internal("i".into()),
+            PsError::Coding("c".into()),
+            PsError::NotPrepared { step: 4 },
         ];
         for e in errors {
             let s = to_status(&e);

@@ -1,0 +1,495 @@
+//! The lineage graph of full, merged and delta checkpoints (DECK §3.3, §4.3, Figs. 5 and 9).
+//!
+//! Every non-full checkpoint has one parent: the checkpoint whose state its rows apply to.
+//! Each checkpoint also *stands for* a training state, named by its **tip**: a delta and a
+//! trainer-written full stand for themselves; a merged checkpoint stands for the state of the
+//! last checkpoint it merged, and so does a full the merger writes. Restoring a state means
+//! finding the shortest chain `full, x1, ..., xk` where each `x` applies to a state the previous
+//! element stands for; merged checkpoints shorten chains, fulls written by the merger truncate
+//! them, and a checkpoint no longer on any wanted chain can be deleted.
+//!
+//! The graph is built from manifests only (cheap); files are verified when they are read.
+//! Merge metadata lives in the manifest's `extra["deck"]` ([`DeckMeta`]).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::Checkpoints;
+use crate::error::{CkptError, Result};
+use crate::format::{CheckpointId, CheckpointKind, Manifest};
+
+/// Key of [`DeckMeta`] in [`Manifest::extra`].
+pub const META_KEY: &str = "deck";
+
+/// What a merged checkpoint (or a full written by the merger) records about its inputs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeckMeta {
+    /// The state this checkpoint stands for.
+    pub tip: CheckpointId,
+    /// Merge layer: deltas are layer 0; merging `s` checkpoints of layer `i` gives `i + 1`.
+    pub layer: u32,
+    /// The checkpoints merged into this one, oldest first.
+    pub merged_from: Vec<CheckpointId>,
+    /// How many original deltas this one covers.
+    pub deltas: u64,
+}
+
+impl DeckMeta {
+    pub fn of(m: &Manifest) -> Option<DeckMeta> {
+        m.extra
+            .get(META_KEY)
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+    }
+
+    pub fn store_in(&self, m: &mut Manifest) {
+        m.extra.insert(
+            META_KEY.into(),
+            serde_json::to_value(self).expect("meta serializes"),
+        );
+    }
+}
+
+/// One checkpoint of the graph.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    pub id: CheckpointId,
+    pub kind: CheckpointKind,
+    pub step: u64,
+    pub parent: Option<CheckpointId>,
+    pub tip: CheckpointId,
+    pub layer: u32,
+    /// Original deltas covered (1 for a delta, 0 for a full).
+    pub deltas: u64,
+    pub bytes: u64,
+    pub merged_from: Vec<CheckpointId>,
+}
+
+impl Node {
+    pub fn from_manifest(m: &Manifest) -> Node {
+        let meta = DeckMeta::of(m);
+        let (tip, layer, deltas, merged_from) = match (m.kind, meta) {
+            (_, Some(meta)) => (meta.tip, meta.layer, meta.deltas, meta.merged_from),
+            (CheckpointKind::Delta, None) => (m.id.clone(), 0, 1, Vec::new()),
+            (CheckpointKind::Merged, None) => (m.id.clone(), 1, 1, Vec::new()),
+            (CheckpointKind::Full, None) => (m.id.clone(), 0, 0, Vec::new()),
+        };
+        Node {
+            id: m.id.clone(),
+            kind: m.kind,
+            step: m.step,
+            parent: m.parents.first().cloned(),
+            tip,
+            layer,
+            deltas: if m.kind == CheckpointKind::Full {
+                0
+            } else {
+                deltas
+            },
+            bytes: m.data_bytes(),
+            merged_from,
+        }
+    }
+}
+
+/// Which checkpoints to keep (DECK §4.3). The default keeps the active lineage only.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Keep older full checkpoints whose steps are at least this far apart (rollback points
+    /// for data corruption); 0 keeps none beyond the active lineage.
+    pub full_every_steps: u64,
+    /// At most this many such older fulls (newest first).
+    pub max_old_fulls: usize,
+}
+
+/// The graph of every readable checkpoint in a store.
+#[derive(Debug, Clone, Default)]
+pub struct Lineage {
+    nodes: BTreeMap<CheckpointId, Node>,
+    /// Manifests that could not be read, with the reason.
+    pub unreadable: Vec<(CheckpointId, String)>,
+    /// The id `CURRENT` points at, if readable.
+    pub current: Option<CheckpointId>,
+}
+
+impl Lineage {
+    /// Read every manifest (and `CURRENT`) of `ckpts`.
+    pub async fn load(ckpts: &Checkpoints) -> Result<Lineage> {
+        let mut l = Lineage {
+            current: ckpts.read_current().await.ok().flatten().map(|p| p.id),
+            ..Default::default()
+        };
+        for id in ckpts.list_checkpoints().await? {
+            match ckpts.read_manifest(&id, None).await {
+                Ok(m) => l.insert(&m),
+                Err(e) if e.is_corruption() || matches!(e, CkptError::NotFound { .. }) => {
+                    l.unreadable.push((id, e.to_string()))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(l)
+    }
+
+    pub fn from_manifests<'a>(
+        manifests: impl IntoIterator<Item = &'a Manifest>,
+        current: Option<CheckpointId>,
+    ) -> Lineage {
+        let mut l = Lineage {
+            current,
+            ..Default::default()
+        };
+        for m in manifests {
+            l.insert(m);
+        }
+        l
+    }
+
+    pub fn insert(&mut self, m: &Manifest) {
+        self.nodes.insert(m.id.clone(), Node::from_manifest(m));
+    }
+
+    pub fn remove(&mut self, id: &CheckpointId) {
+        self.nodes.remove(id);
+    }
+
+    pub fn node(&self, id: &CheckpointId) -> Option<&Node> {
+        self.nodes.get(id)
+    }
+
+    pub fn nodes(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.values()
+    }
+
+    /// Checkpoints that stand for the state `state` (a checkpoint also stands for itself when
+    /// named by its own id).
+    fn standing_for<'a>(&'a self, state: &'a CheckpointId) -> impl Iterator<Item = &'a Node> {
+        self.nodes
+            .values()
+            .filter(move |n| &n.tip == state || &n.id == state)
+    }
+
+    /// The shortest chain (full first) that rebuilds the state `state` names: a checkpoint id,
+    /// or the id of a delta that merging has since replaced. Errors name the checkpoint whose
+    /// base cannot be found.
+    pub fn resolve(&self, state: &CheckpointId) -> Result<Vec<CheckpointId>> {
+        let mut memo = HashMap::new();
+        self.resolve_state(state, &mut memo)
+            .map_err(|reason| CkptError::InvalidCheckpoint {
+                id: state.to_string(),
+                reason,
+            })
+    }
+
+    fn resolve_state(
+        &self,
+        state: &CheckpointId,
+        memo: &mut HashMap<CheckpointId, std::result::Result<Vec<CheckpointId>, String>>,
+    ) -> std::result::Result<Vec<CheckpointId>, String> {
+        if let Some(r) = memo.get(state) {
+            return r.clone();
+        }
+        // Guards against cycles in damaged metadata: an id being resolved fails.
+        memo.insert(
+            state.clone(),
+            Err(format!("lineage of {state} loops back to itself")),
+        );
+        let mut best: Option<Vec<CheckpointId>> = None;
+        let mut why = None;
+        let candidates: Vec<&Node> = self.standing_for(state).collect();
+        for n in candidates {
+            let chain = match (&n.kind, &n.parent) {
+                (CheckpointKind::Full, _) => Ok(vec![n.id.clone()]),
+                (_, None) => Err(format!("{} has no parent", n.id)),
+                (_, Some(p)) => self.resolve_state(p, memo).map(|mut c| {
+                    c.push(n.id.clone());
+                    c
+                }),
+            };
+            match chain {
+                Ok(c) if best.as_ref().is_none_or(|b| c.len() < b.len()) => best = Some(c),
+                Ok(_) => {}
+                Err(e) => why = Some(e),
+            }
+        }
+        let r = best.ok_or_else(|| {
+            why.unwrap_or_else(|| {
+                format!("checkpoint {state} is missing and nothing merged stands for it")
+            })
+        });
+        memo.insert(state.clone(), r.clone());
+        r
+    }
+
+    /// The newest state (by step, then id) among checkpoints that stand for themselves
+    /// (deltas and trainer-written fulls): the last committed point of training.
+    pub fn newest_state(&self) -> Option<&Node> {
+        self.nodes
+            .values()
+            .filter(|n| n.tip == n.id)
+            .max_by(|a, b| (a.step, &a.id).cmp(&(b.step, &b.id)))
+    }
+
+    /// The state training would resume from: `CURRENT`, or the newest state if `CURRENT` is
+    /// unreadable.
+    pub fn head(&self) -> Option<CheckpointId> {
+        self.current
+            .clone()
+            .or_else(|| self.newest_state().map(|n| n.id.clone()))
+    }
+
+    /// The state at the newest step `<= step`, if any.
+    /// Merged checkpoints count: a state merged away is still named by its tip.
+    pub fn state_at_or_before(&self, step: u64) -> Option<CheckpointId> {
+        self.nodes
+            .values()
+            .filter(|n| n.step <= step)
+            .max_by(|a, b| (a.step, &a.tip).cmp(&(b.step, &b.tip)))
+            .map(|n| n.tip.clone())
+    }
+
+    /// Every state (tip) the graph can name, newest first.
+    pub fn states_newest_first(&self) -> Vec<(u64, CheckpointId)> {
+        let mut v: Vec<(u64, CheckpointId)> = self
+            .nodes
+            .values()
+            .map(|n| (n.step, n.tip.clone()))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        v.reverse();
+        v
+    }
+
+    /// Every checkpoint a live lineage needs under `retention`: the chain of the head, the
+    /// chain of every state newer than the head (commits in flight), and older fulls at broad
+    /// intervals (DECK §4.3, Fig. 9). Also the merge inputs of nothing: merged-away deltas are
+    /// not live once a merged checkpoint replaces them on every chain.
+    pub fn live(&self, retention: &Retention) -> BTreeSet<CheckpointId> {
+        let mut live = BTreeSet::new();
+        let head = self.head();
+        let head_step = head
+            .as_ref()
+            .and_then(|h| self.nodes.get(h).map(|n| n.step))
+            .unwrap_or(0);
+        let mut wanted: Vec<CheckpointId> = head.into_iter().collect();
+        for n in self.nodes.values() {
+            if n.step > head_step {
+                wanted.push(n.tip.clone());
+            }
+        }
+        for w in wanted {
+            match self.resolve(&w) {
+                Ok(chain) => live.extend(chain),
+                // A state that cannot be rebuilt keeps everything it might still need.
+                Err(_) => live.extend(self.ancestors_of_state(&w)),
+            }
+        }
+        if retention.full_every_steps > 0 {
+            let mut fulls: Vec<&Node> = self
+                .nodes
+                .values()
+                .filter(|n| n.kind == CheckpointKind::Full)
+                .collect();
+            fulls.sort_by(|a, b| (b.step, &b.id).cmp(&(a.step, &a.id)));
+            let mut kept = 0;
+            let mut last_kept: Option<u64> = None;
+            for f in fulls {
+                if kept >= retention.max_old_fulls {
+                    break;
+                }
+                if last_kept.is_none_or(|s| s >= f.step + retention.full_every_steps) {
+                    live.insert(f.id.clone());
+                    last_kept = Some(f.step);
+                    kept += 1;
+                }
+            }
+        }
+        live
+    }
+
+    /// Everything reachable from the nodes standing for `state` through parents and tips.
+    fn ancestors_of_state(&self, state: &CheckpointId) -> BTreeSet<CheckpointId> {
+        let mut out = BTreeSet::new();
+        let mut todo = vec![state.clone()];
+        while let Some(s) = todo.pop() {
+            for n in self.standing_for(&s) {
+                if out.insert(n.id.clone()) {
+                    if let Some(p) = &n.parent {
+                        todo.push(p.clone());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The lineage as indented text, one checkpoint a line: kind, step, size, parent.
+    pub fn render(&self) -> String {
+        let live = self.live(&Retention::default());
+        let mut out = String::new();
+        for n in self.nodes.values() {
+            let mark = if Some(&n.id) == self.current.as_ref() {
+                "*"
+            } else if live.contains(&n.id) {
+                "+"
+            } else {
+                " "
+            };
+            out.push_str(&format!(
+                "{mark} {:<40} {:<6} L{} step {:>10} {:>12} B  parent {}{}\n",
+                n.id.as_str(),
+                n.kind.name(),
+                n.layer,
+                n.step,
+                n.bytes,
+                n.parent.as_ref().map_or("-", |p| p.as_str()),
+                if n.tip != n.id {
+                    format!("  stands for {}", n.tip)
+                } else {
+                    String::new()
+                }
+            ));
+        }
+        for (id, why) in &self.unreadable {
+            out.push_str(&format!("! {id}: {why}\n"));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::DataPosition;
+
+    fn id(s: &str) -> CheckpointId {
+        CheckpointId::new(s).unwrap()
+    }
+
+    fn m(name: &str, kind: CheckpointKind, step: u64, parent: Option<&str>) -> Manifest {
+        Manifest {
+            id: id(name),
+            kind,
+            step,
+            parents: parent.map(id).into_iter().collect(),
+            data_position: DataPosition::None,
+            shards: vec![],
+            files: vec![],
+            extra: Default::default(),
+        }
+    }
+
+    fn merged(
+        name: &str,
+        step: u64,
+        parent: &str,
+        tip: &str,
+        layer: u32,
+        from: &[&str],
+    ) -> Manifest {
+        let mut x = m(name, CheckpointKind::Merged, step, Some(parent));
+        DeckMeta {
+            tip: id(tip),
+            layer,
+            merged_from: from.iter().map(|s| id(s)).collect(),
+            deltas: from.len() as u64,
+        }
+        .store_in(&mut x);
+        x
+    }
+
+    /// DECK Fig. 5 with s = 2: D1 D2 -> M1; D3 D4 -> M1'; M1 M1' -> M2.
+    #[test]
+    fn resolves_fig5_chains_through_merged_checkpoints() {
+        let mut ms = vec![
+            m("f0", CheckpointKind::Full, 0, None),
+            m("d1", CheckpointKind::Delta, 1, Some("f0")),
+            m("d2", CheckpointKind::Delta, 2, Some("d1")),
+        ];
+        let l = Lineage::from_manifests(&ms, Some(id("d2")));
+        assert_eq!(
+            l.resolve(&id("d2")).unwrap(),
+            vec![id("f0"), id("d1"), id("d2")]
+        );
+        ms.push(merged("m1", 2, "f0", "d2", 1, &["d1", "d2"]));
+        ms.push(m("d3", CheckpointKind::Delta, 3, Some("d2")));
+        ms.push(m("d4", CheckpointKind::Delta, 4, Some("d3")));
+        let l = Lineage::from_manifests(&ms, Some(id("d4")));
+        assert_eq!(l.resolve(&id("d2")).unwrap(), vec![id("f0"), id("m1")]);
+        assert_eq!(
+            l.resolve(&id("d4")).unwrap(),
+            vec![id("f0"), id("m1"), id("d3"), id("d4")]
+        );
+        ms.push(merged("m1b", 4, "d2", "d4", 1, &["d3", "d4"]));
+        ms.push(merged("m2", 4, "f0", "d4", 2, &["m1", "m1b"]));
+        let l = Lineage::from_manifests(&ms, Some(id("d4")));
+        assert_eq!(l.resolve(&id("d4")).unwrap(), vec![id("f0"), id("m2")]);
+        // GC: only the full and M2 are live; M1 and every delta can go.
+        let live = l.live(&Retention::default());
+        assert_eq!(live, [id("f0"), id("m2")].into_iter().collect());
+        // Delete the merged-away ones; the head still resolves.
+        let mut l2 = l.clone();
+        for gone in ["d1", "d2", "d3", "d4", "m1", "m1b"] {
+            l2.remove(&id(gone));
+        }
+        assert_eq!(l2.resolve(&id("d4")).unwrap(), vec![id("f0"), id("m2")]);
+        // A later delta applies to d4's state, which m2 stands for.
+        ms.push(m("d5", CheckpointKind::Delta, 5, Some("d4")));
+        let mut l3 = Lineage::from_manifests(&ms, Some(id("d5")));
+        for gone in ["d1", "d2", "d3", "d4", "m1", "m1b"] {
+            l3.remove(&id(gone));
+        }
+        assert_eq!(
+            l3.resolve(&id("d5")).unwrap(),
+            vec![id("f0"), id("m2"), id("d5")]
+        );
+    }
+
+    #[test]
+    fn a_missing_base_is_an_error_naming_it_and_gc_keeps_what_may_be_needed() {
+        let ms = vec![
+            m("f0", CheckpointKind::Full, 0, None),
+            m("d2", CheckpointKind::Delta, 2, Some("d1")),
+        ];
+        let l = Lineage::from_manifests(&ms, Some(id("d2")));
+        let e = l.resolve(&id("d2")).unwrap_err();
+        assert!(e.to_string().contains("d1"), "{e}");
+        let live = l.live(&Retention::default());
+        assert!(live.contains(&id("d2")));
+    }
+
+    #[test]
+    fn retention_keeps_older_fulls_at_broad_intervals() {
+        let mut ms = Vec::new();
+        for s in [0u64, 10, 20, 30, 40, 50] {
+            ms.push(m(&format!("f{s}"), CheckpointKind::Full, s, None));
+        }
+        ms.push(m("d55", CheckpointKind::Delta, 55, Some("f50")));
+        let l = Lineage::from_manifests(&ms, Some(id("d55")));
+        let live = l.live(&Retention {
+            full_every_steps: 20,
+            max_old_fulls: 3,
+        });
+        let want: BTreeSet<_> = ["f50", "d55", "f30", "f10"].iter().map(|s| id(s)).collect();
+        assert_eq!(live, want);
+        assert_eq!(
+            l.live(&Retention::default()),
+            ["f50", "d55"].iter().map(|s| id(s)).collect()
+        );
+    }
+
+    #[test]
+    fn states_newer_than_current_stay_live() {
+        let ms = vec![
+            m("f0", CheckpointKind::Full, 0, None),
+            m("d1", CheckpointKind::Delta, 1, Some("f0")),
+            m("d2", CheckpointKind::Delta, 2, Some("d1")),
+        ];
+        // CURRENT was not moved yet after d2's manifest landed.
+        let l = Lineage::from_manifests(&ms, Some(id("d1")));
+        assert_eq!(l.live(&Retention::default()).len(), 3);
+        assert_eq!(l.newest_state().unwrap().id, id("d2"));
+        assert_eq!(l.state_at_or_before(1).unwrap(), id("d1"));
+    }
+}

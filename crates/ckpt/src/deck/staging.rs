@@ -1,0 +1,628 @@
+//! Multi-layer staging of one server's delta (or full) checkpoint: memory → local staging
+//! directory → remote store, as a pipeline of fixed-size chunks (DECK §3.2, Fig. 4).
+//!
+//! Three stages run at once:
+//! 1. *copy-out* ([`ChunkSink::copy_out`], on the caller's thread, the only pause): the rows to
+//!    save are gathered from the live tables into one chunk buffer at a time and handed on;
+//! 2. *stage* (a blocking task): each chunk is framed and written to the staging directory
+//!    without a second in-memory copy, then its buffer is freed;
+//! 3. *upload* (an async task): each staged file is read back and put create-only into the
+//!    store, then removed from the staging directory.
+//!
+//! The hand-offs hold at most one chunk each, so at most four chunks are in memory at any time
+//! (one being gathered, one queued, one being staged, one being uploaded) whatever the model
+//! size: the bound DECK keeps. [`MemGauge`] counts them, so tests and benchmarks check it.
+//! Nothing here commits anything: the coordinator commits a manifest once every server's
+//! [`PendingUpload::wait`] returned, so a crash or a failed put before that leaves the previous
+//! lineage as it was (the partly written files are unreferenced; GC removes them).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use ftrec_core::{DenseParams, RowId, RowLayout, ServerId, TableId, DENSE_BLOCK};
+use tokio::sync::mpsc;
+
+use crate::checkpoint::Checkpoints;
+use crate::error::{CkptError, Result};
+use crate::format::dense::encode_dense;
+use crate::format::rows::write_rows_to;
+use crate::format::{
+    CheckpointId, DenseInfo, FileChecksums, FileContent, FileInfo, ShardInfo, TableInfo,
+};
+use crate::snapshot::{RowIds, ShardReport};
+use crate::store::PutMode;
+
+/// How a shard is cut and staged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StagingOptions {
+    /// Upper bound on one chunk (ids and row words; sized like the SSD's erase page, DECK §3.2).
+    pub chunk_bytes: usize,
+    /// Local staging directory (the SSD layer). Each upload uses its own subdirectory.
+    pub staging_dir: PathBuf,
+}
+
+impl StagingOptions {
+    pub fn new(staging_dir: impl Into<PathBuf>) -> Self {
+        StagingOptions {
+            chunk_bytes: 4 << 20,
+            staging_dir: staging_dir.into(),
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.chunk_bytes < 1024 {
+            return Err(CkptError::InvalidArgument(format!(
+                "staging chunk size {} is below 1024 bytes",
+                self.chunk_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Bytes and chunks of staging buffers alive now and at the peak.
+#[derive(Debug, Default)]
+pub struct MemGauge {
+    bytes: AtomicU64,
+    peak_bytes: AtomicU64,
+    chunks: AtomicU64,
+    peak_chunks: AtomicU64,
+}
+
+impl MemGauge {
+    pub fn new() -> Arc<Self> {
+        Arc::new(MemGauge::default())
+    }
+
+    fn add(&self, bytes: u64) {
+        if bytes == 0 {
+            // The end marker carries no data.
+            return;
+        }
+        let b = self.bytes.fetch_add(bytes, Ordering::SeqCst) + bytes;
+        self.peak_bytes.fetch_max(b, Ordering::SeqCst);
+        let c = self.chunks.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak_chunks.fetch_max(c, Ordering::SeqCst);
+    }
+
+    fn sub(&self, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        self.bytes.fetch_sub(bytes, Ordering::SeqCst);
+        self.chunks.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::SeqCst)
+    }
+    pub fn peak_bytes(&self) -> u64 {
+        self.peak_bytes.load(Ordering::SeqCst)
+    }
+    pub fn peak_chunks(&self) -> u64 {
+        self.peak_chunks.load(Ordering::SeqCst)
+    }
+    pub fn reset_peak(&self) {
+        self.peak_bytes.store(self.bytes(), Ordering::SeqCst);
+        self.peak_chunks
+            .store(self.chunks.load(Ordering::SeqCst), Ordering::SeqCst);
+    }
+}
+
+/// Which rows of a table to save.
+#[derive(Debug, Clone, Copy)]
+pub enum RowSelection<'a> {
+    /// Every local row (a full checkpoint).
+    All,
+    /// These global ids (sorted, distinct, owned by the server): a delta.
+    Only(&'a [RowId]),
+}
+
+/// One table shard to copy out.
+#[derive(Debug, Clone, Copy)]
+pub struct SourceTable<'a> {
+    pub table: TableId,
+    pub layout: RowLayout,
+    /// The shard's rows by local index (`layout.words()` words each).
+    pub data: &'a [f32],
+    pub ids: RowIds<'a>,
+    pub rows: RowSelection<'a>,
+}
+
+/// What one server copies out: table shards and, optionally, its dense block range (always
+/// whole: dense parameters are small and all of them change every step).
+#[derive(Debug, Clone)]
+pub struct Source<'a> {
+    pub server: ServerId,
+    pub tables: Vec<SourceTable<'a>>,
+    pub dense: Option<(u64, &'a DenseParams)>,
+}
+
+/// A gathered chunk on its way to the staging directory.
+enum Chunk {
+    Rows {
+        path: String,
+        table: TableId,
+        layout: RowLayout,
+        ids: Vec<RowId>,
+        words: Vec<f32>,
+        server: ServerId,
+    },
+    Dense {
+        path: String,
+        server: ServerId,
+        first_block: u64,
+        values: Vec<f32>,
+        state: Vec<f32>,
+        spb: usize,
+    },
+    /// Everything was copied out; this is the shard's shape.
+    Done(ShardInfo),
+}
+
+impl Chunk {
+    fn bytes(&self) -> u64 {
+        match self {
+            Chunk::Rows { ids, words, .. } => (ids.len() * 8 + words.len() * 4) as u64,
+            Chunk::Dense { values, state, .. } => ((values.len() + state.len()) * 4) as u64,
+            Chunk::Done(_) => 0,
+        }
+    }
+}
+
+/// A file in the staging directory, waiting for upload.
+struct Staged {
+    local: PathBuf,
+    info: FileInfo,
+}
+
+/// What the copy-out did (its duration is the training pause; the caller measures it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CopyReport {
+    pub rows: u64,
+    pub dense_blocks: u64,
+    pub chunks: u64,
+    pub bytes: u64,
+}
+
+/// The copy-out end of a staging pipeline.
+#[derive(Debug)]
+pub struct ChunkSink {
+    tx: mpsc::Sender<Chunk>,
+    gauge: Arc<MemGauge>,
+    chunk_bytes: usize,
+}
+
+impl std::fmt::Debug for Chunk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Chunk")
+    }
+}
+
+fn rows_path(server: ServerId, table: TableId, chunk: u64) -> String {
+    format!("s{:04}/t{:04}-{chunk:06}.rows", server.0, table.0)
+}
+
+fn dense_path(server: ServerId, chunk: u64) -> String {
+    format!("s{:04}/dense-{chunk:06}.dense", server.0)
+}
+
+fn stopped() -> CkptError {
+    CkptError::TemporarilyUnavailable {
+        backend: "staging",
+        reason: "the staging pipeline stopped (see the upload's error)".into(),
+    }
+}
+
+impl ChunkSink {
+    /// Hand a chunk on; its bytes were counted when its buffers were allocated.
+    fn send(&self, c: Chunk) -> Result<()> {
+        let n = c.bytes();
+        if self.tx.blocking_send(c).is_err() {
+            self.gauge.sub(n);
+            return Err(stopped());
+        }
+        Ok(())
+    }
+
+    /// Copy `src`'s selected rows and dense range out, chunk by chunk, into the pipeline. This
+    /// is the training pause: it returns once the last chunk is handed on. Blocks (call it from
+    /// a blocking thread, never from an async task). Selected ids must be sorted, distinct
+    /// and owned by the shard.
+    pub fn copy_out(self, src: &Source<'_>) -> Result<CopyReport> {
+        let mut report = CopyReport::default();
+        let mut tables = Vec::new();
+        for t in &src.tables {
+            let words = t.layout.words();
+            let local_rows = (t.data.len() / words.max(1)) as u64;
+            if t.data.len() as u64 != local_rows * words as u64 {
+                return Err(CkptError::InvalidArgument(format!(
+                    "table {}: {} words is not a whole number of {words}-word rows",
+                    t.table.0,
+                    t.data.len()
+                )));
+            }
+            let per = ((self.chunk_bytes / (8 + t.layout.bytes())).max(1)) as u64;
+            let total = match t.rows {
+                RowSelection::All => local_rows,
+                RowSelection::Only(ids) => ids.len() as u64,
+            };
+            if let RowSelection::Only(ids) = t.rows {
+                if let Some(w) = ids.windows(2).find(|w| w[0] >= w[1]) {
+                    return Err(CkptError::InvalidArgument(format!(
+                        "table {}: selected ids not strictly ascending ({} after {})",
+                        t.table.0, w[1], w[0]
+                    )));
+                }
+            }
+            let mut chunk = 0;
+            let mut lo = 0u64;
+            while lo < total {
+                let hi = (lo + per).min(total);
+                let n = (hi - lo) as usize;
+                // Counted from allocation on: a chunk being gathered is one of the four.
+                self.gauge.add((n * 8 + n * words * 4) as u64);
+                let mut ids = Vec::with_capacity(n);
+                let mut out = Vec::with_capacity(n * words);
+                match t.rows {
+                    RowSelection::All => {
+                        ids.extend((lo..hi).map(|l| global(&t.ids, t.table, l)));
+                        out.extend_from_slice(&t.data[lo as usize * words..hi as usize * words]);
+                    }
+                    RowSelection::Only(sel) => {
+                        for &g in &sel[lo as usize..hi as usize] {
+                            let l = local(&t.ids, t.table, g).filter(|&l| l < local_rows);
+                            let Some(l) = l else {
+                                self.gauge.sub((n * 8 + n * words * 4) as u64);
+                                return Err(CkptError::InvalidArgument(format!(
+                                    "table {}: row {g} is not held by server {}",
+                                    t.table.0, src.server.0
+                                )));
+                            };
+                            ids.push(g);
+                            out.extend_from_slice(
+                                &t.data[l as usize * words..(l as usize + 1) * words],
+                            );
+                        }
+                    }
+                }
+                report.rows += n as u64;
+                report.chunks += 1;
+                report.bytes += (n * (8 + t.layout.bytes())) as u64;
+                self.send(Chunk::Rows {
+                    path: rows_path(src.server, t.table, chunk),
+                    table: t.table,
+                    layout: t.layout,
+                    ids,
+                    words: out,
+                    server: src.server,
+                })?;
+                chunk += 1;
+                lo = hi;
+            }
+            tables.push(TableInfo {
+                table: t.table,
+                rows: total,
+                layout: t.layout,
+            });
+        }
+        let mut dense = None;
+        if let Some((first_block, p)) = src.dense {
+            let blocks = p.blocks();
+            let spb = p.state.len().checked_div(blocks).unwrap_or(0);
+            if spb * blocks != p.state.len() {
+                return Err(CkptError::InvalidArgument(format!(
+                    "dense state of {} words does not split over {blocks} blocks",
+                    p.state.len()
+                )));
+            }
+            let per = (self.chunk_bytes / ((DENSE_BLOCK + spb) * 4)).max(1);
+            let (mut lo, mut chunk) = (0, 0);
+            while lo < blocks {
+                let hi = (lo + per).min(blocks);
+                let vlen = (hi * DENSE_BLOCK).min(p.len()) - lo * DENSE_BLOCK;
+                self.gauge.add(((vlen + (hi - lo) * spb) * 4) as u64);
+                let values = p.values[lo * DENSE_BLOCK..(hi * DENSE_BLOCK).min(p.len())].to_vec();
+                let state = p.state[lo * spb..hi * spb].to_vec();
+                report.dense_blocks += (hi - lo) as u64;
+                report.chunks += 1;
+                report.bytes += ((values.len() + state.len()) * 4) as u64;
+                self.send(Chunk::Dense {
+                    path: dense_path(src.server, chunk),
+                    server: src.server,
+                    first_block: first_block + lo as u64,
+                    values,
+                    state,
+                    spb,
+                })?;
+                lo = hi;
+                chunk += 1;
+            }
+            dense = Some(DenseInfo {
+                first_block,
+                blocks: blocks as u64,
+                values: p.len() as u64,
+                state_per_block: spb as u32,
+            });
+        }
+        tables.sort_by_key(|t| t.table);
+        self.send(Chunk::Done(ShardInfo {
+            server: src.server,
+            tables,
+            dense,
+        }))?;
+        Ok(report)
+    }
+}
+
+fn global(ids: &RowIds<'_>, table: TableId, local: u64) -> RowId {
+    match ids {
+        RowIds::Identity => local,
+        RowIds::Sharded { map, server } => map.global_row(table, *server, local),
+        RowIds::Explicit(v) => v[local as usize],
+    }
+}
+
+fn local(ids: &RowIds<'_>, table: TableId, row: RowId) -> Option<u64> {
+    match ids {
+        RowIds::Identity => Some(row),
+        RowIds::Sharded { map, server } => {
+            (map.owner(table, row) == *server).then(|| map.local_index(table, row))
+        }
+        RowIds::Explicit(v) => v.binary_search(&row).ok().map(|i| i as u64),
+    }
+}
+
+/// Progress of an upload, readable while it runs.
+#[derive(Debug, Default)]
+pub struct UploadProgress {
+    staged: AtomicU64,
+    uploaded: AtomicU64,
+    uploaded_bytes: AtomicU64,
+}
+
+impl UploadProgress {
+    pub fn staged(&self) -> u64 {
+        self.staged.load(Ordering::SeqCst)
+    }
+    pub fn uploaded(&self) -> u64 {
+        self.uploaded.load(Ordering::SeqCst)
+    }
+    pub fn uploaded_bytes(&self) -> u64 {
+        self.uploaded_bytes.load(Ordering::SeqCst)
+    }
+}
+
+/// The background end of a staging pipeline.
+#[derive(Debug)]
+pub struct PendingUpload {
+    task: tokio::task::JoinHandle<Result<ShardReport>>,
+    progress: Arc<UploadProgress>,
+}
+
+impl PendingUpload {
+    pub fn progress(&self) -> &Arc<UploadProgress> {
+        &self.progress
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Wait until every chunk is in the store (or the pipeline failed); the report lists the
+    /// files for the coordinator's manifest.
+    pub async fn wait(self) -> Result<ShardReport> {
+        self.task
+            .await
+            .map_err(|e| CkptError::TemporarilyUnavailable {
+                backend: "staging",
+                reason: format!("upload task ended abnormally: {e}"),
+            })?
+    }
+}
+
+/// Start the stage and upload tasks of one server's checkpoint `id` on `rt`; feed them with
+/// [`ChunkSink::copy_out`].
+pub fn start(
+    ckpts: Checkpoints,
+    id: CheckpointId,
+    server: ServerId,
+    opts: &StagingOptions,
+    gauge: Arc<MemGauge>,
+    rt: &tokio::runtime::Handle,
+) -> Result<(ChunkSink, PendingUpload)> {
+    opts.check()?;
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let dir = opts.staging_dir.join(format!(
+        "{}-s{:04}-{}-{}",
+        id,
+        server.0,
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| CkptError::io(dir.display().to_string(), e))?;
+    let (tx, rx) = mpsc::channel::<Chunk>(1);
+    // Staged files are on disk: the queue holds names, not data.
+    let (up_tx, up_rx) = mpsc::unbounded_channel::<std::result::Result<Staged, ShardInfo>>();
+    let progress = Arc::new(UploadProgress::default());
+    let sink_gauge = gauge.clone();
+    let stage = {
+        let gauge = gauge.clone();
+        let dir = dir.clone();
+        let progress = progress.clone();
+        rt.spawn_blocking(move || stage_loop(rx, up_tx, &dir, &gauge, &progress))
+    };
+    let task = {
+        let progress = progress.clone();
+        rt.spawn(async move {
+            let up = upload_loop(&ckpts, &id, up_rx, &gauge, &progress).await;
+            let staged = stage.await.map_err(|e| CkptError::TemporarilyUnavailable {
+                backend: "staging",
+                reason: format!("stage task ended abnormally: {e}"),
+            });
+            let _ = std::fs::remove_dir_all(&dir);
+            let report = up?;
+            staged??;
+            Ok(report)
+        })
+    };
+    Ok((
+        ChunkSink {
+            tx,
+            gauge: sink_gauge,
+            chunk_bytes: opts.chunk_bytes,
+        },
+        PendingUpload { task, progress },
+    ))
+}
+
+fn stage_loop(
+    mut rx: mpsc::Receiver<Chunk>,
+    up: mpsc::UnboundedSender<std::result::Result<Staged, ShardInfo>>,
+    dir: &Path,
+    gauge: &MemGauge,
+    progress: &UploadProgress,
+) -> Result<()> {
+    while let Some(chunk) = rx.blocking_recv() {
+        let n = chunk.bytes();
+        let res = stage_one(chunk, dir);
+        gauge.sub(n);
+        match res? {
+            Ok(staged) => {
+                progress.staged.fetch_add(1, Ordering::SeqCst);
+                if up.send(Ok(staged)).is_err() {
+                    return Err(stopped());
+                }
+            }
+            Err(info) => {
+                let _ = up.send(Err(info));
+                return Ok(());
+            }
+        }
+    }
+    Err(CkptError::InvalidArgument(
+        "the copy-out ended before it sent the shard's shape".into(),
+    ))
+}
+
+fn stage_one(chunk: Chunk, dir: &Path) -> Result<std::result::Result<Staged, ShardInfo>> {
+    let (path, size, crc, content, bytes_file): (String, u64, FileChecksums, FileContent, _) =
+        match chunk {
+            Chunk::Done(info) => return Ok(Err(info)),
+            Chunk::Rows {
+                path,
+                table,
+                layout,
+                ids,
+                words,
+                server,
+            } => {
+                let local = dir.join(path.replace('/', "_"));
+                let f = std::fs::File::create(&local)
+                    .map_err(|e| CkptError::io(local.display().to_string(), e))?;
+                let mut w = std::io::BufWriter::with_capacity(256 << 10, f);
+                let (size, crc) = write_rows_to(&mut w, table, layout, &ids, &words)?;
+                w.flush()
+                    .map_err(|e| CkptError::io(local.display().to_string(), e))?;
+                let content = FileContent::Rows {
+                    server,
+                    table,
+                    rows: ids.len() as u64,
+                    first_row: ids.first().copied().unwrap_or(0),
+                    last_row: ids.last().copied().unwrap_or(0),
+                };
+                (path, size, crc, content, local)
+            }
+            Chunk::Dense {
+                path,
+                server,
+                first_block,
+                values,
+                state,
+                spb,
+            } => {
+                let local = dir.join(path.replace('/', "_"));
+                let file = encode_dense(first_block, &values, &state, spb)?;
+                std::fs::write(&local, &file.bytes)
+                    .map_err(|e| CkptError::io(local.display().to_string(), e))?;
+                let content = FileContent::Dense {
+                    server,
+                    first_block,
+                    blocks: values.len().div_ceil(DENSE_BLOCK) as u64,
+                };
+                (path, file.size(), file.checksums, content, local)
+            }
+        };
+    Ok(Ok(Staged {
+        local: bytes_file,
+        info: FileInfo {
+            path,
+            size,
+            crc32c: crc,
+            content,
+        },
+    }))
+}
+
+async fn upload_loop(
+    ckpts: &Checkpoints,
+    id: &CheckpointId,
+    mut rx: mpsc::UnboundedReceiver<std::result::Result<Staged, ShardInfo>>,
+    gauge: &MemGauge,
+    progress: &UploadProgress,
+) -> Result<ShardReport> {
+    let mut files = Vec::new();
+    let mut written = Vec::new();
+    let result: Result<ShardInfo> = async {
+        loop {
+            match rx.recv().await {
+                None => return Err(stopped()),
+                Some(Err(info)) => return Ok(info),
+                Some(Ok(staged)) => {
+                    let local = staged.local.clone();
+                    let data = tokio::task::spawn_blocking(move || std::fs::read(&local))
+                        .await
+                        .map_err(|e| CkptError::TemporarilyUnavailable {
+                            backend: "staging",
+                            reason: format!("read task failed: {e}"),
+                        })?
+                        .map_err(|e| CkptError::io(staged.local.display().to_string(), e))?;
+                    let n = data.len() as u64;
+                    gauge.add(n);
+                    let key = ckpts.file_key(id, &staged.info.path)?;
+                    let put = ckpts
+                        .store()
+                        .put(&key, bytes::Bytes::from(data), PutMode::Create)
+                        .await;
+                    gauge.sub(n);
+                    put?;
+                    written.push(key);
+                    let _ = std::fs::remove_file(&staged.local);
+                    progress.uploaded.fetch_add(1, Ordering::SeqCst);
+                    progress.uploaded_bytes.fetch_add(n, Ordering::SeqCst);
+                    files.push(staged.info);
+                }
+            }
+        }
+    }
+    .await;
+    match result {
+        Ok(shard) => {
+            files.sort_by(|a, b| a.path.cmp(&b.path));
+            Ok(ShardReport {
+                shard,
+                bytes: files.iter().map(|f| f.size).sum(),
+                files,
+            })
+        }
+        Err(e) => {
+            // Best effort: the files are unreferenced either way, but leave less behind.
+            for k in written {
+                let _ = ckpts.store().delete(&k).await;
+            }
+            Err(e)
+        }
+    }
+}

@@ -1,0 +1,394 @@
+//! The checkpoint service over gRPC: [`ckpt_service`] serves a [`CkptNode`] (add it next to the
+//! parameter-server service with [`crate::grpc::Routes::add_service`]); [`CkptGrpcClient`]
+//! implements [`CkptApi`] against it.
+
+use std::net::SocketAddr;
+
+use ftrec_ckpt::format::{DenseInfo, ShardInfo, TableInfo};
+use ftrec_ckpt::format::{FileChecksums, FileContent, FileInfo};
+use ftrec_ckpt::snapshot::ShardReport;
+use ftrec_ckpt::{CheckpointId, CheckpointKind, CkptError};
+use ftrec_core::{RowLayout, ServerId, TableId};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status};
+
+use super::{CkptApi, CkptNode, CkptServiceError, RestoreDone, SaveStarted};
+
+/// Messages and stubs generated from `proto/ckpt.proto`.
+#[allow(clippy::all, missing_docs)]
+pub mod proto {
+    tonic::include_proto!("ftrec.ckpt.v1");
+}
+
+use proto::checkpointer_client::CheckpointerClient;
+use proto::checkpointer_server::{Checkpointer, CheckpointerServer};
+
+/// The gRPC face of a [`CkptNode`].
+#[derive(Debug, Clone)]
+pub struct CkptHandler {
+    node: CkptNode,
+}
+
+/// The checkpoint service of `node`, ready for [`crate::grpc::Routes::add_service`].
+pub fn ckpt_service(node: CkptNode) -> CheckpointerServer<CkptHandler> {
+    CheckpointerServer::new(CkptHandler { node })
+}
+
+fn status(e: CkptServiceError) -> Status {
+    match &e {
+        CkptServiceError::UnknownSave { .. } => Status::not_found(e.to_string()),
+        CkptServiceError::Store(c) if c.is_corruption() => Status::data_loss(e.to_string()),
+        CkptServiceError::Store(
+            CkptError::InvalidArgument(_)
+            | CkptError::InvalidCheckpoint { .. }
+            | CkptError::InvalidKey { .. },
+        ) => Status::invalid_argument(e.to_string()),
+        CkptServiceError::Store(CkptError::NotFound { .. } | CkptError::NoCheckpoint { .. }) => {
+            Status::failed_precondition(e.to_string())
+        }
+        CkptServiceError::Store(c) if c.is_retryable() => Status::unavailable(e.to_string()),
+        _ => Status::internal(e.to_string()),
+    }
+}
+
+fn parse_id(s: &str) -> Result<CheckpointId, Status> {
+    CheckpointId::new(s).map_err(|e| Status::invalid_argument(format!("checkpoint id: {e}")))
+}
+
+fn to_kind(k: i32) -> Result<CheckpointKind, Status> {
+    match proto::Kind::try_from(k) {
+        Ok(proto::Kind::Full) => Ok(CheckpointKind::Full),
+        Ok(proto::Kind::Delta) => Ok(CheckpointKind::Delta),
+        _ => Err(Status::invalid_argument(format!(
+            "save kind {k} is not full (1) or delta (2)"
+        ))),
+    }
+}
+
+fn report_to_wire(r: &ShardReport) -> proto::WaitReply {
+    proto::WaitReply {
+        server: r.shard.server.0,
+        tables: r
+            .shard
+            .tables
+            .iter()
+            .map(|t| proto::TableInfo {
+                table: t.table.0,
+                rows: t.rows,
+                dim: t.layout.dim as u32,
+                state_words: t.layout.state_words as u32,
+            })
+            .collect(),
+        dense: r.shard.dense.map(|d| proto::DenseInfo {
+            first_block: d.first_block,
+            blocks: d.blocks,
+            values: d.values,
+            state_per_block: d.state_per_block,
+        }),
+        files: r
+            .files
+            .iter()
+            .map(|f| proto::FileInfo {
+                path: f.path.clone(),
+                size: f.size,
+                header_crc32c: f.crc32c.header,
+                payload_crc32c: f.crc32c.payload,
+                content: Some(match f.content {
+                    FileContent::Rows {
+                        server,
+                        table,
+                        rows,
+                        first_row,
+                        last_row,
+                    } => proto::file_info::Content::Rows(proto::RowsContent {
+                        server: server.0,
+                        table: table.0,
+                        rows,
+                        first_row,
+                        last_row,
+                    }),
+                    FileContent::Dense {
+                        server,
+                        first_block,
+                        blocks,
+                    } => proto::file_info::Content::Dense(proto::DenseContent {
+                        server: server.0,
+                        first_block,
+                        blocks,
+                    }),
+                }),
+            })
+            .collect(),
+        bytes: r.bytes,
+    }
+}
+
+fn report_from_wire(w: proto::WaitReply) -> Result<ShardReport, CkptServiceError> {
+    let bad = |m: String| CkptServiceError::Remote {
+        code: "invalid reply".into(),
+        message: m,
+    };
+    let mut files = Vec::with_capacity(w.files.len());
+    for f in w.files {
+        let content = match f.content {
+            Some(proto::file_info::Content::Rows(r)) => FileContent::Rows {
+                server: ServerId(r.server),
+                table: TableId(r.table),
+                rows: r.rows,
+                first_row: r.first_row,
+                last_row: r.last_row,
+            },
+            Some(proto::file_info::Content::Dense(d)) => FileContent::Dense {
+                server: ServerId(d.server),
+                first_block: d.first_block,
+                blocks: d.blocks,
+            },
+            None => return Err(bad(format!("file {} has no content", f.path))),
+        };
+        files.push(FileInfo {
+            path: f.path,
+            size: f.size,
+            crc32c: FileChecksums {
+                header: f.header_crc32c,
+                payload: f.payload_crc32c,
+            },
+            content,
+        });
+    }
+    let mut tables = Vec::with_capacity(w.tables.len());
+    for t in w.tables {
+        if t.dim == 0 {
+            return Err(bad(format!("table {} has dim 0", t.table)));
+        }
+        tables.push(TableInfo {
+            table: TableId(t.table),
+            rows: t.rows,
+            layout: RowLayout::new(t.dim as usize, t.state_words as usize),
+        });
+    }
+    Ok(ShardReport {
+        shard: ShardInfo {
+            server: ServerId(w.server),
+            tables,
+            dense: w.dense.map(|d| DenseInfo {
+                first_block: d.first_block,
+                blocks: d.blocks,
+                values: d.values,
+                state_per_block: d.state_per_block,
+            }),
+        },
+        files,
+        bytes: w.bytes,
+    })
+}
+
+#[tonic::async_trait]
+impl Checkpointer for CkptHandler {
+    async fn save(
+        &self,
+        req: Request<proto::SaveRequest>,
+    ) -> Result<Response<proto::SaveReply>, Status> {
+        let r = req.into_inner();
+        let id = parse_id(&r.checkpoint_id)?;
+        let kind = to_kind(r.kind)?;
+        let s = self
+            .node
+            .save(r.location, id, kind, r.step)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(proto::SaveReply {
+            rows: s.rows,
+            bytes: s.bytes,
+            pause_s: s.pause_s,
+        }))
+    }
+
+    async fn wait(
+        &self,
+        req: Request<proto::WaitRequest>,
+    ) -> Result<Response<proto::WaitReply>, Status> {
+        let id = parse_id(&req.into_inner().checkpoint_id)?;
+        let rep = self.node.wait(id).await.map_err(status)?;
+        Ok(Response::new(report_to_wire(&rep)))
+    }
+
+    async fn restore(
+        &self,
+        req: Request<proto::RestoreRequest>,
+    ) -> Result<Response<proto::RestoreReply>, Status> {
+        let r = req.into_inner();
+        let id = parse_id(&r.checkpoint_id)?;
+        let d = self.node.restore(r.location, id).await.map_err(status)?;
+        Ok(Response::new(proto::RestoreReply {
+            checkpoints: d.checkpoints,
+            files: d.files,
+            bytes: d.bytes,
+        }))
+    }
+}
+
+/// A connection to one server's checkpoint service.
+#[derive(Debug, Clone)]
+pub struct CkptGrpcClient {
+    client: CheckpointerClient<Channel>,
+}
+
+fn remote(s: Status) -> CkptServiceError {
+    if s.code() == tonic::Code::NotFound {
+        return CkptServiceError::UnknownSave {
+            id: s.message().to_string(),
+        };
+    }
+    CkptServiceError::Remote {
+        code: format!("{:?}", s.code()),
+        message: s.message().to_string(),
+    }
+}
+
+impl CkptGrpcClient {
+    pub async fn connect(addr: SocketAddr) -> Result<Self, CkptServiceError> {
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| CkptServiceError::Internal(format!("address {addr}: {e}")))?
+            .connect()
+            .await
+            .map_err(|e| CkptServiceError::Remote {
+                code: "Unavailable".into(),
+                message: format!("cannot connect to {addr}: {e}"),
+            })?;
+        Ok(CkptGrpcClient {
+            client: CheckpointerClient::new(channel),
+        })
+    }
+}
+
+impl CkptApi for CkptGrpcClient {
+    async fn save(
+        &self,
+        location: String,
+        id: CheckpointId,
+        kind: CheckpointKind,
+        step: u64,
+    ) -> Result<SaveStarted, CkptServiceError> {
+        let kind = match kind {
+            CheckpointKind::Full => proto::Kind::Full,
+            CheckpointKind::Delta => proto::Kind::Delta,
+            CheckpointKind::Merged => proto::Kind::Unspecified,
+        };
+        let r = self
+            .client
+            .clone()
+            .save(proto::SaveRequest {
+                location,
+                checkpoint_id: id.to_string(),
+                step,
+                kind: kind as i32,
+            })
+            .await
+            .map_err(remote)?
+            .into_inner();
+        Ok(SaveStarted {
+            rows: r.rows,
+            bytes: r.bytes,
+            pause_s: r.pause_s,
+        })
+    }
+
+    async fn wait(&self, id: CheckpointId) -> Result<ShardReport, CkptServiceError> {
+        let r = self
+            .client
+            .clone()
+            .wait(proto::WaitRequest {
+                checkpoint_id: id.to_string(),
+            })
+            .await
+            .map_err(remote)?
+            .into_inner();
+        report_from_wire(r)
+    }
+
+    async fn restore(
+        &self,
+        location: String,
+        id: CheckpointId,
+    ) -> Result<RestoreDone, CkptServiceError> {
+        let r = self
+            .client
+            .clone()
+            .restore(proto::RestoreRequest {
+                location,
+                checkpoint_id: id.to_string(),
+            })
+            .await
+            .map_err(remote)?
+            .into_inner();
+        Ok(RestoreDone {
+            checkpoints: r.checkpoints,
+            files: r.files,
+            bytes: r.bytes,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_round_trip_the_wire() {
+        let r = ShardReport {
+            shard: ShardInfo {
+                server: ServerId(3),
+                tables: vec![TableInfo {
+                    table: TableId(1),
+                    rows: 9,
+                    layout: RowLayout::new(4, 1),
+                }],
+                dense: Some(DenseInfo {
+                    first_block: 2,
+                    blocks: 1,
+                    values: 10,
+                    state_per_block: 2,
+                }),
+            },
+            files: vec![
+                FileInfo {
+                    path: "s0003/t0001-000000.rows".into(),
+                    size: 99,
+                    crc32c: FileChecksums {
+                        header: 1,
+                        payload: 2,
+                    },
+                    content: FileContent::Rows {
+                        server: ServerId(3),
+                        table: TableId(1),
+                        rows: 9,
+                        first_row: 3,
+                        last_row: 40,
+                    },
+                },
+                FileInfo {
+                    path: "s0003/dense-000000.dense".into(),
+                    size: 50,
+                    crc32c: FileChecksums {
+                        header: 3,
+                        payload: 4,
+                    },
+                    content: FileContent::Dense {
+                        server: ServerId(3),
+                        first_block: 2,
+                        blocks: 1,
+                    },
+                },
+            ],
+            bytes: 149,
+        };
+        assert_eq!(report_from_wire(report_to_wire(&r)).unwrap(), r);
+        let mut w = report_to_wire(&r);
+        w.files[0].content = None;
+        assert!(matches!(
+            report_from_wire(w),
+            Err(CkptServiceError::Remote { .. })
+        ));
+        assert!(to_kind(7).is_err());
+    }
+}

@@ -1,0 +1,536 @@
+//! The server side of checkpointing: each server writes and reads its own shard directly to and
+//! from the checkpoint store, in parallel across servers, with bounded memory (DECK §3.1–§3.2).
+//!
+//! - [`TrackerObserver`] feeds a server's updates into a DECK [`Tracker`] (remote-form
+//!   tracking: ids recorded on the owning server at push time, DECK §3.1);
+//! - [`server_source`] and [`ServerWriter`] connect a [`Server`] to the staging pipeline and to
+//!   restore;
+//! - [`CkptNode`] is one server's checkpoint service (save full, save delta, wait, restore),
+//!   called in process; [`CkptApi`] is the trait a coordinator calls it through;
+//! - [`grpc`]: the same calls over the wire ([`grpc::ckpt_service`], [`grpc::CkptGrpcClient`]);
+//! - [`save_cluster`] and [`restore_cluster`]: the coordinator's side, which drives every
+//!   server and commits one manifest for the whole cluster.
+//!
+//! A save returns once the server's rows are copied out (the pause); the upload goes on in the
+//! background and [`CkptApi::wait`] reports when its files are durable. Nothing a server writes
+//! is ever committed by the server: only [`save_cluster`] commits, after every server's files
+//! are durable, so a server killed mid-write leaves unreferenced files and no checkpoint.
+
+pub mod grpc;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use ftrec_ckpt::deck::{
+    self, staging, ConsumerId, MemGauge, RestoreAt, RowSelection, ShardWriter, Source, SourceTable,
+    StagingOptions, TrackedRows, Tracker,
+};
+use ftrec_ckpt::location::{self, LocationOptions};
+use ftrec_ckpt::snapshot::{RowIds, ShardReport};
+use ftrec_ckpt::{CheckpointId, CheckpointKind, Checkpoints, CkptError, DataPosition, Manifest};
+use ftrec_core::{RowId, RowLayout, ServerId, TableId};
+
+use crate::observer::{PushObserver, RowImages, UpdateOrigin};
+use crate::server::dense_block_range;
+use crate::update::{DenseBlock, RowBlock};
+use crate::{PsError, Server, SharedServer};
+
+/// The tracker consumer the checkpointer uses.
+pub const CHECKPOINTER: ConsumerId = ConsumerId(0);
+
+/// A tracker shared between the update path and the checkpoint service.
+pub type SharedTracker = Arc<Mutex<Tracker>>;
+
+/// Errors of the checkpoint service.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CkptServiceError {
+    #[error(transparent)]
+    Store(#[from] CkptError),
+    #[error(transparent)]
+    Server(#[from] PsError),
+    /// `wait` for a save this server never started (or already reported).
+    #[error("no save of checkpoint {id} is known on this server")]
+    UnknownSave { id: String },
+    /// A remote checkpoint service refused or failed the call.
+    #[error("checkpoint service replied {code}: {message}")]
+    Remote { code: String, message: String },
+    #[error("checkpoint service: {0}")]
+    Internal(String),
+}
+
+/// Records every updated row id into a tracker.
+#[derive(Debug, Clone)]
+pub struct TrackerObserver {
+    tracker: SharedTracker,
+}
+
+impl TrackerObserver {
+    pub fn new(tracker: SharedTracker) -> Self {
+        TrackerObserver { tracker }
+    }
+}
+
+impl PushObserver for TrackerObserver {
+    fn rows_updated(
+        &mut self,
+        _origin: UpdateOrigin,
+        table: TableId,
+        rows: &[RowId],
+        _images: Option<RowImages<'_>>,
+    ) {
+        if let Ok(mut t) = self.tracker.lock() {
+            t.track(table, rows);
+        }
+    }
+}
+
+/// What `server` saves: every table (all rows, or the `tracked` ones) and its dense range.
+pub fn server_source<'a>(server: &'a Server, tracked: Option<&'a TrackedRows>) -> Source<'a> {
+    let cfg = server.config();
+    let map = cfg.shard_map;
+    let me = cfg.server;
+    let tables = (0..cfg.table_rows.len())
+        .filter_map(|t| {
+            let tid = TableId(t as u32);
+            let shard = server.shard(tid)?;
+            Some(SourceTable {
+                table: tid,
+                layout: shard.layout(),
+                data: shard.as_slice(),
+                ids: RowIds::Sharded { map, server: me },
+                rows: match tracked {
+                    None => RowSelection::All,
+                    Some(tr) => RowSelection::Only(tr.of(tid)),
+                },
+            })
+        })
+        .collect();
+    let info = server.info();
+    let blocks = dense_block_range(info.dense_len, info.servers, me);
+    Source {
+        server: me,
+        tables,
+        dense: Some((blocks.start, server.dense())),
+    }
+}
+
+/// Writes restored rows into a [`Server`] through its import path.
+pub struct ServerWriter<'a> {
+    pub server: &'a mut Server,
+}
+
+fn ps_to_ckpt(e: PsError) -> CkptError {
+    CkptError::InvalidArgument(format!("restore into the server: {e}"))
+}
+
+impl ShardWriter for ServerWriter<'_> {
+    fn server(&self) -> ServerId {
+        self.server.config().server
+    }
+
+    fn table_shape(&self, table: TableId) -> Option<(u64, RowLayout)> {
+        self.server.shard(table).map(|t| (t.rows(), t.layout()))
+    }
+
+    fn write_rows(
+        &mut self,
+        table: TableId,
+        ids: &[RowId],
+        words: &[f32],
+    ) -> Result<(), CkptError> {
+        let cfg = self.server.config();
+        let map = cfg.shard_map;
+        let me = cfg.server;
+        let w = self.server.layout().words();
+        // Runs of consecutive local rows go in one import.
+        let mut i = 0;
+        while i < ids.len() {
+            if map.owner(table, ids[i]) != me {
+                return Err(CkptError::InvalidArgument(format!(
+                    "row {} of table {} is not held by server {}",
+                    ids[i], table.0, me.0
+                )));
+            }
+            let first = map.local_index(table, ids[i]);
+            let mut j = i + 1;
+            while j < ids.len()
+                && map.owner(table, ids[j]) == me
+                && map.local_index(table, ids[j]) == first + (j - i) as u64
+            {
+                j += 1;
+            }
+            self.server
+                .import_rows(&RowBlock {
+                    table,
+                    first_local: first,
+                    data: words[i * w..j * w].to_vec(),
+                })
+                .map_err(ps_to_ckpt)?;
+            i = j;
+        }
+        Ok(())
+    }
+
+    fn dense_shape(&self) -> Option<(u64, u64, u32)> {
+        let info = self.server.info();
+        let blocks = dense_block_range(info.dense_len, info.servers, info.server);
+        Some((
+            blocks.start,
+            info.dense_range.end - info.dense_range.start,
+            info.dense_state_per_block as u32,
+        ))
+    }
+
+    fn write_dense(
+        &mut self,
+        first_block: u64,
+        values: &[f32],
+        state: &[f32],
+    ) -> Result<(), CkptError> {
+        self.server
+            .import_dense(&DenseBlock {
+                first_block,
+                values: values.to_vec(),
+                state: state.to_vec(),
+            })
+            .map(|_| ())
+            .map_err(ps_to_ckpt)
+    }
+}
+
+/// The answer to a save: the pause is over; the upload goes on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SaveStarted {
+    pub rows: u64,
+    pub bytes: u64,
+    /// Seconds the copy-out held the server.
+    pub pause_s: f64,
+}
+
+/// What a restore read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RestoreDone {
+    pub checkpoints: u64,
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// One server's checkpoint calls, whatever the transport.
+pub trait CkptApi: Send + Sync {
+    /// Start a save of `kind` (full or delta) into checkpoint `id` at `location`.
+    fn save(
+        &self,
+        location: String,
+        id: CheckpointId,
+        kind: CheckpointKind,
+        step: u64,
+    ) -> impl Future<Output = Result<SaveStarted, CkptServiceError>> + Send;
+
+    /// Wait until the save of `id` is durable; its files and bytes, for the manifest.
+    fn wait(
+        &self,
+        id: CheckpointId,
+    ) -> impl Future<Output = Result<ShardReport, CkptServiceError>> + Send;
+
+    /// Load the state `id` names at `location` (its lineage: full + merged + deltas).
+    fn restore(
+        &self,
+        location: String,
+        id: CheckpointId,
+    ) -> impl Future<Output = Result<RestoreDone, CkptServiceError>> + Send;
+}
+
+enum Save {
+    Running {
+        upload: staging::PendingUpload,
+        upto: u64,
+    },
+}
+
+/// One server's checkpoint service, called in process (the gRPC handler wraps the same).
+#[derive(Clone)]
+pub struct CkptNode {
+    server: SharedServer,
+    tracker: SharedTracker,
+    staging: StagingOptions,
+    store_opts: LocationOptions,
+    gauge: Arc<MemGauge>,
+    stores: Arc<Mutex<HashMap<String, Checkpoints>>>,
+    saves: Arc<Mutex<HashMap<CheckpointId, Save>>>,
+}
+
+impl std::fmt::Debug for CkptNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CkptNode")
+            .field("staging", &self.staging)
+            .finish()
+    }
+}
+
+fn lock_err<T>(_: T) -> CkptServiceError {
+    CkptServiceError::Internal("a lock was poisoned by an earlier panic".into())
+}
+
+impl CkptNode {
+    /// The service of `server`; installs a tracker observer on it.
+    pub fn new(
+        server: SharedServer,
+        staging: StagingOptions,
+        store_opts: LocationOptions,
+    ) -> Result<Self, CkptServiceError> {
+        let mut tracker = Tracker::new();
+        tracker.register(CHECKPOINTER)?;
+        let tracker = Arc::new(Mutex::new(tracker));
+        server
+            .write()?
+            .add_observer(Box::new(TrackerObserver::new(tracker.clone())));
+        Ok(CkptNode {
+            server,
+            tracker,
+            staging,
+            store_opts,
+            gauge: MemGauge::new(),
+            stores: Arc::default(),
+            saves: Arc::default(),
+        })
+    }
+
+    pub fn tracker(&self) -> &SharedTracker {
+        &self.tracker
+    }
+
+    pub fn gauge(&self) -> &Arc<MemGauge> {
+        &self.gauge
+    }
+
+    async fn ckpts(&self, location: &str) -> Result<Checkpoints, CkptServiceError> {
+        if let Some(c) = self.stores.lock().map_err(lock_err)?.get(location) {
+            return Ok(c.clone());
+        }
+        let store = location::open(location, &self.store_opts).await?;
+        let c = Checkpoints::new(store);
+        self.stores
+            .lock()
+            .map_err(lock_err)?
+            .insert(location.to_string(), c.clone());
+        Ok(c)
+    }
+
+    /// Compact the tracker (call between steps, off the update path: DECK §4.2).
+    pub fn compact(&self) {
+        if let Ok(mut t) = self.tracker.lock() {
+            t.compact();
+        }
+    }
+}
+
+impl CkptApi for CkptNode {
+    async fn save(
+        &self,
+        location: String,
+        id: CheckpointId,
+        kind: CheckpointKind,
+        _step: u64,
+    ) -> Result<SaveStarted, CkptServiceError> {
+        if kind == CheckpointKind::Merged {
+            return Err(CkptError::InvalidArgument(
+                "servers save full or delta checkpoints; merging is the merger's".into(),
+            )
+            .into());
+        }
+        let ckpts = self.ckpts(&location).await?;
+        let server_id = self.server.read()?.config().server;
+        let (sink, upload) = staging::start(
+            ckpts,
+            id.clone(),
+            server_id,
+            &self.staging,
+            self.gauge.clone(),
+            &tokio::runtime::Handle::current(),
+        )?;
+        let server = self.server.clone();
+        let tracker = self.tracker.clone();
+        // The copy-out blocks (it hands chunks on with back-pressure), so it runs off the
+        // async workers. The read guard keeps updates out while rows are copied: the pause.
+        let copied = tokio::task::spawn_blocking(move || {
+            let start = std::time::Instant::now();
+            let guard = server.read()?;
+            let tracked = tracker.lock().map_err(lock_err)?.take(CHECKPOINTER)?;
+            let src = server_source(&guard, (kind == CheckpointKind::Delta).then_some(&tracked));
+            let rep = sink.copy_out(&src)?;
+            Ok::<_, CkptServiceError>((rep, tracked.upto, start.elapsed().as_secs_f64()))
+        })
+        .await
+        .map_err(|e| CkptServiceError::Internal(format!("copy-out task failed: {e}")))?;
+        let (rep, upto, pause_s) = match copied {
+            Ok(x) => x,
+            Err(e) => {
+                // The pipeline's own error is the more precise one, if there is one.
+                return Err(match upload.wait().await {
+                    Err(up) => up.into(),
+                    Ok(_) => e,
+                });
+            }
+        };
+        self.saves
+            .lock()
+            .map_err(lock_err)?
+            .insert(id, Save::Running { upload, upto });
+        Ok(SaveStarted {
+            rows: rep.rows,
+            bytes: rep.bytes,
+            pause_s,
+        })
+    }
+
+    async fn wait(&self, id: CheckpointId) -> Result<ShardReport, CkptServiceError> {
+        let save = self
+            .saves
+            .lock()
+            .map_err(lock_err)?
+            .remove(&id)
+            .ok_or_else(|| CkptServiceError::UnknownSave { id: id.to_string() })?;
+        let Save::Running { upload, upto } = save;
+        let report = upload.wait().await?;
+        // Durable: the tracked rows up to this save need not be saved again.
+        self.tracker
+            .lock()
+            .map_err(lock_err)?
+            .ack(CHECKPOINTER, upto)?;
+        Ok(report)
+    }
+
+    async fn restore(
+        &self,
+        location: String,
+        id: CheckpointId,
+    ) -> Result<RestoreDone, CkptServiceError> {
+        let ckpts = self.ckpts(&location).await?;
+        let chain = deck::select_chain(&ckpts, &RestoreAt::Id(id), false).await?;
+        // Restore into a copy of the shard's shape first? No: the chain is verified as it is
+        // read, and a failed restore leaves the server to be restored again.
+        let server = self.server.clone();
+        let tracker = self.tracker.clone();
+        let handle = tokio::runtime::Handle::current();
+        let stats = tokio::task::spawn_blocking(move || {
+            let mut guard = server.write()?;
+            let mut w = ServerWriter { server: &mut guard };
+            let stats = handle.block_on(deck::restore_chain(&ckpts, &chain, &mut w))?;
+            tracker.lock().map_err(lock_err)?.reset();
+            Ok::<_, CkptServiceError>((stats, chain.len() as u64))
+        })
+        .await
+        .map_err(|e| CkptServiceError::Internal(format!("restore task failed: {e}")))??;
+        Ok(RestoreDone {
+            checkpoints: stats.1,
+            files: stats.0.files_read,
+            bytes: stats.0.bytes_read,
+        })
+    }
+}
+
+/// What the coordinator saves: one checkpoint of the whole cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SavePlan {
+    pub kind: CheckpointKind,
+    pub id: CheckpointId,
+    /// Steps applied to the saved model.
+    pub step: u64,
+    /// The checkpoint a delta applies to (`None` for a full).
+    pub parent: Option<CheckpointId>,
+    pub data_position: DataPosition,
+}
+
+/// The coordinator's save: every server saves its shard of `plan.id` in parallel; once every
+/// server's files are durable, one manifest (kind, step, parent, data position) is committed
+/// and `CURRENT` moves to it. Any server's failure commits nothing.
+pub async fn save_cluster<C: CkptApi>(
+    clients: &[C],
+    location: &str,
+    ckpts: &Checkpoints,
+    plan: SavePlan,
+) -> Result<(Manifest, Vec<SaveStarted>), CkptServiceError> {
+    let SavePlan {
+        kind,
+        id,
+        step,
+        parent,
+        data_position,
+    } = plan;
+    if (kind == CheckpointKind::Delta) != parent.is_some() {
+        return Err(CkptError::InvalidArgument(
+            "a delta needs a parent and a full has none".into(),
+        )
+        .into());
+    }
+    let started = futures_util_join(
+        clients
+            .iter()
+            .map(|c| c.save(location.to_string(), id.clone(), kind, step)),
+    )
+    .await;
+    let mut pauses = Vec::new();
+    let mut first_err = None;
+    for s in started {
+        match s {
+            Ok(p) => pauses.push(p),
+            Err(e) => first_err = first_err.or(Some(e)),
+        }
+    }
+    let reports = futures_util_join(clients.iter().map(|c| c.wait(id.clone()))).await;
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    let reports = reports.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let manifest = deck::shard_manifest(id, kind, step, parent, data_position, reports);
+    ckpts.commit(&manifest).await?;
+    Ok((manifest, pauses))
+}
+
+/// The coordinator's restore: every server loads the state `id` names, in parallel.
+pub async fn restore_cluster<C: CkptApi>(
+    clients: &[C],
+    location: &str,
+    id: &CheckpointId,
+) -> Result<Vec<RestoreDone>, CkptServiceError> {
+    futures_util_join(
+        clients
+            .iter()
+            .map(|c| c.restore(location.to_string(), id.clone())),
+    )
+    .await
+    .into_iter()
+    .collect()
+}
+
+/// Run futures concurrently on the current task and collect their outputs in order.
+async fn futures_util_join<F: Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let futs: Vec<_> = futs.map(Box::pin).collect();
+    let mut outs: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    let mut futs: Vec<_> = futs.into_iter().map(Some).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in futs.iter_mut().enumerate() {
+            if let Some(fut) = f {
+                match fut.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => {
+                        outs[i] = Some(v);
+                        *f = None;
+                    }
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outs.into_iter()
+        .map(|o| o.expect("every future finished"))
+        .collect()
+}

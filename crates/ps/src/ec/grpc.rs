@@ -1,0 +1,570 @@
+//! The gRPC transport of the ECRec service: [`ec_service`] for
+//! [`crate::grpc::serve_routes`], [`EcGrpcClient`] for coordinators and peers.
+
+use ftrec_core::{ServerId, TableId};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status};
+
+use super::node::EcNode;
+use super::service::EcService;
+use super::types::{
+    DeltaBatch, DenseDelta, DenseRead, MemberKey, MemberRead, PrepareReport, RebuildStatus,
+    RowDelta,
+};
+use crate::grpc::wire::{bytes_to_f32s, bytes_to_u64s, f32s_to_bytes, from_status, to_status};
+use crate::update::{ApplyReport, DenseBlock, PulledRows};
+use crate::PsError;
+
+/// Messages and stubs generated from `proto/ec.proto`.
+#[allow(clippy::all, missing_docs)]
+pub mod proto {
+    tonic::include_proto!("ftrec.ec.v1");
+}
+
+use proto::ec_node_client::EcNodeClient;
+use proto::ec_node_server::{EcNode as EcNodeRpc, EcNodeServer};
+
+/// Largest ECRec message either end accepts: a step's deltas for one peer, or one chunk of
+/// member reads.
+pub const EC_MAX_MESSAGE_BYTES: usize = 256 << 20;
+
+/// Member reads are cut into requests of about this many bytes of reply.
+const READ_CHUNK_BYTES: usize = 8 << 20;
+
+fn u64s(v: &[u64]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn s(e: PsError) -> Status {
+    to_status(&e)
+}
+
+/// The ECRec service of `node`, to add next to the parameter-server service with
+/// [`crate::grpc::Routes::add_service`].
+pub fn ec_service(node: EcNode) -> EcNodeServer<EcGrpcHandler> {
+    EcNodeServer::new(EcGrpcHandler { node })
+        .max_decoding_message_size(EC_MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(EC_MAX_MESSAGE_BYTES)
+}
+
+/// Server side: decode, call the [`EcNode`], encode.
+pub struct EcGrpcHandler {
+    node: EcNode,
+}
+
+fn batch_to_proto(b: &DeltaBatch) -> proto::DeltaBatch {
+    let mut rows = Vec::with_capacity(b.rows.len());
+    let mut deltas = Vec::new();
+    for r in &b.rows {
+        rows.push(r.row);
+        deltas.extend_from_slice(&r.delta);
+    }
+    let mut blocks = Vec::with_capacity(b.dense.len());
+    let mut grads = Vec::new();
+    for d in &b.dense {
+        blocks.push(d.block);
+        grads.extend_from_slice(&d.grad);
+    }
+    proto::DeltaBatch {
+        step: b.step,
+        from: b.from.0,
+        apply_now: b.apply_now,
+        row_tables: b.rows.iter().map(|r| r.table.0).collect(),
+        rows: u64s(&rows),
+        row_deltas: f32s_to_bytes(&deltas),
+        dense_blocks: u64s(&blocks),
+        dense_lens: b.dense.iter().map(|d| d.grad.len() as u32).collect(),
+        dense_grads: f32s_to_bytes(&grads),
+    }
+}
+
+fn batch_from_proto(p: proto::DeltaBatch) -> Result<DeltaBatch, PsError> {
+    let rows = bytes_to_u64s("delta row ids", &p.rows)?;
+    let deltas = bytes_to_f32s("row deltas", &p.row_deltas)?;
+    if rows.len() != p.row_tables.len() {
+        return Err(PsError::MalformedRequest(format!(
+            "{} delta row ids but {} tables",
+            rows.len(),
+            p.row_tables.len()
+        )));
+    }
+    let w = if rows.is_empty() {
+        0
+    } else {
+        deltas.len() / rows.len()
+    };
+    if w * rows.len() != deltas.len() {
+        return Err(PsError::MalformedRequest(format!(
+            "{} delta words do not split into {} equal rows",
+            deltas.len(),
+            rows.len()
+        )));
+    }
+    let blocks = bytes_to_u64s("dense block ids", &p.dense_blocks)?;
+    let grads = bytes_to_f32s("dense gradients", &p.dense_grads)?;
+    if blocks.len() != p.dense_lens.len()
+        || p.dense_lens.iter().map(|&l| l as usize).sum::<usize>() != grads.len()
+    {
+        return Err(PsError::MalformedRequest(
+            "dense block ids, lengths and gradients disagree".into(),
+        ));
+    }
+    let mut at = 0;
+    let dense = blocks
+        .iter()
+        .zip(&p.dense_lens)
+        .map(|(&block, &len)| {
+            let g = grads[at..at + len as usize].to_vec();
+            at += len as usize;
+            DenseDelta { block, grad: g }
+        })
+        .collect();
+    Ok(DeltaBatch {
+        step: p.step,
+        from: ServerId(p.from),
+        apply_now: p.apply_now,
+        rows: rows
+            .iter()
+            .zip(&p.row_tables)
+            .enumerate()
+            .map(|(i, (&row, &t))| RowDelta {
+                table: TableId(t),
+                row,
+                delta: deltas[i * w..(i + 1) * w].to_vec(),
+            })
+            .collect(),
+        dense,
+    })
+}
+
+fn keys_to_proto(keys: &[MemberKey]) -> proto::ReadMembersRequest {
+    let mut tables = Vec::with_capacity(keys.len());
+    let mut idx = Vec::with_capacity(keys.len());
+    let mut parity = Vec::with_capacity(keys.len());
+    for k in keys {
+        match *k {
+            MemberKey::Row { table, local } => {
+                tables.push(table.0);
+                idx.push(local);
+                parity.push(false);
+            }
+            MemberKey::Parity { table, slot } => {
+                tables.push(table.0);
+                idx.push(slot);
+                parity.push(true);
+            }
+        }
+    }
+    proto::ReadMembersRequest {
+        tables,
+        indices: u64s(&idx),
+        parity,
+    }
+}
+
+fn keys_from_proto(p: proto::ReadMembersRequest) -> Result<Vec<MemberKey>, PsError> {
+    let idx = bytes_to_u64s("member indices", &p.indices)?;
+    if idx.len() != p.tables.len() || idx.len() != p.parity.len() {
+        return Err(PsError::MalformedRequest(
+            "member tables, indices and kinds disagree in length".into(),
+        ));
+    }
+    Ok(idx
+        .iter()
+        .zip(&p.tables)
+        .zip(&p.parity)
+        .map(|((&i, &t), &par)| {
+            let table = TableId(t);
+            if par {
+                MemberKey::Parity { table, slot: i }
+            } else {
+                MemberKey::Row { table, local: i }
+            }
+        })
+        .collect())
+}
+
+fn servers(v: &[u32]) -> Vec<ServerId> {
+    v.iter().map(|&s| ServerId(s)).collect()
+}
+
+#[tonic::async_trait]
+impl EcNodeRpc for EcGrpcHandler {
+    async fn set_peers(
+        &self,
+        req: Request<proto::SetPeersRequest>,
+    ) -> Result<Response<proto::Empty>, Status> {
+        self.node
+            .set_peer_addrs(&req.into_inner().addrs)
+            .map_err(s)?;
+        Ok(Response::new(proto::Empty {}))
+    }
+
+    async fn prepare(
+        &self,
+        req: Request<proto::StepRequest>,
+    ) -> Result<Response<proto::PrepareReply>, Status> {
+        let r = req.into_inner();
+        let p = self.node.prepare(r.step, &r.workers).await.map_err(s)?;
+        Ok(Response::new(proto::PrepareReply {
+            rows: p.rows,
+            dense_blocks: p.dense_blocks,
+            row_deltas_sent: p.row_deltas_sent,
+            dense_deltas_sent: p.dense_deltas_sent,
+            bytes_sent: p.bytes_sent,
+            rows_decoded: p.rows_decoded,
+        }))
+    }
+
+    async fn commit(
+        &self,
+        req: Request<proto::SeqRequest>,
+    ) -> Result<Response<proto::ApplyReply>, Status> {
+        let a = self.node.commit(req.into_inner().step).map_err(s)?;
+        Ok(Response::new(proto::ApplyReply {
+            rows_updated: a.rows_updated,
+            dense_blocks_updated: a.dense_blocks_updated,
+        }))
+    }
+
+    async fn abort(
+        &self,
+        req: Request<proto::SeqRequest>,
+    ) -> Result<Response<proto::AbortReply>, Status> {
+        let n = self.node.abort(req.into_inner().step).map_err(s)?;
+        Ok(Response::new(proto::AbortReply { dropped: n as u64 }))
+    }
+
+    async fn apply_step(
+        &self,
+        req: Request<proto::StepRequest>,
+    ) -> Result<Response<proto::ApplyReply>, Status> {
+        let r = req.into_inner();
+        let a = self.node.apply_step(r.step, &r.workers).await.map_err(s)?;
+        Ok(Response::new(proto::ApplyReply {
+            rows_updated: a.rows_updated,
+            dense_blocks_updated: a.dense_blocks_updated,
+        }))
+    }
+
+    async fn stage_deltas(
+        &self,
+        req: Request<proto::DeltaBatch>,
+    ) -> Result<Response<proto::Empty>, Status> {
+        let b = batch_from_proto(req.into_inner()).map_err(s)?;
+        self.node.stage_deltas(b).map_err(s)?;
+        Ok(Response::new(proto::Empty {}))
+    }
+
+    async fn read_members(
+        &self,
+        req: Request<proto::ReadMembersRequest>,
+    ) -> Result<Response<proto::ReadMembersReply>, Status> {
+        let keys = keys_from_proto(req.into_inner()).map_err(s)?;
+        let r = self.node.read_members(&keys).map_err(s)?;
+        Ok(Response::new(proto::ReadMembersReply {
+            step: r.step,
+            words: r.words as u64,
+            data: f32s_to_bytes(&r.data),
+        }))
+    }
+
+    async fn read_dense(
+        &self,
+        req: Request<proto::ReadDenseRequest>,
+    ) -> Result<Response<proto::ReadDenseReply>, Status> {
+        let r = self
+            .node
+            .read_dense(ServerId(req.into_inner().primary))
+            .map_err(s)?;
+        Ok(Response::new(proto::ReadDenseReply {
+            step: r.step,
+            first_block: r.block.first_block,
+            values: f32s_to_bytes(&r.block.values),
+            state: f32s_to_bytes(&r.block.state),
+        }))
+    }
+
+    async fn degraded_read(
+        &self,
+        req: Request<proto::DegradedReadRequest>,
+    ) -> Result<Response<proto::DegradedReadReply>, Status> {
+        let r = req.into_inner();
+        let rows = bytes_to_u64s("degraded read rows", &r.rows).map_err(s)?;
+        let p = self
+            .node
+            .degraded_read(TableId(r.table), &rows, &servers(&r.lost))
+            .await
+            .map_err(s)?;
+        Ok(Response::new(proto::DegradedReadReply {
+            rows: u64s(&p.rows),
+            values: f32s_to_bytes(&p.values),
+            dim: p.dim as u64,
+        }))
+    }
+
+    async fn start_rebuild(
+        &self,
+        req: Request<proto::StartRebuildRequest>,
+    ) -> Result<Response<proto::Empty>, Status> {
+        let r = req.into_inner();
+        self.node
+            .start_rebuild(&servers(&r.lost), r.background)
+            .await
+            .map_err(s)?;
+        Ok(Response::new(proto::Empty {}))
+    }
+
+    async fn rebuild_status(
+        &self,
+        _req: Request<proto::Empty>,
+    ) -> Result<Response<proto::RebuildStatusReply>, Status> {
+        let st = self.node.rebuild_status().map_err(s)?;
+        Ok(Response::new(proto::RebuildStatusReply {
+            started: st.started,
+            joined: st.joined,
+            ranges_total: st.ranges_total,
+            ranges_done: st.ranges_done,
+            rows_missing: st.rows_missing,
+            parities_missing: st.parities_missing,
+            rows_decoded_on_demand: st.rows_decoded_on_demand,
+            cut_retries: st.cut_retries,
+            finished: st.finished,
+            error: st.error,
+        }))
+    }
+}
+
+/// A connection to one node's ECRec service. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct EcGrpcClient {
+    client: EcNodeClient<Channel>,
+    addr: String,
+}
+
+impl EcGrpcClient {
+    /// A client that connects on first use (so peers can be named before they listen). Must
+    /// be called inside a tokio runtime.
+    pub fn connect_lazy(addr: &str) -> Result<Self, PsError> {
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| PsError::Unavailable {
+                addr: addr.to_string(),
+                reason: format!("bad address: {e}"),
+            })?
+            .tcp_nodelay(true)
+            .connect_lazy();
+        Ok(EcGrpcClient {
+            client: EcNodeClient::new(channel)
+                .max_decoding_message_size(EC_MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(EC_MAX_MESSAGE_BYTES),
+            addr: addr.to_string(),
+        })
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    fn err(&self, st: Status) -> PsError {
+        from_status(&st, &self.addr)
+    }
+
+    async fn read_chunk(&self, keys: &[MemberKey]) -> Result<MemberRead, PsError> {
+        let r = self
+            .client
+            .clone()
+            .read_members(keys_to_proto(keys))
+            .await
+            .map_err(|e| self.err(e))?
+            .into_inner();
+        Ok(MemberRead {
+            step: r.step,
+            words: r.words as usize,
+            data: bytes_to_f32s("member words", &r.data)?,
+        })
+    }
+}
+
+impl EcService for EcGrpcClient {
+    async fn set_peers(&self, addrs: Vec<String>) -> Result<(), PsError> {
+        self.client
+            .clone()
+            .set_peers(proto::SetPeersRequest { addrs })
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    async fn prepare(&self, step: u64, workers: Vec<u32>) -> Result<PrepareReport, PsError> {
+        let p = self
+            .client
+            .clone()
+            .prepare(proto::StepRequest { step, workers })
+            .await
+            .map_err(|e| self.err(e))?
+            .into_inner();
+        Ok(PrepareReport {
+            rows: p.rows,
+            dense_blocks: p.dense_blocks,
+            row_deltas_sent: p.row_deltas_sent,
+            dense_deltas_sent: p.dense_deltas_sent,
+            bytes_sent: p.bytes_sent,
+            rows_decoded: p.rows_decoded,
+        })
+    }
+
+    async fn commit(&self, step: u64) -> Result<ApplyReport, PsError> {
+        let a = self
+            .client
+            .clone()
+            .commit(proto::SeqRequest { step })
+            .await
+            .map_err(|e| self.err(e))?
+            .into_inner();
+        Ok(ApplyReport {
+            rows_updated: a.rows_updated,
+            dense_blocks_updated: a.dense_blocks_updated,
+        })
+    }
+
+    async fn abort(&self, step: u64) -> Result<usize, PsError> {
+        let a = self
+            .client
+            .clone()
+            .abort(proto::SeqRequest { step })
+            .await
+            .map_err(|e| self.err(e))?
+            .into_inner();
+        Ok(a.dropped as usize)
+    }
+
+    async fn apply_step(&self, step: u64, workers: Vec<u32>) -> Result<ApplyReport, PsError> {
+        let a = self
+            .client
+            .clone()
+            .apply_step(proto::StepRequest { step, workers })
+            .await
+            .map_err(|e| self.err(e))?
+            .into_inner();
+        Ok(ApplyReport {
+            rows_updated: a.rows_updated,
+            dense_blocks_updated: a.dense_blocks_updated,
+        })
+    }
+
+    async fn stage_deltas(&self, batch: DeltaBatch) -> Result<(), PsError> {
+        self.client
+            .clone()
+            .stage_deltas(batch_to_proto(&batch))
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    async fn read_members(&self, keys: Vec<MemberKey>) -> Result<MemberRead, PsError> {
+        if keys.is_empty() {
+            return self.read_chunk(&[]).await;
+        }
+        // Size the chunks from the first one's row width; chunks that straddle a commit are
+        // read again, so the reply is one cut as from a single request.
+        for _ in 0..50 {
+            let first = self.read_chunk(&keys[..1]).await?;
+            let per = (READ_CHUNK_BYTES / (first.words.max(1) * 4)).max(1);
+            let mut out = first;
+            let mut torn = false;
+            for chunk in keys[1..].chunks(per) {
+                let r = self.read_chunk(chunk).await?;
+                if r.step != out.step {
+                    torn = true;
+                    break;
+                }
+                out.data.extend_from_slice(&r.data);
+            }
+            if !torn {
+                return Ok(out);
+            }
+        }
+        Err(PsError::Coding(format!(
+            "reads of {} members from {} kept straddling commits",
+            keys.len(),
+            self.addr
+        )))
+    }
+
+    async fn read_dense(&self, primary: ServerId) -> Result<DenseRead, PsError> {
+        let r = self
+            .client
+            .clone()
+            .read_dense(proto::ReadDenseRequest { primary: primary.0 })
+            .await
+            .map_err(|e| self.err(e))?
+            .into_inner();
+        Ok(DenseRead {
+            step: r.step,
+            block: DenseBlock {
+                first_block: r.first_block,
+                values: bytes_to_f32s("dense values", &r.values)?,
+                state: bytes_to_f32s("dense state", &r.state)?,
+            },
+        })
+    }
+
+    async fn degraded_read(
+        &self,
+        table: TableId,
+        rows: Vec<ftrec_core::RowId>,
+        lost: Vec<ServerId>,
+    ) -> Result<PulledRows, PsError> {
+        let r = self
+            .client
+            .clone()
+            .degraded_read(proto::DegradedReadRequest {
+                table: table.0,
+                rows: u64s(&rows),
+                lost: lost.iter().map(|s| s.0).collect(),
+            })
+            .await
+            .map_err(|e| self.err(e))?
+            .into_inner();
+        Ok(PulledRows {
+            table,
+            rows: bytes_to_u64s("degraded read rows", &r.rows)?,
+            values: bytes_to_f32s("degraded read values", &r.values)?,
+            dim: r.dim as usize,
+        })
+    }
+
+    async fn start_rebuild(&self, lost: Vec<ServerId>, background: bool) -> Result<(), PsError> {
+        self.client
+            .clone()
+            .start_rebuild(proto::StartRebuildRequest {
+                lost: lost.iter().map(|s| s.0).collect(),
+                background,
+            })
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    async fn rebuild_status(&self) -> Result<RebuildStatus, PsError> {
+        let r = self
+            .client
+            .clone()
+            .rebuild_status(proto::Empty {})
+            .await
+            .map_err(|e| self.err(e))?
+            .into_inner();
+        Ok(RebuildStatus {
+            started: r.started,
+            joined: r.joined,
+            ranges_total: r.ranges_total,
+            ranges_done: r.ranges_done,
+            rows_missing: r.rows_missing,
+            parities_missing: r.parities_missing,
+            rows_decoded_on_demand: r.rows_decoded_on_demand,
+            cut_retries: r.cut_retries,
+            finished: r.finished,
+            error: r.error,
+        })
+    }
+}

@@ -1,0 +1,966 @@
+//! [`EcNode`]: one server's ECRec state and the operations on it.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+
+use ftrec_core::table::init_row;
+use ftrec_core::{DenseParams, Optimizer, RowId, ServerId, TableId};
+use ftrec_ec::{Code, CodeKind, Location, StripeId, StripeLayout};
+
+use super::service::{EcClient, EcService};
+use super::types::{
+    DeltaBatch, DenseDelta, DenseRead, MemberKey, MemberRead, PrepareReport, RebuildStatus,
+    RowDelta,
+};
+use crate::server::{dense_block_range, dense_value_range, PreparedStep};
+use crate::update::{ApplyReport, DenseBlock, RowBlock};
+use crate::{PsError, Server, ServerConfig, SharedServer};
+
+/// How a deployment runs ECRec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EcConfig {
+    pub code: CodeKind,
+    /// Data rows per stripe.
+    pub k: usize,
+    /// Parity rows per stripe: losses tolerated at once.
+    pub r: usize,
+    /// Copies of each primary dense range besides the primary, on the next servers (0: dense
+    /// replication off, `--no-dense-replication`; a lost dense range then cannot be rebuilt).
+    pub dense_replicas: usize,
+    /// Two-phase commit of every step (ECRec §3.5); off is `--no-2pc`.
+    pub two_phase: bool,
+    /// Lock ranges of a rebuild (ECRec §3.4), at least 1.
+    pub lock_ranges: usize,
+}
+
+impl EcConfig {
+    /// `k` data and `r` parity rows per stripe, `r` dense copies, 2PC on, one lock range.
+    pub fn new(code: CodeKind, k: usize, r: usize) -> Self {
+        EcConfig {
+            code,
+            k,
+            r,
+            dense_replicas: r,
+            two_phase: true,
+            lock_ranges: 1,
+        }
+    }
+
+    /// Check against a cluster of `servers` servers; a bad value names itself.
+    pub fn validate(&self, servers: u32) -> Result<(), PsError> {
+        let bad = |m: String| Err(PsError::InvalidConfig(m));
+        if self.k == 0 || self.r == 0 {
+            return bad(format!(
+                "ECRec needs k >= 1 and r >= 1 (got k = {}, r = {})",
+                self.k, self.r
+            ));
+        }
+        if self.k as u64 + self.r as u64 > u64::from(servers) {
+            return bad(format!(
+                "ECRec with k = {} and r = {} needs at least k + r = {} servers (the rows and \
+                 parities of a stripe must sit on different servers), but there are {servers}",
+                self.k,
+                self.r,
+                self.k + self.r
+            ));
+        }
+        if self.code == CodeKind::Sum && self.r != 1 {
+            return bad(format!(
+                "the sum code has exactly one parity per stripe (r = 1), got r = {}; use gf256",
+                self.r
+            ));
+        }
+        if self.dense_replicas as u64 >= u64::from(servers) {
+            return bad(format!(
+                "{} dense replicas need more than {servers} servers",
+                self.dense_replicas
+            ));
+        }
+        if self.lock_ranges == 0 {
+            return bad("a rebuild needs at least one lock range".into());
+        }
+        Ok(())
+    }
+}
+
+/// A copy of another server's primary dense range.
+#[derive(Debug, Clone)]
+pub(crate) struct Replica {
+    pub primary: ServerId,
+    pub blocks: Range<u64>,
+    pub dense: DenseParams,
+}
+
+/// Staged deltas of one sender for one step, already resolved to local slots.
+#[derive(Debug, Clone, Default)]
+struct StagedIncoming {
+    /// (table, slot, stripe position, parity index, delta)
+    rows: Vec<(usize, u64, usize, usize, Vec<f32>)>,
+    /// (replica index, local block, gradient)
+    dense: Vec<(usize, usize, Vec<f32>)>,
+}
+
+/// What a replacement still has to rebuild.
+#[derive(Debug, Clone)]
+pub(crate) struct Missing {
+    pub lost: Vec<ServerId>,
+    pub rows: Vec<Vec<bool>>,
+    pub parities: Vec<Vec<bool>>,
+    pub rows_left: u64,
+    pub parities_left: u64,
+    pub dense_missing: bool,
+    /// The plan of the rebuild under way, once started.
+    pub plan: Option<Arc<ftrec_ec::RecoveryPlan>>,
+}
+
+pub(crate) struct EcState {
+    /// Parity rows per table, `words` words per slot.
+    pub parity: Vec<Vec<f32>>,
+    pub replicas: Vec<Replica>,
+    prepared: BTreeMap<u64, PreparedStep>,
+    incoming: BTreeMap<u64, BTreeMap<u32, StagedIncoming>>,
+    /// Last step committed on this node (data rows, parities and replicas alike).
+    pub committed: Option<u64>,
+    pub missing: Option<Missing>,
+    pub status: RebuildStatus,
+}
+
+pub(crate) struct EcInner {
+    pub me: ServerId,
+    pub server: SharedServer,
+    pub layout: StripeLayout,
+    pub code: Code,
+    pub cfg: EcConfig,
+    pub dim: usize,
+    pub words: usize,
+    pub dense_opt: Optimizer,
+    pub state: Mutex<EcState>,
+    pub peers: RwLock<Vec<Option<EcClient>>>,
+    /// Set by [`EcNode::kill`]: in-process peers see the node as gone.
+    pub killed: std::sync::atomic::AtomicBool,
+}
+
+/// One server with ECRec on. Cheap to clone (clones share the node).
+#[derive(Clone)]
+pub struct EcNode {
+    pub(crate) inner: Arc<EcInner>,
+}
+
+impl std::fmt::Debug for EcNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EcNode")
+            .field("server", &self.inner.me)
+            .field("cfg", &self.inner.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+fn poisoned() -> PsError {
+    PsError::Internal("ECRec state lock poisoned by an earlier panic".into())
+}
+
+impl EcNode {
+    /// Server `config.server` with ECRec on: its shard as [`Server::new`] builds it, the parity
+    /// rows the layout places on it (encoded from the seeded initial rows, so every node
+    /// computes its own without traffic) and its dense replicas.
+    pub fn new(config: ServerConfig, dense_init: &[f32], ec: EcConfig) -> Result<Self, PsError> {
+        let n = config.shard_map.servers();
+        ec.validate(n)?;
+        let layout = StripeLayout::new(n, ec.k, ec.r, &config.table_rows)?;
+        let code = Code::new(ec.code, ec.k, ec.r)?;
+        let server = Server::new(config.clone(), dense_init)?;
+        let me = config.server;
+        let words = server.layout().words();
+        let dim = config.dim;
+        let parity = initial_parities(&layout, &code, &config, me, words)?;
+        let dense_len = dense_init.len() as u64;
+        let replicas = (1..=ec.dense_replicas)
+            .map(|d| {
+                let primary = ServerId((me.0 + n - d as u32 % n) % n);
+                let blocks = dense_block_range(dense_len, n, primary);
+                let values = dense_value_range(dense_len, n, primary);
+                Replica {
+                    primary,
+                    blocks,
+                    dense: DenseParams::new(
+                        dense_init[values.start as usize..values.end as usize].to_vec(),
+                        &config.dense_optimizer,
+                    ),
+                }
+            })
+            .collect();
+        let state = EcState {
+            parity,
+            replicas,
+            prepared: BTreeMap::new(),
+            incoming: BTreeMap::new(),
+            committed: None,
+            missing: None,
+            status: RebuildStatus::default(),
+        };
+        Ok(EcNode {
+            inner: Arc::new(EcInner {
+                me,
+                server: SharedServer::new(server),
+                layout,
+                code,
+                cfg: ec,
+                dim,
+                words,
+                dense_opt: config.dense_optimizer,
+                state: Mutex::new(state),
+                peers: RwLock::new(vec![None; n as usize]),
+                killed: std::sync::atomic::AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// A replacement for lost server `config.server`: everything it will hold is marked
+    /// missing until [`EcService::start_rebuild`] rebuilds it; `lost` are all servers lost at
+    /// the moment (itself included).
+    pub fn new_replacement(
+        config: ServerConfig,
+        dense_init: &[f32],
+        ec: EcConfig,
+        lost: &[ServerId],
+    ) -> Result<Self, PsError> {
+        let node = Self::new(config, dense_init, ec)?;
+        node.mark_missing(lost)?;
+        Ok(node)
+    }
+
+    fn mark_missing(&self, lost: &[ServerId]) -> Result<(), PsError> {
+        let mut lost = lost.to_vec();
+        if !lost.contains(&self.inner.me) {
+            lost.push(self.inner.me);
+        }
+        lost.sort_unstable();
+        lost.dedup();
+        let rows: Vec<Vec<bool>> = {
+            let s = self.inner.server.read()?;
+            (0..self.inner.layout.tables())
+                .map(|t| vec![true; s.shard(TableId(t as u32)).map_or(0, |x| x.rows()) as usize])
+                .collect()
+        };
+        let mut st = self.state()?;
+        let parities: Vec<Vec<bool>> = st
+            .parity
+            .iter()
+            .map(|p| vec![true; p.len() / self.inner.words])
+            .collect();
+        let rows_left = rows.iter().map(|r| r.len() as u64).sum();
+        let parities_left = parities.iter().map(|p| p.len() as u64).sum();
+        st.missing = Some(Missing {
+            lost,
+            rows,
+            parities,
+            rows_left,
+            parities_left,
+            dense_missing: true,
+            plan: None,
+        });
+        st.status = RebuildStatus {
+            rows_missing: rows_left,
+            parities_missing: parities_left,
+            ..RebuildStatus::default()
+        };
+        Ok(())
+    }
+
+    pub(crate) fn state(&self) -> Result<MutexGuard<'_, EcState>, PsError> {
+        self.inner.state.lock().map_err(|_| poisoned())
+    }
+
+    /// Make this node unreachable for in-process peers and stop its background rebuild: the
+    /// in-process stand-in for a killed process.
+    pub fn kill(&self) {
+        self.inner
+            .killed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_killed(&self) -> bool {
+        self.inner.killed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub fn server_id(&self) -> ServerId {
+        self.inner.me
+    }
+
+    /// The wrapped parameter server, for [`crate::grpc::ps_service`] and
+    /// [`crate::InProcessClient`].
+    pub fn shared(&self) -> &SharedServer {
+        &self.inner.server
+    }
+
+    pub fn layout(&self) -> &StripeLayout {
+        &self.inner.layout
+    }
+
+    pub fn code(&self) -> &Code {
+        &self.inner.code
+    }
+
+    pub fn config(&self) -> EcConfig {
+        self.inner.cfg
+    }
+
+    /// Peer clients by server id (`None`: unknown or lost). Replaces the whole list; the entry
+    /// of this node itself is ignored.
+    pub fn set_peer_clients(&self, peers: Vec<Option<EcClient>>) -> Result<(), PsError> {
+        let n = self.inner.layout.servers() as usize;
+        if peers.len() != n {
+            return Err(PsError::InvalidConfig(format!(
+                "peer list has {} entries but the cluster has {n} servers",
+                peers.len()
+            )));
+        }
+        *self.inner.peers.write().map_err(|_| poisoned())? = peers;
+        Ok(())
+    }
+
+    /// Set one peer (after a replacement took over its id), or forget it with `None`.
+    pub fn set_peer(&self, server: ServerId, peer: Option<EcClient>) -> Result<(), PsError> {
+        let mut peers = self.inner.peers.write().map_err(|_| poisoned())?;
+        let slot = peers
+            .get_mut(server.0 as usize)
+            .ok_or(PsError::InvalidConfig(format!(
+                "server {} is not in the cluster",
+                server.0
+            )))?;
+        *slot = peer;
+        Ok(())
+    }
+
+    /// Peers from `host:port` addresses by server id (empty: unknown); gRPC clients connect
+    /// lazily on first use. Must be called inside a tokio runtime.
+    pub fn set_peer_addrs(&self, addrs: &[String]) -> Result<(), PsError> {
+        let peers = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                if a.is_empty() || i == self.inner.me.0 as usize {
+                    Ok(None)
+                } else {
+                    super::grpc::EcGrpcClient::connect_lazy(a).map(|c| Some(EcClient::Grpc(c)))
+                }
+            })
+            .collect::<Result<Vec<_>, PsError>>()?;
+        self.set_peer_clients(peers)
+    }
+
+    pub(crate) fn peer(&self, server: ServerId) -> Result<EcClient, PsError> {
+        if server == self.inner.me {
+            return Ok(EcClient::in_process(self));
+        }
+        self.inner
+            .peers
+            .read()
+            .map_err(|_| poisoned())?
+            .get(server.0 as usize)
+            .cloned()
+            .flatten()
+            .ok_or(PsError::Unavailable {
+                addr: format!("server {}", server.0),
+                reason: "no peer address is known for it (lost, or set_peers not called)".into(),
+            })
+    }
+
+    /// Last step committed on this node.
+    pub fn committed_step(&self) -> Result<Option<u64>, PsError> {
+        Ok(self.state()?.committed)
+    }
+
+    /// This node's parity rows of `table`, `words` words per slot.
+    pub fn parity_rows(&self, table: TableId) -> Result<Vec<f32>, PsError> {
+        let st = self.state()?;
+        st.parity
+            .get(table.0 as usize)
+            .cloned()
+            .ok_or(PsError::UnknownTable {
+                table: table.0,
+                tables: st.parity.len() as u64,
+            })
+    }
+
+    /// Bytes held for redundancy (parity rows and dense replicas) and for the model (rows and
+    /// primary dense range) on this node.
+    pub fn memory(&self) -> Result<(u64, u64), PsError> {
+        let st = self.state()?;
+        let parity: u64 = st.parity.iter().map(|p| p.len() as u64 * 4).sum();
+        let replicas: u64 = st
+            .replicas
+            .iter()
+            .map(|r| (r.dense.values.len() + r.dense.state.len()) as u64 * 4)
+            .sum();
+        let s = self.inner.server.read()?;
+        let rows: u64 = (0..self.inner.layout.tables())
+            .map(|t| s.shard(TableId(t as u32)).map_or(0, |x| x.bytes()))
+            .sum();
+        let dense = (s.dense().values.len() + s.dense().state.len()) as u64 * 4;
+        Ok((parity + replicas, rows + dense))
+    }
+
+    // ---- phase 1 ----
+
+    /// Compute step `step` and send its deltas to the parity and replica holders, staged
+    /// (`apply_now` false) or applied on arrival.
+    async fn compute_and_send(
+        &self,
+        step: u64,
+        workers: &[u32],
+        apply_now: bool,
+    ) -> Result<(PreparedStep, PrepareReport), PsError> {
+        let mut report = PrepareReport::default();
+        if self.state()?.missing.is_some() {
+            let needed = self.inner.server.read()?.staged_rows(step);
+            report.rows_decoded = self.ensure_present(&needed).await?;
+        }
+        let prepared = self.inner.server.read()?.prepare_step(step, workers)?;
+        let me = self.inner.me;
+        let code = &self.inner.code;
+        let layout = &self.inner.layout;
+        let mut batches: BTreeMap<u32, DeltaBatch> = BTreeMap::new();
+        let empty = || DeltaBatch {
+            step,
+            from: me,
+            apply_now,
+            rows: Vec::new(),
+            dense: Vec::new(),
+        };
+        for p in &prepared.rows {
+            report.rows += p.rows.len() as u64;
+            for (i, &row) in p.rows.iter().enumerate() {
+                let w = p.words;
+                let (old, new) = (&p.old[i * w..(i + 1) * w], &p.new[i * w..(i + 1) * w]);
+                if old.iter().zip(new).all(|(a, b)| a.to_bits() == b.to_bits()) {
+                    // An update that changed no bit changes no parity.
+                    continue;
+                }
+                let mut delta = vec![0.0f32; w];
+                code.delta(old, new, &mut delta)?;
+                // ECRec §3.2: the same difference goes to every parity holder of the stripe,
+                // each multiplies it by its own coefficient.
+                let (stripe, _) = layout.stripe_of(p.table, row)?;
+                let r = layout.r();
+                for j in 0..r {
+                    let (holder, _) = layout.parity_holder(stripe, j)?;
+                    let delta = if j + 1 == r {
+                        std::mem::take(&mut delta)
+                    } else {
+                        delta.clone()
+                    };
+                    batches
+                        .entry(holder.0)
+                        .or_insert_with(empty)
+                        .rows
+                        .push(RowDelta {
+                            table: p.table,
+                            row,
+                            delta,
+                        });
+                    report.row_deltas_sent += 1;
+                    report.bytes_sent += 12 + w as u64 * 4;
+                }
+            }
+        }
+        report.dense_blocks = prepared.dense.len() as u64;
+        if !prepared.dense.is_empty() {
+            let n = layout.servers();
+            for d in 1..=self.inner.cfg.dense_replicas as u32 {
+                // ECRec §3.3: replicas apply the same summed gradient as the primary.
+                let b = batches.entry((me.0 + d) % n).or_insert_with(empty);
+                for pd in &prepared.dense {
+                    b.dense.push(DenseDelta {
+                        block: pd.block,
+                        grad: pd.grad.clone(),
+                    });
+                    report.dense_deltas_sent += 1;
+                    report.bytes_sent += 8 + pd.grad.len() as u64 * 4;
+                }
+            }
+        }
+        let mut set = tokio::task::JoinSet::new();
+        for (s, b) in batches {
+            let peer = self.peer(ServerId(s))?;
+            set.spawn(async move { peer.stage_deltas(b).await });
+        }
+        let mut first_err = None;
+        while let Some(r) = set.join_next().await {
+            let r = r.map_err(|e| PsError::Internal(format!("delta send task failed: {e}")));
+            if let Err(e) = r.and_then(|x| x) {
+                first_err.get_or_insert(e);
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        Ok((prepared, report))
+    }
+
+    /// Phase 1 of step `step` (ECRec §3.5): see the module docs.
+    pub async fn prepare(&self, step: u64, workers: &[u32]) -> Result<PrepareReport, PsError> {
+        let (prepared, report) = self.compute_and_send(step, workers, false).await?;
+        self.state()?.prepared.insert(step, prepared);
+        Ok(report)
+    }
+
+    /// Phase 2: apply this node's prepared rows and dense blocks and every delta staged for
+    /// `step`, atomically with respect to member reads.
+    pub fn commit(&self, step: u64) -> Result<ApplyReport, PsError> {
+        let mut st = self.state()?;
+        let prepared = st
+            .prepared
+            .get(&step)
+            .ok_or(PsError::NotPrepared { step })?;
+        let report = self.inner.server.write()?.commit_prepared(prepared)?;
+        st.prepared.remove(&step);
+        let incoming = st.incoming.remove(&step).unwrap_or_default();
+        for (_, inc) in incoming {
+            self.apply_incoming(&mut st, &inc)?;
+        }
+        // Stale stages of earlier steps can no longer commit.
+        st.prepared.retain(|&s, _| s > step);
+        st.incoming.retain(|&s, _| s > step);
+        st.committed = Some(step);
+        Ok(report)
+    }
+
+    /// Drop step `step` everywhere on this node: prepared rows, staged deltas and the
+    /// workers' staged contributions. Returns how many contributions were dropped.
+    pub fn abort(&self, step: u64) -> Result<usize, PsError> {
+        let mut st = self.state()?;
+        st.prepared.remove(&step);
+        st.incoming.remove(&step);
+        Ok(self.inner.server.write()?.abort_step(step))
+    }
+
+    /// One-phase step (`--no-2pc`): compute, forward the deltas to be applied on arrival, apply
+    /// here.
+    pub async fn apply_step(&self, step: u64, workers: &[u32]) -> Result<ApplyReport, PsError> {
+        let (prepared, _) = self.compute_and_send(step, workers, true).await?;
+        let mut st = self.state()?;
+        let report = self.inner.server.write()?.commit_prepared(&prepared)?;
+        st.committed = Some(step);
+        Ok(report)
+    }
+
+    fn apply_incoming(&self, st: &mut EcState, inc: &StagedIncoming) -> Result<(), PsError> {
+        let w = self.inner.words;
+        for (t, slot, position, j, delta) in &inc.rows {
+            let at = *slot as usize * w;
+            let parity = &mut st.parity[*t][at..at + w];
+            self.inner.code.apply_delta(*position, *j, delta, parity)?;
+        }
+        let opt = self.inner.dense_opt;
+        for (ri, b, grad) in &inc.dense {
+            let (v, s) = st.replicas[*ri].dense.block_mut(*b, &opt);
+            opt.apply_split(v, s, grad);
+        }
+        Ok(())
+    }
+
+    /// Take a peer's deltas for `batch.step`: validated completely, then staged (or applied at
+    /// once in one-phase mode).
+    pub fn stage_deltas(&self, batch: DeltaBatch) -> Result<(), PsError> {
+        let layout = &self.inner.layout;
+        let me = self.inner.me;
+        let w = self.inner.words;
+        let mut inc = StagedIncoming::default();
+        inc.rows.reserve(batch.rows.len());
+        for d in batch.rows {
+            if d.delta.len() != w {
+                return Err(PsError::ShapeMismatch {
+                    what: format!("delta of row {} of table {}", d.row, d.table.0),
+                    expected: w as u64,
+                    got: d.delta.len() as u64,
+                });
+            }
+            let (stripe, position) = layout.stripe_of(d.table, d.row)?;
+            if layout.shard_map().owner(d.table, d.row) != batch.from {
+                return Err(PsError::MalformedRequest(format!(
+                    "server {} sent a delta for row {} of table {}, which it does not own",
+                    batch.from.0, d.row, d.table.0
+                )));
+            }
+            let mut found = None;
+            for j in 0..layout.r() {
+                let (holder, slot) = layout.parity_holder(stripe, j)?;
+                if holder == me {
+                    found = Some((j, slot));
+                    break;
+                }
+            }
+            let (j, slot) = found.ok_or_else(|| {
+                PsError::MalformedRequest(format!(
+                    "server {} holds no parity of row {} of table {}",
+                    me.0, d.row, d.table.0
+                ))
+            })?;
+            inc.rows
+                .push((d.table.0 as usize, slot.index, position, j, d.delta));
+        }
+        let mut st = self.state()?;
+        for mut d in batch.dense {
+            let ri = st
+                .replicas
+                .iter()
+                .position(|r| r.primary == batch.from)
+                .ok_or_else(|| {
+                    PsError::MalformedRequest(format!(
+                        "server {} holds no replica of server {}'s dense blocks",
+                        me.0, batch.from.0
+                    ))
+                })?;
+            let r = &st.replicas[ri];
+            if !r.blocks.contains(&d.block) {
+                return Err(PsError::MalformedRequest(format!(
+                    "dense block {} is not in server {}'s blocks {:?}",
+                    d.block, batch.from.0, r.blocks
+                )));
+            }
+            let b = (d.block - r.blocks.start) as usize;
+            let len = (r.dense.len() - b * ftrec_core::DENSE_BLOCK).min(ftrec_core::DENSE_BLOCK);
+            if d.grad.len() != len || !d.grad.iter().all(|g| g.is_finite()) {
+                return Err(PsError::MalformedRequest(format!(
+                    "dense gradient of block {} has {} values (expected {len}) or is not finite",
+                    d.block,
+                    d.grad.len()
+                )));
+            }
+            inc.dense.push((ri, b, std::mem::take(&mut d.grad)));
+        }
+        if batch.apply_now {
+            self.apply_incoming(&mut st, &inc)
+        } else {
+            if st.committed.is_some_and(|c| batch.step <= c) {
+                return Err(PsError::StepAlreadyCommitted {
+                    step: batch.step,
+                    last: st.committed.unwrap_or(0),
+                });
+            }
+            st.incoming
+                .entry(batch.step)
+                .or_default()
+                .insert(batch.from.0, inc);
+            Ok(())
+        }
+    }
+
+    /// Words of `keys` at one instant, with the committed step (see [`MemberRead`]).
+    pub fn read_members(&self, keys: &[MemberKey]) -> Result<MemberRead, PsError> {
+        let st = self.state()?;
+        let s = self.inner.server.read()?;
+        let w = self.inner.words;
+        let mut data = Vec::with_capacity(keys.len() * w);
+        for k in keys {
+            match *k {
+                MemberKey::Row { table, local } => {
+                    if let Some(m) = &st.missing {
+                        if m.rows
+                            .get(table.0 as usize)
+                            .and_then(|r| r.get(local as usize))
+                            .copied()
+                            .unwrap_or(false)
+                        {
+                            return Err(PsError::Coding(format!(
+                                "row {local} of table {} on server {} is not rebuilt yet",
+                                table.0, self.inner.me.0
+                            )));
+                        }
+                    }
+                    let block = s.export_rows(table, local..local + 1)?;
+                    data.extend_from_slice(&block.data);
+                }
+                MemberKey::Parity { table, slot } => {
+                    let p = st
+                        .parity
+                        .get(table.0 as usize)
+                        .ok_or(PsError::UnknownTable {
+                            table: table.0,
+                            tables: st.parity.len() as u64,
+                        })?;
+                    let slots = (p.len() / w) as u64;
+                    if slot >= slots {
+                        return Err(PsError::Coding(format!(
+                            "parity slot {slot} of table {} is out of range on server {} \
+                             ({slots} slots)",
+                            table.0, self.inner.me.0
+                        )));
+                    }
+                    if let Some(m) = &st.missing {
+                        if m.parities[table.0 as usize][slot as usize] {
+                            return Err(PsError::Coding(format!(
+                                "parity slot {slot} of table {} on server {} is not rebuilt yet",
+                                table.0, self.inner.me.0
+                            )));
+                        }
+                    }
+                    data.extend_from_slice(&p[slot as usize * w..(slot as usize + 1) * w]);
+                }
+            }
+        }
+        Ok(MemberRead {
+            step: st.committed,
+            words: w,
+            data,
+        })
+    }
+
+    /// The primary dense range of `primary` (this node's own, or a replica it holds).
+    pub fn read_dense(&self, primary: ServerId) -> Result<DenseRead, PsError> {
+        let st = self.state()?;
+        if st.missing.as_ref().is_some_and(|m| m.dense_missing) {
+            return Err(PsError::Coding(format!(
+                "server {} has not rebuilt its dense blocks yet",
+                self.inner.me.0
+            )));
+        }
+        let block = if primary == self.inner.me {
+            let s = self.inner.server.read()?;
+            s.export_dense(s.dense_blocks())?
+        } else {
+            let r = st
+                .replicas
+                .iter()
+                .find(|r| r.primary == primary)
+                .ok_or_else(|| {
+                    PsError::MalformedRequest(format!(
+                        "server {} holds no copy of server {}'s dense blocks",
+                        self.inner.me.0, primary.0
+                    ))
+                })?;
+            DenseBlock {
+                first_block: r.blocks.start,
+                values: r.dense.values.clone(),
+                state: r.dense.state.clone(),
+            }
+        };
+        Ok(DenseRead {
+            step: st.committed,
+            block,
+        })
+    }
+
+    /// Install rows decoded for this node; rows no longer missing are left alone (a newer
+    /// decode or an update got there first). Returns how many were installed.
+    pub(crate) fn install_rows(
+        &self,
+        st: &mut EcState,
+        rows: &[(TableId, u64, Vec<f32>)],
+    ) -> Result<u64, PsError> {
+        let Some(m) = st.missing.as_mut() else {
+            return Ok(0);
+        };
+        let mut s = self.inner.server.write()?;
+        let mut n = 0;
+        for (table, local, words) in rows {
+            let flag = &mut m.rows[table.0 as usize][*local as usize];
+            if *flag {
+                s.import_rows(&RowBlock {
+                    table: *table,
+                    first_local: *local,
+                    data: words.clone(),
+                })?;
+                *flag = false;
+                m.rows_left -= 1;
+                n += 1;
+            }
+        }
+        st.status.rows_missing = st.missing.as_ref().map_or(0, |m| m.rows_left);
+        Ok(n)
+    }
+
+    /// Whether this node still has to rebuild local row `local` of `table`.
+    pub(crate) fn row_missing(st: &EcState, table: TableId, local: u64) -> bool {
+        st.missing
+            .as_ref()
+            .is_some_and(|m| m.rows[table.0 as usize][local as usize])
+    }
+
+    /// The global rows of `table` this node owns, as local indices.
+    pub(crate) fn local_of(&self, table: TableId, row: RowId) -> u64 {
+        self.inner.layout.shard_map().local_index(table, row)
+    }
+}
+
+/// Encode this server's parity slots from the seeded initial rows.
+fn initial_parities(
+    layout: &StripeLayout,
+    code: &Code,
+    config: &ServerConfig,
+    me: ServerId,
+    words: usize,
+) -> Result<Vec<Vec<f32>>, PsError> {
+    let counts = layout.parity_rows_per_table(me)?;
+    let mut out: Vec<Vec<f32>> = counts
+        .iter()
+        .map(|&c| vec![0.0f32; c as usize * words])
+        .collect();
+    let (k, r) = (layout.k(), layout.r());
+    let mut data = vec![vec![0.0f32; words]; k];
+    let mut parity = vec![vec![0.0f32; words]; r];
+    for (slot, stripe, j) in layout.parity_slots(me)? {
+        fill_initial_rows(layout, config, stripe, &mut data)?;
+        let ins: Vec<&[f32]> = data.iter().map(|v| v.as_slice()).collect();
+        let mut outs: Vec<&mut [f32]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
+        code.encode(&ins, &mut outs)?;
+        let at = slot.index as usize * words;
+        out[slot.table.0 as usize][at..at + words].copy_from_slice(&parity[j]);
+    }
+    Ok(out)
+}
+
+fn fill_initial_rows(
+    layout: &StripeLayout,
+    config: &ServerConfig,
+    stripe: StripeId,
+    data: &mut [Vec<f32>],
+) -> Result<(), PsError> {
+    let dim = config.dim;
+    for m in layout.members(stripe)? {
+        if m.position >= data.len() {
+            continue;
+        }
+        let row = &mut data[m.position];
+        row.fill(0.0);
+        if let Location::Row { table, row: id, .. } = m.location {
+            init_row(config.seed, table, id, config.init_scale, &mut row[..dim]);
+        }
+    }
+    Ok(())
+}
+
+/// Result of [`audit_parities`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ParityAudit {
+    pub stripes: u64,
+    /// Parities that differ from a fresh encode of their stripe, bit for bit.
+    pub parity_mismatches: u64,
+    /// Largest absolute difference between a stored and a freshly encoded parity word
+    /// (meaningful for the sum code, whose float parities drift).
+    pub max_abs_error: f64,
+    /// Dense replica words that differ from their primary, bit for bit.
+    pub replica_mismatches: u64,
+}
+
+/// Check every parity of a cluster against a fresh encode of its stripe and every dense
+/// replica against its primary, through the nodes' services (any transport). Reads go
+/// table by table; the cluster must be quiet (no step committing) meanwhile.
+pub async fn audit_parities<S: EcService>(
+    nodes: &[S],
+    layout: &StripeLayout,
+    code: &Code,
+) -> Result<ParityAudit, PsError> {
+    let n = layout.servers() as usize;
+    if nodes.len() != n {
+        return Err(PsError::InvalidConfig(format!(
+            "audit needs all {n} nodes, got {}",
+            nodes.len()
+        )));
+    }
+    let map = layout.shard_map();
+    let mut audit = ParityAudit::default();
+    for t in 0..layout.tables() {
+        let table = TableId(t as u32);
+        let rows = layout.table_rows()[t];
+        // Every row of the table, by global id.
+        let mut by_server: Vec<Vec<MemberKey>> = vec![Vec::new(); n];
+        for row in 0..rows {
+            by_server[map.owner(table, row).0 as usize].push(MemberKey::Row {
+                table,
+                local: map.local_index(table, row),
+            });
+        }
+        let mut data: Vec<MemberRead> = Vec::with_capacity(n);
+        for (s, keys) in by_server.iter().enumerate() {
+            data.push(nodes[s].read_members(keys.clone()).await?);
+        }
+        let mut parities: Vec<MemberRead> = Vec::with_capacity(n);
+        for (s, node) in nodes.iter().enumerate() {
+            let slots = layout.parity_rows_on(ServerId(s as u32), table)?;
+            let keys = (0..slots)
+                .map(|slot| MemberKey::Parity { table, slot })
+                .collect();
+            parities.push(node.read_members(keys).await?);
+        }
+        let w = data
+            .iter()
+            .chain(parities.iter())
+            .map(|r| r.words)
+            .max()
+            .unwrap_or(0);
+        let row_words = |row: RowId| -> &[f32] {
+            let s = map.owner(table, row).0 as usize;
+            let l = map.local_index(table, row) as usize;
+            &data[s].data[l * w..(l + 1) * w]
+        };
+        let zeros = vec![0.0f32; w];
+        let mut enc = vec![vec![0.0f32; w]; layout.r()];
+        for index in 0..layout.stripes(table)? {
+            let stripe = StripeId { table, index };
+            let members = layout.members(stripe)?;
+            let ins: Vec<&[f32]> = members[..layout.k()]
+                .iter()
+                .map(|m| match m.location {
+                    Location::Row { row, .. } => row_words(row),
+                    _ => &zeros[..],
+                })
+                .collect();
+            let mut outs: Vec<&mut [f32]> = enc.iter_mut().map(|v| v.as_mut_slice()).collect();
+            code.encode(&ins, &mut outs)?;
+            for m in &members[layout.k()..] {
+                if let Location::Parity { parity, slot } = m.location {
+                    let s = m.server.0 as usize;
+                    let at = slot.index as usize * w;
+                    let stored = &parities[s].data[at..at + w];
+                    if stored
+                        .iter()
+                        .zip(&enc[parity])
+                        .any(|(a, b)| a.to_bits() != b.to_bits())
+                    {
+                        audit.parity_mismatches += 1;
+                    }
+                    for (a, b) in stored.iter().zip(&enc[parity]) {
+                        let e = (f64::from(*a) - f64::from(*b)).abs();
+                        if e > audit.max_abs_error || e.is_nan() {
+                            audit.max_abs_error = e;
+                        }
+                    }
+                }
+            }
+            audit.stripes += 1;
+        }
+    }
+    for (s, node) in nodes.iter().enumerate() {
+        let primary = node.read_dense(ServerId(s as u32)).await?;
+        for d in 1..n {
+            let holder = (s + d) % n;
+            match nodes[holder].read_dense(ServerId(s as u32)).await {
+                Ok(copy) => {
+                    let diff = |a: &[f32], b: &[f32]| {
+                        if a.len() != b.len() {
+                            return a.len().max(b.len()) as u64;
+                        }
+                        a.iter()
+                            .zip(b)
+                            .filter(|(x, y)| x.to_bits() != y.to_bits())
+                            .count() as u64
+                    };
+                    audit.replica_mismatches += diff(&copy.block.values, &primary.block.values)
+                        + diff(&copy.block.state, &primary.block.state);
+                }
+                Err(PsError::MalformedRequest(_)) => break,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(audit)
+}
+
+/// Weak handle used by in-process peers, so that dropping every strong handle of a node
+/// makes it unreachable (a lost server in tests).
+pub(crate) fn downgrade(node: &EcNode) -> Weak<EcInner> {
+    Arc::downgrade(&node.inner)
+}

@@ -1,0 +1,100 @@
+//! Plain values exchanged by ECRec nodes and their coordinator, shared by both transports.
+
+use ftrec_core::{RowId, ServerId, TableId};
+
+use crate::update::DenseBlock;
+
+/// The differences one owner sends one parity or replica holder for one step (ECRec §3.2,
+/// difference propagation; §3.3, dense replication).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeltaBatch {
+    pub step: u64,
+    pub from: ServerId,
+    /// Apply on arrival (one-phase mode, `--no-2pc`) instead of staging under `step`.
+    pub apply_now: bool,
+    pub rows: Vec<RowDelta>,
+    pub dense: Vec<DenseDelta>,
+}
+
+/// `delta` = code delta of one data row (values and optimizer state, old to new): the bits
+/// of `old XOR new` for gf256, `new - old` for sum.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowDelta {
+    pub table: TableId,
+    pub row: RowId,
+    pub delta: Vec<f32>,
+}
+
+/// The summed gradient of one dense block of the sender's primary range: a replica applies
+/// the same optimizer step to it (ECRec §3.3).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DenseDelta {
+    /// Global block index.
+    pub block: u64,
+    pub grad: Vec<f32>,
+}
+
+/// A stored member of a stripe, addressed on the server that holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MemberKey {
+    /// A data row by local index.
+    Row { table: TableId, local: u64 },
+    /// A parity row by parity slot.
+    Parity { table: TableId, slot: u64 },
+}
+
+/// Words of some members taken at one instant, with the step the node had committed then
+/// (`None` before the first commit). Readers compare the steps of all their reads to know that
+/// they form one consistent cut.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemberRead {
+    pub step: Option<u64>,
+    /// Words per member (values then optimizer state).
+    pub words: usize,
+    /// `words` words per requested key, in request order.
+    pub data: Vec<f32>,
+}
+
+/// One primary dense range (values and optimizer state) with the committed step it reflects.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DenseRead {
+    pub step: Option<u64>,
+    pub block: DenseBlock,
+}
+
+/// What phase 1 of a step did on one node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrepareReport {
+    pub rows: u64,
+    pub dense_blocks: u64,
+    /// Row deltas sent to parity holders (one per row and parity holder).
+    pub row_deltas_sent: u64,
+    /// Dense block gradients sent to replica holders.
+    pub dense_deltas_sent: u64,
+    /// Payload bytes of everything sent to peers.
+    pub bytes_sent: u64,
+    /// Lost rows decoded on demand before the step could be computed (a replacement only).
+    pub rows_decoded: u64,
+}
+
+/// Progress of a replacement's rebuild (ECRec §3.4).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RebuildStatus {
+    /// Whether a rebuild was started on this node.
+    pub started: bool,
+    /// The node holds its dense part and takes part in steps.
+    pub joined: bool,
+    pub ranges_total: u64,
+    pub ranges_done: u64,
+    /// Data rows and parity rows still to rebuild.
+    pub rows_missing: u64,
+    pub parities_missing: u64,
+    /// Rows decoded on demand because a pull or a step needed them before their range.
+    pub rows_decoded_on_demand: u64,
+    /// Lock switches that had to be retried because a step committed during the reads.
+    pub cut_retries: u64,
+    /// Everything is rebuilt; the node is a full member again.
+    pub finished: bool,
+    /// Why the rebuild stopped, if it failed (start it again with the current lost set).
+    pub error: Option<String>,
+}

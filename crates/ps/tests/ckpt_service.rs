@@ -1,0 +1,150 @@
+//! The server-side checkpoint service in process: servers track touched rows at push time
+//! (DECK §3.1), save full and delta checkpoints of their own shards straight into the store,
+//! the coordinator commits one manifest per save, and every server restores the lineage of a
+//! chosen checkpoint to exactly the model it had at that step (digest, bit for bit).
+
+mod ckpt_common;
+mod common;
+
+use ckpt_common::{digest, start, step, TempDir, SERVERS};
+use ftrec_ckpt::deck::{self, checkpoint_id, MergePolicy, Merger};
+use ftrec_ckpt::{CheckpointKind, Checkpoints, DataPosition, LocalStore};
+use ftrec_ps::ckpt::{restore_cluster, save_cluster, CkptApi, CkptServiceError, SavePlan};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn save_full_and_deltas_then_restore_each_point_exactly() {
+    let dir = TempDir::new();
+    let location = dir.path().join("store").to_string_lossy().into_owned();
+    let ckpts = Checkpoints::new(std::sync::Arc::new(LocalStore::new(&location).unwrap()));
+    let (servers, nodes) = start(&dir.path().join("staging"));
+    let mut saved = Vec::new();
+    let mut parent = None;
+    for s in 1..=12u64 {
+        step(&servers, s);
+        if s % 3 == 0 {
+            let kind = if parent.is_none() {
+                CheckpointKind::Full
+            } else {
+                CheckpointKind::Delta
+            };
+            let id = checkpoint_id(s, kind, 0);
+            let (m, pauses) = save_cluster(
+                &nodes,
+                &location,
+                &ckpts,
+                SavePlan {
+                    kind,
+                    id: id.clone(),
+                    step: s,
+                    parent: parent.clone(),
+                    data_position: DataPosition::Bytes(s.to_le_bytes().to_vec()),
+                },
+            )
+            .await
+            .unwrap();
+            assert_eq!(pauses.len(), SERVERS as usize);
+            assert_eq!(m.kind, kind);
+            if kind == CheckpointKind::Delta {
+                // Only touched rows: far fewer than the model's.
+                let rows: u64 = pauses.iter().map(|p| p.rows).sum();
+                assert!(rows > 0 && rows < 100, "{rows} rows in a delta");
+            }
+            saved.push((id.clone(), digest(&servers)));
+            parent = Some(id);
+        }
+    }
+    Merger::new(ckpts.clone(), MergePolicy::default())
+        .unwrap()
+        .run_once()
+        .await
+        .unwrap();
+    let live = digest(&servers);
+    for (id, want) in saved.iter().rev() {
+        let done = restore_cluster(&nodes, &location, id).await.unwrap();
+        assert_eq!(done.len(), SERVERS as usize);
+        assert_eq!(&digest(&servers), want, "restore of {id}");
+    }
+    // Back to the newest and on: training continues, and the tracker starts over there.
+    let (last, want) = saved.last().unwrap();
+    restore_cluster(&nodes, &location, last).await.unwrap();
+    assert_eq!(&digest(&servers), want);
+    assert_eq!(want, &live);
+    step(&servers, 13);
+    let id = checkpoint_id(13, CheckpointKind::Delta, 0);
+    save_cluster(
+        &nodes,
+        &location,
+        &ckpts,
+        SavePlan {
+            kind: CheckpointKind::Delta,
+            id: id.clone(),
+            step: 13,
+            parent: Some(last.clone()),
+            data_position: DataPosition::None,
+        },
+    )
+    .await
+    .unwrap();
+    let at13 = digest(&servers);
+    restore_cluster(&nodes, &location, &saved[0].0)
+        .await
+        .unwrap();
+    restore_cluster(&nodes, &location, &id).await.unwrap();
+    assert_eq!(digest(&servers), at13);
+    let chain = deck::select_chain(&ckpts, &deck::RestoreAt::Current, false)
+        .await
+        .unwrap();
+    assert_eq!(chain.last().unwrap().id, id);
+}
+
+/// A server whose upload fails makes the whole save fail: nothing is committed, and `CURRENT`
+/// still names the previous checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_server_upload_commits_nothing() {
+    let dir = TempDir::new();
+    let location = dir.path().join("store").to_string_lossy().into_owned();
+    let ckpts = Checkpoints::new(std::sync::Arc::new(LocalStore::new(&location).unwrap()));
+    let (servers, nodes) = start(&dir.path().join("staging"));
+    step(&servers, 1);
+    let full = checkpoint_id(1, CheckpointKind::Full, 0);
+    save_cluster(
+        &nodes,
+        &location,
+        &ckpts,
+        SavePlan {
+            kind: CheckpointKind::Full,
+            id: full.clone(),
+            step: 1,
+            parent: None,
+            data_position: DataPosition::None,
+        },
+    )
+    .await
+    .unwrap();
+    // Make one server's store refuse writes: a read-only staging dir stands in for a dying disk.
+    step(&servers, 2);
+    let bad_location = dir.path().join("not-a-dir");
+    std::fs::write(&bad_location, b"file").unwrap();
+    let err = save_cluster(
+        &nodes,
+        &bad_location.to_string_lossy(),
+        &ckpts,
+        SavePlan {
+            kind: CheckpointKind::Delta,
+            id: checkpoint_id(2, CheckpointKind::Delta, 0),
+            step: 2,
+            parent: Some(full.clone()),
+            data_position: DataPosition::None,
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, CkptServiceError::Store(_)), "{err}");
+    assert_eq!(ckpts.read_current().await.unwrap().unwrap().id, full);
+    // An unknown save is named.
+    let e = nodes[0]
+        .wait(checkpoint_id(77, CheckpointKind::Delta, 0))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, CkptServiceError::UnknownSave { .. }));
+}

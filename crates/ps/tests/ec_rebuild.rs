@@ -1,0 +1,282 @@
+//! ECRec §3.4–3.5: a lost server is rebuilt from the survivors (rows with their optimizer
+//! state, parity rows, dense part) bit for bit, while training goes on; 2PC keeps a loss in
+//! either phase from losing anything.
+
+mod ec_common;
+
+use ec_common::{EcCluster, Reference};
+use ftrec_core::{OptimizerKind, ServerId};
+use ftrec_ec::CodeKind;
+use ftrec_ps::ec::{EcClient, EcConfig, EcService};
+use ftrec_ps::PsError;
+
+fn lost(v: &[u32]) -> Vec<ServerId> {
+    v.iter().map(|&s| ServerId(s)).collect()
+}
+
+async fn train(c: &EcCluster, reference: &mut Reference, steps: std::ops::RangeInclusive<u64>) {
+    for s in steps {
+        c.step(s).await.unwrap();
+        reference.step(s);
+    }
+}
+
+async fn assert_whole(c: &EcCluster, reference: &Reference) {
+    assert_eq!(c.digest(), reference.digest());
+    let audit = c.audit().await;
+    assert_eq!(audit.parity_mismatches, 0, "{audit:?}");
+    assert_eq!(audit.replica_mismatches, 0, "{audit:?}");
+}
+
+#[tokio::test]
+async fn one_lost_server_is_rebuilt_bit_for_bit() {
+    for opt in [OptimizerKind::Adam, OptimizerKind::Adagrad] {
+        for victim in [0, 2] {
+            let mut c = EcCluster::new(4, EcConfig::new(CodeKind::Gf256, 2, 1), opt);
+            let mut reference = Reference::new(4, opt);
+            train(&c, &mut reference, 1..=6).await;
+            c.kill(victim);
+            let node = c.replace(victim, &[victim]);
+            node.start_rebuild(&lost(&[victim]), false).await.unwrap();
+            let st = node.rebuild_status().unwrap();
+            assert!(st.finished && st.joined, "{st:?}");
+            assert_eq!((st.rows_missing, st.parities_missing), (0, 0));
+            assert_whole(&c, &reference).await;
+            // The replacement is a full member again.
+            train(&c, &mut reference, 7..=9).await;
+            assert_whole(&c, &reference).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn two_simultaneous_losses_with_r2() {
+    for (a, b) in [(1, 2), (0, 4), (3, 5)] {
+        let mut c = EcCluster::new(6, EcConfig::new(CodeKind::Gf256, 3, 2), OptimizerKind::Adam);
+        let mut reference = Reference::new(6, OptimizerKind::Adam);
+        train(&c, &mut reference, 1..=5).await;
+        c.kill(a);
+        c.kill(b);
+        let na = c.replace(a, &[a, b]);
+        let nb = c.replace(b, &[a, b]);
+        na.start_rebuild(&lost(&[a, b]), false).await.unwrap();
+        nb.start_rebuild(&lost(&[a, b]), false).await.unwrap();
+        assert_whole(&c, &reference).await;
+        train(&c, &mut reference, 6..=7).await;
+        assert_whole(&c, &reference).await;
+    }
+}
+
+#[tokio::test]
+async fn more_losses_than_r_is_a_clear_error() {
+    let mut c = EcCluster::new(4, EcConfig::new(CodeKind::Gf256, 2, 1), OptimizerKind::Sgd);
+    c.kill(0);
+    c.kill(1);
+    let n = c.replace(0, &[0, 1]);
+    let e = n.start_rebuild(&lost(&[0, 1]), false).await.unwrap_err();
+    assert!(
+        matches!(&e, PsError::Coding(m) if m.contains("tolerates only 1")),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn rebuild_in_ten_lock_ranges_while_training_goes_on() {
+    // The rebuild runs in the background; steps keep committing, touching lost rows before
+    // their range (decoded on demand) and rows of ranges being rebuilt (the cut check retries).
+    let mut ec = EcConfig::new(CodeKind::Gf256, 2, 1);
+    ec.lock_ranges = 10;
+    let mut c = EcCluster::new(5, ec, OptimizerKind::Momentum);
+    let mut reference = Reference::new(5, OptimizerKind::Momentum);
+    train(&c, &mut reference, 1..=4).await;
+    c.kill(3);
+    let node = c.replace(3, &[3]);
+    node.start_rebuild(&lost(&[3]), true).await.unwrap();
+    assert!(node.rebuild_status().unwrap().joined);
+    train(&c, &mut reference, 5..=12).await;
+    c.wait_rebuilt(3).await;
+    let st = node.rebuild_status().unwrap();
+    assert_eq!(st.ranges_total, 10, "{st:?}");
+    assert_eq!(st.ranges_done, 10, "{st:?}");
+    assert_whole(&c, &reference).await;
+}
+
+#[tokio::test]
+async fn rows_touched_before_their_range_are_decoded_on_demand() {
+    let mut ec = EcConfig::new(CodeKind::Gf256, 3, 2);
+    ec.lock_ranges = 10;
+    let mut c = EcCluster::new(5, ec, OptimizerKind::Adagrad);
+    let mut reference = Reference::new(5, OptimizerKind::Adagrad);
+    train(&c, &mut reference, 1..=3).await;
+    c.kill(1);
+    let node = c.replace(1, &[1]);
+    // Join only (degraded mode): no range has run when the steps need the lost rows.
+    node.begin_rebuild(&lost(&[1])).await.unwrap();
+    train(&c, &mut reference, 4..=6).await;
+    let st = node.rebuild_status().unwrap();
+    assert!(st.rows_decoded_on_demand > 0, "{st:?}");
+    assert!(st.rows_missing > 0, "{st:?}");
+    // Then the ranges one at a time, a step between each (one lock switch per pause).
+    let mut step = 7;
+    while !node.rebuild_ranges(1).await.unwrap() {
+        train(&c, &mut reference, step..=step).await;
+        step += 1;
+    }
+    assert_eq!(node.rebuild_status().unwrap().ranges_done, 10);
+    assert_whole(&c, &reference).await;
+}
+
+#[test]
+fn rebuild_on_a_multi_thread_runtime_with_concurrent_steps() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut ec = EcConfig::new(CodeKind::Gf256, 2, 2);
+        ec.lock_ranges = 10;
+        let mut c = EcCluster::new(5, ec, OptimizerKind::Adam);
+        let mut reference = Reference::new(5, OptimizerKind::Adam);
+        train(&c, &mut reference, 1..=3).await;
+        c.kill(0);
+        let node = c.replace(0, &[0]);
+        node.start_rebuild(&lost(&[0]), true).await.unwrap();
+        train(&c, &mut reference, 4..=15).await;
+        c.wait_rebuilt(0).await;
+        assert_whole(&c, &reference).await;
+    });
+}
+
+#[tokio::test]
+async fn the_replacement_dies_during_its_rebuild() {
+    let mut ec = EcConfig::new(CodeKind::Gf256, 2, 1);
+    ec.lock_ranges = 10;
+    let mut c = EcCluster::new(4, ec, OptimizerKind::Adam);
+    let mut reference = Reference::new(4, OptimizerKind::Adam);
+    train(&c, &mut reference, 1..=4).await;
+    c.kill(2);
+    let first = c.replace(2, &[2]);
+    first.start_rebuild(&lost(&[2]), true).await.unwrap();
+    train(&c, &mut reference, 5..=6).await;
+    // Killed mid-rebuild (wherever its background ranges are): a second replacement starts
+    // from scratch from the survivors.
+    c.kill(2);
+    let second = c.replace(2, &[2]);
+    second.start_rebuild(&lost(&[2]), true).await.unwrap();
+    train(&c, &mut reference, 7..=9).await;
+    c.wait_rebuilt(2).await;
+    assert_whole(&c, &reference).await;
+    let st = first.rebuild_status().unwrap();
+    assert!(!st.finished || st.ranges_done <= st.ranges_total);
+}
+
+#[tokio::test]
+async fn a_loss_in_phase_one_aborts_and_the_step_is_retried() {
+    let mut c = EcCluster::new(4, EcConfig::new(CodeKind::Gf256, 2, 1), OptimizerKind::Adam);
+    let mut reference = Reference::new(4, OptimizerKind::Adam);
+    train(&c, &mut reference, 1..=3).await;
+    // Step 4: workers stage, two nodes prepare (their deltas reach the others), then server 2
+    // dies before its prepare.
+    c.stage(4).unwrap();
+    // The coordinator's handle on server 2, as it would hold a connection.
+    let to_victim = EcClient::in_process(c.node(2));
+    for s in [0, 1, 3] {
+        EcService::prepare(c.node(s), 4, EcCluster::workers())
+            .await
+            .unwrap();
+    }
+    c.kill(2);
+    let e = to_victim.prepare(4, EcCluster::workers()).await;
+    assert!(matches!(e, Err(PsError::Unavailable { .. })), "{e:?}");
+    c.abort_all(4).await;
+    // Nothing of step 4 was applied anywhere.
+    let node = c.replace(2, &[2]);
+    node.start_rebuild(&lost(&[2]), false).await.unwrap();
+    assert_whole(&c, &reference).await;
+    // Retried from the workers' stage on.
+    c.step(4).await.unwrap();
+    reference.step(4);
+    assert_whole(&c, &reference).await;
+}
+
+#[tokio::test]
+async fn a_loss_in_phase_two_is_completed_by_the_survivors() {
+    for victim_committed in [false, true] {
+        let mut c = EcCluster::new(
+            5,
+            EcConfig::new(CodeKind::Gf256, 3, 2),
+            OptimizerKind::Momentum,
+        );
+        let mut reference = Reference::new(5, OptimizerKind::Momentum);
+        train(&c, &mut reference, 1..=3).await;
+        c.stage(4).unwrap();
+        c.prepare_all(4).await.unwrap();
+        // Commit reaches server 0 (and the victim or not), then the victim dies.
+        EcService::commit(c.node(0), 4).await.unwrap();
+        if victim_committed {
+            EcService::commit(c.node(3), 4).await.unwrap();
+        }
+        c.kill(3);
+        for s in [1, 2, 4] {
+            EcService::commit(c.node(s), 4).await.unwrap();
+        }
+        reference.step(4);
+        let node = c.replace(3, &[3]);
+        node.start_rebuild(&lost(&[3]), false).await.unwrap();
+        // The parities held the victim's committed step: nothing lost.
+        assert_whole(&c, &reference).await;
+        train(&c, &mut reference, 5..=6).await;
+        assert_whole(&c, &reference).await;
+    }
+}
+
+#[tokio::test]
+async fn dense_replication_off_cannot_rebuild_the_dense_part() {
+    let mut ec = EcConfig::new(CodeKind::Gf256, 2, 1);
+    ec.dense_replicas = 0;
+    let mut c = EcCluster::new(3, ec, OptimizerKind::Sgd);
+    c.step(1).await.unwrap();
+    c.kill(1);
+    let n = c.replace(1, &[1]);
+    let e = n.start_rebuild(&lost(&[1]), false).await.unwrap_err();
+    assert!(
+        matches!(&e, PsError::Coding(m) if m.contains("dense")),
+        "{e}"
+    );
+    assert!(n.rebuild_status().unwrap().error.is_some());
+}
+
+#[tokio::test]
+async fn a_server_that_is_not_a_replacement_has_nothing_to_rebuild() {
+    let c = EcCluster::new(3, EcConfig::new(CodeKind::Gf256, 2, 1), OptimizerKind::Sgd);
+    let e = c
+        .node(0)
+        .start_rebuild(&lost(&[0]), false)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, PsError::InvalidConfig(_)), "{e}");
+}
+
+#[tokio::test]
+async fn a_second_loss_during_a_rebuild_with_r2() {
+    let mut ec = EcConfig::new(CodeKind::Gf256, 2, 2);
+    ec.lock_ranges = 10;
+    let mut c = EcCluster::new(5, ec, OptimizerKind::Adam);
+    let mut reference = Reference::new(5, OptimizerKind::Adam);
+    train(&c, &mut reference, 1..=3).await;
+    c.kill(4);
+    let a = c.replace(4, &[4]);
+    a.begin_rebuild(&lost(&[4])).await.unwrap();
+    a.rebuild_ranges(3).await.unwrap();
+    train(&c, &mut reference, 4..=5).await;
+    // Server 1 dies while 4 is still rebuilding: both rebuild against the new lost set.
+    c.kill(1);
+    let b = c.replace(1, &[1, 4]);
+    a.begin_rebuild(&lost(&[1, 4])).await.unwrap();
+    b.begin_rebuild(&lost(&[1, 4])).await.unwrap();
+    train(&c, &mut reference, 6..=7).await;
+    assert!(a.rebuild_ranges(usize::MAX).await.unwrap());
+    assert!(b.rebuild_ranges(usize::MAX).await.unwrap());
+    assert_whole(&c, &reference).await;
+}
