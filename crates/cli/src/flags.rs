@@ -222,6 +222,8 @@ pub enum DataCmd {
 }
 
 #[derive(Subcommand, Debug)]
+// Parsed once per process: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum BenchCmd {
     /// Trainer throughput, and the MLP's GFLOP/s next to raw sgemm GFLOP/s of the same run.
     Train {
@@ -239,6 +241,23 @@ pub enum BenchCmd {
         steps: u64,
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
+    },
+    /// Fault-tolerance costs on one cluster configuration: the single-process trainer, then
+    /// `none` and `full` without a failure (checkpointing's training-time overhead), then
+    /// `full` with a server killed (recovery split into detect, replace, reload and redo).
+    Cluster {
+        #[command(flatten)]
+        run: RunArgs,
+        /// Server killed in the recovery run.
+        #[arg(long, default_value_t = 0)]
+        kill_server: u32,
+        /// Step after which it is killed (default: three quarters of a checkpoint interval
+        /// past the middle checkpoint).
+        #[arg(long)]
+        kill_step: Option<u64>,
+        /// Matrix-kernel threads of the single-process trainer (all cores by default).
+        #[arg(long, default_value_t = 2)]
+        single_threads: usize,
     },
 }
 

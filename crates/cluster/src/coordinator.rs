@@ -72,7 +72,10 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
             source: e,
         })?;
     }
-    ftrec_model::set_gemm_threads(cfg.threads)?;
+    // The coordinator's own matrix work is the final evaluation only; results do not depend
+    // on the thread count, so a process that fixed it already (a benchmark that also ran the
+    // single-process trainer) keeps its setting.
+    let _ = ftrec_model::set_gemm_threads(cfg.threads);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
