@@ -767,7 +767,9 @@ impl Coordinator {
         let mut unexplained = 0;
         // Set while batches in flight must finish before something else can happen.
         let mut pending: Option<Failure> = None;
-        let mut losses: Vec<(u32, &'static str)> = Vec::new();
+        // Servers the heartbeat found lost, with their generation at the time: a recovery in
+        // between replaces them, and a report about a replaced server is stale.
+        let mut losses: Vec<(u32, u32)> = Vec::new();
         let mut actions: Vec<Action> = Vec::new();
         loop {
             let draining = pending.is_some() || !losses.is_empty() || !actions.is_empty();
@@ -808,7 +810,11 @@ impl Coordinator {
                     continue;
                 }
                 if !losses.is_empty() {
-                    let lost: Vec<u32> = losses.drain(..).map(|(s, _)| s).collect();
+                    let lost: Vec<u32> = losses
+                        .drain(..)
+                        .filter(|&(s, g)| self.generation[s as usize] == g)
+                        .map(|(s, _)| s)
+                        .collect();
                     if !self.handle_server_losses(lost, "heartbeat")? {
                         return Ok(());
                     }
@@ -834,7 +840,7 @@ impl Coordinator {
             self.fire_time_kills();
             if losses.is_empty() {
                 for s in self.confirmed_heartbeat_losses() {
-                    losses.push((s, "heartbeat"));
+                    losses.push((s, self.generation[s as usize]));
                 }
             }
             match self.pool.next(POLL) {

@@ -292,3 +292,19 @@ fn asynchronous_training_survives_worker_and_server_kills() {
     );
     assert!(!report.throughput.is_empty());
 }
+
+#[test]
+fn one_asynchronous_worker_trains_the_single_process_model_bit_for_bit() {
+    // With one worker nothing is stale: each push lands before the next pull, so
+    // asynchronous mode must give exactly the synchronous (and single-process) model.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 2, 1, 12);
+    cfg.eval_samples = 0;
+    let sync = run(&cfg).unwrap();
+    cfg.sync = false;
+    let dir2 = tempfile::tempdir().unwrap();
+    cfg.work_dir = dir2.path().to_path_buf();
+    let asynchronous = run(&cfg).unwrap();
+    assert_no_children_left(&asynchronous);
+    assert_eq!(asynchronous.model_digest, sync.model_digest);
+}
