@@ -61,12 +61,36 @@ pub enum FromWorker {
     Done {
         index: u64,
         loss: f64,
+        #[serde(default)]
+        timing: BatchTiming,
     },
     /// The last command failed (`index`: the batch it was about, if any).
     Failed {
         index: Option<u64>,
         error: String,
     },
+}
+
+/// Where a worker's time went on one batch, in seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct BatchTiming {
+    /// Generating the batch from its index.
+    pub data_s: f64,
+    /// Pulling rows and dense values, and pooling.
+    pub pull_s: f64,
+    /// Forward, backward and gathering the sparse gradients.
+    pub compute_s: f64,
+    /// Pushing (or staging) the update.
+    pub push_s: f64,
+}
+
+impl BatchTiming {
+    pub fn add(&mut self, o: &BatchTiming) {
+        self.data_s += o.data_s;
+        self.pull_s += o.pull_s;
+        self.compute_s += o.compute_s;
+        self.push_s += o.push_s;
+    }
 }
 
 /// Write one message as a JSON line.

@@ -33,7 +33,7 @@ use ftrec_strategy::{
 };
 use tokio::sync::{mpsc as tmpsc, watch};
 
-use crate::control::{FromWorker, PoolEvent, ToWorker, WorkerPool};
+use crate::control::{BatchTiming, FromWorker, PoolEvent, ToWorker, WorkerPool};
 use crate::image::{checkpoint_path, load_full, save_full, Manifest, ShardImage};
 use crate::report::{
     intervals, EventKind, FailureReport, Overheads, RunReport, StepPoint, TimedEvent,
@@ -128,6 +128,7 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
         timeline: Vec::new(),
         completions: Vec::new(),
         kills: cfg.kills.iter().map(|k| (*k, false)).collect(),
+        worker_time: BatchTiming::default(),
         recover_at: Vec::new(),
     };
     c.rt.spawn(heartbeat(
@@ -189,6 +190,8 @@ struct Coordinator {
     /// Seconds after training start at which each batch completed.
     completions: Vec<f64>,
     kills: Vec<(KillSpec, bool)>,
+    /// Summed over every answered batch.
+    worker_time: BatchTiming,
     /// Failures (by index) that are recovered once `batches` reaches the given count again.
     recover_at: Vec<(usize, u64)>,
 }
@@ -641,9 +644,15 @@ impl Coordinator {
             match self.pool.next(left) {
                 Some(PoolEvent::Msg {
                     worker,
-                    msg: FromWorker::Done { index, loss: l },
+                    msg:
+                        FromWorker::Done {
+                            index,
+                            loss: l,
+                            timing,
+                        },
                 }) if waiting.get(&worker) == Some(&index) => {
                     waiting.remove(&worker);
+                    self.worker_time.add(&timing);
                     loss += l;
                 }
                 Some(PoolEvent::Msg {
@@ -846,9 +855,15 @@ impl Coordinator {
             match self.pool.next(POLL) {
                 Some(PoolEvent::Msg {
                     worker,
-                    msg: FromWorker::Done { index, loss },
+                    msg:
+                        FromWorker::Done {
+                            index,
+                            loss,
+                            timing,
+                        },
                 }) if running.get(&worker).map(|r| r.0) == Some(index) => {
                     running.remove(&worker);
+                    self.worker_time.add(&timing);
                     unexplained = 0;
                     if pending.is_some() || !losses.is_empty() {
                         // The model is about to be rewound or rebuilt; count nothing more.
@@ -1268,6 +1283,7 @@ impl Coordinator {
             checkpoint_pause_s: self.pause_s,
             overheads,
             throughput,
+            worker_time: self.worker_time,
             bytes_written: self.bytes_written,
             model_digest: digest,
             auc,

@@ -166,6 +166,8 @@ pub struct RunReport {
     pub overheads: Overheads,
     /// Samples per second per interval of `config.report_interval_s`, from training start.
     pub throughput: Vec<IntervalPoint>,
+    /// Where the workers' time went, summed over every batch they answered.
+    pub worker_time: crate::control::BatchTiming,
     pub bytes_written: u64,
     pub model_digest: String,
     pub auc: Option<f64>,
@@ -214,6 +216,15 @@ impl RunReport {
                 f.steps_redone
             );
         }
+        let w = &self.worker_time;
+        let total = (w.data_s + w.pull_s + w.compute_s + w.push_s).max(1e-9);
+        s += &format!(
+            "  worker time: data {:.0}%, pull {:.0}%, compute {:.0}%, push {:.0}%\n",
+            100.0 * w.data_s / total,
+            100.0 * w.pull_s / total,
+            100.0 * w.compute_s / total,
+            100.0 * w.push_s / total
+        );
         let o = &self.overheads;
         s += &format!(
             "  overheads (CPR Eq. 1): save {:.3}s, load {:.3}s, lost {:.3}s, res {:.3}s\n",

@@ -25,7 +25,7 @@ use ftrec_model::{pool_sum, scatter_grads, Dlrm, DlrmConfig, Workspace};
 use ftrec_ps::grpc::{GrpcClient, GrpcConfig};
 use ftrec_ps::{PulledRows, RowRequest, ShardedClient, Update};
 
-use crate::control::{read_line, send_line, FromWorker, ToWorker};
+use crate::control::{read_line, send_line, BatchTiming, FromWorker, ToWorker};
 use crate::ClusterError;
 
 /// A worker's model buffers: the dense model (its values overwritten by each pull), the
@@ -118,7 +118,21 @@ impl Compute {
         client: &ShardedClient<GrpcClient>,
         batch: &Batch,
     ) -> Result<(Update, f64), ClusterError> {
+        self.gradients_timed(client, batch, &mut BatchTiming::default())
+            .await
+    }
+
+    /// [`Compute::gradients`], adding the time spent pulling and computing to `timing`.
+    pub async fn gradients_timed(
+        &mut self,
+        client: &ShardedClient<GrpcClient>,
+        batch: &Batch,
+        timing: &mut BatchTiming,
+    ) -> Result<(Update, f64), ClusterError> {
+        let t0 = std::time::Instant::now();
         self.pull_and_pool(client, batch).await?;
+        let t1 = std::time::Instant::now();
+        timing.pull_s += (t1 - t0).as_secs_f64();
         let loss =
             self.model
                 .forward_backward(&mut self.ws, &batch.dense, &self.pooled, &batch.labels)?;
@@ -147,6 +161,7 @@ impl Compute {
             update = update.with_sparse(TableId(t as u32), rows, grads);
         }
         update = update.with_dense(0, self.ws.grad_params().to_vec());
+        timing.compute_s += t1.elapsed().as_secs_f64();
         Ok((update, loss))
     }
 
@@ -319,7 +334,11 @@ pub fn worker_process(
             }
             Some(ToWorker::Batch { index, seq }) => {
                 match run_batch(&rt, state.as_mut(), client.as_ref(), id, index, seq) {
-                    Ok(loss) => FromWorker::Done { index, loss },
+                    Ok((loss, timing)) => FromWorker::Done {
+                        index,
+                        loss,
+                        timing,
+                    },
                     Err(e) => FromWorker::Failed {
                         index: Some(index),
                         error: e.to_string(),
@@ -339,7 +358,7 @@ fn run_batch(
     id: u32,
     index: u64,
     seq: Option<u64>,
-) -> Result<f64, ClusterError> {
+) -> Result<(f64, BatchTiming), ClusterError> {
     let Some((setup, source, compute)) = state else {
         return Err(ClusterError::Protocol(format!(
             "worker {id} was sent batch {index} before its setup"
@@ -353,17 +372,22 @@ fn run_batch(
     if index == 0 {
         return Err(ClusterError::Protocol("batch indices start at 1".into()));
     }
+    let mut timing = BatchTiming::default();
+    let t0 = std::time::Instant::now();
     let (batch, _) = source.batch_at(Split::Train, first_sample(setup.batch, index), setup.batch);
+    timing.data_s = t0.elapsed().as_secs_f64();
     rt.block_on(async {
         let work = async {
-            let (update, loss) = compute.gradients(c, &batch).await?;
+            let (update, loss) = compute.gradients_timed(c, &batch, &mut timing).await?;
+            let t = std::time::Instant::now();
             match seq {
                 Some(seq) => c.stage_step(seq, id, &update).await?,
                 None => {
                     c.push(&update).await?;
                 }
             }
-            Ok::<f64, ClusterError>(loss)
+            timing.push_s = t.elapsed().as_secs_f64();
+            Ok::<(f64, BatchTiming), ClusterError>((loss, timing))
         };
         tokio::time::timeout(setup.rpc_timeout, work)
             .await
