@@ -21,8 +21,150 @@ struct TrainBench {
     trainer: ftrec_worker::TrainReport,
 }
 
+#[derive(Serialize)]
+struct ClusterBench {
+    single_process: ftrec_worker::TrainReport,
+    none: ftrec_cluster::RunReport,
+    full: ftrec_cluster::RunReport,
+    full_killed: ftrec_cluster::RunReport,
+    /// Cluster (`none`) samples/s over the single-process trainer's.
+    throughput_ratio: f64,
+    /// Cluster (`none`) AUC minus the single-process trainer's.
+    auc_delta: Option<f64>,
+    /// `full`'s training time over `none`'s, minus one.
+    full_overhead: f64,
+    pause_per_checkpoint_s: f64,
+    detect_s: Option<f64>,
+    replace_s: Option<f64>,
+    reload_s: Option<f64>,
+    redo_s: Option<f64>,
+}
+
+fn cluster_bench(
+    run: &crate::flags::RunArgs,
+    kill_server: u32,
+    kill_step: Option<u64>,
+    single_threads: usize,
+) -> Result<ClusterBench> {
+    use anyhow::bail;
+    if run.strategy.is_some() || !run.kill.is_empty() {
+        bail!("ftrec bench cluster chooses --strategy and --kill itself");
+    }
+    let mut base = crate::cluster_cmd::merge(run)?;
+    base.strategy = Some("none".into());
+    let every = base.ckpt_every_steps.take().unwrap_or(0);
+    let none_cfg = crate::cluster_cmd::run_config(&base)?;
+    let every = if every == 0 {
+        (none_cfg.steps / 4).max(1)
+    } else {
+        every
+    };
+    let steps = none_cfg.steps;
+    let kill_step = kill_step.unwrap_or(((steps / 2) / every * every + every * 3 / 4).max(1));
+
+    // The single-process trainer on the same samples: as many batches of the same size.
+    let mut single = TrainConfig::from_preset(&none_cfg.preset.name, DataSpec::Synthetic)?;
+    single.batch = none_cfg.batch;
+    single.steps = steps * none_cfg.workers as u64;
+    single.seed = none_cfg.seed;
+    single.threads = single_threads;
+    single.eval_samples = none_cfg.eval_samples;
+    single.sparse_optimizer = none_cfg.sparse_optimizer;
+    single.dense_optimizer = none_cfg.dense_optimizer;
+    single.validate()?;
+    eprintln!(
+        "single process: {} steps x batch {}",
+        single.steps, single.batch
+    );
+    crate::set_threads(single_threads)?;
+    let single_report = ftrec_worker::train(&single, &mut |_| {})?;
+
+    let work = std::env::temp_dir().join(format!("ftrec-bench-{}", std::process::id()));
+    let run_one =
+        |name: &str, strategy: &str, kill: Option<String>| -> Result<ftrec_cluster::RunReport> {
+            let mut a = base.clone();
+            a.strategy = Some(strategy.into());
+            if strategy == "full" {
+                a.ckpt_every_steps = Some(every);
+            }
+            a.kill = kill.into_iter().collect();
+            a.work_dir = Some(work.join(name));
+            let cfg = crate::cluster_cmd::run_config(&a)?;
+            eprintln!("{name}: strategy {strategy}, kills {:?}", a.kill);
+            let r = ftrec_cluster::run(&cfg);
+            let _ = std::fs::remove_dir_all(work.join(name));
+            let r = r?;
+            if let Some(reason) = &r.aborted {
+                bail!("{name}: {reason}");
+            }
+            println!("{name}: {}", r.summary());
+            Ok(r)
+        };
+    let none = run_one("none", "none", None)?;
+    let full = run_one("full", "full", None)?;
+    let killed = run_one(
+        "full_killed",
+        "full",
+        Some(format!("server={kill_server}@step={kill_step}")),
+    )?;
+    let _ = std::fs::remove_dir_all(&work);
+    let f = killed.failures.first();
+    Ok(ClusterBench {
+        throughput_ratio: none.samples_per_s / single_report.samples_per_s,
+        auc_delta: none.auc.map(|a| a - single_report.auc),
+        full_overhead: full.train_s / none.train_s - 1.0,
+        pause_per_checkpoint_s: full.checkpoint_pause_s / full.checkpoints.max(1) as f64,
+        detect_s: f.and_then(|f| f.detect_s()),
+        replace_s: f.and_then(|f| f.replace_s()),
+        reload_s: f.and_then(|f| f.reload_s()),
+        redo_s: f.and_then(|f| f.redo_s()),
+        single_process: single_report,
+        none,
+        full,
+        full_killed: killed,
+    })
+}
+
 pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
+        BenchCmd::Cluster {
+            run,
+            kill_server,
+            kill_step,
+            single_threads,
+        } => {
+            let json = run.json.clone();
+            let mut args = run;
+            args.json = None;
+            let b = cluster_bench(&args, kill_server, kill_step, single_threads)?;
+            let secs = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.3}s"));
+            println!(
+                "single process: {:.0} samples/s, auc {:.4}\n\
+                 cluster none:   {:.0} samples/s ({:.2} of single), auc {} (delta {})\n\
+                 full checkpoints: {} in {:.2}s training vs {:.2}s without: overhead {:.1}%, \
+                 {:.3}s pause per checkpoint\n\
+                 recovery from a kill: detect {}, replace {}, reload {}, redo {}",
+                b.single_process.samples_per_s,
+                b.single_process.auc,
+                b.none.samples_per_s,
+                b.throughput_ratio,
+                b.none.auc.map_or("-".into(), |a| format!("{a:.4}")),
+                b.auc_delta.map_or("-".into(), |d| format!("{d:+.4}")),
+                b.full.checkpoints,
+                b.full.train_s,
+                b.none.train_s,
+                b.full_overhead * 100.0,
+                b.pause_per_checkpoint_s,
+                secs(b.detect_s),
+                secs(b.replace_s),
+                secs(b.reload_s),
+                secs(b.redo_s),
+            );
+            if let Some(path) = json {
+                crate::write_json(&path, &b)?;
+            }
+            Ok(())
+        }
         BenchCmd::Train {
             preset,
             batch,

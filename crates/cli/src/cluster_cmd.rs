@@ -1,28 +1,133 @@
-//! `ftrec run` (launcher + coordinator) and `ftrec server` (one parameter-server process).
+//! `ftrec run` (launcher + coordinator), `ftrec coordinator` (the coordinator alone),
+//! `ftrec server` and `ftrec worker` (one process of each role).
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use ftrec_cluster::{KillSpec, RunConfig, RunReport, ServerSpec, StrategyChoice};
+use ftrec_cluster::{KillSpec, RunConfig, RunReport, ServerSpec, StrategyChoice, WorkerLifetime};
 use ftrec_core::Preset;
+use serde::Deserialize;
 
-use crate::flags::{RunArgs, ServerArgs};
+use crate::flags::{OptimizerArgs, RunArgs, ServerArgs, WorkerArgs};
 
-/// Flags -> validated run configuration.
+/// A job file: the flags of `ftrec run`, as TOML keys (`-` written `_`). Unknown keys are an
+/// error, so a misspelt setting never goes unnoticed.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobFile {
+    pub preset: Option<String>,
+    pub servers: Option<u32>,
+    pub workers: Option<u32>,
+    pub sync: Option<bool>,
+    pub strategy: Option<String>,
+    pub ckpt_every_steps: Option<u64>,
+    pub ckpt_dir: Option<PathBuf>,
+    pub work_dir: Option<PathBuf>,
+    #[serde(default)]
+    pub kill: Vec<String>,
+    pub steps: Option<u64>,
+    pub batch: Option<usize>,
+    pub seed: Option<u64>,
+    pub optimizer: Option<String>,
+    pub lr: Option<f32>,
+    pub dense_optimizer: Option<String>,
+    pub dense_lr: Option<f32>,
+    pub threads: Option<usize>,
+    pub eval_samples: Option<usize>,
+    pub heartbeat_ms: Option<u64>,
+    pub heartbeat_timeout_ms: Option<u64>,
+    pub report_interval_s: Option<f64>,
+    #[serde(default)]
+    pub server_addr: Vec<std::net::SocketAddr>,
+    pub control_listen: Option<std::net::SocketAddr>,
+    pub json: Option<PathBuf>,
+}
+
+impl JobFile {
+    /// Read and parse `path`; errors name the file and, for TOML errors, the place, on one
+    /// line.
+    pub fn read(path: &Path) -> Result<JobFile> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the job file {}", path.display()))?;
+        toml::from_str(&text).map_err(|e| {
+            let place = e
+                .span()
+                .map(|s| {
+                    let line = text[..s.start.min(text.len())].matches('\n').count() + 1;
+                    format!(" (line {line})")
+                })
+                .unwrap_or_default();
+            anyhow::anyhow!(
+                "job file {}{place}: {}",
+                path.display(),
+                e.message().replace('\n', " ")
+            )
+        })
+    }
+}
+
+/// Command-line flags over the job file (if any): flags given win.
+pub fn merge(a: &RunArgs) -> Result<RunArgs> {
+    let Some(path) = &a.config else {
+        return Ok(a.clone());
+    };
+    let f = JobFile::read(path)?;
+    Ok(RunArgs {
+        config: a.config.clone(),
+        preset: a.preset.clone().or(f.preset),
+        servers: a.servers.or(f.servers),
+        workers: a.workers.or(f.workers),
+        sync: a.sync || f.sync.unwrap_or(false),
+        strategy: a.strategy.clone().or(f.strategy),
+        ckpt_every_steps: a.ckpt_every_steps.or(f.ckpt_every_steps),
+        ckpt_dir: a.ckpt_dir.clone().or(f.ckpt_dir),
+        work_dir: a.work_dir.clone().or(f.work_dir),
+        kill: if a.kill.is_empty() {
+            f.kill
+        } else {
+            a.kill.clone()
+        },
+        steps: a.steps.or(f.steps),
+        batch: a.batch.or(f.batch),
+        seed: a.seed.or(f.seed),
+        opt: OptimizerArgs {
+            optimizer: a.opt.optimizer.clone().or(f.optimizer),
+            lr: a.opt.lr.or(f.lr),
+            dense_optimizer: a.opt.dense_optimizer.clone().or(f.dense_optimizer),
+            dense_lr: a.opt.dense_lr.or(f.dense_lr),
+        },
+        threads: a.threads.or(f.threads),
+        eval_samples: a.eval_samples.or(f.eval_samples),
+        heartbeat_ms: a.heartbeat_ms.or(f.heartbeat_ms),
+        heartbeat_timeout_ms: a.heartbeat_timeout_ms.or(f.heartbeat_timeout_ms),
+        report_interval_s: a.report_interval_s.or(f.report_interval_s),
+        server_addr: if a.server_addr.is_empty() {
+            f.server_addr
+        } else {
+            a.server_addr.clone()
+        },
+        control_listen: a.control_listen.or(f.control_listen),
+        json: a.json.clone().or(f.json),
+    })
+}
+
+/// Flags (already merged with the job file) -> validated run configuration.
 pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
-    let preset = Preset::by_name(&a.preset)?;
-    let exe = std::env::current_exe().context("finding the ftrec executable to start servers")?;
+    let preset = Preset::by_name(a.preset.as_deref().unwrap_or("tiny"))?;
+    let exe = std::env::current_exe().context("finding the ftrec executable to start processes")?;
     let work_dir = match &a.work_dir {
         Some(d) => d.clone(),
         None => std::env::temp_dir().join(format!("ftrec-run-{}", std::process::id())),
     };
     let mut cfg = RunConfig::new(preset, exe, work_dir);
-    cfg.servers = a.servers;
-    cfg.workers = a.workers;
+    cfg.servers = a.servers.unwrap_or(2);
+    cfg.workers = a.workers.unwrap_or(1);
     cfg.sync = a.sync;
-    cfg.strategy = StrategyChoice::parse(&a.strategy, a.ckpt_every_steps)?;
-    if a.strategy != "full" && a.ckpt_dir.is_some() {
-        bail!("--ckpt-dir applies to --strategy full only");
+    let strategy = a.strategy.as_deref().unwrap_or("none");
+    cfg.strategy = StrategyChoice::parse(strategy, a.ckpt_every_steps.unwrap_or(100))?;
+    if strategy != "full" && (a.ckpt_dir.is_some() || a.ckpt_every_steps.is_some()) {
+        bail!("--ckpt-dir and --ckpt-every-steps apply to --strategy full only");
     }
     cfg.ckpt_dir = a.ckpt_dir.clone();
     cfg.kills = a
@@ -39,31 +144,61 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
     if let Some(e) = a.eval_samples {
         cfg.eval_samples = e;
     }
-    cfg.seed = a.seed;
-    cfg.threads = a.threads;
+    cfg.seed = a.seed.unwrap_or(1);
+    cfg.threads = a.threads.unwrap_or(1);
     a.opt
         .apply(&mut cfg.sparse_optimizer, &mut cfg.dense_optimizer)?;
-    cfg.heartbeat = Duration::from_millis(a.heartbeat_ms);
-    cfg.heartbeat_timeout = Duration::from_millis(a.heartbeat_timeout_ms);
+    cfg.heartbeat = Duration::from_millis(a.heartbeat_ms.unwrap_or(100));
+    cfg.heartbeat_timeout = Duration::from_millis(a.heartbeat_timeout_ms.unwrap_or(1000));
+    if let Some(i) = a.report_interval_s {
+        cfg.report_interval_s = i;
+    }
+    cfg.external_servers = a.server_addr.clone();
+    if let Some(c) = a.control_listen {
+        cfg.control_listen = c;
+    }
     cfg.validate()?;
     Ok(cfg)
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
+    let a = merge(&a)?;
     let cfg = run_config(&a)?;
+    execute(&a, cfg)
+}
+
+/// The coordinator alone: servers and workers are started elsewhere.
+pub fn coordinator(a: RunArgs) -> Result<()> {
+    let a = merge(&a)?;
+    if a.server_addr.is_empty() {
+        bail!("ftrec coordinator needs the servers' addresses (--server-addr, one per server)");
+    }
+    let mut cfg = run_config(&a)?;
+    cfg.external_workers = true;
+    cfg.validate()?;
+    execute(&a, cfg)
+}
+
+fn execute(a: &RunArgs, cfg: RunConfig) -> Result<()> {
     eprintln!(
-        "ftrec run: preset {} | {} servers, {} workers{} | strategy {} | {} steps x {} x batch {} | seed {} | work dir {}",
+        "ftrec run: preset {} | {} servers, {} workers ({}) | strategy {} | {} steps x {} x batch {} | seed {} | work dir {}",
         cfg.preset.name,
         cfg.servers,
         cfg.workers,
-        if cfg.sync { " (sync)" } else { "" },
-        a.strategy,
+        if cfg.sync { "sync" } else { "async" },
+        cfg.strategy.name(),
         cfg.steps,
         cfg.workers,
         cfg.batch,
         cfg.seed,
         cfg.work_dir.display()
     );
+    if cfg.external_workers {
+        eprintln!(
+            "waiting for {} workers: ftrec worker --coordinator ADDR --id W (ADDR: {})",
+            cfg.workers, cfg.control_listen
+        );
+    }
     let report = ftrec_cluster::run(&cfg);
     if a.work_dir.is_none() {
         // A work directory of our own making (port files, checkpoints) goes with the run.
@@ -96,5 +231,15 @@ pub fn server(a: ServerArgs) -> Result<()> {
     spec.until = a.until.parse()?;
     spec.validate()?;
     ftrec_cluster::serve_shard(&spec)?;
+    Ok(())
+}
+
+pub fn worker(a: WorkerArgs) -> Result<()> {
+    let lifetime = match a.until.as_str() {
+        "control" => WorkerLifetime::Control,
+        "stdin" => WorkerLifetime::Stdin,
+        other => bail!("--until must be control or stdin, not {other:?}"),
+    };
+    ftrec_cluster::worker_process(a.coordinator, a.id, lifetime)?;
     Ok(())
 }

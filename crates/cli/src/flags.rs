@@ -34,56 +34,101 @@ pub enum Cmd {
     Run(RunArgs),
     /// One parameter-server process (`ftrec run` starts them; start them by hand on other hosts).
     Server(ServerArgs),
+    /// One worker process: connects to a coordinator and trains the batches it hands out
+    /// (`ftrec run` starts them; start them by hand on other hosts).
+    Worker(WorkerArgs),
+    /// The coordinator alone: servers started elsewhere (`--server-addr`, one per server) and
+    /// workers that connect to `--control-listen` (`ftrec worker --coordinator ADDR --id W`).
+    Coordinator(RunArgs),
 }
 
-#[derive(Args, Debug)]
+/// Flags of `ftrec run` and `ftrec coordinator`. Every value may also come from the job file
+/// (`--config`, keys named as the flags with `_` for `-`); a flag given on the command line
+/// wins over the file.
+#[derive(Args, Debug, Default, Clone)]
 pub struct RunArgs {
-    #[arg(long, default_value = "tiny")]
-    pub preset: String,
-    #[arg(long, default_value_t = 2)]
-    pub servers: u32,
-    #[arg(long, default_value_t = 1)]
-    pub workers: u32,
-    /// Synchronous deterministic mode: contributions summed in worker order.
+    /// Job file (TOML) with any of these settings.
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// Workload preset: tiny, small or kaggle [default: tiny].
+    #[arg(long)]
+    pub preset: Option<String>,
+    /// Parameter-server processes [default: 2].
+    #[arg(long)]
+    pub servers: Option<u32>,
+    /// Worker processes [default: 1].
+    #[arg(long)]
+    pub workers: Option<u32>,
+    /// Synchronous deterministic mode: every step's contributions summed in worker order
+    /// before the next step (default: asynchronous).
     #[arg(long)]
     pub sync: bool,
-    /// Fault tolerance: none or full.
-    #[arg(long, default_value = "none")]
-    pub strategy: String,
-    /// Full checkpoint interval, in steps (strategy full).
-    #[arg(long, value_name = "N", default_value_t = 100)]
-    pub ckpt_every_steps: u64,
+    /// Fault tolerance: none or full [default: none].
+    #[arg(long)]
+    pub strategy: Option<String>,
+    /// Full checkpoint interval, in steps (strategy full) [default: 100].
+    #[arg(long, value_name = "N")]
+    pub ckpt_every_steps: Option<u64>,
     /// Checkpoint directory (default: WORK_DIR/ckpt).
     #[arg(long, value_name = "DIR")]
     pub ckpt_dir: Option<PathBuf>,
     /// Port files and default checkpoints (default: a new directory under the temp dir).
     #[arg(long, value_name = "DIR")]
     pub work_dir: Option<PathBuf>,
-    /// SIGKILL server I right after step S completes (repeatable).
-    #[arg(long, value_name = "server=I@step=S")]
+    /// SIGKILL a process: ROLE=I@step=S, ROLE=I@time=T (seconds) or
+    /// ROLE=I@phase=checkpoint-write|recovery, ROLE server or worker (repeatable).
+    #[arg(long, value_name = "ROLE=I@POINT")]
     pub kill: Vec<String>,
+    /// Training steps (each of `workers` batches) [default: the preset's].
     #[arg(long)]
     pub steps: Option<u64>,
-    /// Samples per worker per step.
+    /// Samples per worker per step [default: the preset's].
     #[arg(long)]
     pub batch: Option<usize>,
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    /// Seed of the model and the data [default: 1].
+    #[arg(long)]
+    pub seed: Option<u64>,
     #[command(flatten)]
     pub opt: OptimizerArgs,
-    /// Matrix-kernel threads per worker.
-    #[arg(long, default_value_t = 1)]
-    pub threads: usize,
-    /// Held-out samples for AUC and logloss (0 skips the evaluation).
+    /// Matrix-kernel threads per worker [default: 1].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Held-out samples for AUC and logloss (0 skips the evaluation) [default: the preset's].
     #[arg(long)]
     pub eval_samples: Option<usize>,
-    /// Heartbeat interval and timeout, in milliseconds.
-    #[arg(long, default_value_t = 100)]
-    pub heartbeat_ms: u64,
-    #[arg(long, default_value_t = 1000)]
-    pub heartbeat_timeout_ms: u64,
+    /// Heartbeat interval in milliseconds [default: 100].
+    #[arg(long)]
+    pub heartbeat_ms: Option<u64>,
+    /// Heartbeat timeout in milliseconds [default: 1000].
+    #[arg(long)]
+    pub heartbeat_timeout_ms: Option<u64>,
+    /// Width of the report's throughput intervals, in seconds [default: 1].
+    #[arg(long)]
+    pub report_interval_s: Option<f64>,
+    /// Address of a server started elsewhere, in server order (repeatable; then no server is
+    /// started here).
+    #[arg(long, value_name = "ADDR")]
+    pub server_addr: Vec<std::net::SocketAddr>,
+    /// The control socket workers connect to [default: 127.0.0.1:0].
+    #[arg(long, value_name = "ADDR")]
+    pub control_listen: Option<std::net::SocketAddr>,
+    /// Write the report as JSON here.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct WorkerArgs {
+    /// The coordinator's control socket.
+    #[arg(long, value_name = "ADDR")]
+    pub coordinator: std::net::SocketAddr,
+    #[arg(long)]
+    pub id: u32,
+    /// What ends the worker besides its control connection: `control` (only the
+    /// connection) or `stdin` (also end of file on standard input; what `ftrec run` asks of
+    /// the workers it starts).
+    #[arg(long, default_value = "control")]
+    pub until: String,
 }
 
 #[derive(Args, Debug)]
@@ -177,6 +222,8 @@ pub enum DataCmd {
 }
 
 #[derive(Subcommand, Debug)]
+// Parsed once per process: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum BenchCmd {
     /// Trainer throughput, and the MLP's GFLOP/s next to raw sgemm GFLOP/s of the same run.
     Train {
@@ -195,10 +242,27 @@ pub enum BenchCmd {
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
     },
+    /// Fault-tolerance costs on one cluster configuration: the single-process trainer, then
+    /// `none` and `full` without a failure (checkpointing's training-time overhead), then
+    /// `full` with a server killed (recovery split into detect, replace, reload and redo).
+    Cluster {
+        #[command(flatten)]
+        run: RunArgs,
+        /// Server killed in the recovery run.
+        #[arg(long, default_value_t = 0)]
+        kill_server: u32,
+        /// Step after which it is killed (default: three quarters of a checkpoint interval
+        /// past the middle checkpoint).
+        #[arg(long)]
+        kill_step: Option<u64>,
+        /// Matrix-kernel threads of the single-process trainer (all cores by default).
+        #[arg(long, default_value_t = 2)]
+        single_threads: usize,
+    },
 }
 
 /// Optimizer flags shared by every command that builds a model.
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Debug, Clone, Default)]
 pub struct OptimizerArgs {
     /// Optimizer of the embedding rows: sgd, momentum, adagrad, rowwise_adagrad, adam.
     #[arg(long)]

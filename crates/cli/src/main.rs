@@ -21,6 +21,8 @@ fn main() -> ExitCode {
         flags::Cmd::Bench { cmd } => bench::run(cmd),
         flags::Cmd::Run(args) => cluster_cmd::run(args),
         flags::Cmd::Server(args) => cluster_cmd::server(args),
+        flags::Cmd::Worker(args) => cluster_cmd::worker(args),
+        flags::Cmd::Coordinator(args) => cluster_cmd::coordinator(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,5 @@
-//! `ftrec run` and `ftrec server` end to end: real server processes of this binary, a real
-//! SIGKILL, the JSON report, and clear errors.
+//! `ftrec run`, `ftrec coordinator`, `ftrec server` and `ftrec worker` end to end: real
+//! processes of this binary, real SIGKILLs, job files, the JSON report, and clear errors.
 
 use std::path::Path;
 use std::process::Command;
@@ -64,7 +64,7 @@ fn full_run_with_a_kill_recovers_and_matches_the_clean_run() {
         String::from_utf8_lossy(&out.stderr)
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("server 0 killed after step 6"), "{stdout}");
+    assert!(stdout.contains("server 0 lost after step 6"), "{stdout}");
 
     let read = |p: &std::path::Path| -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
@@ -108,7 +108,8 @@ fn bad_run_flags_give_one_clear_error_line() {
     let dir = tempfile::tempdir().unwrap();
     for (extra, needle) in [
         (vec!["--strategy", "ecrec"], "unknown strategy"),
-        (vec!["--kill", "server=1"], "server=I@step=S"),
+        (vec!["--kill", "server=1"], "ROLE=I@step=S"),
+        (vec!["--kill", "worker=2@step=2"], "worker=2"),
         (vec!["--kill", "server=5@step=2"], "server=5"),
         (vec!["--servers", "0"], "--servers"),
     ] {
@@ -183,4 +184,333 @@ fn a_server_started_by_hand_ignores_stdin_and_stops_on_sigterm() {
     assert!(term.success());
     let status = child.wait().unwrap();
     assert!(status.success(), "{status:?}");
+}
+
+fn one_error_line(out: &std::process::Output) -> String {
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("ftrec: error:"))
+        .collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    errors[0].to_string()
+}
+
+#[test]
+fn a_job_file_runs_the_same_job_as_the_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        "preset = \"tiny\"\nservers = 2\nworkers = 2\nsync = true\nsteps = 10\nbatch = 32\n\
+         eval_samples = 256\nseed = 3\nstrategy = \"full\"\nckpt_every_steps = 4\n\
+         kill = [\"worker=0@step=5\"]\n",
+    )
+    .unwrap();
+    let from_file = dir.path().join("file.json");
+    let out = ftrec()
+        .args(["run", "--config"])
+        .arg(&job)
+        .arg("--work-dir")
+        .arg(dir.path().join("a"))
+        .arg("--json")
+        .arg(&from_file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let from_flags = dir.path().join("flags.json");
+    let out = ftrec()
+        .args(run_args(&dir.path().join("b")))
+        .args(["--strategy", "full", "--ckpt-every-steps", "4", "--json"])
+        .arg(&from_flags)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read = |p: &std::path::Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    };
+    let (a, b) = (read(&from_file), read(&from_flags));
+    assert_eq!(a["model_digest"], b["model_digest"]);
+    assert_eq!(a["failures"][0]["role"], "worker");
+    // A flag wins over the file.
+    let out = ftrec()
+        .args(["run", "--config"])
+        .arg(&job)
+        .args(["--strategy", "nonsense"])
+        .output()
+        .unwrap();
+    assert!(one_error_line(&out).contains("nonsense"));
+}
+
+#[test]
+fn a_malformed_job_file_gives_one_error_line_naming_the_file_and_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    for (text, needle) in [
+        ("preset = \"tiny\"\nservers = \"two\"\n", "line 2"),
+        ("preset = \"tiny\"\nservrs = 2\n", "servrs"),
+        ("preset = [\n", "job.toml"),
+        ("strategy = \"ecrec2\"\n", "unknown strategy"),
+        ("kill = [\"server=9@step=1\"]\nsteps = 5\n", "server=9"),
+    ] {
+        let job = dir.path().join("job.toml");
+        std::fs::write(&job, text).unwrap();
+        let out = ftrec()
+            .args(["run", "--config"])
+            .arg(&job)
+            .output()
+            .unwrap();
+        let line = one_error_line(&out);
+        assert!(line.contains(needle), "{text:?}: {line}");
+    }
+    let out = ftrec()
+        .args(["run", "--config"])
+        .arg(dir.path().join("missing.toml"))
+        .output()
+        .unwrap();
+    assert!(one_error_line(&out).contains("missing.toml"));
+}
+
+#[test]
+fn a_coordinator_with_an_unreachable_server_address_gives_one_error_line() {
+    // Bind and drop: nothing listens on this port any more.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let out = ftrec()
+        .args([
+            "coordinator",
+            "--servers",
+            "1",
+            "--steps",
+            "2",
+            "--server-addr",
+        ])
+        .arg(addr.to_string())
+        .args(["--heartbeat-timeout-ms", "300"])
+        .output()
+        .unwrap();
+    let line = one_error_line(&out);
+    assert!(
+        line.contains(&addr.to_string()) && line.contains("unreachable"),
+        "{line}"
+    );
+}
+
+/// A free loopback port (bind and drop; another process could take it, which is unlikely in
+/// the short window of a test).
+fn free_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+#[test]
+fn every_role_started_by_hand_trains_the_same_model_as_the_launcher() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut servers = Vec::new();
+    let mut addrs = Vec::new();
+    for id in 0..2 {
+        let port = dir.path().join(format!("s{id}.port"));
+        let child = ftrec()
+            .args([
+                "server",
+                "--id",
+                &id.to_string(),
+                "--servers",
+                "2",
+                "--preset",
+                "tiny",
+            ])
+            .args(["--seed", "3", "--until", "stdin", "--port-file"])
+            .arg(&port)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        while !port.exists() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        addrs.push(std::fs::read_to_string(&port).unwrap().trim().to_string());
+        servers.push(child);
+    }
+    let control = free_addr();
+    let json = dir.path().join("coord.json");
+    let mut coord = ftrec()
+        .args([
+            "coordinator",
+            "--preset",
+            "tiny",
+            "--servers",
+            "2",
+            "--workers",
+            "2",
+            "--sync",
+        ])
+        .args([
+            "--steps",
+            "6",
+            "--batch",
+            "32",
+            "--eval-samples",
+            "0",
+            "--seed",
+            "3",
+        ])
+        .args(["--server-addr", &addrs[0], "--server-addr", &addrs[1]])
+        .args(["--control-listen", &control.to_string(), "--json"])
+        .arg(&json)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut workers = Vec::new();
+    for id in 0..2 {
+        workers.push(
+            ftrec()
+                .args([
+                    "worker",
+                    "--coordinator",
+                    &control.to_string(),
+                    "--id",
+                    &id.to_string(),
+                ])
+                .spawn()
+                .unwrap(),
+        );
+    }
+    assert!(coord.wait().unwrap().success());
+    // The coordinator told its workers to stop.
+    for mut w in workers {
+        assert!(w.wait().unwrap().success());
+    }
+    for mut s in servers {
+        drop(s.stdin.take());
+        assert!(s.wait().unwrap().success());
+    }
+    let by_hand: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+
+    let launched = dir.path().join("launched.json");
+    let out = ftrec()
+        .args([
+            "run",
+            "--preset",
+            "tiny",
+            "--servers",
+            "2",
+            "--workers",
+            "2",
+            "--sync",
+        ])
+        .args([
+            "--steps",
+            "6",
+            "--batch",
+            "32",
+            "--eval-samples",
+            "0",
+            "--seed",
+            "3",
+            "--json",
+        ])
+        .arg(&launched)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let launched: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&launched).unwrap()).unwrap();
+    assert_eq!(by_hand["model_digest"], launched["model_digest"]);
+}
+
+/// Direct children of `pid`, from /proc.
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        // The fields after the command name (which may hold spaces) start after the last ')'.
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        let ppid: u32 = rest.split(' ').nth(1).unwrap().parse().unwrap();
+        if ppid == pid {
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie (exited, not yet reaped by init) counts as gone.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s[s.rfind(')').unwrap() + 2..].starts_with('Z'))
+        .unwrap_or(false)
+}
+
+#[test]
+fn a_killed_coordinator_takes_its_servers_and_workers_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut coord = ftrec()
+        .args([
+            "run",
+            "--preset",
+            "tiny",
+            "--servers",
+            "2",
+            "--workers",
+            "2",
+        ])
+        .args([
+            "--steps",
+            "100000",
+            "--batch",
+            "32",
+            "--eval-samples",
+            "0",
+            "--work-dir",
+        ])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until all four children are up (bounded: the test fails rather than hangs).
+    let mut kids = Vec::new();
+    for _ in 0..3000 {
+        kids = children(coord.id());
+        if kids.len() == 4 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(kids.len(), 4, "children of the coordinator: {kids:?}");
+    coord.kill().unwrap();
+    coord.wait().unwrap();
+    for _ in 0..1000 {
+        if !kids.iter().any(|&k| alive(k)) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let left: Vec<u32> = kids.into_iter().filter(|&k| alive(k)).collect();
+    assert!(
+        left.is_empty(),
+        "still running after the coordinator died: {left:?}"
+    );
 }

@@ -1,20 +1,27 @@
-//! The coordinator: launches the servers and workers, steps the workers in lockstep, detects
-//! failures, runs the strategy and carries out its actions, and reports.
+//! The coordinator: launches (or waits for) the servers and workers, hands out batches,
+//! detects failures, runs the strategy and carries out its actions, and reports.
 //!
-//! Failure detection has two sources. Workers' RPC errors (and the coordinator's own commit
+//! Work is counted in global batches (see [`crate::worker`]). In synchronous mode a step is
+//! `M` batches, one per worker, staged on the servers and committed in worker order before the
+//! next step starts. In asynchronous mode every free worker gets the next batch at once and
+//! pushes its update when done; a step is complete when `M` more batches are. Before a
+//! checkpoint the coordinator stops handing out batches and waits for those in flight, so the
+//! saved model holds exactly the batches before the saved data position.
+//!
+//! Failure detection has three sources. Workers' RPC errors (and the coordinator's own commit
 //! errors) say *that* something failed; the coordinator then finds *which* servers are lost:
 //! a server whose process has exited, or that does not answer an `info` probe within the
-//! heartbeat timeout. Independently, a heartbeat task probes every server periodically and
-//! reports one that stays silent, which catches a server that dies or hangs between steps.
+//! heartbeat timeout. A heartbeat task probes every server periodically and reports one that
+//! stays silent, which catches a server that dies or hangs between steps. A worker is lost
+//! when its control connection breaks (the process died) or it stays silent for the step
+//! timeout.
 //!
 //! Step numbers on the servers: the servers refuse to commit a step number twice, and full
 //! recovery redoes steps, so every attempt to commit is staged under a fresh, increasing
 //! sequence number (`seq`), distinct from the training step it computes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::mpsc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ftrec_core::ServerId;
@@ -26,26 +33,36 @@ use ftrec_strategy::{
 };
 use tokio::sync::{mpsc as tmpsc, watch};
 
+use crate::control::{BatchTiming, FromWorker, PoolEvent, ToWorker, WorkerPool};
 use crate::image::{checkpoint_path, load_full, save_full, Manifest, ShardImage};
-use crate::report::{EventKind, FailureReport, RunReport, StepPoint, TimedEvent};
-use crate::worker::{
-    connect_all, position_after, worker_loop, Compute, WorkerCmd, WorkerReply, WorkerSetup,
+use crate::report::{
+    intervals, EventKind, FailureReport, Overheads, RunReport, StepPoint, TimedEvent,
 };
-use crate::{build_server, ClusterError, RunConfig, ServerProcess, StrategyChoice};
+use crate::worker::{connect_all, position_after, Compute, WorkerSetup};
+use crate::{
+    build_server, ClusterError, KillAt, KillSpec, Phase, Role, RunConfig, ServerProcess,
+    StrategyChoice,
+};
 
-/// Longest a worker may take for one step (pull, compute, stage) before the step fails.
+/// Longest a worker may take for one batch (pull, compute, stage or push) before it counts as
+/// failed.
 const STEP_TIMEOUT: Duration = Duration::from_secs(60);
 /// Recoveries after which a run gives up (a replacement that keeps dying is not a fault the
 /// strategies can fix).
 const MAX_RECOVERIES: u32 = 16;
-/// How long a stopping server may take to exit before it is killed.
+/// Failed batches in a row, with every server alive, after which a run gives up.
+const MAX_UNEXPLAINED_FAILURES: u32 = 3;
+/// How long a stopping process may take to exit before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(3);
+/// How often the asynchronous loop looks at the clock and the heartbeat when no reply comes.
+const POLL: Duration = Duration::from_millis(10);
 
 /// Run a whole multi-process training job: start `cfg.servers` server processes and
-/// `cfg.workers` worker threads, train `cfg.steps` steps under the configured strategy and
-/// faults, evaluate, stop every process, and report. A run the strategy aborts (strategy
-/// `none` after a loss) returns `Ok` with [`RunReport::aborted`] set; an error that is not a
-/// server loss returns `Err`. Every started process is reaped before this returns.
+/// `cfg.workers` worker processes (or use those started elsewhere), train `cfg.steps` steps
+/// under the configured strategy and faults, evaluate, stop every process, and report. A run
+/// the strategy aborts (strategy `none` after a loss) returns `Ok` with
+/// [`RunReport::aborted`] set; an error that is not a server loss returns `Err`. Every started
+/// process is reaped before this returns.
 pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
     cfg.validate()?;
     let start = Instant::now();
@@ -55,7 +72,10 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
             source: e,
         })?;
     }
-    ftrec_model::set_gemm_threads(cfg.threads)?;
+    // The coordinator's own matrix work is the final evaluation only; results do not depend
+    // on the thread count, so a process that fixed it already (a benchmark that also ran the
+    // single-process trainer) keeps its setting.
+    let _ = ftrec_model::set_gemm_threads(cfg.threads);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -71,23 +91,26 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
                 .map_err(|e| ClusterError::Config(e.to_string()))?,
         ),
     };
+    let pool = WorkerPool::listen(
+        cfg.control_listen,
+        cfg.workers,
+        (!cfg.external_workers).then_some(cfg.exe.as_path()),
+    )?;
     let (hb_targets, hb_rx) = watch::channel(Vec::new());
     let (lost_tx, lost_rx) = tmpsc::unbounded_channel();
-    let (reply_tx, replies) = mpsc::channel();
     let mut c = Coordinator {
         cfg: cfg.clone(),
         rt,
         start,
         strategy,
         procs: Vec::new(),
+        server_addrs: Vec::new(),
         generation: vec![0; cfg.servers as usize],
         clients: None,
-        workers: Vec::new(),
-        reply_tx,
-        replies,
+        pool,
         hb_targets,
         lost_rx,
-        step: 0,
+        batches: 0,
         seq: 0,
         train_start: None,
         events: Vec::new(),
@@ -103,6 +126,10 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
         aborted: None,
         last_loss: f64::NAN,
         timeline: Vec::new(),
+        completions: Vec::new(),
+        kills: cfg.kills.iter().map(|k| (*k, false)).collect(),
+        worker_time: BatchTiming::default(),
+        recover_at: Vec::new(),
     };
     c.rt.spawn(heartbeat(
         hb_rx,
@@ -110,8 +137,22 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
         cfg.heartbeat_timeout,
         lost_tx,
     ));
-    let result = c.start_all().and_then(|()| c.train());
+    let result = c.start_all().and_then(|()| {
+        if c.cfg.sync {
+            c.train_sync()
+        } else {
+            c.train_async()
+        }
+    });
     c.finish(result)
+}
+
+/// How a step or batch failed.
+enum Failure {
+    /// Workers whose control connection broke or who stopped answering.
+    Workers(Vec<u32>, String),
+    /// An RPC to the servers failed (`by`: who saw it).
+    Rpc(&'static str, String),
 }
 
 struct Coordinator {
@@ -119,16 +160,17 @@ struct Coordinator {
     rt: tokio::runtime::Runtime,
     start: Instant,
     strategy: Box<dyn Strategy>,
+    /// Server processes this coordinator started (empty with external servers).
     procs: Vec<ServerProcess>,
+    /// Every server's current address, in server order.
+    server_addrs: Vec<SocketAddr>,
     generation: Vec<u32>,
     clients: Option<ShardedClient<GrpcClient>>,
-    workers: Vec<(mpsc::Sender<WorkerCmd>, JoinHandle<()>)>,
-    reply_tx: mpsc::Sender<WorkerReply>,
-    replies: mpsc::Receiver<WorkerReply>,
+    pool: WorkerPool,
     hb_targets: watch::Sender<Vec<(u32, SocketAddr)>>,
     lost_rx: tmpsc::UnboundedReceiver<(u32, u32, String)>,
-    /// Steps applied to the servers' model.
-    step: u64,
+    /// Global batches applied to the servers' model.
+    batches: u64,
     seq: u64,
     train_start: Option<Instant>,
     events: Vec<TimedEvent>,
@@ -145,6 +187,13 @@ struct Coordinator {
     aborted: Option<String>,
     last_loss: f64,
     timeline: Vec<StepPoint>,
+    /// Seconds after training start at which each batch completed.
+    completions: Vec<f64>,
+    kills: Vec<(KillSpec, bool)>,
+    /// Summed over every answered batch.
+    worker_time: BatchTiming,
+    /// Failures (by index) that are recovered once `batches` reaches the given count again.
+    recover_at: Vec<(usize, u64)>,
 }
 
 impl Coordinator {
@@ -152,11 +201,24 @@ impl Coordinator {
         self.start.elapsed().as_secs_f64()
     }
 
+    fn workers(&self) -> u32 {
+        self.cfg.workers
+    }
+
+    /// Completed steps (in asynchronous mode, whole multiples of `workers` batches).
+    fn step(&self) -> u64 {
+        self.batches / self.workers() as u64
+    }
+
+    fn total_batches(&self) -> u64 {
+        self.cfg.steps * self.workers() as u64
+    }
+
     fn event(&mut self, kind: EventKind, server: Option<u32>, detail: String) {
         self.events.push(TimedEvent {
             t_s: self.now(),
             kind,
-            step: self.step,
+            step: self.step(),
             server,
             detail,
         });
@@ -168,13 +230,13 @@ impl Coordinator {
             .ok_or_else(|| ClusterError::Protocol("the coordinator is not connected".into()))
     }
 
-    fn server_addrs(&self) -> Vec<SocketAddr> {
-        self.procs.iter().map(|p| p.addr).collect()
+    fn external_servers(&self) -> bool {
+        !self.cfg.external_servers.is_empty()
     }
 
     fn spawn_server(&mut self, id: u32) -> Result<ServerProcess, ClusterError> {
         let p = ServerProcess::spawn(
-            &self.cfg.server_exe,
+            &self.cfg.exe,
             &self.cfg.server_spec(id),
             &self.cfg.work_dir,
             self.generation[id as usize],
@@ -185,13 +247,41 @@ impl Coordinator {
         Ok(p)
     }
 
-    /// Start the servers, connect, start the workers.
+    /// Whether server `id` answers an `info` probe as itself within the heartbeat timeout.
+    fn probe(&self, id: u32) -> bool {
+        let addr = self.server_addrs[id as usize];
+        let timeout = self.cfg.heartbeat_timeout;
+        let alive = self.rt.block_on(async {
+            tokio::time::timeout(timeout, async {
+                let c = GrpcClient::connect(addr, GrpcConfig::default()).await?;
+                c.info().await
+            })
+            .await
+        });
+        matches!(alive, Ok(Ok(info)) if info.server == ServerId(id))
+    }
+
+    /// Start (or reach) the servers, connect, start the workers.
     fn start_all(&mut self) -> Result<(), ClusterError> {
-        for id in 0..self.cfg.servers {
-            let p = self.spawn_server(id)?;
-            self.procs.push(p);
+        if self.external_servers() {
+            self.server_addrs = self.cfg.external_servers.clone();
+            for id in 0..self.cfg.servers {
+                if !self.probe(id) {
+                    return Err(ClusterError::Config(format!(
+                        "server {id} at {} is unreachable or is not server {id} of this job",
+                        self.server_addrs[id as usize]
+                    )));
+                }
+            }
+            self.addrs = self.server_addrs.iter().map(|a| a.to_string()).collect();
+        } else {
+            for id in 0..self.cfg.servers {
+                let p = self.spawn_server(id)?;
+                self.server_addrs.push(p.addr);
+                self.procs.push(p);
+            }
         }
-        let addrs = self.server_addrs();
+        let addrs = self.server_addrs.clone();
         self.clients = Some(self.rt.block_on(connect_all(&addrs))?);
         self.update_heartbeat();
         self.event(
@@ -199,114 +289,103 @@ impl Coordinator {
             None,
             format!("{} servers at {addrs:?}", addrs.len()),
         );
-        for w in 0..self.cfg.workers {
-            let setup = WorkerSetup {
-                id: w,
-                workers: self.cfg.workers,
-                preset: self.cfg.preset.clone(),
-                seed: self.cfg.seed,
-                batch: self.cfg.batch,
-                threads: self.cfg.threads,
-                sync: self.cfg.sync,
-                rpc_timeout: STEP_TIMEOUT,
-            };
-            let (tx, rx) = mpsc::channel();
-            let replies = self.reply_tx.clone();
-            let handle = std::thread::Builder::new()
-                .name(format!("ftrec-worker-{w}"))
-                .spawn(move || worker_loop(setup, rx, replies))
-                .map_err(|e| ClusterError::Io {
-                    what: format!("starting worker thread {w}"),
-                    source: e,
-                })?;
-            self.workers.push((tx, handle));
+        for w in 0..self.workers() {
+            self.start_worker(w)?;
         }
-        self.connect_workers()
+        self.event(
+            EventKind::WorkersStarted,
+            None,
+            format!(
+                "{} workers on control socket {}",
+                self.workers(),
+                self.pool.addr()
+            ),
+        );
+        Ok(())
+    }
+
+    /// Start (or wait for) worker `w`, set it up and connect it to the servers.
+    fn start_worker(&mut self, w: u32) -> Result<(), ClusterError> {
+        if self.cfg.external_workers {
+            self.pool.wait_joined(w, self.cfg.start_timeout)?;
+        } else {
+            self.pool.spawn(w, self.cfg.start_timeout)?;
+        }
+        let setup = WorkerSetup {
+            id: w,
+            workers: self.workers(),
+            preset: self.cfg.preset.clone(),
+            seed: self.cfg.seed,
+            batch: self.cfg.batch,
+            threads: self.cfg.threads,
+            rpc_timeout: STEP_TIMEOUT,
+        };
+        self.ask_one(w, ToWorker::Setup(Box::new(setup)))?;
+        let servers = self.server_addrs.clone();
+        self.ask_one(w, ToWorker::Connect { servers })?;
+        Ok(())
+    }
+
+    /// Send one command to worker `w` and wait for its answer (no other command may be
+    /// outstanding).
+    fn ask_one(&mut self, w: u32, cmd: ToWorker) -> Result<FromWorker, ClusterError> {
+        self.pool
+            .send(w, &cmd)
+            .map_err(|e| ClusterError::Protocol(format!("worker {w}: {e}")))?;
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ClusterError::Timeout(format!("waiting for worker {w}")));
+            }
+            match self.pool.next(left) {
+                Some(PoolEvent::Msg { worker, msg }) if worker == w => {
+                    return match msg {
+                        FromWorker::Failed { error, .. } => {
+                            Err(ClusterError::Protocol(format!("worker {w}: {error}")))
+                        }
+                        other => Ok(other),
+                    }
+                }
+                Some(PoolEvent::Lost { worker, reason }) if worker == w => {
+                    return Err(ClusterError::Protocol(format!(
+                        "worker {w} was lost: {reason}"
+                    )))
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Tell every worker the servers' current addresses.
+    fn reconnect_workers(&mut self) -> Result<(), ClusterError> {
+        for w in 0..self.workers() {
+            let servers = self.server_addrs.clone();
+            self.ask_one(w, ToWorker::Connect { servers })?;
+        }
+        Ok(())
     }
 
     fn update_heartbeat(&mut self) {
         let targets = self
-            .procs
+            .server_addrs
             .iter()
-            .map(|p| (self.generation[p.id as usize], p.addr))
+            .enumerate()
+            .map(|(i, a)| (self.generation[i], *a))
             .collect();
         let _ = self.hb_targets.send(targets);
-    }
-
-    /// Send every worker `cmd(w)` and collect one reply from each; the first error, if any.
-    fn all_workers(&mut self, cmd: impl Fn(u32) -> WorkerCmd) -> Result<f64, ClusterError> {
-        for (w, (tx, _)) in self.workers.iter().enumerate() {
-            tx.send(cmd(w as u32))
-                .map_err(|_| ClusterError::Protocol(format!("worker {w} has stopped")))?;
-        }
-        let mut first_err = None;
-        let mut loss = 0.0;
-        for _ in 0..self.workers.len() {
-            let r = self
-                .replies
-                .recv_timeout(STEP_TIMEOUT + Duration::from_secs(5))
-                .map_err(|_| ClusterError::Timeout("waiting for the workers".into()))?;
-            match r.result {
-                Ok(l) => loss += l,
-                Err(e) => {
-                    first_err.get_or_insert((r.worker, e));
-                }
-            }
-        }
-        match first_err {
-            None => Ok(loss / self.workers.len().max(1) as f64),
-            Some((w, e)) => Err(ClusterError::StepFailed {
-                step: self.step + 1,
-                reason: format!("worker {w}: {e}"),
-            }),
-        }
-    }
-
-    fn connect_workers(&mut self) -> Result<(), ClusterError> {
-        let addrs = self.server_addrs();
-        self.all_workers(|_| WorkerCmd::Connect(addrs.clone()))
-            .map(|_| ())
-    }
-
-    /// One step: every worker computes and stages (or pushes), then the coordinator commits in
-    /// worker order. `Err` carries how the failure showed.
-    fn run_step(&mut self, step: u64, seq: u64) -> Result<f64, (&'static str, String)> {
-        let loss = self
-            .all_workers(|_| WorkerCmd::Step { step, seq })
-            .map_err(|e| ("worker_rpc", e.to_string()))?;
-        if self.cfg.sync {
-            let order: Vec<u32> = (0..self.cfg.workers).collect();
-            let client = self.client().map_err(|e| ("commit_rpc", e.to_string()))?;
-            let timeout = self.cfg.heartbeat_timeout.max(Duration::from_secs(10));
-            self.rt
-                .block_on(async {
-                    tokio::time::timeout(timeout, client.commit_step(seq, &order)).await
-                })
-                .map_err(|_| ("commit_rpc", format!("committing step {step} timed out")))?
-                .map_err(|e| ("commit_rpc", e.to_string()))?;
-        }
-        Ok(loss)
     }
 
     /// Servers that are lost now: exited, or silent for the heartbeat timeout.
     fn probe_lost(&mut self) -> Vec<u32> {
         let mut lost = Vec::new();
-        let timeout = self.cfg.heartbeat_timeout;
-        for i in 0..self.procs.len() {
-            if self.procs[i].has_exited() {
-                lost.push(i as u32);
-                continue;
-            }
-            let addr = self.procs[i].addr;
-            let alive = self.rt.block_on(async {
-                tokio::time::timeout(timeout, async {
-                    let c = GrpcClient::connect(addr, GrpcConfig::default()).await?;
-                    c.info().await
-                })
-                .await
-            });
-            if !matches!(alive, Ok(Ok(info)) if info.server == ServerId(i as u32)) {
-                lost.push(i as u32);
+        for i in 0..self.cfg.servers {
+            let exited = self
+                .procs
+                .get_mut(i as usize)
+                .is_some_and(|p| p.has_exited());
+            if exited || !self.probe(i) {
+                lost.push(i);
             }
         }
         lost
@@ -324,55 +403,205 @@ impl Coordinator {
         lost
     }
 
-    fn train(&mut self) -> Result<(), ClusterError> {
+    /// Heartbeat reports confirmed by a probe (one that times out once may be a slow server).
+    fn confirmed_heartbeat_losses(&mut self) -> Vec<u32> {
+        let hb = self.heartbeat_losses();
+        if hb.is_empty() {
+            return hb;
+        }
+        self.probe_lost()
+            .into_iter()
+            .filter(|s| hb.contains(s))
+            .collect()
+    }
+
+    // ---- fault injection ----
+
+    /// Fire the kills scheduled for `point`; returns whether any fired.
+    fn fire(&mut self, due: impl Fn(&KillAt) -> bool) -> bool {
+        let mut fired = false;
+        for i in 0..self.kills.len() {
+            let (k, done) = self.kills[i];
+            if !done && due(&k.at) {
+                self.kills[i].1 = true;
+                self.inject(k.role, k.id, &k.to_string());
+                fired = true;
+            }
+        }
+        fired
+    }
+
+    fn fire_step_kills(&mut self) {
+        let step = self.step();
+        if self.batches.is_multiple_of(self.workers() as u64) {
+            self.fire(|at| *at == KillAt::Step(step));
+        }
+    }
+
+    fn fire_time_kills(&mut self) {
+        let Some(t0) = self.train_start else { return };
+        let t = t0.elapsed().as_secs_f64();
+        self.fire(|at| matches!(at, KillAt::Time(x) if *x <= t));
+    }
+
+    fn fire_phase_kills(&mut self, phase: Phase) -> bool {
+        self.fire(|at| *at == KillAt::Phase(phase))
+    }
+
+    /// SIGKILL a process and record the failure.
+    fn inject(&mut self, role: Role, id: u32, why: &str) {
+        let pid = match role {
+            Role::Server => self.procs.get_mut(id as usize).map(|p| {
+                let pid = p.pid();
+                p.kill();
+                pid
+            }),
+            Role::Worker => self.pool.kill(id),
+        };
+        let Some(pid) = pid else { return };
+        let t = self.now();
+        self.failures.push(FailureReport {
+            role,
+            id,
+            step: self.step(),
+            injected_t_s: t,
+            detected_s: None,
+            replaced_s: None,
+            resumed_s: None,
+            recovered_s: None,
+            steps_redone: 0,
+            detected_by: None,
+        });
+        self.event(
+            EventKind::FailureInjected,
+            (role == Role::Server).then_some(id),
+            format!("{role} {id}: SIGKILL to pid {pid} ({why})"),
+        );
+    }
+
+    /// The open failure record of `role` `id`, marked detected now (a new one if the loss
+    /// was not injected).
+    fn detected(&mut self, role: Role, id: u32, by: &str) -> usize {
+        let now = self.now();
+        let step = self.step();
+        let i = match self
+            .failures
+            .iter()
+            .position(|f| f.role == role && f.id == id && f.detected_s.is_none())
+        {
+            Some(i) => i,
+            None => {
+                self.failures.push(FailureReport {
+                    role,
+                    id,
+                    step,
+                    injected_t_s: now,
+                    detected_s: None,
+                    replaced_s: None,
+                    resumed_s: None,
+                    recovered_s: None,
+                    steps_redone: 0,
+                    detected_by: None,
+                });
+                self.failures.len() - 1
+            }
+        };
+        let f = &mut self.failures[i];
+        f.detected_s = Some(now - f.injected_t_s);
+        f.detected_by = Some(by.to_string());
+        self.event(
+            EventKind::FailureDetected,
+            (role == Role::Server).then_some(id),
+            format!("{role} {id} by {by}"),
+        );
+        i
+    }
+
+    /// Mark the failures waiting for training to catch up as recovered.
+    fn note_progress(&mut self) {
+        let batches = self.batches;
+        let now = self.now();
+        let mut done = Vec::new();
+        self.recover_at.retain(|&(i, target)| {
+            if batches >= target {
+                done.push(i);
+                false
+            } else {
+                true
+            }
+        });
+        for i in done {
+            let f = &mut self.failures[i];
+            if f.recovered_s.is_none() {
+                f.recovered_s = Some(now - f.injected_t_s);
+                let detail = format!(
+                    "{} {} back at step {}",
+                    f.role,
+                    f.id,
+                    batches / self.cfg.workers as u64
+                );
+                self.event(EventKind::RecoveryComplete, None, detail);
+            }
+        }
+    }
+
+    // ---- training ----
+
+    /// One batch applied: bookkeeping, kills and the strategy. `Ok(false)`: the run ended.
+    fn batch_done(&mut self, loss: f64) -> Result<bool, ClusterError> {
+        self.batches += 1;
+        self.last_loss = loss;
+        let t = self.train_start.map_or(0.0, |s| s.elapsed().as_secs_f64());
+        self.completions.push(t);
+        self.note_progress();
+        if !self.batches.is_multiple_of(self.workers() as u64) {
+            return Ok(true);
+        }
+        let step = self.step();
+        let now_s = self.now();
+        self.timeline.push(StepPoint {
+            step,
+            t_s: now_s,
+            loss,
+        });
+        let actions = self.strategy.on(&Event::StepDone { step, now_s });
+        if !self.execute(actions)? {
+            return Ok(false);
+        }
+        self.fire_step_kills();
+        Ok(true)
+    }
+
+    fn train_sync(&mut self) -> Result<(), ClusterError> {
         self.train_start = Some(Instant::now());
-        let mut fired = vec![false; self.cfg.kills.len()];
-        while self.step < self.cfg.steps {
-            let hb = self.heartbeat_losses();
-            if !hb.is_empty() {
-                // Confirm: a probe that times out once may be a slow server.
-                let lost: Vec<u32> = self
-                    .probe_lost()
-                    .into_iter()
-                    .filter(|s| hb.contains(s))
-                    .collect();
-                if !lost.is_empty() && !self.handle_losses(lost, "heartbeat")? {
+        let mut unexplained = 0;
+        while self.batches < self.total_batches() {
+            self.fire_time_kills();
+            let lost = self.confirmed_heartbeat_losses();
+            if !lost.is_empty() {
+                if !self.handle_server_losses(lost, "heartbeat")? {
                     return Ok(());
                 }
                 continue;
             }
-            let step = self.step + 1;
+            let step = self.step() + 1;
             self.seq += 1;
-            match self.run_step(step, self.seq) {
+            match self.sync_step(step, self.seq) {
                 Ok(loss) => {
-                    self.step = step;
-                    self.last_loss = loss;
-                    let t_s = self.now();
-                    self.timeline.push(StepPoint { step, t_s, loss });
-                    let actions = self.strategy.on(&Event::StepDone { step, now_s: t_s });
-                    if !self.execute(actions)? {
+                    unexplained = 0;
+                    // One step is `workers` batches; the strategy hears of it with the last.
+                    let t = self.train_start.map_or(0.0, |s| s.elapsed().as_secs_f64());
+                    for _ in 1..self.workers() {
+                        self.batches += 1;
+                        self.completions.push(t);
+                    }
+                    if !self.batch_done(loss)? {
                         return Ok(());
                     }
-                    for (k, done) in self.cfg.kills.clone().iter().zip(&mut fired) {
-                        if k.step == step && !*done {
-                            *done = true;
-                            self.inject_kill(k.server);
-                        }
-                    }
                 }
-                Err((by, reason)) => {
-                    // Contributions staged for the failed attempt are dropped where possible.
-                    if let Ok(c) = self.client() {
-                        let seq = self.seq;
-                        let _ = self.rt.block_on(async {
-                            tokio::time::timeout(Duration::from_secs(2), c.abort_step(seq)).await
-                        });
-                    }
-                    let lost = self.probe_lost();
-                    if lost.is_empty() {
-                        return Err(ClusterError::StepFailed { step, reason });
-                    }
-                    if !self.handle_losses(lost, by)? {
+                Err(failure) => {
+                    self.abort_staged(self.seq);
+                    if !self.handle_failure(failure, step, &mut unexplained)? {
                         return Ok(());
                     }
                 }
@@ -381,62 +610,352 @@ impl Coordinator {
         Ok(())
     }
 
-    fn inject_kill(&mut self, server: u32) {
-        let Some(p) = self.procs.get_mut(server as usize) else {
-            return;
-        };
-        let pid = p.pid();
-        p.kill();
-        let t = self.now();
-        self.failures.push(FailureReport {
-            server,
-            step: self.step,
-            injected_t_s: t,
-            detected_s: None,
-            resumed_s: None,
-            steps_redone: 0,
-            detected_by: None,
-        });
+    /// One synchronous step: every worker trains on its batch and stages it as `seq`, then the
+    /// coordinator commits it in worker order.
+    fn sync_step(&mut self, step: u64, seq: u64) -> Result<f64, Failure> {
+        let m = self.workers() as u64;
+        let mut waiting: BTreeMap<u32, u64> = BTreeMap::new();
+        let mut lost = Vec::new();
+        let mut rpc_error = None;
+        for w in 0..self.workers() {
+            let index = (step - 1) * m + w as u64 + 1;
+            match self.pool.send(
+                w,
+                &ToWorker::Batch {
+                    index,
+                    seq: Some(seq),
+                },
+            ) {
+                Ok(()) => {
+                    waiting.insert(w, index);
+                }
+                Err(_) => lost.push(w),
+            }
+        }
+        let mut loss = 0.0;
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        while !waiting.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                // Silent workers are treated as lost: they are killed and replaced.
+                lost.extend(waiting.keys());
+                break;
+            }
+            match self.pool.next(left) {
+                Some(PoolEvent::Msg {
+                    worker,
+                    msg:
+                        FromWorker::Done {
+                            index,
+                            loss: l,
+                            timing,
+                        },
+                }) if waiting.get(&worker) == Some(&index) => {
+                    waiting.remove(&worker);
+                    self.worker_time.add(&timing);
+                    loss += l;
+                }
+                Some(PoolEvent::Msg {
+                    worker,
+                    msg: FromWorker::Failed { index, error },
+                }) if index.is_some() && waiting.get(&worker) == index.as_ref() => {
+                    waiting.remove(&worker);
+                    rpc_error.get_or_insert(format!("worker {worker}: {error}"));
+                }
+                Some(PoolEvent::Lost { worker, reason }) => {
+                    waiting.remove(&worker);
+                    lost.push(worker);
+                    rpc_error.get_or_insert(format!("worker {worker} lost: {reason}"));
+                }
+                _ => {}
+            }
+        }
+        if !lost.is_empty() {
+            lost.sort_unstable();
+            lost.dedup();
+            return Err(Failure::Workers(
+                lost,
+                rpc_error.unwrap_or_else(|| "no answer".into()),
+            ));
+        }
+        if let Some(e) = rpc_error {
+            return Err(Failure::Rpc("worker_rpc", e));
+        }
+        let order: Vec<u32> = (0..self.workers()).collect();
+        let client = self
+            .client()
+            .map_err(|e| Failure::Rpc("commit_rpc", e.to_string()))?;
+        let timeout = self.cfg.heartbeat_timeout.max(Duration::from_secs(10));
+        self.rt
+            .block_on(async {
+                tokio::time::timeout(timeout, client.commit_step(seq, &order)).await
+            })
+            .map_err(|_| Failure::Rpc("commit_rpc", format!("committing step {step} timed out")))?
+            .map_err(|e| Failure::Rpc("commit_rpc", e.to_string()))?;
+        Ok(loss / m as f64)
+    }
+
+    /// Drop what was staged for `seq` where possible.
+    fn abort_staged(&mut self, seq: u64) {
+        if let Ok(c) = self.client() {
+            let _ = self.rt.block_on(async {
+                tokio::time::timeout(Duration::from_secs(2), c.abort_step(seq)).await
+            });
+        }
+    }
+
+    /// React to a failed step or batch. `Ok(false)`: the run ended.
+    fn handle_failure(
+        &mut self,
+        failure: Failure,
+        step: u64,
+        unexplained: &mut u32,
+    ) -> Result<bool, ClusterError> {
+        match failure {
+            Failure::Workers(ws, reason) => {
+                for w in ws {
+                    self.replace_worker(w, &reason)?;
+                }
+                // A server may have died too (a worker's RPC error can be both).
+                let lost = self.probe_lost();
+                if !lost.is_empty() {
+                    return self.handle_server_losses(lost, "worker_rpc");
+                }
+                Ok(true)
+            }
+            Failure::Rpc(by, reason) => {
+                let lost = self.probe_lost();
+                if lost.is_empty() {
+                    *unexplained += 1;
+                    if *unexplained >= MAX_UNEXPLAINED_FAILURES {
+                        return Err(ClusterError::StepFailed { step, reason });
+                    }
+                    return Ok(true);
+                }
+                *unexplained = 0;
+                self.handle_server_losses(lost, by)
+            }
+        }
+    }
+
+    /// Replace lost worker `w`: it holds no state, so a new process with its id is set up,
+    /// connected, and training goes on.
+    fn replace_worker(&mut self, w: u32, reason: &str) -> Result<(), ClusterError> {
+        let i = self.detected(Role::Worker, w, "control");
+        if let Some(e) = self.events.last_mut() {
+            e.detail = format!("{}: {reason}", e.detail);
+        }
+        self.pool.kill(w);
+        let t0 = Instant::now();
+        self.start_worker(w)
+            .map_err(|e| ClusterError::Recovery(format!("replacing worker {w}: {e}")))?;
+        let now = self.now();
+        let f = &mut self.failures[i];
+        f.replaced_s = Some(now - f.injected_t_s);
+        f.resumed_s = f.replaced_s;
+        f.recovered_s = f.replaced_s;
+        let pid = self.pool.pid(w).unwrap_or(0);
         self.event(
-            EventKind::FailureInjected,
-            Some(server),
-            format!("SIGKILL to pid {pid}"),
+            EventKind::WorkerReplaced,
+            None,
+            format!(
+                "worker {w}: pid {pid} after {:.3}s",
+                t0.elapsed().as_secs_f64()
+            ),
         );
+        Ok(())
+    }
+
+    fn train_async(&mut self) -> Result<(), ClusterError> {
+        self.train_start = Some(Instant::now());
+        let total = self.total_batches();
+        // Batches handed out and not yet answered, by worker; batches to hand out again.
+        let mut running: BTreeMap<u32, (u64, Instant)> = BTreeMap::new();
+        let mut requeue: Vec<u64> = Vec::new();
+        let mut next = self.batches + 1;
+        let mut unexplained = 0;
+        // Set while batches in flight must finish before something else can happen.
+        let mut pending: Option<Failure> = None;
+        // Servers the heartbeat found lost, with their generation at the time: a recovery in
+        // between replaces them, and a report about a replaced server is stale.
+        let mut losses: Vec<(u32, u32)> = Vec::new();
+        let mut actions: Vec<Action> = Vec::new();
+        loop {
+            let draining = pending.is_some() || !losses.is_empty() || !actions.is_empty();
+            if !draining {
+                for w in 0..self.workers() {
+                    if running.contains_key(&w) || !self.pool.is_connected(w) {
+                        continue;
+                    }
+                    let index = match requeue.pop() {
+                        Some(i) => i,
+                        None if next <= total => {
+                            next += 1;
+                            next - 1
+                        }
+                        None => break,
+                    };
+                    match self.pool.send(w, &ToWorker::Batch { index, seq: None }) {
+                        Ok(()) => {
+                            running.insert(w, (index, Instant::now()));
+                        }
+                        Err(e) => {
+                            requeue.push(index);
+                            pending.get_or_insert(Failure::Workers(vec![w], e));
+                        }
+                    }
+                }
+            }
+            if running.is_empty() {
+                if let Some(failure) = pending.take() {
+                    if !self.handle_failure(failure, self.step() + 1, &mut unexplained)? {
+                        return Ok(());
+                    }
+                    if self.batches + 1 < next {
+                        // A server recovery rewound the model: hand out from its position.
+                        next = self.batches + 1;
+                        requeue.clear();
+                    }
+                    continue;
+                }
+                if !losses.is_empty() {
+                    let lost: Vec<u32> = losses
+                        .drain(..)
+                        .filter(|&(s, g)| self.generation[s as usize] == g)
+                        .map(|(s, _)| s)
+                        .collect();
+                    if !self.handle_server_losses(lost, "heartbeat")? {
+                        return Ok(());
+                    }
+                    next = self.batches + 1;
+                    requeue.clear();
+                    continue;
+                }
+                if !actions.is_empty() {
+                    let a = std::mem::take(&mut actions);
+                    if !self.execute(a)? {
+                        return Ok(());
+                    }
+                    if self.batches + 1 < next {
+                        next = self.batches + 1;
+                        requeue.clear();
+                    }
+                    continue;
+                }
+                if self.batches >= total {
+                    return Ok(());
+                }
+            }
+            self.fire_time_kills();
+            if losses.is_empty() {
+                for s in self.confirmed_heartbeat_losses() {
+                    losses.push((s, self.generation[s as usize]));
+                }
+            }
+            match self.pool.next(POLL) {
+                Some(PoolEvent::Msg {
+                    worker,
+                    msg:
+                        FromWorker::Done {
+                            index,
+                            loss,
+                            timing,
+                        },
+                }) if running.get(&worker).map(|r| r.0) == Some(index) => {
+                    running.remove(&worker);
+                    self.worker_time.add(&timing);
+                    unexplained = 0;
+                    if pending.is_some() || !losses.is_empty() {
+                        // The model is about to be rewound or rebuilt; count nothing more.
+                        continue;
+                    }
+                    if !self.async_batch_done(loss, &mut actions)? {
+                        return Ok(());
+                    }
+                }
+                Some(PoolEvent::Msg {
+                    worker,
+                    msg: FromWorker::Failed { index, error },
+                }) if index.is_some() && running.get(&worker).map(|r| r.0) == index => {
+                    running.remove(&worker);
+                    if let Some(i) = index {
+                        requeue.push(i);
+                    }
+                    pending.get_or_insert(Failure::Rpc(
+                        "worker_rpc",
+                        format!("worker {worker}: {error}"),
+                    ));
+                }
+                Some(PoolEvent::Lost { worker, reason }) => {
+                    if let Some((i, _)) = running.remove(&worker) {
+                        requeue.push(i);
+                    }
+                    match pending.as_mut() {
+                        Some(Failure::Workers(ws, _)) => ws.push(worker),
+                        _ => {
+                            pending = Some(Failure::Workers(vec![worker], reason));
+                        }
+                    }
+                }
+                _ => {}
+            }
+            // A worker silent for the step timeout is treated as lost: killed and replaced.
+            let now = Instant::now();
+            for (&w, &(index, since)) in &running {
+                if now.duration_since(since) > STEP_TIMEOUT {
+                    self.pool.kill(w);
+                    requeue.push(index);
+                    match pending.as_mut() {
+                        Some(Failure::Workers(ws, _)) => ws.push(w),
+                        _ => pending = Some(Failure::Workers(vec![w], "no answer".into())),
+                    }
+                }
+            }
+            running.retain(|_, (_, since)| now.duration_since(*since) <= STEP_TIMEOUT);
+        }
+    }
+
+    /// [`Coordinator::batch_done`] for the asynchronous loop: the strategy's actions are
+    /// queued (they run once the batches in flight have finished) instead of run at once.
+    fn async_batch_done(
+        &mut self,
+        loss: f64,
+        actions: &mut Vec<Action>,
+    ) -> Result<bool, ClusterError> {
+        self.batches += 1;
+        self.last_loss = loss;
+        let t = self.train_start.map_or(0.0, |s| s.elapsed().as_secs_f64());
+        self.completions.push(t);
+        self.note_progress();
+        if !self.batches.is_multiple_of(self.workers() as u64) {
+            return Ok(true);
+        }
+        let step = self.step();
+        let now_s = self.now();
+        self.timeline.push(StepPoint {
+            step,
+            t_s: now_s,
+            loss,
+        });
+        let new = self.strategy.on(&Event::StepDone { step, now_s });
+        actions.extend(new);
+        self.fire_step_kills();
+        Ok(true)
     }
 
     /// Tell the strategy about every lost server and carry out what it decides. `Ok(false)`:
     /// the strategy ended the run.
-    fn handle_losses(&mut self, lost: Vec<u32>, by: &str) -> Result<bool, ClusterError> {
+    fn handle_server_losses(&mut self, lost: Vec<u32>, by: &str) -> Result<bool, ClusterError> {
         let gens_before = self.generation.clone();
         for server in lost {
             if self.generation[server as usize] != gens_before[server as usize] {
                 // Replaced by the recovery of an earlier loss in this batch.
                 continue;
             }
-            let now = self.now();
-            let open = self
-                .failures
-                .iter_mut()
-                .find(|f| f.server == server && f.detected_s.is_none());
-            match open {
-                Some(f) => {
-                    f.detected_s = Some(now - f.injected_t_s);
-                    f.detected_by = Some(by.to_string());
-                }
-                None => self.failures.push(FailureReport {
-                    server,
-                    step: self.step,
-                    injected_t_s: now,
-                    detected_s: Some(0.0),
-                    resumed_s: None,
-                    steps_redone: 0,
-                    detected_by: Some(by.to_string()),
-                }),
-            }
-            self.event(EventKind::FailureDetected, Some(server), format!("by {by}"));
+            self.detected(Role::Server, server, by);
             let actions = self.strategy.on(&Event::ServerLost {
                 server: ServerId(server),
-                now_s: now,
+                now_s: self.now(),
             });
             if !self.execute(actions)? {
                 return Ok(false);
@@ -449,17 +968,15 @@ impl Coordinator {
     fn execute(&mut self, actions: Vec<Action>) -> Result<bool, ClusterError> {
         for action in actions {
             match action {
-                // Steps are issued by this loop one at a time, so between two steps training
-                // is already paused: pausing needs no message.
+                // Batches are handed out by the training loop, which has stopped before it
+                // executes actions: pausing needs no message.
                 Action::PauseTraining => {}
                 Action::ResumeTraining => {
                     let now = self.now();
                     let mut resumed = false;
-                    for f in self
-                        .failures
-                        .iter_mut()
-                        .filter(|f| f.detected_s.is_some() && f.resumed_s.is_none())
-                    {
+                    for f in self.failures.iter_mut().filter(|f| {
+                        f.role == Role::Server && f.detected_s.is_some() && f.resumed_s.is_none()
+                    }) {
                         f.resumed_s = Some(now - f.injected_t_s);
                         resumed = true;
                     }
@@ -467,8 +984,9 @@ impl Coordinator {
                         self.event(
                             EventKind::TrainingResumed,
                             None,
-                            format!("from step {}", self.step),
+                            format!("from step {}", self.step()),
                         );
+                        self.note_progress();
                     }
                 }
                 Action::SaveFull { step } => {
@@ -480,7 +998,7 @@ impl Coordinator {
                 Action::RestoreAll { checkpoint } => {
                     self.restore(checkpoint)?;
                     let next = self.strategy.on(&Event::RestoreFinished {
-                        step: self.step,
+                        step: self.step(),
                         now_s: self.now(),
                     });
                     if !self.execute(next)? {
@@ -503,19 +1021,20 @@ impl Coordinator {
         Ok(true)
     }
 
-    /// A full checkpoint at `step`; returns the strategy's reaction.
+    /// A full checkpoint of the model as it is now (`step` as the strategy counts it); returns
+    /// the strategy's reaction.
     fn save(&mut self, step: u64) -> Vec<Action> {
         self.event(EventKind::CheckpointStart, None, format!("step {step}"));
         let t0 = Instant::now();
+        self.fire_phase_kills(Phase::CheckpointWrite);
         let manifest = Manifest {
-            format: 1,
-            step,
+            format: 2,
+            step: self.step(),
+            batches: self.batches,
             servers: self.cfg.servers,
             preset: self.cfg.preset.name.clone(),
             seed: self.cfg.seed,
-            positions: (0..self.cfg.workers)
-                .map(|w| position_after(self.cfg.workers, w, self.cfg.batch, step))
-                .collect(),
+            position: position_after(self.cfg.batch, self.batches),
             files: Vec::new(),
         };
         let root = self.cfg.ckpt_dir();
@@ -530,7 +1049,9 @@ impl Coordinator {
                 // Full recovery only ever restores the newest committed checkpoint, so the
                 // older ones are dropped once a newer one is committed.
                 if let Some(old) = self.committed.replace(out.id.clone()) {
-                    let _ = std::fs::remove_dir_all(checkpoint_path(&root, &old));
+                    if old != out.id {
+                        let _ = std::fs::remove_dir_all(checkpoint_path(&root, &old));
+                    }
                 }
                 self.checkpoints += 1;
                 self.bytes_written += out.bytes;
@@ -555,15 +1076,42 @@ impl Coordinator {
         }
     }
 
-    /// Full recovery: replace every lost server, load `checkpoint` (or the initial state) into
-    /// every server, rewind to its step, reconnect everyone (CPR §2.2).
-    fn restore(&mut self, checkpoint: Option<CheckpointRef>) -> Result<(), ClusterError> {
-        self.recoveries += 1;
-        if self.recoveries > MAX_RECOVERIES {
-            return Err(ClusterError::Recovery(format!(
-                "gave up after {MAX_RECOVERIES} recoveries"
-            )));
+    /// Replace lost server `id`: start a new process (or, for a server started elsewhere, wait
+    /// until its address answers again).
+    fn replace_server(&mut self, id: u32) -> Result<(), ClusterError> {
+        self.generation[id as usize] += 1;
+        if self.external_servers() {
+            let deadline = Instant::now() + self.cfg.start_timeout;
+            while !self.probe(id) {
+                if Instant::now() >= deadline {
+                    return Err(ClusterError::Recovery(format!(
+                        "server {id} at {} did not come back within {:.0}s",
+                        self.server_addrs[id as usize],
+                        self.cfg.start_timeout.as_secs_f64()
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            self.event(
+                EventKind::ServerReplaced,
+                Some(id),
+                format!("back at {}", self.server_addrs[id as usize]),
+            );
+            return Ok(());
         }
+        self.procs[id as usize].kill();
+        let p = self.spawn_server(id)?;
+        let detail = format!("pid {} at {}", p.pid(), p.addr);
+        self.server_addrs[id as usize] = p.addr;
+        self.procs[id as usize] = p;
+        self.event(EventKind::ServerReplaced, Some(id), detail);
+        Ok(())
+    }
+
+    /// Full recovery: replace every lost server, load `checkpoint` (or the initial state) into
+    /// every server, rewind to its position, reconnect everyone (CPR §2.2). A server lost
+    /// during the recovery is replaced and the recovery starts over.
+    fn restore(&mut self, checkpoint: Option<CheckpointRef>) -> Result<(), ClusterError> {
         self.event(
             EventKind::RecoveryStart,
             None,
@@ -572,48 +1120,87 @@ impl Coordinator {
                 None => "from the initial state (no checkpoint committed)".into(),
             },
         );
+        let before = self.batches;
         let rec = |e: ClusterError| ClusterError::Recovery(e.to_string());
-        self.clients = None;
-        for id in self.probe_lost() {
-            self.procs[id as usize].kill();
-            self.generation[id as usize] += 1;
-            let p = self.spawn_server(id).map_err(rec)?;
-            let detail = format!("pid {} at {}", p.pid(), p.addr);
-            self.procs[id as usize] = p;
-            self.event(EventKind::ServerReplaced, Some(id), detail);
-        }
-        let addrs = self.server_addrs();
-        self.clients = Some(self.rt.block_on(connect_all(&addrs)).map_err(rec)?);
-        self.update_heartbeat();
-        let restored = match &checkpoint {
-            Some(c) => {
-                let root = self.cfg.ckpt_dir();
-                let servers = self.client()?.servers().to_vec();
-                self.rt
-                    .block_on(load_full(&servers, &root, &c.id))
-                    .map_err(rec)?
-                    .step
+        let restored = loop {
+            self.recoveries += 1;
+            if self.recoveries > MAX_RECOVERIES {
+                return Err(ClusterError::Recovery(format!(
+                    "gave up after {MAX_RECOVERIES} recoveries"
+                )));
             }
-            None => {
-                let servers = self.client()?.servers().to_vec();
-                for (id, s) in servers.iter().enumerate() {
-                    let image =
-                        ShardImage::of_server(&build_server(&self.cfg.server_spec(id as u32))?)?;
-                    self.rt.block_on(image.import(s)).map_err(rec)?;
+            self.clients = None;
+            for id in self.probe_lost() {
+                if !self
+                    .failures
+                    .iter()
+                    .any(|f| f.role == Role::Server && f.id == id && f.resumed_s.is_none())
+                {
+                    // Lost during the recovery itself.
+                    self.detected(Role::Server, id, "recovery");
                 }
-                0
+                self.replace_server(id).map_err(rec)?;
+            }
+            let now = self.now();
+            for f in self
+                .failures
+                .iter_mut()
+                .filter(|f| f.role == Role::Server && f.replaced_s.is_none())
+            {
+                f.replaced_s = Some(now - f.injected_t_s);
+            }
+            self.update_heartbeat();
+            self.fire_phase_kills(Phase::Recovery);
+            match self.load(&checkpoint) {
+                Ok(batches) => break batches,
+                Err(e) => {
+                    if self.probe_lost().is_empty() {
+                        return Err(rec(e));
+                    }
+                    // Another server died while loading: replace it and load again.
+                }
             }
         };
-        let redone = self.step.saturating_sub(restored);
-        for f in self.failures.iter_mut().filter(|f| f.resumed_s.is_none()) {
-            f.steps_redone += redone;
+        let redone = before.saturating_sub(restored);
+        let m = self.workers() as u64;
+        let open: Vec<usize> = (0..self.failures.len())
+            .filter(|&i| {
+                let f = &self.failures[i];
+                f.role == Role::Server && f.resumed_s.is_none()
+            })
+            .collect();
+        for &i in &open {
+            self.failures[i].steps_redone += redone / m;
+            self.recover_at.push((i, before));
         }
-        self.samples_redone += redone * self.cfg.workers as u64 * self.cfg.batch as u64;
-        self.step = restored;
-        self.connect_workers().map_err(rec)?;
+        self.samples_redone += redone * self.cfg.batch as u64;
+        self.batches = restored;
+        self.reconnect_workers().map_err(rec)?;
         // Reports about servers that have since been replaced are stale.
         let _ = self.heartbeat_losses();
         Ok(())
+    }
+
+    /// Connect to every server and load `checkpoint` (or the initial state); returns the
+    /// restored batch count.
+    fn load(&mut self, checkpoint: &Option<CheckpointRef>) -> Result<u64, ClusterError> {
+        let addrs = self.server_addrs.clone();
+        self.clients = Some(self.rt.block_on(connect_all(&addrs))?);
+        let servers = self.client()?.servers().to_vec();
+        match checkpoint {
+            Some(c) => {
+                let root = self.cfg.ckpt_dir();
+                Ok(self.rt.block_on(load_full(&servers, &root, &c.id))?.batches)
+            }
+            None => {
+                for (id, s) in servers.iter().enumerate() {
+                    let image =
+                        ShardImage::of_server(&build_server(&self.cfg.server_spec(id as u32))?)?;
+                    self.rt.block_on(image.import(s))?;
+                }
+                Ok(0)
+            }
+        }
     }
 
     /// Held-out AUC and logloss of the servers' model.
@@ -658,22 +1245,32 @@ impl Coordinator {
                 Err(e) => outcome = Err(e),
             }
         }
-        for (tx, _) in &self.workers {
-            let _ = tx.send(WorkerCmd::Stop);
-        }
-        for (_, h) in self.workers.drain(..) {
-            let _ = h.join();
-        }
+        self.pool.stop_all(STOP_GRACE);
         self.clients = None;
         for p in &mut self.procs {
             p.stop(STOP_GRACE);
         }
         self.procs.clear();
         outcome?;
-        let samples = self.step * self.cfg.workers as u64 * self.cfg.batch as u64;
+        let samples = self.batches * self.cfg.batch as u64;
+        let mut overheads = Overheads {
+            o_save: self.pause_s,
+            ..Overheads::default()
+        };
+        for f in self.failures.iter().filter(|f| f.role == Role::Server) {
+            overheads.o_res += f.replaced_s.unwrap_or(0.0);
+            overheads.o_load += f.reload_s().unwrap_or(0.0);
+            overheads.o_lost += f.redo_s().unwrap_or(0.0);
+        }
+        let throughput = intervals(
+            &self.completions,
+            self.cfg.batch as u64,
+            self.cfg.report_interval_s,
+        );
+        let worker_pids = self.pool.pids.clone();
         Ok(RunReport {
             strategy: self.strategy.name().to_string(),
-            steps: self.step,
+            steps: self.step(),
             samples,
             samples_redone: self.samples_redone,
             wall_s: self.start.elapsed().as_secs_f64(),
@@ -684,6 +1281,9 @@ impl Coordinator {
             failures: self.failures,
             checkpoints: self.checkpoints,
             checkpoint_pause_s: self.pause_s,
+            overheads,
+            throughput,
+            worker_time: self.worker_time,
             bytes_written: self.bytes_written,
             model_digest: digest,
             auc,
@@ -691,6 +1291,7 @@ impl Coordinator {
             eval_samples,
             aborted: self.aborted,
             server_pids: self.pids,
+            worker_pids,
             server_addrs: self.addrs,
             timeline: self.timeline,
             config: self.cfg,

@@ -244,12 +244,15 @@ impl<'a> Reader<'a> {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
     pub format: u32,
+    /// Steps in the saved model (`batches / workers`, rounded down in asynchronous mode).
     pub step: u64,
+    /// Global batches applied to the saved model.
+    pub batches: u64,
     pub servers: u32,
     pub preset: String,
     pub seed: u64,
-    /// Where every worker's data stream stands after `step` (worker order).
-    pub positions: Vec<Position>,
+    /// Where the training stream stands: the next global batch starts here.
+    pub position: Position,
     pub files: Vec<ManifestFile>,
 }
 
@@ -282,7 +285,7 @@ pub async fn save_full<S: PsService + Clone + 'static>(
     root: &Path,
     manifest: Manifest,
 ) -> Result<SaveOutcome, ClusterError> {
-    let id = format!("ckpt-{:08}", manifest.step);
+    let id = format!("ckpt-{:010}", manifest.batches);
     let dir = checkpoint_path(root, &id);
     let io = |what: String| move |e: std::io::Error| ClusterError::Io { what, source: e };
     // A leftover of an uncommitted save at the same step is replaced.

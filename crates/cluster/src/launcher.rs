@@ -39,7 +39,7 @@ impl ServerProcess {
             .stderr(Stdio::inherit())
             .spawn()
             .map_err(|e| ClusterError::Spawn {
-                server: spec.id,
+                what: format!("server {}", spec.id),
                 reason: format!("cannot start {}: {e}", exe.display()),
             })?;
         let mut proc = ServerProcess {
@@ -52,20 +52,20 @@ impl ServerProcess {
             if let Ok(text) = std::fs::read_to_string(&port_file) {
                 let text = text.trim();
                 proc.addr = text.parse().map_err(|e| ClusterError::Spawn {
-                    server: spec.id,
+                    what: format!("server {}", spec.id),
                     reason: format!("port file {} holds {text:?}: {e}", port_file.display()),
                 })?;
                 return Ok(proc);
             }
             if let Ok(Some(status)) = proc.child.try_wait() {
                 return Err(ClusterError::Spawn {
-                    server: spec.id,
+                    what: format!("server {}", spec.id),
                     reason: format!("the process exited with {status} before it was ready"),
                 });
             }
             if Instant::now() >= deadline {
                 return Err(ClusterError::Spawn {
-                    server: spec.id,
+                    what: format!("server {}", spec.id),
                     reason: format!(
                         "no address in {} after {:.1}s",
                         port_file.display(),

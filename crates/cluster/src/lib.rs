@@ -4,26 +4,36 @@
 //! - the server process ([`serve_shard`], driven by a [`ServerSpec`]): one `ftrec-ps` shard
 //!   served over gRPC, its bound address published through a port file, alive until its
 //!   launcher's pipe closes;
-//! - the launcher ([`ServerProcess`]): starts server processes of a given executable, waits for
-//!   their port files, kills (SIGKILL) and reaps them; no child outlives its handle;
-//! - the coordinator ([`run`], configured by a [`RunConfig`]): M worker threads, each with its
-//!   own gRPC connections, stepping in lockstep (synchronous deterministic mode: contributions
-//!   staged and committed in worker order); heartbeats and worker RPC errors feed failure
-//!   detection; a strategy state machine of `ftrec-strategy` (`none` | `full`) decides and the
-//!   coordinator carries out its actions (pause, full checkpoint, replace the lost server and
-//!   restore everyone, resume, abort);
-//! - fault injection ([`KillSpec`]: SIGKILL server I after step S) and the run's report with
-//!   its event timeline ([`RunReport`]);
+//! - the worker process ([`worker_process`]): connects to the coordinator's control socket
+//!   ([`control`]: JSON lines over TCP), then trains on the global batches it is handed, pulling
+//!   from and pushing to the servers over gRPC; it holds no state between batches, so a lost
+//!   worker is replaced by a new process with the same id;
+//! - the launcher ([`ServerProcess`], [`control::WorkerPool`]): starts server and worker
+//!   processes of a given executable, waits until they are ready, kills (SIGKILL) and reaps
+//!   them; no child outlives its handle, and a coordinator that dies takes its children with it
+//!   (their standard input and control connection close);
+//! - the coordinator ([`run`], configured by a [`RunConfig`]): synchronous deterministic mode
+//!   (every step's contributions staged and committed in worker order) or asynchronous mode
+//!   (each free worker gets the next batch and pushes when done); heartbeats, workers' RPC
+//!   errors and control connections feed failure detection; a strategy state machine of
+//!   `ftrec-strategy` (`none` | `full`) decides and the coordinator carries out its actions
+//!   (pause, full checkpoint, replace the lost server and restore everyone, resume, abort);
+//!   servers and workers may also be started elsewhere and reached by address;
+//! - fault injection ([`KillSpec`]: SIGKILL a server or a worker after a step, at a time, or in
+//!   a named [`Phase`]) and the run's report with its event timeline, per-failure detect /
+//!   replace / resume / recover times, CPR Eq. 1's overhead terms and a throughput timeline
+//!   ([`RunReport`]);
 //! - full checkpoints as files ([`image`]): every server's shard exported concurrently through
 //!   the parameter server's export RPCs, one file per server, committed by a manifest renamed
 //!   into place last; superseded checkpoints are deleted once a newer one commits. (The
 //!   servers need no file system access and no second service this way; the price is that
 //!   the bytes cross the coordinator, which matters for large shards on several hosts.)
 //!
-//! Synchronous mode, the data split: at step `s` (from 1) worker `w` of `M` trains on the
-//! per-worker batch of samples `((s-1)*M + w)*B ..+B` of the synthetic stream, and the servers
-//! sum the workers' contributions in worker order. With `M = 1` this is exactly the
-//! single-process trainer's run, and the final digest equals `ftrec_worker::train`'s.
+//! The data split: the training stream is cut into global batches of `batch` samples. In
+//! synchronous mode step `s` (from 1) is batches `(s-1)*M + 1 ..= s*M`, worker `w` taking the
+//! `w`-th, and the servers sum the workers' contributions in worker order. With `M = 1` this
+//! is exactly the single-process trainer's run, and the final digest equals
+//! `ftrec_worker::train`'s.
 //!
 //! It never decides *when* to checkpoint or how to recover (the strategy does) and never
 //! changes the model's math (the worker step is the single-process trainer's, so digests
@@ -38,11 +48,12 @@
 //! );
 //! cfg.steps = 20;
 //! cfg.strategy = StrategyChoice::Full { every_steps: 5 };
-//! cfg.kills = vec![KillSpec { server: 1, step: 12 }];
+//! cfg.kills = vec![KillSpec::server_at_step(1, 12), "worker=0@step=15".parse().unwrap()];
 //! let report = run(&cfg).unwrap();
 //! println!("{} failures, digest {}", report.failures.len(), report.model_digest);
 //! ```
 
+pub mod control;
 pub mod coordinator;
 pub mod image;
 pub mod launcher;
@@ -53,9 +64,10 @@ pub mod worker;
 
 pub use coordinator::run;
 pub use launcher::ServerProcess;
-pub use report::{EventKind, FailureReport, RunReport, TimedEvent};
+pub use report::{EventKind, FailureReport, IntervalPoint, Overheads, RunReport, TimedEvent};
 pub use shard_server::{build_server, serve_shard};
-pub use spec::{KillSpec, Lifetime, RunConfig, ServerSpec, StrategyChoice};
+pub use spec::{KillAt, KillSpec, Lifetime, Phase, Role, RunConfig, ServerSpec, StrategyChoice};
+pub use worker::{worker_process, WorkerLifetime};
 
 /// What can stop a cluster run or a server process.
 #[derive(Debug, thiserror::Error)]
@@ -63,8 +75,8 @@ pub use spec::{KillSpec, Lifetime, RunConfig, ServerSpec, StrategyChoice};
 pub enum ClusterError {
     #[error("invalid configuration: {0}")]
     Config(String),
-    #[error("server {server} could not be started: {reason}")]
-    Spawn { server: u32, reason: String },
+    #[error("{what} could not be started: {reason}")]
+    Spawn { what: String, reason: String },
     #[error("{what}: {source}")]
     Io {
         what: String,

@@ -2,13 +2,14 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::RunConfig;
+use crate::{Role, RunConfig};
 
 /// Kinds of timeline events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EventKind {
     ServersStarted,
+    WorkersStarted,
     CheckpointStart,
     CheckpointEnd,
     CheckpointFailed,
@@ -16,7 +17,10 @@ pub enum EventKind {
     FailureDetected,
     RecoveryStart,
     ServerReplaced,
+    WorkerReplaced,
     TrainingResumed,
+    /// The work lost to a failure has been redone (or the lost state rebuilt).
+    RecoveryComplete,
     Aborted,
 }
 
@@ -31,27 +35,111 @@ pub struct TimedEvent {
     pub detail: String,
 }
 
-/// One failure, its detection and the resumption of training, in seconds after the kill.
+/// One failure and the recovery from it, in seconds after the kill.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FailureReport {
-    pub server: u32,
-    /// Steps applied when the server was killed.
+    pub role: Role,
+    /// The server or worker id.
+    pub id: u32,
+    /// Steps applied when the process was killed (or found lost).
     pub step: u64,
     pub injected_t_s: f64,
+    /// The coordinator declared the process lost.
     pub detected_s: Option<f64>,
+    /// A replacement process is up and connected (the end of CPR's rescheduling overhead).
+    pub replaced_s: Option<f64>,
+    /// Training resumed (after the strategy's reload, for full recovery).
     pub resumed_s: Option<f64>,
+    /// Training is back where it was at the failure: lost steps redone (full recovery), or
+    /// the replacement took over (a worker).
+    pub recovered_s: Option<f64>,
     /// Steps lost (applied after the restored checkpoint) and redone.
     pub steps_redone: u64,
-    /// How it was detected: `worker_rpc`, `commit_rpc` or `heartbeat`.
+    /// How it was detected: `worker_rpc`, `commit_rpc`, `heartbeat` or `control` (a
+    /// worker's control connection).
     pub detected_by: Option<String>,
 }
 
-/// Samples per second, one point per step.
+impl FailureReport {
+    /// Seconds from the kill to detection.
+    pub fn detect_s(&self) -> Option<f64> {
+        self.detected_s
+    }
+
+    /// Seconds from detection to the replacement being up (CPR's O_res, with detection).
+    pub fn replace_s(&self) -> Option<f64> {
+        Some(self.replaced_s? - self.detected_s?)
+    }
+
+    /// Seconds from the replacement being up to training resuming (CPR's O_load).
+    pub fn reload_s(&self) -> Option<f64> {
+        Some(self.resumed_s? - self.replaced_s.or(self.detected_s)?)
+    }
+
+    /// Seconds from training resuming to being back where it was (CPR's O_lost).
+    pub fn redo_s(&self) -> Option<f64> {
+        Some(self.recovered_s? - self.resumed_s?)
+    }
+}
+
+/// One step's completion.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct StepPoint {
     pub step: u64,
     pub t_s: f64,
     pub loss: f64,
+}
+
+/// Training throughput over one interval of the run (redone work counts: it is work done).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct IntervalPoint {
+    pub t_start_s: f64,
+    pub t_end_s: f64,
+    pub samples_per_s: f64,
+}
+
+/// The overhead terms of CPR Eq. 1, summed over the run, in seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Overheads {
+    /// Training paused for checkpoint saves.
+    pub o_save: f64,
+    /// Checkpoint loading during recoveries.
+    pub o_load: f64,
+    /// Redoing the work lost since the restored checkpoint.
+    pub o_lost: f64,
+    /// Detecting failures and bringing up replacements.
+    pub o_res: f64,
+}
+
+/// Throughput per interval of `width_s` from batch completion times.
+pub fn intervals(completions: &[f64], samples_per_batch: u64, width_s: f64) -> Vec<IntervalPoint> {
+    let Some(&last) = completions.last() else {
+        return Vec::new();
+    };
+    let n = ((last / width_s).floor() as usize) + 1;
+    let mut counts = vec![0u64; n];
+    for &t in completions {
+        let i = ((t / width_s).floor() as usize).min(n - 1);
+        counts[i] += 1;
+    }
+    counts
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| {
+            let t_start_s = i as f64 * width_s;
+            // The last interval ends at the last completion.
+            let t_end_s = if i + 1 == n {
+                last.max(t_start_s + 1e-9)
+            } else {
+                t_start_s + width_s
+            };
+            IntervalPoint {
+                t_start_s,
+                t_end_s,
+                samples_per_s: (c * samples_per_batch) as f64 / (t_end_s - t_start_s),
+            }
+        })
+        .collect()
 }
 
 /// The report of [`crate::run`] (the `--json` output of `ftrec run`).
@@ -74,6 +162,12 @@ pub struct RunReport {
     pub checkpoints: u64,
     /// Training paused for checkpoints (seconds, all saves).
     pub checkpoint_pause_s: f64,
+    /// CPR Eq. 1's overhead terms.
+    pub overheads: Overheads,
+    /// Samples per second per interval of `config.report_interval_s`, from training start.
+    pub throughput: Vec<IntervalPoint>,
+    /// Where the workers' time went, summed over every batch they answered.
+    pub worker_time: crate::control::BatchTiming,
     pub bytes_written: u64,
     pub model_digest: String,
     pub auc: Option<f64>,
@@ -83,6 +177,8 @@ pub struct RunReport {
     pub aborted: Option<String>,
     /// Every server process started (pids), replacements included; all are reaped at return.
     pub server_pids: Vec<u32>,
+    /// Every worker process started, replacements included; all are reaped at return.
+    pub worker_pids: Vec<u32>,
     /// Every address a server listened on.
     pub server_addrs: Vec<String>,
     pub timeline: Vec<StepPoint>,
@@ -105,17 +201,35 @@ impl RunReport {
             self.bytes_written,
             self.failures.len()
         );
+        let secs = |v: Option<f64>| v.map_or("-".to_string(), |d| format!("{d:.3}s"));
         for f in &self.failures {
             s += &format!(
-                "  server {} killed after step {}: detected after {}, training resumed after {}, \
-                 {} steps redone\n",
-                f.server,
+                "  {} {} lost after step {}: detected {}, replaced {}, resumed {}, recovered {} \
+                 after the kill; {} steps redone\n",
+                f.role,
+                f.id,
                 f.step,
-                f.detected_s.map_or("-".into(), |d| format!("{d:.3}s")),
-                f.resumed_s.map_or("-".into(), |d| format!("{d:.3}s")),
+                secs(f.detected_s),
+                secs(f.replaced_s),
+                secs(f.resumed_s),
+                secs(f.recovered_s),
                 f.steps_redone
             );
         }
+        let w = &self.worker_time;
+        let total = (w.data_s + w.pull_s + w.compute_s + w.push_s).max(1e-9);
+        s += &format!(
+            "  worker time: data {:.0}%, pull {:.0}%, compute {:.0}%, push {:.0}%\n",
+            100.0 * w.data_s / total,
+            100.0 * w.pull_s / total,
+            100.0 * w.compute_s / total,
+            100.0 * w.push_s / total
+        );
+        let o = &self.overheads;
+        s += &format!(
+            "  overheads (CPR Eq. 1): save {:.3}s, load {:.3}s, lost {:.3}s, res {:.3}s\n",
+            o.o_save, o.o_load, o.o_lost, o.o_res
+        );
         if let (Some(auc), Some(ll)) = (self.auc, self.logloss) {
             s += &format!(
                 "  auc {auc:.4} logloss {ll:.4} on {} held-out samples\n",

@@ -215,35 +215,143 @@ impl ServerSpec {
     }
 }
 
-/// A fault to inject: SIGKILL server `server` right after step `step` completes. Parsed from
-/// `server=I@step=S`.
+/// Which process a fault hits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Server,
+    Worker,
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Role::Server => "server",
+            Role::Worker => "worker",
+        })
+    }
+}
+
+/// A named phase of the run in which a fault can be injected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// While a checkpoint is being written (after it started, before it is committed).
+    CheckpointWrite,
+    /// While a recovery runs (after the replacements started, before the state is restored).
+    Recovery,
+}
+
+impl FromStr for Phase {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "checkpoint-write" => Ok(Phase::CheckpointWrite),
+            "recovery" => Ok(Phase::Recovery),
+            _ => Err(()),
+        }
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Phase::CheckpointWrite => "checkpoint-write",
+            Phase::Recovery => "recovery",
+        })
+    }
+}
+
+/// When a fault fires.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KillAt {
+    /// Right after step `S` completes (in asynchronous mode: once `S * workers` batches have).
+    Step(u64),
+    /// At the first scheduling point `T` seconds or more after training started.
+    Time(f64),
+    /// The first time the run enters the phase.
+    Phase(Phase),
+}
+
+/// A fault to inject: SIGKILL one process at a scheduled point. Written
+/// `ROLE=I@step=S`, `ROLE=I@time=T` or `ROLE=I@phase=checkpoint-write|recovery`, with ROLE
+/// `server` or `worker` (for example `server=1@step=12`, `worker=0@time=2.5`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct KillSpec {
-    pub server: u32,
-    pub step: u64,
+    pub role: Role,
+    pub id: u32,
+    pub at: KillAt,
+}
+
+impl KillSpec {
+    /// Kill server `id` after step `step`.
+    pub fn server_at_step(id: u32, step: u64) -> KillSpec {
+        KillSpec {
+            role: Role::Server,
+            id,
+            at: KillAt::Step(step),
+        }
+    }
+}
+
+impl std::fmt::Display for KillSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}={}@", self.role, self.id)?;
+        match self.at {
+            KillAt::Step(s) => write!(f, "step={s}"),
+            KillAt::Time(t) => write!(f, "time={t}"),
+            KillAt::Phase(p) => write!(f, "phase={p}"),
+        }
+    }
+}
+
+impl From<KillSpec> for String {
+    fn from(k: KillSpec) -> String {
+        k.to_string()
+    }
+}
+
+impl TryFrom<String> for KillSpec {
+    type Error = ClusterError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
 }
 
 impl FromStr for KillSpec {
     type Err = ClusterError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || {
+        let bad = |why: &str| {
             ClusterError::Config(format!(
-                "--kill {s:?}: expected server=I@step=S (for example server=1@step=12)"
+                "--kill {s:?}: {why}; expected ROLE=I@step=S, ROLE=I@time=T or \
+                 ROLE=I@phase=checkpoint-write|recovery with ROLE server or worker (for example \
+                 server=1@step=12)"
             ))
         };
-        let (who, when) = s.split_once('@').ok_or_else(bad)?;
-        let server = who
-            .strip_prefix("server=")
-            .ok_or_else(bad)?
-            .parse()
-            .map_err(|_| bad())?;
-        let step = when
-            .strip_prefix("step=")
-            .ok_or_else(bad)?
-            .parse()
-            .map_err(|_| bad())?;
-        Ok(KillSpec { server, step })
+        let (who, when) = s.split_once('@').ok_or_else(|| bad("no '@'"))?;
+        let (role, id) = who.split_once('=').ok_or_else(|| bad("no ROLE=I"))?;
+        let role = match role {
+            "server" => Role::Server,
+            "worker" => Role::Worker,
+            _ => return Err(bad("unknown role")),
+        };
+        let id = id.parse().map_err(|_| bad("the id is not a number"))?;
+        let (kind, value) = when.split_once('=').ok_or_else(|| bad("no point"))?;
+        let at = match kind {
+            "step" => KillAt::Step(value.parse().map_err(|_| bad("bad step"))?),
+            "time" => {
+                let t: f64 = value.parse().map_err(|_| bad("bad time"))?;
+                if !(t.is_finite() && t >= 0.0) {
+                    return Err(bad("the time must be a non-negative number of seconds"));
+                }
+                KillAt::Time(t)
+            }
+            "phase" => KillAt::Phase(value.parse().map_err(|_| bad("unknown phase"))?),
+            _ => return Err(bad("unknown point")),
+        };
+        Ok(KillSpec { role, id, at })
     }
 }
 
@@ -258,6 +366,14 @@ pub enum StrategyChoice {
 }
 
 impl StrategyChoice {
+    /// The name `--strategy` takes.
+    pub fn name(&self) -> &'static str {
+        match self {
+            StrategyChoice::None => "none",
+            StrategyChoice::Full { .. } => "full",
+        }
+    }
+
     /// `none` or `full` (with the checkpoint interval `every_steps`).
     pub fn parse(name: &str, every_steps: u64) -> Result<StrategyChoice, ClusterError> {
         match name {
@@ -276,9 +392,10 @@ pub struct RunConfig {
     pub preset: Preset,
     pub servers: u32,
     pub workers: u32,
-    /// Synchronous deterministic mode: contributions staged and committed in worker order.
-    /// Without it each worker pushes its update as soon as it has it (the steps stay
-    /// barriered, but the order in which servers sum the workers' updates is arrival order).
+    /// Synchronous deterministic mode: every step's contributions are staged and committed in
+    /// worker order before the next step starts, so the run is bit-reproducible. Without it
+    /// (asynchronous, as XDL and ECRec train) each worker pulls, computes and pushes its next
+    /// batch as soon as it is free, against whatever the servers hold at that moment.
     pub sync: bool,
     pub strategy: StrategyChoice,
     pub kills: Vec<KillSpec>,
@@ -290,8 +407,9 @@ pub struct RunConfig {
     pub dense_optimizer: Optimizer,
     /// Held-out samples for AUC and logloss (0 skips the evaluation).
     pub eval_samples: usize,
-    /// Executable started as `EXE server ...` for every server process.
-    pub server_exe: PathBuf,
+    /// Executable started as `EXE server ...` for every server process and `EXE worker ...`
+    /// for every worker process.
+    pub exe: PathBuf,
     /// Port files and the default checkpoint directory live here.
     pub work_dir: PathBuf,
     /// Checkpoints (default `work_dir/ckpt`).
@@ -307,9 +425,31 @@ pub struct RunConfig {
     pub start_timeout: Duration,
     /// Threads of the matrix kernels in each worker.
     pub threads: usize,
+    /// Servers started elsewhere (`ftrec server` on other hosts), in server order; empty: the
+    /// coordinator starts its own. A lost external server is waited for at its address.
+    #[serde(default)]
+    pub external_servers: Vec<SocketAddr>,
+    /// Workers are started elsewhere (`ftrec worker --coordinator ADDR --id W`) and connect
+    /// to `control_listen`; a lost one is waited for until it reconnects.
+    #[serde(default)]
+    pub external_workers: bool,
+    /// The coordinator's control socket, which workers connect to.
+    #[serde(default = "default_control")]
+    pub control_listen: SocketAddr,
+    /// Width of the throughput timeline's intervals, in seconds.
+    #[serde(default = "default_interval")]
+    pub report_interval_s: f64,
 }
 
-mod millis {
+fn default_control() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+fn default_interval() -> f64 {
+    1.0
+}
+
+pub(crate) mod millis {
     use serde::{Deserialize, Deserializer, Serializer};
     use std::time::Duration;
 
@@ -325,7 +465,7 @@ mod millis {
 impl RunConfig {
     /// Defaults for `preset`: the preset's batch, steps, optimizers and held-out samples, 2
     /// servers, 1 worker, synchronous, no fault tolerance, no kills.
-    pub fn new(preset: Preset, server_exe: PathBuf, work_dir: PathBuf) -> RunConfig {
+    pub fn new(preset: Preset, exe: PathBuf, work_dir: PathBuf) -> RunConfig {
         RunConfig {
             servers: 2,
             workers: 1,
@@ -339,13 +479,17 @@ impl RunConfig {
             dense_optimizer: Optimizer::new(preset.dense_optimizer, preset.dense_lr),
             eval_samples: preset.eval_samples,
             preset,
-            server_exe,
+            exe,
             work_dir,
             ckpt_dir: None,
             heartbeat: Duration::from_millis(100),
             heartbeat_timeout: Duration::from_millis(1000),
             start_timeout: Duration::from_secs(30),
             threads: 1,
+            external_servers: Vec::new(),
+            external_workers: false,
+            control_listen: default_control(),
+            report_interval_s: default_interval(),
         }
     }
 
@@ -380,19 +524,46 @@ impl RunConfig {
             return bad("--ckpt-every-steps must be at least 1".into());
         }
         for k in &self.kills {
-            if k.server >= self.servers {
+            let count = match k.role {
+                Role::Server => self.servers,
+                Role::Worker => self.workers,
+            };
+            if k.id >= count {
+                return bad(format!("--kill {k}: there are only {}s 0..{count}", k.role));
+            }
+            if let KillAt::Step(step) = k.at {
+                if step == 0 || step >= self.steps {
+                    return bad(format!(
+                        "--kill {k}: the step must be in 1..{} (a kill after the last step \
+                         would not be noticed)",
+                        self.steps
+                    ));
+                }
+            }
+            if !self.external_servers.is_empty() && k.role == Role::Server {
                 return bad(format!(
-                    "--kill server={}@step={}: there are only servers 0..{}",
-                    k.server, k.step, self.servers
+                    "--kill {k}: servers this coordinator did not start cannot be killed by it"
                 ));
             }
-            if k.step == 0 || k.step >= self.steps {
+            if self.external_workers && k.role == Role::Worker {
                 return bad(format!(
-                    "--kill server={}@step={}: the step must be in 1..{} (a kill after the last \
-                     step would not be noticed)",
-                    k.server, k.step, self.steps
+                    "--kill {k}: workers this coordinator did not start cannot be killed by it"
                 ));
             }
+        }
+        if !self.external_servers.is_empty() && self.external_servers.len() != self.servers as usize
+        {
+            return bad(format!(
+                "{} server addresses given for --servers {}",
+                self.external_servers.len(),
+                self.servers
+            ));
+        }
+        if !(self.report_interval_s.is_finite() && self.report_interval_s > 0.0) {
+            return bad(format!(
+                "the report interval {} must be a positive number of seconds",
+                self.report_interval_s
+            ));
         }
         if self.heartbeat.is_zero() || self.heartbeat_timeout.is_zero() {
             return bad("heartbeat interval and timeout must be positive".into());
@@ -438,19 +609,31 @@ mod tests {
     fn kill_specs_parse_and_bad_ones_name_the_format() {
         assert_eq!(
             "server=1@step=12".parse::<KillSpec>().unwrap(),
-            KillSpec {
-                server: 1,
-                step: 12
-            }
+            KillSpec::server_at_step(1, 12)
+        );
+        for text in [
+            "server=1@step=12",
+            "worker=0@time=2.5",
+            "server=2@phase=checkpoint-write",
+            "worker=3@phase=recovery",
+        ] {
+            let k: KillSpec = text.parse().unwrap();
+            assert_eq!(k.to_string(), text);
+        }
+        assert_eq!(
+            "worker=0@time=2.5".parse::<KillSpec>().unwrap().at,
+            KillAt::Time(2.5)
         );
         for bad in [
             "server=1",
-            "worker=1@step=2",
+            "coordinator=1@step=2",
             "server=x@step=2",
             "server=1@step=",
+            "server=1@time=-1",
+            "server=1@phase=lunch",
         ] {
             let e = bad.parse::<KillSpec>().unwrap_err();
-            assert!(e.to_string().contains("server=I@step=S"), "{e}");
+            assert!(e.to_string().contains("ROLE=I@step=S"), "{e}");
         }
     }
 
@@ -485,12 +668,11 @@ mod tests {
     fn run_config_refuses_kills_outside_the_run() {
         let mut cfg = RunConfig::new(Preset::tiny(), "x".into(), "/tmp".into());
         cfg.steps = 10;
-        cfg.kills = vec![KillSpec { server: 2, step: 3 }];
+        cfg.kills = vec![KillSpec::server_at_step(2, 3)];
         assert!(matches!(cfg.validate(), Err(ClusterError::Config(m)) if m.contains("server=2")));
-        cfg.kills = vec![KillSpec {
-            server: 1,
-            step: 10,
-        }];
+        cfg.kills = vec!["worker=1@step=3".parse().unwrap()];
+        assert!(matches!(cfg.validate(), Err(ClusterError::Config(m)) if m.contains("worker=1")));
+        cfg.kills = vec![KillSpec::server_at_step(1, 10)];
         assert!(matches!(cfg.validate(), Err(ClusterError::Config(m)) if m.contains("step=10")));
         assert!(matches!(
             StrategyChoice::parse("ecrec", 5),

@@ -1,10 +1,11 @@
 //! A worker: the same math as the single-process trainer (`ftrec_worker::LocalTrainer::step`),
 //! with rows and dense values pulled from the servers and gradients pushed back.
 //!
-//! One step of worker `w` of `M`, per-worker batch `B`, step `s` (from 1): the samples
-//! `((s-1)*M + w)*B .. +B` of the synthetic training stream. So the M workers of step `s`
-//! together read the `M*B` samples after those of steps `1..s`, in worker order, and with
-//! `M = 1` a worker reads exactly the batches the single-process trainer reads.
+//! The training stream is cut into global batches of `B` samples, numbered from 1: batch `g`
+//! holds samples `(g-1)*B .. g*B`. In synchronous mode step `s` (from 1) of `M` workers is
+//! batches `(s-1)*M + 1 ..= s*M`, worker `w` taking batch `(s-1)*M + w + 1`, so with `M = 1`
+//! a worker reads exactly the batches the single-process trainer reads. In asynchronous mode
+//! the coordinator hands the next batch to whichever worker is free.
 //!
 //! The update it sends is the trainer's: per table the touched rows in id order with their
 //! gradients summed in sample order ([`scatter_grads`] into a [`SparseGradAccumulator`]), and
@@ -12,9 +13,11 @@
 //! as the trainer does, so with one worker the sharded model equals the single-process model
 //! bit for bit.
 
-use std::net::SocketAddr;
-use std::sync::mpsc;
+use std::io::BufReader;
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 use ftrec_core::{Batch, Preset, RowId, SparseGradAccumulator, TableId};
 use ftrec_data::{Position, Split, SyntheticSource};
@@ -22,6 +25,7 @@ use ftrec_model::{pool_sum, scatter_grads, Dlrm, DlrmConfig, Workspace};
 use ftrec_ps::grpc::{GrpcClient, GrpcConfig};
 use ftrec_ps::{PulledRows, RowRequest, ShardedClient, Update};
 
+use crate::control::{read_line, send_line, BatchTiming, FromWorker, ToWorker};
 use crate::ClusterError;
 
 /// A worker's model buffers: the dense model (its values overwritten by each pull), the
@@ -114,7 +118,21 @@ impl Compute {
         client: &ShardedClient<GrpcClient>,
         batch: &Batch,
     ) -> Result<(Update, f64), ClusterError> {
+        self.gradients_timed(client, batch, &mut BatchTiming::default())
+            .await
+    }
+
+    /// [`Compute::gradients`], adding the time spent pulling and computing to `timing`.
+    pub async fn gradients_timed(
+        &mut self,
+        client: &ShardedClient<GrpcClient>,
+        batch: &Batch,
+        timing: &mut BatchTiming,
+    ) -> Result<(Update, f64), ClusterError> {
+        let t0 = std::time::Instant::now();
         self.pull_and_pool(client, batch).await?;
+        let t1 = std::time::Instant::now();
+        timing.pull_s += (t1 - t0).as_secs_f64();
         let loss =
             self.model
                 .forward_backward(&mut self.ws, &batch.dense, &self.pooled, &batch.labels)?;
@@ -143,6 +161,7 @@ impl Compute {
             update = update.with_sparse(TableId(t as u32), rows, grads);
         }
         update = update.with_dense(0, self.ws.grad_params().to_vec());
+        timing.compute_s += t1.elapsed().as_secs_f64();
         Ok((update, loss))
     }
 
@@ -169,137 +188,209 @@ pub async fn connect_all(addrs: &[SocketAddr]) -> Result<ShardedClient<GrpcClien
     Ok(ShardedClient::new(clients).await?)
 }
 
-/// What the coordinator asks of a worker thread.
-#[derive(Debug)]
-pub(crate) enum WorkerCmd {
-    /// (Re)connect to the servers at these addresses.
-    Connect(Vec<SocketAddr>),
-    /// Compute step `step` and stage it as `seq` (sync) or push it (async).
-    Step {
-        step: u64,
-        seq: u64,
-    },
-    Stop,
-}
-
-/// A worker's answer to one command.
-#[derive(Debug)]
-pub(crate) struct WorkerReply {
-    pub worker: u32,
-    pub result: Result<f64, ClusterError>,
-}
-
-/// Static settings of a worker thread.
-#[derive(Debug, Clone)]
-pub(crate) struct WorkerSetup {
+/// Static settings of a worker, sent by the coordinator when the worker joins.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerSetup {
     pub id: u32,
     pub workers: u32,
     pub preset: Preset,
     pub seed: u64,
+    /// Samples per batch.
     pub batch: usize,
+    /// Matrix-kernel threads.
     pub threads: usize,
-    pub sync: bool,
-    /// Longest a step's RPCs may take before the step counts as failed.
+    /// Longest a batch's RPCs may take before the batch counts as failed.
+    #[serde(with = "crate::spec::millis")]
     pub rpc_timeout: Duration,
 }
 
-impl WorkerSetup {
-    /// First training sample of this worker's batch of step `step` (from 1).
-    pub fn first_sample(&self, step: u64) -> u64 {
-        ((step - 1) * self.workers as u64 + self.id as u64) * self.batch as u64
-    }
+/// First training sample of global batch `index` (from 1).
+pub fn first_sample(batch: usize, index: u64) -> u64 {
+    (index - 1) * batch as u64
 }
 
-/// Where a worker's data stream stands after `step` steps (the position saved in a checkpoint:
-/// its next batch starts here).
-pub fn position_after(workers: u32, worker: u32, batch: usize, step: u64) -> Position {
+/// Where the data stream stands after `batches` global batches (the position saved in a
+/// checkpoint: the next batch starts here).
+pub fn position_after(batch: usize, batches: u64) -> Position {
     Position::Synthetic {
-        sample: (step * workers as u64 + worker as u64) * batch as u64,
+        sample: batches * batch as u64,
     }
 }
 
-/// The worker thread's loop: one reply per command until `Stop` (or the coordinator is gone).
-pub(crate) fn worker_loop(
-    setup: WorkerSetup,
-    cmds: mpsc::Receiver<WorkerCmd>,
-    replies: mpsc::Sender<WorkerReply>,
-) {
-    let reply = |result| {
-        let _ = replies.send(WorkerReply {
-            worker: setup.id,
-            result,
+/// What ends a worker process besides its control connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerLifetime {
+    /// Only the control connection (a worker started by hand).
+    Control,
+    /// Also end of file on standard input (a worker the coordinator started).
+    Stdin,
+}
+
+/// The body of a worker process (`ftrec worker --coordinator ADDR --id W`): connect to the
+/// coordinator, then answer its commands until it says stop or goes away. Returns `Ok` when
+/// the coordinator ends the session, `Err` when it cannot be reached or breaks the protocol.
+pub fn worker_process(
+    coordinator: SocketAddr,
+    id: u32,
+    lifetime: WorkerLifetime,
+) -> Result<(), ClusterError> {
+    if lifetime == WorkerLifetime::Stdin {
+        // The launcher holds the other end: when it exits or dies, so does this worker, even
+        // in the middle of a batch.
+        std::thread::spawn(|| {
+            let mut sink = [0u8; 64];
+            let mut stdin = std::io::stdin();
+            while matches!(std::io::Read::read(&mut stdin, &mut sink), Ok(n) if n > 0) {}
+            std::process::exit(0);
         });
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let stream = loop {
+        match TcpStream::connect(coordinator) {
+            Ok(s) => break s,
+            Err(e) if std::time::Instant::now() >= deadline => {
+                return Err(ClusterError::Io {
+                    what: format!("worker {id}: connecting to the coordinator at {coordinator}"),
+                    source: e,
+                })
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
     };
-    let rt = match tokio::runtime::Builder::new_current_thread()
+    let _ = stream.set_nodelay(true);
+    let io = |e: std::io::Error| ClusterError::Io {
+        what: format!("worker {id}: talking to the coordinator at {coordinator}"),
+        source: e,
+    };
+    let mut writer = stream.try_clone().map_err(io)?;
+    let mut reader = BufReader::new(stream);
+    send_line(
+        &mut writer,
+        &FromWorker::Hello {
+            id,
+            pid: std::process::id(),
+        },
+    )
+    .map_err(io)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            reply(Err(ClusterError::Io {
-                what: format!("starting worker {}'s runtime", setup.id),
-                source: e,
-            }));
-            return;
-        }
-    };
-    let source = SyntheticSource::from_preset(&setup.preset, setup.seed);
-    let compute = Compute::new(&setup.preset, setup.seed, setup.batch, setup.threads);
-    let (source, mut compute) = match (source, compute) {
-        (Ok(s), Ok(c)) => (s, c),
-        (Err(e), _) => {
-            reply(Err(e.into()));
-            return;
-        }
-        (_, Err(e)) => {
-            reply(Err(e));
-            return;
-        }
-    };
+        .map_err(|e| ClusterError::Io {
+            what: format!("starting worker {id}'s runtime"),
+            source: e,
+        })?;
+    let mut state: Option<(WorkerSetup, SyntheticSource, Compute)> = None;
     let mut client: Option<ShardedClient<GrpcClient>> = None;
-    while let Ok(cmd) = cmds.recv() {
-        match cmd {
-            WorkerCmd::Stop => break,
-            WorkerCmd::Connect(addrs) => {
+    loop {
+        let cmd = read_line::<ToWorker>(&mut reader, "the coordinator")
+            .map_err(ClusterError::Protocol)?;
+        let reply = match cmd {
+            None | Some(ToWorker::Stop) => return Ok(()),
+            Some(ToWorker::Setup(setup)) => {
+                let built = (|| {
+                    if setup.id != id {
+                        return Err(ClusterError::Protocol(format!(
+                            "worker {id} was sent the setup of worker {}",
+                            setup.id
+                        )));
+                    }
+                    ftrec_model::set_gemm_threads(setup.threads)?;
+                    let source = SyntheticSource::from_preset(&setup.preset, setup.seed)?;
+                    let compute =
+                        Compute::new(&setup.preset, setup.seed, setup.batch, setup.threads)?;
+                    Ok((*setup, source, compute))
+                })();
+                match built {
+                    Ok(s) => {
+                        state = Some(s);
+                        FromWorker::Ready
+                    }
+                    Err(e) => FromWorker::Failed {
+                        index: None,
+                        error: e.to_string(),
+                    },
+                }
+            }
+            Some(ToWorker::Connect { servers }) => {
                 client = None;
+                let timeout = state
+                    .as_ref()
+                    .map_or(Duration::from_secs(30), |s| s.0.rpc_timeout);
                 let r = rt.block_on(async {
-                    tokio::time::timeout(setup.rpc_timeout, connect_all(&addrs))
+                    tokio::time::timeout(timeout, connect_all(&servers))
                         .await
                         .map_err(|_| ClusterError::Timeout("connecting to the servers".into()))?
                 });
-                reply(r.map(|c| {
-                    client = Some(c);
-                    0.0
-                }));
+                match r {
+                    Ok(c) => {
+                        client = Some(c);
+                        FromWorker::Connected
+                    }
+                    Err(e) => FromWorker::Failed {
+                        index: None,
+                        error: e.to_string(),
+                    },
+                }
             }
-            WorkerCmd::Step { step, seq } => {
-                let Some(c) = client.as_ref() else {
-                    reply(Err(ClusterError::Protocol(format!(
-                        "worker {} was asked for step {step} before it was connected",
-                        setup.id
-                    ))));
-                    continue;
-                };
-                let (batch, _) =
-                    source.batch_at(Split::Train, setup.first_sample(step), setup.batch);
-                let r = rt.block_on(async {
-                    let work = async {
-                        let (update, loss) = compute.gradients(c, &batch).await?;
-                        if setup.sync {
-                            c.stage_step(seq, setup.id, &update).await?;
-                        } else {
-                            c.push(&update).await?;
-                        }
-                        Ok::<f64, ClusterError>(loss)
-                    };
-                    tokio::time::timeout(setup.rpc_timeout, work)
-                        .await
-                        .map_err(|_| {
-                            ClusterError::Timeout(format!("worker {} step {step}", setup.id))
-                        })?
-                });
-                reply(r);
+            Some(ToWorker::Batch { index, seq }) => {
+                match run_batch(&rt, state.as_mut(), client.as_ref(), id, index, seq) {
+                    Ok((loss, timing)) => FromWorker::Done {
+                        index,
+                        loss,
+                        timing,
+                    },
+                    Err(e) => FromWorker::Failed {
+                        index: Some(index),
+                        error: e.to_string(),
+                    },
+                }
             }
-        }
+        };
+        send_line(&mut writer, &reply).map_err(io)?;
     }
+}
+
+/// Train on global batch `index`: stage it as `seq`, or push it.
+fn run_batch(
+    rt: &tokio::runtime::Runtime,
+    state: Option<&mut (WorkerSetup, SyntheticSource, Compute)>,
+    client: Option<&ShardedClient<GrpcClient>>,
+    id: u32,
+    index: u64,
+    seq: Option<u64>,
+) -> Result<(f64, BatchTiming), ClusterError> {
+    let Some((setup, source, compute)) = state else {
+        return Err(ClusterError::Protocol(format!(
+            "worker {id} was sent batch {index} before its setup"
+        )));
+    };
+    let Some(c) = client else {
+        return Err(ClusterError::Protocol(format!(
+            "worker {id} was sent batch {index} before it was connected"
+        )));
+    };
+    if index == 0 {
+        return Err(ClusterError::Protocol("batch indices start at 1".into()));
+    }
+    let mut timing = BatchTiming::default();
+    let t0 = std::time::Instant::now();
+    let (batch, _) = source.batch_at(Split::Train, first_sample(setup.batch, index), setup.batch);
+    timing.data_s = t0.elapsed().as_secs_f64();
+    rt.block_on(async {
+        let work = async {
+            let (update, loss) = compute.gradients_timed(c, &batch, &mut timing).await?;
+            let t = std::time::Instant::now();
+            match seq {
+                Some(seq) => c.stage_step(seq, id, &update).await?,
+                None => {
+                    c.push(&update).await?;
+                }
+            }
+            timing.push_s = t.elapsed().as_secs_f64();
+            Ok::<(f64, BatchTiming), ClusterError>((loss, timing))
+        };
+        tokio::time::timeout(setup.rpc_timeout, work)
+            .await
+            .map_err(|_| ClusterError::Timeout(format!("worker {id} batch {index}")))?
+    })
 }

@@ -1,9 +1,9 @@
-//! Real multi-process runs: server processes of `ftrec-cluster-server`, worker threads, real
+//! Real multi-process runs: server and worker processes of `ftrec-cluster-server`, real
 //! SIGKILLs.
 
 use std::path::PathBuf;
 
-use ftrec_cluster::{run, EventKind, KillSpec, RunConfig, RunReport, StrategyChoice};
+use ftrec_cluster::{run, EventKind, KillSpec, Role, RunConfig, RunReport, StrategyChoice};
 use ftrec_core::Preset;
 
 fn config(dir: &tempfile::TempDir, servers: u32, workers: u32, steps: u64) -> RunConfig {
@@ -21,14 +21,27 @@ fn config(dir: &tempfile::TempDir, servers: u32, workers: u32, steps: u64) -> Ru
     cfg
 }
 
-/// Every server process the run started is gone (reaped: signal 0 finds no process) and every
-/// address it listened on can be bound again.
+fn kill(text: &str) -> KillSpec {
+    text.parse().unwrap()
+}
+
+/// Every server and worker process the run started is gone (reaped: signal 0 finds no
+/// process) and every address a server listened on can be bound again.
 fn assert_no_children_left(report: &RunReport) {
     assert!(!report.server_pids.is_empty());
-    for &pid in &report.server_pids {
+    assert_eq!(
+        report.worker_pids.len() as u32,
+        report.config.workers
+            + report
+                .failures
+                .iter()
+                .filter(|f| f.role == Role::Worker)
+                .count() as u32
+    );
+    for &pid in report.server_pids.iter().chain(&report.worker_pids) {
         // SAFETY: signal 0 only checks for existence; it sends nothing.
         let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-        assert_eq!(r, -1, "server process {pid} is still alive");
+        assert_eq!(r, -1, "process {pid} is still alive");
     }
     for addr in &report.server_addrs {
         std::net::TcpListener::bind(addr.as_str())
@@ -74,10 +87,7 @@ fn full_recovery_after_a_kill_gives_the_failure_free_model() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(&dir, 2, 2, 20);
     cfg.strategy = StrategyChoice::Full { every_steps: 5 };
-    cfg.kills = vec![KillSpec {
-        server: 1,
-        step: 12,
-    }];
+    cfg.kills = vec![KillSpec::server_at_step(1, 12)];
     cfg.eval_samples = 0;
     let report = run(&cfg).unwrap();
     assert_no_children_left(&report);
@@ -87,11 +97,18 @@ fn full_recovery_after_a_kill_gives_the_failure_free_model() {
     assert_eq!(report.model_digest, clean.model_digest);
     assert_eq!(report.failures.len(), 1);
     let f = &report.failures[0];
-    assert_eq!((f.server, f.step), (1, 12));
+    assert_eq!((f.role, f.id, f.step), (Role::Server, 1, 12));
     // Restored from the checkpoint of step 10: steps 11 and 12 were redone.
     assert_eq!(f.steps_redone, 2);
-    assert!(f.detected_s.is_some() && f.resumed_s.is_some());
-    assert!(f.resumed_s >= f.detected_s);
+    let (d, p, r, c) = (
+        f.detected_s.unwrap(),
+        f.replaced_s.unwrap(),
+        f.resumed_s.unwrap(),
+        f.recovered_s.unwrap(),
+    );
+    assert!(d <= p && p <= r && r <= c, "{f:?}");
+    let o = report.overheads;
+    assert!(o.o_save > 0.0 && o.o_load > 0.0 && o.o_lost > 0.0 && o.o_res > 0.0);
     // Two servers at the start and one replacement.
     assert_eq!(report.server_pids.len(), 3);
     let kinds: Vec<EventKind> = report.events.iter().map(|e| e.kind).collect();
@@ -103,13 +120,18 @@ fn full_recovery_after_a_kill_gives_the_failure_free_model() {
         EventKind::RecoveryStart,
         EventKind::ServerReplaced,
         EventKind::TrainingResumed,
+        EventKind::RecoveryComplete,
     ] {
         assert!(kinds.contains(&k), "no {k:?} event in {kinds:?}");
     }
     assert!(report.bytes_written > 0);
-    assert!(cfg.ckpt_dir().join("ckpt-00000020/MANIFEST.json").exists());
+    // Named by global batches: step 20 of 2 workers is batch 40.
+    assert!(cfg
+        .ckpt_dir()
+        .join("ckpt-0000000040/MANIFEST.json")
+        .exists());
     // Superseded checkpoints are dropped once a newer one is committed.
-    assert!(!cfg.ckpt_dir().join("ckpt-00000015").exists());
+    assert!(!cfg.ckpt_dir().join("ckpt-0000000030").exists());
 }
 
 #[test]
@@ -122,7 +144,7 @@ fn a_kill_before_the_first_checkpoint_restarts_from_the_seed() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(&dir, 3, 1, 6);
     cfg.strategy = StrategyChoice::Full { every_steps: 100 };
-    cfg.kills = vec![KillSpec { server: 0, step: 3 }];
+    cfg.kills = vec![KillSpec::server_at_step(0, 3)];
     cfg.eval_samples = 0;
     let report = run(&cfg).unwrap();
     assert_no_children_left(&report);
@@ -135,7 +157,7 @@ fn a_kill_before_the_first_checkpoint_restarts_from_the_seed() {
 fn strategy_none_ends_the_run_on_a_kill_and_names_the_server() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(&dir, 2, 1, 10);
-    cfg.kills = vec![KillSpec { server: 1, step: 4 }];
+    cfg.kills = vec![KillSpec::server_at_step(1, 4)];
     cfg.eval_samples = 0;
     let report = run(&cfg).unwrap();
     assert_no_children_left(&report);
@@ -150,10 +172,10 @@ fn strategy_none_ends_the_run_on_a_kill_and_names_the_server() {
 fn a_server_executable_that_cannot_start_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(&dir, 2, 1, 3);
-    cfg.server_exe = dir.path().join("no-such-binary");
+    cfg.exe = dir.path().join("no-such-binary");
     let e = run(&cfg).unwrap_err();
     assert!(
-        matches!(e, ftrec_cluster::ClusterError::Spawn { server: 0, .. }),
+        matches!(&e, ftrec_cluster::ClusterError::Spawn { what, .. } if what == "server 0"),
         "{e}"
     );
 }
@@ -169,4 +191,120 @@ fn asynchronous_mode_trains_every_step_with_several_workers() {
     assert_eq!(report.samples, 8 * 3 * 64);
     assert!(report.train_loss.is_finite());
     assert!(report.auc.is_some_and(|a| a > 0.0 && a < 1.0));
+}
+
+/// The failure-free digest of `cfg` (same config, no kills).
+fn clean_digest(cfg: &RunConfig) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let mut clean = cfg.clone();
+    clean.work_dir = dir.path().to_path_buf();
+    clean.ckpt_dir = None;
+    clean.kills.clear();
+    let report = run(&clean).unwrap();
+    assert!(report.failures.is_empty());
+    report.model_digest
+}
+
+#[test]
+fn a_killed_worker_is_replaced_and_the_synchronous_model_is_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 2, 2, 10);
+    cfg.eval_samples = 0;
+    cfg.kills = vec![kill("worker=1@step=4")];
+    let report = run(&cfg).unwrap();
+    assert_no_children_left(&report);
+    assert!(report.aborted.is_none());
+    assert_eq!(report.steps, 10);
+    let f = &report.failures[0];
+    assert_eq!((f.role, f.id, f.steps_redone), (Role::Worker, 1, 0));
+    assert!(f.detected_s.is_some() && f.recovered_s.is_some());
+    // A worker holds no model state: even strategy `none` loses nothing.
+    assert_eq!(report.model_digest, clean_digest(&cfg));
+}
+
+#[test]
+fn a_server_killed_while_a_checkpoint_is_written_recovers_from_the_previous_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 2, 1, 12);
+    cfg.eval_samples = 0;
+    cfg.strategy = StrategyChoice::Full { every_steps: 4 };
+    cfg.kills = vec![kill("server=0@phase=checkpoint-write")];
+    let report = run(&cfg).unwrap();
+    assert_no_children_left(&report);
+    assert!(report.aborted.is_none());
+    let kinds: Vec<EventKind> = report.events.iter().map(|e| e.kind).collect();
+    assert!(kinds.contains(&EventKind::CheckpointFailed), "{kinds:?}");
+    // The first save (step 4) failed, so the model went back to the seed: 4 steps redone.
+    assert_eq!(report.failures[0].steps_redone, 4);
+    assert_eq!(report.model_digest, clean_digest(&cfg));
+}
+
+#[test]
+fn a_replacement_killed_during_recovery_is_replaced_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 2, 1, 12);
+    cfg.eval_samples = 0;
+    cfg.strategy = StrategyChoice::Full { every_steps: 3 };
+    cfg.kills = vec![
+        KillSpec::server_at_step(1, 7),
+        kill("server=1@phase=recovery"),
+    ];
+    let report = run(&cfg).unwrap();
+    assert_no_children_left(&report);
+    assert!(report.aborted.is_none());
+    // The original, the first replacement (killed while loading) and the second one.
+    assert_eq!(report.server_pids.len(), 4);
+    assert_eq!(report.failures.len(), 2);
+    assert_eq!(report.model_digest, clean_digest(&cfg));
+}
+
+#[test]
+fn a_kill_at_a_time_is_recovered_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 2, 1, 30);
+    cfg.eval_samples = 0;
+    cfg.strategy = StrategyChoice::Full { every_steps: 5 };
+    cfg.kills = vec![kill("server=1@time=0.2")];
+    let report = run(&cfg).unwrap();
+    assert_no_children_left(&report);
+    assert!(report.aborted.is_none());
+    assert_eq!(report.failures.len(), 1);
+    assert_eq!(report.model_digest, clean_digest(&cfg));
+}
+
+#[test]
+fn asynchronous_training_survives_worker_and_server_kills() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 2, 2, 16);
+    cfg.sync = false;
+    cfg.eval_samples = 0;
+    cfg.strategy = StrategyChoice::Full { every_steps: 4 };
+    cfg.kills = vec![kill("worker=0@step=3"), KillSpec::server_at_step(0, 9)];
+    let report = run(&cfg).unwrap();
+    assert_no_children_left(&report);
+    assert!(report.aborted.is_none());
+    assert_eq!(report.steps, 16);
+    assert_eq!(report.failures.len(), 2);
+    assert!(
+        report.failures.iter().all(|f| f.recovered_s.is_some()),
+        "{:?}",
+        report.failures
+    );
+    assert!(!report.throughput.is_empty());
+}
+
+#[test]
+fn one_asynchronous_worker_trains_the_single_process_model_bit_for_bit() {
+    // With one worker nothing is stale: each push lands before the next pull, so
+    // asynchronous mode must give exactly the synchronous (and single-process) model.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 2, 1, 12);
+    cfg.eval_samples = 0;
+    let sync = run(&cfg).unwrap();
+    cfg.sync = false;
+    let dir2 = tempfile::tempdir().unwrap();
+    cfg.work_dir = dir2.path().to_path_buf();
+    let asynchronous = run(&cfg).unwrap();
+    assert_no_children_left(&asynchronous);
+    assert_eq!(asynchronous.model_digest, sync.model_digest);
 }

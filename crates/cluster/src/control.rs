@@ -1,0 +1,503 @@
+//! The control channel between the coordinator and its workers, and the coordinator's pool of
+//! worker processes.
+//!
+//! A worker process connects to the coordinator's control socket, says who it is
+//! ([`FromWorker::Hello`]) and then answers commands, one reply per command, as JSON lines
+//! over TCP. Workers hold no training state between commands (the model lives on the
+//! servers; a batch is a pure function of its index), so a lost worker is replaced by
+//! starting another process with the same id and handing it the batch the lost one held.
+//!
+//! The pool reads every connection on its own thread and funnels what arrives into one
+//! queue, tagged with the connection it came from: a message from a connection that has
+//! since been replaced is dropped, so a slow reply of a killed worker can never be taken for
+//! its replacement's.
+//!
+//! A worker lives as long as its control connection (and, when the pool started it, as long
+//! as its standard input, whose other end the pool holds): a coordinator that exits or dies
+//! takes its workers with it.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::worker::WorkerSetup;
+use crate::ClusterError;
+
+/// Longest line either side accepts (a setup message is the largest, a few kilobytes).
+const MAX_LINE: usize = 1 << 20;
+
+/// What the coordinator asks of a worker.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+pub enum ToWorker {
+    /// Build the data source and the model buffers; answered by [`FromWorker::Ready`].
+    Setup(Box<WorkerSetup>),
+    /// (Re)connect to the servers (in server order); answered by [`FromWorker::Connected`].
+    Connect { servers: Vec<SocketAddr> },
+    /// Train on global batch `index` (from 1): stage the update as `seq` (synchronous mode) or
+    /// push it (asynchronous mode); answered by [`FromWorker::Done`].
+    Batch { index: u64, seq: Option<u64> },
+    /// Exit.
+    Stop,
+}
+
+/// A worker's messages.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "msg", rename_all = "snake_case")]
+pub enum FromWorker {
+    Hello {
+        id: u32,
+        pid: u32,
+    },
+    Ready,
+    Connected,
+    Done {
+        index: u64,
+        loss: f64,
+        #[serde(default)]
+        timing: BatchTiming,
+    },
+    /// The last command failed (`index`: the batch it was about, if any).
+    Failed {
+        index: Option<u64>,
+        error: String,
+    },
+}
+
+/// Where a worker's time went on one batch, in seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct BatchTiming {
+    /// Generating the batch from its index.
+    pub data_s: f64,
+    /// Pulling rows and dense values, and pooling.
+    pub pull_s: f64,
+    /// Forward, backward and gathering the sparse gradients.
+    pub compute_s: f64,
+    /// Pushing (or staging) the update.
+    pub push_s: f64,
+}
+
+impl BatchTiming {
+    pub fn add(&mut self, o: &BatchTiming) {
+        self.data_s += o.data_s;
+        self.pull_s += o.pull_s;
+        self.compute_s += o.compute_s;
+        self.push_s += o.push_s;
+    }
+}
+
+/// Write one message as a JSON line.
+pub fn send_line<T: Serialize>(stream: &mut TcpStream, msg: &T) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    stream.write_all(&line)?;
+    stream.flush()
+}
+
+/// Read one JSON line; `Ok(None)` at end of stream. A line that is too long or not a message
+/// of type `T` is an error naming what was wrong.
+pub fn read_line<T: for<'de> Deserialize<'de>>(
+    reader: &mut BufReader<TcpStream>,
+    what: &str,
+) -> Result<Option<T>, String> {
+    let mut buf = Vec::new();
+    let n = reader
+        .by_ref()
+        .take(MAX_LINE as u64 + 1)
+        .read_until(b'\n', &mut buf)
+        .map_err(|e| format!("reading from {what}: {e}"))?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if buf.last() != Some(&b'\n') {
+        return Err(if n > MAX_LINE {
+            format!("{what} sent a line longer than {MAX_LINE} bytes")
+        } else {
+            format!("{what} closed the connection in the middle of a message")
+        });
+    }
+    serde_json::from_slice(&buf)
+        .map(Some)
+        .map_err(|e| format!("{what} sent a malformed message: {e}"))
+}
+
+/// What the pool reports.
+#[derive(Debug)]
+pub enum PoolEvent {
+    Msg {
+        worker: u32,
+        msg: FromWorker,
+    },
+    /// The worker's connection ended or broke (its process died, or it exited).
+    Lost {
+        worker: u32,
+        reason: String,
+    },
+}
+
+enum Inbound {
+    Joined {
+        worker: u32,
+        pid: u32,
+        conn: u64,
+        stream: TcpStream,
+    },
+    Msg {
+        conn: u64,
+        msg: FromWorker,
+    },
+    Closed {
+        conn: u64,
+        reason: String,
+    },
+}
+
+struct Slot {
+    conn: Option<(u64, TcpStream)>,
+    pid: Option<u32>,
+    child: Option<Child>,
+}
+
+/// The coordinator's workers: their control connections and, for workers it started, their
+/// processes. Dropping the pool kills and reaps every process it started.
+pub struct WorkerPool {
+    addr: SocketAddr,
+    inbox: mpsc::Receiver<Inbound>,
+    slots: Vec<Slot>,
+    by_conn: HashMap<u64, u32>,
+    exe: Option<PathBuf>,
+    /// Every worker process started, replacements included.
+    pub pids: Vec<u32>,
+    stop: Arc<AtomicBool>,
+}
+
+impl WorkerPool {
+    /// Listen for `workers` workers on `listen`. With `exe`, [`WorkerPool::spawn`] starts
+    /// local worker processes (`exe worker --coordinator ADDR --id W --until stdin`).
+    pub fn listen(
+        listen: SocketAddr,
+        workers: u32,
+        exe: Option<&Path>,
+    ) -> Result<WorkerPool, ClusterError> {
+        let listener = TcpListener::bind(listen).map_err(|e| ClusterError::Io {
+            what: format!("binding the control socket {listen}"),
+            source: e,
+        })?;
+        let addr = listener.local_addr().map_err(|e| ClusterError::Io {
+            what: "reading the control socket's address".into(),
+            source: e,
+        })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| ClusterError::Io {
+                what: "configuring the control socket".into(),
+                source: e,
+            })?;
+        let (tx, inbox) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_accept = stop.clone();
+        std::thread::Builder::new()
+            .name("ftrec-control-accept".into())
+            .spawn(move || accept_loop(listener, tx, stop_accept))
+            .map_err(|e| ClusterError::Io {
+                what: "starting the control acceptor".into(),
+                source: e,
+            })?;
+        Ok(WorkerPool {
+            addr,
+            inbox,
+            slots: (0..workers)
+                .map(|_| Slot {
+                    conn: None,
+                    pid: None,
+                    child: None,
+                })
+                .collect(),
+            by_conn: HashMap::new(),
+            exe: exe.map(Path::to_path_buf),
+            pids: Vec::new(),
+            stop,
+        })
+    }
+
+    /// The control socket's address (what `ftrec worker --coordinator` connects to).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn len(&self) -> u32 {
+        self.slots.len() as u32
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Start a local process for worker `w` (killing one still running under that id) and
+    /// wait until it has connected.
+    pub fn spawn(&mut self, w: u32, timeout: Duration) -> Result<u32, ClusterError> {
+        let exe = self
+            .exe
+            .clone()
+            .ok_or_else(|| ClusterError::Config("this pool does not start workers".into()))?;
+        self.kill(w);
+        let child = Command::new(&exe)
+            .args([
+                "worker",
+                "--coordinator",
+                &self.addr.to_string(),
+                "--id",
+                &w.to_string(),
+                "--until",
+                "stdin",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| ClusterError::Spawn {
+                what: format!("worker {w}"),
+                reason: format!("cannot start {}: {e}", exe.display()),
+            })?;
+        let pid = child.id();
+        self.pids.push(pid);
+        self.slots[w as usize].child = Some(child);
+        self.wait_joined(w, timeout)?;
+        Ok(pid)
+    }
+
+    /// Wait until worker `w` has connected (a worker started elsewhere, or by
+    /// [`WorkerPool::spawn`]). Other workers' messages that arrive meanwhile are dropped, so
+    /// call this only while no command is outstanding.
+    pub fn wait_joined(&mut self, w: u32, timeout: Duration) -> Result<(), ClusterError> {
+        let deadline = Instant::now() + timeout;
+        while self.slots[w as usize].conn.is_none() {
+            if let Some(child) = self.slots[w as usize].child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(ClusterError::Spawn {
+                        what: format!("worker {w}"),
+                        reason: format!("the process exited with {status} before it connected"),
+                    });
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ClusterError::Timeout(format!(
+                    "worker {w} did not connect to {} within {:.1}s",
+                    self.addr,
+                    timeout.as_secs_f64()
+                )));
+            }
+            let _ = self.next(left.min(Duration::from_millis(50)));
+        }
+        Ok(())
+    }
+
+    /// Whether worker `w` is connected.
+    pub fn is_connected(&self, w: u32) -> bool {
+        self.slots[w as usize].conn.is_some()
+    }
+
+    /// The pid worker `w` reported.
+    pub fn pid(&self, w: u32) -> Option<u32> {
+        self.slots[w as usize].pid
+    }
+
+    /// Send `msg` to worker `w`. A failure marks it lost (and says why).
+    pub fn send(&mut self, w: u32, msg: &ToWorker) -> Result<(), String> {
+        let slot = &mut self.slots[w as usize];
+        let Some((conn, stream)) = slot.conn.as_mut() else {
+            return Err(format!("worker {w} is not connected"));
+        };
+        if let Err(e) = send_line(stream, msg) {
+            let conn = *conn;
+            self.drop_conn(conn);
+            return Err(format!("worker {w}: {e}"));
+        }
+        Ok(())
+    }
+
+    /// The next message or loss, waiting at most `timeout`.
+    pub fn next(&mut self, timeout: Duration) -> Option<PoolEvent> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let inbound = match self.inbox.recv_timeout(left) {
+                Ok(i) => i,
+                Err(_) => return None,
+            };
+            match inbound {
+                Inbound::Joined {
+                    worker,
+                    pid,
+                    conn,
+                    stream,
+                } => {
+                    let Some(slot) = self.slots.get_mut(worker as usize) else {
+                        // An id outside the job: refuse it by closing the connection.
+                        let _ = stream.shutdown(std::net::Shutdown::Both);
+                        continue;
+                    };
+                    if let Some((old, s)) = slot.conn.take() {
+                        let _ = s.shutdown(std::net::Shutdown::Both);
+                        self.by_conn.remove(&old);
+                    }
+                    slot.conn = Some((conn, stream));
+                    slot.pid = Some(pid);
+                    self.by_conn.insert(conn, worker);
+                }
+                Inbound::Msg { conn, msg } => {
+                    if let Some(&worker) = self.by_conn.get(&conn) {
+                        return Some(PoolEvent::Msg { worker, msg });
+                    }
+                }
+                Inbound::Closed { conn, reason } => {
+                    if let Some(worker) = self.drop_conn(conn) {
+                        return Some(PoolEvent::Lost { worker, reason });
+                    }
+                }
+            }
+        }
+    }
+
+    fn drop_conn(&mut self, conn: u64) -> Option<u32> {
+        let worker = self.by_conn.remove(&conn)?;
+        let slot = &mut self.slots[worker as usize];
+        if let Some((c, s)) = slot.conn.take() {
+            if c == conn {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            } else {
+                slot.conn = Some((c, s));
+            }
+        }
+        Some(worker)
+    }
+
+    /// SIGKILL worker `w`'s process (if this pool started it) and reap it; returns its pid.
+    pub fn kill(&mut self, w: u32) -> Option<u32> {
+        let slot = &mut self.slots[w as usize];
+        let mut child = slot.child.take()?;
+        let pid = child.id();
+        let _ = child.kill();
+        let _ = child.wait();
+        Some(pid)
+    }
+
+    /// Whether worker `w`'s process (started by this pool) has exited.
+    pub fn has_exited(&mut self, w: u32) -> bool {
+        match self.slots[w as usize].child.as_mut() {
+            Some(c) => !matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Ask every worker to stop, wait up to `grace` for the processes this pool started, then
+    /// kill what is left.
+    pub fn stop_all(&mut self, grace: Duration) {
+        for w in 0..self.len() {
+            let _ = self.send(w, &ToWorker::Stop);
+        }
+        let deadline = Instant::now() + grace;
+        for slot in &mut self.slots {
+            if let Some((_, s)) = slot.conn.take() {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+            if let Some(mut child) = slot.child.take() {
+                drop(child.stdin.take());
+                loop {
+                    if !matches!(child.try_wait(), Ok(None)) {
+                        break;
+                    }
+                    if Instant::now() >= deadline {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        }
+        self.by_conn.clear();
+    }
+}
+
+impl Drop for WorkerPool {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for w in 0..self.len() {
+            self.kill(w);
+        }
+    }
+}
+
+/// Accept connections until the pool stops it; each gets a reader thread. The listener is
+/// polled (non-blocking) so that the socket is closed as soon as the pool is dropped.
+fn accept_loop(listener: TcpListener, tx: mpsc::Sender<Inbound>, stop: Arc<AtomicBool>) {
+    let mut next_conn = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                let _ = stream.set_nonblocking(false);
+                next_conn += 1;
+                let conn = next_conn;
+                let tx = tx.clone();
+                let _ = std::thread::Builder::new()
+                    .name(format!("ftrec-control-{conn}"))
+                    .spawn(move || read_conn(stream, conn, tx));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+fn read_conn(stream: TcpStream, conn: u64, tx: mpsc::Sender<Inbound>) {
+    let _ = stream.set_nodelay(true);
+    let Ok(writer) = stream.try_clone() else {
+        return;
+    };
+    let peer = stream
+        .peer_addr()
+        .map_or_else(|_| "a worker".to_string(), |a| format!("worker at {a}"));
+    let mut reader = BufReader::new(stream);
+    // The first message says who it is; anything else is not a worker.
+    match read_line::<FromWorker>(&mut reader, &peer) {
+        Ok(Some(FromWorker::Hello { id, pid })) => {
+            if tx
+                .send(Inbound::Joined {
+                    worker: id,
+                    pid,
+                    conn,
+                    stream: writer,
+                })
+                .is_err()
+            {
+                return;
+            }
+        }
+        _ => return,
+    }
+    loop {
+        let inbound = match read_line::<FromWorker>(&mut reader, &peer) {
+            Ok(Some(msg)) => Inbound::Msg { conn, msg },
+            Ok(None) => Inbound::Closed {
+                conn,
+                reason: "its control connection closed".into(),
+            },
+            Err(e) => Inbound::Closed { conn, reason: e },
+        };
+        let closed = matches!(inbound, Inbound::Closed { .. });
+        if tx.send(inbound).is_err() || closed {
+            return;
+        }
+    }
+}
