@@ -34,6 +34,11 @@ pub enum Cmd {
     Run(RunArgs),
     /// One parameter-server process (`ftrec run` starts them; start them by hand on other hosts).
     Server(ServerArgs),
+    /// Checkpoint stores: list the lineage, verify, restore, collect garbage, merge.
+    Ckpt {
+        #[command(subcommand)]
+        cmd: crate::ckpt_cmd::CkptCmd,
+    },
     /// One worker process: connects to a coordinator and trains the batches it hands out
     /// (`ftrec run` starts them; start them by hand on other hosts).
     Worker(WorkerArgs),

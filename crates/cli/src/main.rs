@@ -4,6 +4,7 @@
 //! errors to one clear line and a non-zero exit code.
 
 mod bench;
+mod ckpt_cmd;
 mod cluster_cmd;
 mod data;
 mod flags;
@@ -22,6 +23,12 @@ fn main() -> ExitCode {
         flags::Cmd::Run(args) => cluster_cmd::run(args),
         flags::Cmd::Server(args) => cluster_cmd::server(args),
         flags::Cmd::Worker(args) => cluster_cmd::worker(args),
+        flags::Cmd::Ckpt { cmd } => match ckpt_cmd::run(cmd) {
+            // A non-zero code without an error: `verify` found damage and said where.
+            Ok(0) => Ok(()),
+            Ok(code) => return ExitCode::from(code.clamp(1, 255) as u8),
+            Err(e) => Err(e),
+        },
         flags::Cmd::Coordinator(args) => cluster_cmd::coordinator(args),
     };
     match result {
