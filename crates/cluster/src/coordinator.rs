@@ -431,11 +431,9 @@ impl Coordinator {
         fired
     }
 
-    fn fire_step_kills(&mut self) {
-        let step = self.step();
-        if self.batches.is_multiple_of(self.workers() as u64) {
-            self.fire(|at| *at == KillAt::Step(step));
-        }
+    /// Fire the kills scheduled right after step `step`.
+    fn fire_step_kills(&mut self, step: u64) {
+        self.fire(|at| *at == KillAt::Step(step));
     }
 
     fn fire_time_kills(&mut self) {
@@ -547,15 +545,16 @@ impl Coordinator {
 
     // ---- training ----
 
-    /// One batch applied: bookkeeping, kills and the strategy. `Ok(false)`: the run ended.
-    fn batch_done(&mut self, loss: f64) -> Result<bool, ClusterError> {
+    /// One batch applied: bookkeeping, and the strategy's reaction when it completes a step
+    /// (with that step's number).
+    fn count_batch(&mut self, loss: f64) -> Option<(u64, Vec<Action>)> {
         self.batches += 1;
         self.last_loss = loss;
         let t = self.train_start.map_or(0.0, |s| s.elapsed().as_secs_f64());
         self.completions.push(t);
         self.note_progress();
         if !self.batches.is_multiple_of(self.workers() as u64) {
-            return Ok(true);
+            return None;
         }
         let step = self.step();
         let now_s = self.now();
@@ -564,11 +563,18 @@ impl Coordinator {
             t_s: now_s,
             loss,
         });
-        let actions = self.strategy.on(&Event::StepDone { step, now_s });
-        if !self.execute(actions)? {
-            return Ok(false);
+        Some((step, self.strategy.on(&Event::StepDone { step, now_s })))
+    }
+
+    /// One batch applied, in synchronous mode: the strategy's actions run at once, then the
+    /// kills scheduled after this step. `Ok(false)`: the run ended.
+    fn batch_done(&mut self, loss: f64) -> Result<bool, ClusterError> {
+        if let Some((step, actions)) = self.count_batch(loss) {
+            if !self.execute(actions)? {
+                return Ok(false);
+            }
+            self.fire_step_kills(step);
         }
-        self.fire_step_kills();
         Ok(true)
     }
 
@@ -780,6 +786,7 @@ impl Coordinator {
         // between replaces them, and a report about a replaced server is stale.
         let mut losses: Vec<(u32, u32)> = Vec::new();
         let mut actions: Vec<Action> = Vec::new();
+        let mut kills_after: Vec<u64> = Vec::new();
         loop {
             let draining = pending.is_some() || !losses.is_empty() || !actions.is_empty();
             if !draining {
@@ -836,6 +843,9 @@ impl Coordinator {
                     if !self.execute(a)? {
                         return Ok(());
                     }
+                    for step in std::mem::take(&mut kills_after) {
+                        self.fire_step_kills(step);
+                    }
                     if self.batches + 1 < next {
                         next = self.batches + 1;
                         requeue.clear();
@@ -869,8 +879,15 @@ impl Coordinator {
                         // The model is about to be rewound or rebuilt; count nothing more.
                         continue;
                     }
-                    if !self.async_batch_done(loss, &mut actions)? {
-                        return Ok(());
+                    if let Some((step, new)) = self.count_batch(loss) {
+                        if new.is_empty() {
+                            self.fire_step_kills(step);
+                        } else {
+                            // As in synchronous mode, the step's kills come after the
+                            // strategy's actions, which wait for the batches in flight.
+                            actions.extend(new);
+                            kills_after.push(step);
+                        }
                     }
                 }
                 Some(PoolEvent::Msg {
@@ -913,34 +930,6 @@ impl Coordinator {
             }
             running.retain(|_, (_, since)| now.duration_since(*since) <= STEP_TIMEOUT);
         }
-    }
-
-    /// [`Coordinator::batch_done`] for the asynchronous loop: the strategy's actions are
-    /// queued (they run once the batches in flight have finished) instead of run at once.
-    fn async_batch_done(
-        &mut self,
-        loss: f64,
-        actions: &mut Vec<Action>,
-    ) -> Result<bool, ClusterError> {
-        self.batches += 1;
-        self.last_loss = loss;
-        let t = self.train_start.map_or(0.0, |s| s.elapsed().as_secs_f64());
-        self.completions.push(t);
-        self.note_progress();
-        if !self.batches.is_multiple_of(self.workers() as u64) {
-            return Ok(true);
-        }
-        let step = self.step();
-        let now_s = self.now();
-        self.timeline.push(StepPoint {
-            step,
-            t_s: now_s,
-            loss,
-        });
-        let new = self.strategy.on(&Event::StepDone { step, now_s });
-        actions.extend(new);
-        self.fire_step_kills();
-        Ok(true)
     }
 
     /// Tell the strategy about every lost server and carry out what it decides. `Ok(false)`:

@@ -12,8 +12,9 @@
 //! One [`DenseParams`]: for each layer in order (bottom layers, then top layers) the weight
 //! `W [out x in]` row-major (PyTorch's `nn.Linear` orientation: `y = x W^T + b`), then the
 //! bias `[out]`. Initialisation is a pure function of the seed: every layer's weights are
-//! Xavier-uniform (`U(-sqrt(6/(in+out)), ..)`), as the DLRM reference initialises them, and
-//! biases start at zero. (He init was tried first: on log-scaled Criteo counts it starts the
+//! Xavier-uniform (`U(-sqrt(6/(in+out)), ..)`), as the DLRM reference initialises them, except
+//! the output layer's, scaled by 0.01 so that the first logits are near zero (an initial loss
+//! near ln 2 rather than 7-14), and biases start at zero. (He init was tried first: on log-scaled Criteo counts it starts the
 //! logit in the hundreds, an initial loss of ~50 and Adagrad accumulators saturated by the
 //! first steps.) Row `r` of layer `l` draws from
 //! `SplitMix::keyed(seed, DENSE_INIT_STREAM + l, r)`.
@@ -33,6 +34,9 @@ use crate::{gemm, par, DlrmConfig, ModelError};
 
 /// RNG stream base of the dense initialisation (`+ layer index`).
 pub const DENSE_INIT_STREAM: u64 = 0xDE45_0000;
+
+/// Scale of the output layer's initial weights relative to Xavier-uniform.
+const OUTPUT_INIT_SCALE: f32 = 0.01;
 
 /// Samples per bias-gradient block: bias gradients are summed within fixed blocks, then across
 /// blocks in order, so the summation order never depends on the thread count.
@@ -182,8 +186,16 @@ impl Dlrm {
         dense_opt.validate()?;
         let layers = cfg.layers();
         let mut values = vec![0.0f32; cfg.param_count()];
+        let last = layers.len() - 1;
         for (li, l) in layers.iter().enumerate() {
-            let bound = (6.0 / (l.input + l.output) as f64).sqrt() as f32;
+            let mut bound = (6.0 / (l.input + l.output) as f64).sqrt() as f32;
+            if li == last {
+                // The output layer starts small, so the first logits are near zero and the
+                // initial loss near ln 2 instead of 7-14: large first logits saturate the
+                // sigmoid and the Adagrad accumulators, which asynchronous training (two
+                // workers computing on the same initial model) does not always recover from.
+                bound *= OUTPUT_INIT_SCALE;
+            }
             let w = &mut values[l.offset..l.bias_offset()];
             for (r, row) in w.chunks_exact_mut(l.input).enumerate() {
                 let mut g = SplitMix::keyed(seed, DENSE_INIT_STREAM + li as u64, r as u64);
@@ -964,9 +976,13 @@ mod tests {
         let c = Dlrm::new(cfg.clone(), 2, &sgd()).unwrap();
         assert_eq!(a, b);
         assert_ne!(a.params().values, c.params().values);
-        for (li, l) in cfg.layers().iter().enumerate() {
+        let layers = cfg.layers();
+        for (li, l) in layers.iter().enumerate() {
             let w = &a.params().values[l.offset..l.bias_offset()];
-            let bound = (6.0 / (l.input + l.output) as f32).sqrt();
+            let mut bound = (6.0 / (l.input + l.output) as f32).sqrt();
+            if li == layers.len() - 1 {
+                bound *= OUTPUT_INIT_SCALE;
+            }
             assert!(
                 w.iter().all(|v| v.abs() <= bound),
                 "layer {li} exceeds its bound"
