@@ -315,6 +315,25 @@ fn free_addr() -> std::net::SocketAddr {
         .unwrap()
 }
 
+/// The job of `every_role_started_by_hand_trains_the_same_model_as_the_launcher`.
+const BY_HAND_JOB: &[&str] = &[
+    "--preset",
+    "tiny",
+    "--servers",
+    "2",
+    "--workers",
+    "2",
+    "--sync",
+    "--steps",
+    "6",
+    "--batch",
+    "32",
+    "--eval-samples",
+    "0",
+    "--seed",
+    "3",
+];
+
 #[test]
 fn every_role_started_by_hand_trains_the_same_model_as_the_launcher() {
     let dir = tempfile::tempdir().unwrap();
@@ -347,26 +366,8 @@ fn every_role_started_by_hand_trains_the_same_model_as_the_launcher() {
     let control = free_addr();
     let json = dir.path().join("coord.json");
     let mut coord = ftrec()
-        .args([
-            "coordinator",
-            "--preset",
-            "tiny",
-            "--servers",
-            "2",
-            "--workers",
-            "2",
-            "--sync",
-        ])
-        .args([
-            "--steps",
-            "6",
-            "--batch",
-            "32",
-            "--eval-samples",
-            "0",
-            "--seed",
-            "3",
-        ])
+        .arg("coordinator")
+        .args(BY_HAND_JOB)
         .args(["--server-addr", &addrs[0], "--server-addr", &addrs[1]])
         .args(["--control-listen", &control.to_string(), "--json"])
         .arg(&json)
@@ -402,27 +403,9 @@ fn every_role_started_by_hand_trains_the_same_model_as_the_launcher() {
 
     let launched = dir.path().join("launched.json");
     let out = ftrec()
-        .args([
-            "run",
-            "--preset",
-            "tiny",
-            "--servers",
-            "2",
-            "--workers",
-            "2",
-            "--sync",
-        ])
-        .args([
-            "--steps",
-            "6",
-            "--batch",
-            "32",
-            "--eval-samples",
-            "0",
-            "--seed",
-            "3",
-            "--json",
-        ])
+        .arg("run")
+        .args(BY_HAND_JOB)
+        .arg("--json")
         .arg(&launched)
         .output()
         .unwrap();
