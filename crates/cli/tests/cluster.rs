@@ -8,6 +8,22 @@ fn ftrec() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ftrec"))
 }
 
+/// Run `cmd` and require success (its stderr is the failure message).
+fn succeed(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A JSON report written by `--json`.
+fn read_json(p: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
 fn run_args(dir: &std::path::Path) -> Vec<String> {
     [
         "run",
@@ -38,38 +54,24 @@ fn run_args(dir: &std::path::Path) -> Vec<String> {
 fn full_run_with_a_kill_recovers_and_matches_the_clean_run() {
     let dir = tempfile::tempdir().unwrap();
     let clean_json = dir.path().join("clean.json");
-    let out = ftrec()
-        .args(run_args(&dir.path().join("clean")))
-        .args(["--strategy", "full", "--ckpt-every-steps", "4", "--json"])
-        .arg(&clean_json)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeed(
+        ftrec()
+            .args(run_args(&dir.path().join("clean")))
+            .args(["--strategy", "full", "--ckpt-every-steps", "4", "--json"])
+            .arg(&clean_json),
     );
 
     let json = dir.path().join("killed.json");
-    let out = ftrec()
-        .args(run_args(&dir.path().join("killed")))
-        .args(["--strategy", "full", "--ckpt-every-steps", "4"])
-        .args(["--kill", "server=0@step=6", "--json"])
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeed(
+        ftrec()
+            .args(run_args(&dir.path().join("killed")))
+            .args(["--strategy", "full", "--ckpt-every-steps", "4"])
+            .args(["--kill", "server=0@step=6", "--json"])
+            .arg(&json),
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("server 0 lost after step 6"), "{stdout}");
-
-    let read = |p: &std::path::Path| -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-    };
-    let (clean, killed) = (read(&clean_json), read(&json));
+    let (clean, killed) = (read_json(&clean_json), read_json(&json));
     assert_eq!(killed["failures"].as_array().unwrap().len(), 1);
     assert_eq!(killed["failures"][0]["steps_redone"], 2);
     assert!(clean["model_digest"].as_str().unwrap().len() >= 16);
@@ -209,36 +211,23 @@ fn a_job_file_runs_the_same_job_as_the_flags() {
     )
     .unwrap();
     let from_file = dir.path().join("file.json");
-    let out = ftrec()
-        .args(["run", "--config"])
-        .arg(&job)
-        .arg("--work-dir")
-        .arg(dir.path().join("a"))
-        .arg("--json")
-        .arg(&from_file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeed(
+        ftrec()
+            .args(["run", "--config"])
+            .arg(&job)
+            .arg("--work-dir")
+            .arg(dir.path().join("a"))
+            .arg("--json")
+            .arg(&from_file),
     );
     let from_flags = dir.path().join("flags.json");
-    let out = ftrec()
-        .args(run_args(&dir.path().join("b")))
-        .args(["--strategy", "full", "--ckpt-every-steps", "4", "--json"])
-        .arg(&from_flags)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeed(
+        ftrec()
+            .args(run_args(&dir.path().join("b")))
+            .args(["--strategy", "full", "--ckpt-every-steps", "4", "--json"])
+            .arg(&from_flags),
     );
-    let read = |p: &std::path::Path| -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-    };
-    let (a, b) = (read(&from_file), read(&from_flags));
+    let (a, b) = (read_json(&from_file), read_json(&from_flags));
     assert_eq!(a["model_digest"], b["model_digest"]);
     assert_eq!(a["failures"][0]["role"], "worker");
     // A flag wins over the file.
@@ -402,17 +391,12 @@ fn every_role_started_by_hand_trains_the_same_model_as_the_launcher() {
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
 
     let launched = dir.path().join("launched.json");
-    let out = ftrec()
-        .arg("run")
-        .args(BY_HAND_JOB)
-        .arg("--json")
-        .arg(&launched)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeed(
+        ftrec()
+            .arg("run")
+            .args(BY_HAND_JOB)
+            .arg("--json")
+            .arg(&launched),
     );
     let launched: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&launched).unwrap()).unwrap();
