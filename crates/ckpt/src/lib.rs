@@ -71,6 +71,8 @@ pub mod key;
 pub mod location;
 pub mod snapshot;
 pub mod store;
+#[cfg(feature = "s3-test-server")]
+pub mod testing;
 
 pub use bytes::Bytes;
 pub use checkpoint::{Checkpoints, Select};

@@ -13,7 +13,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use ftrec_ckpt::deck::{self, GcOptions, Lineage, MergePolicy, Merger, RestoreAt, Retention};
+use ftrec_ckpt::deck::{self, GcOptions, Lineage, RestoreAt, Retention};
 use ftrec_ckpt::location::{self, LocationOptions};
 use ftrec_ckpt::{CheckpointId, Checkpoints, LocalStore};
 
@@ -98,7 +98,7 @@ pub enum CkptCmd {
         #[arg(long)]
         orphans: bool,
     },
-    /// Run one hierarchical merge pass.
+    /// Run one hierarchical merge pass (and, with --gc, collect garbage after it).
     Merge {
         #[command(flatten)]
         store: StoreArgs,
@@ -108,9 +108,15 @@ pub enum CkptCmd {
         /// Write a full once the active chain covers N deltas (DECK Inequality 2).
         #[arg(long)]
         full_every_deltas: Option<u64>,
-        /// Output chunk size in MiB.
-        #[arg(long, default_value_t = 4)]
-        chunk_mib: usize,
+        /// Output chunk size in KiB.
+        #[arg(long, default_value_t = 4096)]
+        chunk_kib: usize,
+        /// Cap the write rate (MiB/s), so a merge next to training leaves it the disk.
+        #[arg(long)]
+        max_mib_per_s: Option<f64>,
+        /// Delete what no live lineage needs once the merge is done.
+        #[arg(long)]
+        gc: bool,
     },
 }
 
@@ -128,6 +134,10 @@ fn parse_at(at: &Option<String>) -> Result<RestoreAt> {
 
 /// Run one `ftrec ckpt` subcommand; returns the process exit code.
 pub fn run(cmd: CkptCmd) -> Result<i32> {
+    if matches!(cmd, CkptCmd::Merge { .. }) {
+        // The merger runs its own runtime.
+        return merge(cmd);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -251,34 +261,48 @@ async fn run_async(cmd: CkptCmd) -> Result<i32> {
             );
             Ok(0)
         }
-        CkptCmd::Merge {
-            store,
+        CkptCmd::Merge { .. } => bail!("merge runs outside the async runtime"),
+    }
+}
+
+fn merge(cmd: CkptCmd) -> Result<i32> {
+    let CkptCmd::Merge {
+        store,
+        stride,
+        full_every_deltas,
+        chunk_kib,
+        max_mib_per_s,
+        gc,
+    } = cmd
+    else {
+        bail!("not a merge");
+    };
+    {
+        let args = ftrec_cluster::merger::MergerArgs {
+            location: store.location.clone(),
             stride,
             full_every_deltas,
-            chunk_mib,
-        } => {
-            let ckpts = store.open().await?;
-            let merger = Merger::new(
-                ckpts,
-                MergePolicy {
-                    stride,
-                    full_every_deltas,
-                    full_when_chain_ratio: None,
-                    chunk_bytes: chunk_mib.max(1) << 20,
-                },
-            )?;
-            let rep = merger.run_once().await?;
-            for id in &rep.written {
-                println!("wrote {id}");
-            }
+            chunk_bytes: chunk_kib.max(1).saturating_mul(1024),
+            max_mib_per_s,
+            gc,
+            store: store.options(),
+        };
+        // Progress lines (`writing ID`, `wrote ID`) come from the merger as it goes.
+        let (rep, gc) = ftrec_cluster::merger::merge_once(&args)?;
+        println!(
+            "{} checkpoints written, {} bytes read, {} bytes written",
+            rep.written.len(),
+            rep.stats.bytes_read,
+            rep.bytes_written
+        );
+        if let Some(g) = gc {
             println!(
-                "{} checkpoints written, {} bytes read, {} bytes written",
-                rep.written.len(),
-                rep.stats.bytes_read,
-                rep.bytes_written
+                "gc: kept {} checkpoints, deleted {}",
+                g.kept.len(),
+                g.deleted.len()
             );
-            Ok(0)
         }
+        Ok(0)
     }
 }
 

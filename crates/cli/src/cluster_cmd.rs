@@ -21,6 +21,12 @@ pub struct JobFile {
     pub workers: Option<u32>,
     pub sync: Option<bool>,
     pub strategy: Option<String>,
+    pub delta_every_steps: Option<u64>,
+    pub full_every: Option<u64>,
+    pub merge_stride: Option<u64>,
+    pub merge_mib_per_s: Option<f64>,
+    pub store: Option<String>,
+    pub ckpt_chunk_kib: Option<usize>,
     pub ckpt_every_steps: Option<u64>,
     pub ckpt_dir: Option<PathBuf>,
     pub work_dir: Option<PathBuf>,
@@ -80,6 +86,12 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
         workers: a.workers.or(f.workers),
         sync: a.sync || f.sync.unwrap_or(false),
         strategy: a.strategy.clone().or(f.strategy),
+        delta_every_steps: a.delta_every_steps.or(f.delta_every_steps),
+        full_every: a.full_every.or(f.full_every),
+        merge_stride: a.merge_stride.or(f.merge_stride),
+        merge_mib_per_s: a.merge_mib_per_s.or(f.merge_mib_per_s),
+        store: a.store.clone().or(f.store),
+        ckpt_chunk_kib: a.ckpt_chunk_kib.or(f.ckpt_chunk_kib),
         ckpt_every_steps: a.ckpt_every_steps.or(f.ckpt_every_steps),
         ckpt_dir: a.ckpt_dir.clone().or(f.ckpt_dir),
         work_dir: a.work_dir.clone().or(f.work_dir),
@@ -128,6 +140,31 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
     cfg.strategy = StrategyChoice::parse(strategy, a.ckpt_every_steps.unwrap_or(100))?;
     if strategy != "full" && (a.ckpt_dir.is_some() || a.ckpt_every_steps.is_some()) {
         bail!("--ckpt-dir and --ckpt-every-steps apply to --strategy full only");
+    }
+    let deck_flags = [
+        ("--delta-every-steps", a.delta_every_steps.is_some()),
+        ("--full-every", a.full_every.is_some()),
+        ("--merge-stride", a.merge_stride.is_some()),
+        ("--merge-mib-per-s", a.merge_mib_per_s.is_some()),
+        ("--store", a.store.is_some()),
+        ("--ckpt-chunk-kib", a.ckpt_chunk_kib.is_some()),
+    ];
+    if let StrategyChoice::Deck { .. } = cfg.strategy {
+        cfg.strategy = StrategyChoice::Deck {
+            delta_every_steps: a.delta_every_steps.unwrap_or(10),
+            full_every_deltas: a.full_every,
+            merge_stride: match a.merge_stride.unwrap_or(2) {
+                0 => None,
+                s => Some(s),
+            },
+            merge_mib_per_s: a.merge_mib_per_s,
+        };
+        cfg.store = a.store.clone();
+        if let Some(k) = a.ckpt_chunk_kib {
+            cfg.ckpt_chunk_kib = k;
+        }
+    } else if let Some((flag, _)) = deck_flags.iter().find(|(_, set)| *set) {
+        bail!("{flag} applies to --strategy deck only");
     }
     cfg.ckpt_dir = a.ckpt_dir.clone();
     cfg.kills = a
@@ -229,6 +266,18 @@ pub fn server(a: ServerArgs) -> Result<()> {
     spec.listen = a.listen;
     spec.port_file = a.port_file;
     spec.until = a.until.parse()?;
+    match (&a.ckpt_staging, a.ckpt_chunk_kib) {
+        (Some(dir), kib) => {
+            spec.ckpt = Some(ftrec_cluster::CkptSpec {
+                staging_dir: dir.clone(),
+                chunk_bytes: kib
+                    .unwrap_or(ftrec_cluster::spec::DEFAULT_CHUNK_KIB)
+                    .saturating_mul(1024),
+            })
+        }
+        (None, Some(_)) => bail!("--ckpt-chunk-kib needs --ckpt-staging"),
+        (None, None) => {}
+    }
     spec.validate()?;
     ftrec_cluster::serve_shard(&spec)?;
     Ok(())

@@ -68,9 +68,31 @@ pub struct RunArgs {
     /// before the next step (default: asynchronous).
     #[arg(long)]
     pub sync: bool,
-    /// Fault tolerance: none or full [default: none].
+    /// Fault tolerance: none, full or deck [default: none].
     #[arg(long)]
     pub strategy: Option<String>,
+    /// Delta checkpoint interval, in steps (strategy deck) [default: 10].
+    #[arg(long, value_name = "N")]
+    pub delta_every_steps: Option<u64>,
+    /// The merger writes a full once the active chain covers N deltas (strategy deck)
+    /// [default: never; merged checkpoints only].
+    #[arg(long, value_name = "N")]
+    pub full_every: Option<u64>,
+    /// Merge every S consecutive checkpoints of one layer, 0 turns merging off (strategy deck)
+    /// [default: 2].
+    #[arg(long, value_name = "S")]
+    pub merge_stride: Option<u64>,
+    /// Cap on the merger's write rate in MiB/s (strategy deck) [default: none].
+    #[arg(long, value_name = "R")]
+    pub merge_mib_per_s: Option<f64>,
+    /// Checkpoint store of strategy deck: a directory or s3://bucket/prefix (S3 settings from
+    /// the AWS environment variables) [default: WORK_DIR/ckpt].
+    #[arg(long, value_name = "LOCATION")]
+    pub store: Option<String>,
+    /// Staging chunk size of the servers' checkpoint writes, in KiB (strategy deck)
+    /// [default: 4096].
+    #[arg(long, value_name = "KIB")]
+    pub ckpt_chunk_kib: Option<usize>,
     /// Full checkpoint interval, in steps (strategy full) [default: 100].
     #[arg(long, value_name = "N")]
     pub ckpt_every_steps: Option<u64>,
@@ -81,7 +103,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub work_dir: Option<PathBuf>,
     /// SIGKILL a process: ROLE=I@step=S, ROLE=I@time=T (seconds) or
-    /// ROLE=I@phase=checkpoint-write|recovery, ROLE server or worker (repeatable).
+    /// ROLE=I@phase=checkpoint-write|recovery|merge, ROLE server, worker or merger
+    /// (repeatable).
     #[arg(long, value_name = "ROLE=I@POINT")]
     pub kill: Vec<String>,
     /// Training steps (each of `workers` batches) [default: the preset's].
@@ -157,6 +180,13 @@ pub struct ServerArgs {
     /// input, or a signal; what `ftrec run` asks of the servers it starts).
     #[arg(long, default_value = "signal")]
     pub until: String,
+    /// Serve the checkpoint service too, staging chunks in this local directory (strategy
+    /// deck; store settings from the AWS environment variables).
+    #[arg(long, value_name = "DIR")]
+    pub ckpt_staging: Option<PathBuf>,
+    /// Staging chunk size in KiB (with --ckpt-staging) [default: 4096].
+    #[arg(long, value_name = "KIB")]
+    pub ckpt_chunk_kib: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

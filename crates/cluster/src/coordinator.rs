@@ -20,14 +20,18 @@
 //! recovery redoes steps, so every attempt to commit is staged under a fresh, increasing
 //! sequence number (`seq`), distinct from the training step it computes.
 
+mod store;
+
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use ftrec_ckpt::CheckpointKind;
 use ftrec_core::ServerId;
 use ftrec_data::{BatchSource, SyntheticSource};
 use ftrec_ps::grpc::{GrpcClient, GrpcConfig};
 use ftrec_ps::{PsService, ShardedClient};
+use ftrec_strategy::deck::{Deck, DeckConfig};
 use ftrec_strategy::{
     Action, CheckpointRef, Event, FullCheckpoint, Interval, NoFaultTolerance, Strategy,
 };
@@ -66,7 +70,12 @@ const POLL: Duration = Duration::from_millis(10);
 pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
     cfg.validate()?;
     let start = Instant::now();
-    for dir in [cfg.work_dir.clone(), cfg.ckpt_dir()] {
+    let mut dirs = vec![cfg.work_dir.clone()];
+    if let StrategyChoice::Full { .. } = cfg.strategy {
+        // `deck`'s store creates its own directory (and may not be local at all).
+        dirs.push(cfg.ckpt_dir());
+    }
+    for dir in dirs {
         std::fs::create_dir_all(&dir).map_err(|e| ClusterError::Io {
             what: format!("creating {}", dir.display()),
             source: e,
@@ -90,6 +99,25 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
             FullCheckpoint::new(Interval::Steps(every_steps))
                 .map_err(|e| ClusterError::Config(e.to_string()))?,
         ),
+        StrategyChoice::Deck {
+            delta_every_steps, ..
+        } => Box::new(
+            // The trainer saves the first full; later fulls come from the merger (DECK §3.3).
+            Deck::new(DeckConfig {
+                delta_every: Interval::Steps(delta_every_steps),
+                full_every_deltas: None,
+            })
+            .map_err(|e| ClusterError::Config(e.to_string()))?,
+        ),
+    };
+    let store = if cfg.strategy.uses_store() {
+        Some(store::StoreState::open(
+            &rt,
+            cfg.store_location(),
+            &cfg.strategy,
+        )?)
+    } else {
+        None
     };
     let pool = WorkerPool::listen(
         cfg.control_listen,
@@ -130,6 +158,9 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
         kills: cfg.kills.iter().map(|k| (*k, false)).collect(),
         worker_time: BatchTiming::default(),
         recover_at: Vec::new(),
+        store,
+        phase_entries: HashMap::new(),
+        upload_wait_s: 0.0,
     };
     c.rt.spawn(heartbeat(
         hb_rx,
@@ -194,6 +225,12 @@ struct Coordinator {
     worker_time: BatchTiming,
     /// Failures (by index) that are recovered once `batches` reaches the given count again.
     recover_at: Vec<(usize, u64)>,
+    /// `deck`: the checkpoint store, the save in flight and the merger.
+    store: Option<store::StoreState>,
+    /// How often each phase was entered (for `phase=NAME#N` kills).
+    phase_entries: HashMap<Phase, u32>,
+    /// `deck`: time training waited at a save point for the previous save's upload.
+    upload_wait_s: f64,
 }
 
 impl Coordinator {
@@ -283,6 +320,7 @@ impl Coordinator {
         }
         let addrs = self.server_addrs.clone();
         self.clients = Some(self.rt.block_on(connect_all(&addrs))?);
+        self.connect_store_clients()?;
         self.update_heartbeat();
         self.event(
             EventKind::ServersStarted,
@@ -443,7 +481,12 @@ impl Coordinator {
     }
 
     fn fire_phase_kills(&mut self, phase: Phase) -> bool {
-        self.fire(|at| *at == KillAt::Phase(phase))
+        let n = {
+            let c = self.phase_entries.entry(phase).or_insert(0);
+            *c += 1;
+            *c
+        };
+        self.fire(|at| *at == KillAt::Phase(phase) || *at == KillAt::PhaseNth(phase, n))
     }
 
     /// SIGKILL a process and record the failure.
@@ -455,6 +498,7 @@ impl Coordinator {
                 pid
             }),
             Role::Worker => self.pool.kill(id),
+            Role::Merger => self.kill_merger(),
         };
         let Some(pid) = pid else { return };
         let t = self.now();
@@ -563,7 +607,11 @@ impl Coordinator {
             t_s: now_s,
             loss,
         });
-        Some((step, self.strategy.on(&Event::StepDone { step, now_s })))
+        // A save point reached while the previous save still uploads waits for its commit
+        // (the wait counts as pause), so saves land on their steps whatever the upload speed.
+        let mut actions = self.await_due_save(step);
+        actions.extend(self.strategy.on(&Event::StepDone { step, now_s }));
+        Some((step, actions))
     }
 
     /// One batch applied, in synchronous mode: the strategy's actions run at once, then the
@@ -582,6 +630,10 @@ impl Coordinator {
         self.train_start = Some(Instant::now());
         let mut unexplained = 0;
         while self.batches < self.total_batches() {
+            let done = self.poll_store(false);
+            if !self.execute(done)? {
+                return Ok(());
+            }
             self.fire_time_kills();
             let lost = self.confirmed_heartbeat_losses();
             if !lost.is_empty() {
@@ -856,6 +908,7 @@ impl Coordinator {
                     return Ok(());
                 }
             }
+            actions.extend(self.poll_store(false));
             self.fire_time_kills();
             if losses.is_empty() {
                 for s in self.confirmed_heartbeat_losses() {
@@ -979,7 +1032,17 @@ impl Coordinator {
                     }
                 }
                 Action::SaveFull { step } => {
-                    let next = self.save(step);
+                    let next = if self.store.is_some() {
+                        self.store_save(CheckpointKind::Full, step)
+                    } else {
+                        self.save(step)
+                    };
+                    if !self.execute(next)? {
+                        return Ok(false);
+                    }
+                }
+                Action::SaveDelta { step } => {
+                    let next = self.store_save(CheckpointKind::Delta, step);
                     if !self.execute(next)? {
                         return Ok(false);
                     }
@@ -1110,6 +1173,7 @@ impl Coordinator {
             },
         );
         let before = self.batches;
+        self.store_quiesce();
         let rec = |e: ClusterError| ClusterError::Recovery(e.to_string());
         let restored = loop {
             self.recoveries += 1;
@@ -1177,6 +1241,7 @@ impl Coordinator {
         self.clients = Some(self.rt.block_on(connect_all(&addrs))?);
         let servers = self.client()?.servers().to_vec();
         match checkpoint {
+            Some(c) if self.store.is_some() => self.store_restore(&c.id),
             Some(c) => {
                 let root = self.cfg.ckpt_dir();
                 Ok(self.rt.block_on(load_full(&servers, &root, &c.id))?.batches)
@@ -1186,6 +1251,11 @@ impl Coordinator {
                     let image =
                         ShardImage::of_server(&build_server(&self.cfg.server_spec(id as u32))?)?;
                     self.rt.block_on(image.import(s))?;
+                }
+                self.connect_store_clients()?;
+                if let Some(st) = self.store.as_mut() {
+                    st.committed = None;
+                    st.saved_step = None;
                 }
                 Ok(0)
             }
@@ -1223,6 +1293,10 @@ impl Coordinator {
         let mut digest = String::new();
         let (mut auc, mut logloss, mut eval_samples) = (None, None, 0);
         if outcome.is_ok() && self.aborted.is_none() {
+            // The last save commits and the merger ends before the servers stop.
+            let _ = self.store_finish();
+        }
+        if outcome.is_ok() && self.aborted.is_none() {
             let d = self
                 .client()
                 .and_then(|c| self.rt.block_on(c.digest()).map_err(ClusterError::from));
@@ -1257,6 +1331,7 @@ impl Coordinator {
             self.cfg.report_interval_s,
         );
         let worker_pids = self.pool.pids.clone();
+        let store = self.store_report();
         Ok(RunReport {
             strategy: self.strategy.name().to_string(),
             steps: self.step(),
@@ -1283,6 +1358,7 @@ impl Coordinator {
             worker_pids,
             server_addrs: self.addrs,
             timeline: self.timeline,
+            store,
             config: self.cfg,
         })
     }

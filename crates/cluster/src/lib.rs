@@ -16,13 +16,19 @@
 //!   (every step's contributions staged and committed in worker order) or asynchronous mode
 //!   (each free worker gets the next batch and pushes when done); heartbeats, workers' RPC
 //!   errors and control connections feed failure detection; a strategy state machine of
-//!   `ftrec-strategy` (`none` | `full`) decides and the coordinator carries out its actions
-//!   (pause, full checkpoint, replace the lost server and restore everyone, resume, abort);
+//!   `ftrec-strategy` (`none` | `full` | `deck`) decides and the coordinator carries out its
+//!   actions (pause, full or delta checkpoint, replace the lost server and restore everyone,
+//!   resume, abort);
 //!   servers and workers may also be started elsewhere and reached by address;
 //! - fault injection ([`KillSpec`]: SIGKILL a server or a worker after a step, at a time, or in
 //!   a named [`Phase`]) and the run's report with its event timeline, per-failure detect /
 //!   replace / resume / recover times, CPR Eq. 1's overhead terms and a throughput timeline
 //!   ([`RunReport`]);
+//! - `deck` (deck.txt §3–§4): the servers run the checkpoint service of `ftrec-ps::ckpt`
+//!   (tracking, staging, save, restore), the coordinator commits one manifest per save after
+//!   every server's files are durable while training goes on, restores every server from the
+//!   lineage of the newest committed checkpoint, and runs the merger ([`merger`]) as its own
+//!   process after commits;
 //! - full checkpoints as files ([`image`]): every server's shard exported concurrently through
 //!   the parameter server's export RPCs, one file per server, committed by a manifest renamed
 //!   into place last; superseded checkpoints are deleted once a newer one commits. (The
@@ -57,6 +63,7 @@ pub mod control;
 pub mod coordinator;
 pub mod image;
 pub mod launcher;
+pub mod merger;
 pub mod report;
 pub mod shard_server;
 pub mod spec;
@@ -64,9 +71,13 @@ pub mod worker;
 
 pub use coordinator::run;
 pub use launcher::ServerProcess;
-pub use report::{EventKind, FailureReport, IntervalPoint, Overheads, RunReport, TimedEvent};
+pub use report::{
+    EventKind, FailureReport, IntervalPoint, Overheads, RunReport, StoreReport, TimedEvent,
+};
 pub use shard_server::{build_server, serve_shard};
-pub use spec::{KillAt, KillSpec, Lifetime, Phase, Role, RunConfig, ServerSpec, StrategyChoice};
+pub use spec::{
+    CkptSpec, KillAt, KillSpec, Lifetime, Phase, Role, RunConfig, ServerSpec, StrategyChoice,
+};
 pub use worker::{worker_process, WorkerLifetime};
 
 /// What can stop a cluster run or a server process.

@@ -11,8 +11,14 @@ pub enum EventKind {
     ServersStarted,
     WorkersStarted,
     CheckpointStart,
+    /// A save's rows are copied out of every server (the pause is over; uploads go on).
+    CheckpointCopied,
     CheckpointEnd,
     CheckpointFailed,
+    MergerStarted,
+    MergerFinished,
+    MergerFailed,
+    MergerStopped,
     FailureInjected,
     FailureDetected,
     RecoveryStart,
@@ -182,7 +188,27 @@ pub struct RunReport {
     /// Every address a server listened on.
     pub server_addrs: Vec<String>,
     pub timeline: Vec<StepPoint>,
+    /// `deck`'s store side (absent for other strategies).
+    #[serde(default)]
+    pub store: Option<StoreReport>,
     pub config: RunConfig,
+}
+
+/// What a `deck` run did with its store.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StoreReport {
+    pub location: String,
+    /// Commits of full checkpoints saved by the trainer, and of deltas.
+    pub fulls: u64,
+    pub deltas: u64,
+    /// Seconds of the pause spent copying rows out (the rest of `checkpoint_pause_s` is
+    /// `upload_wait_s`).
+    pub copy_pause_s: f64,
+    /// Seconds training waited at a save point for the previous save's upload.
+    pub upload_wait_s: f64,
+    /// Merger passes that ended normally, and the merged or full checkpoints they wrote.
+    pub merger_passes: u64,
+    pub merged_written: u64,
 }
 
 impl RunReport {
@@ -230,6 +256,19 @@ impl RunReport {
             "  overheads (CPR Eq. 1): save {:.3}s, load {:.3}s, lost {:.3}s, res {:.3}s\n",
             o.o_save, o.o_load, o.o_lost, o.o_res
         );
+        if let Some(d) = &self.store {
+            s += &format!(
+                "  store {}: {} fulls + {} deltas committed, copy-out {:.3}s, upload wait {:.3}s, \
+                 {} merger passes wrote {} checkpoints\n",
+                d.location,
+                d.fulls,
+                d.deltas,
+                d.copy_pause_s,
+                d.upload_wait_s,
+                d.merger_passes,
+                d.merged_written
+            );
+        }
         if let (Some(auc), Some(ll)) = (self.auc, self.logloss) {
             s += &format!(
                 "  auc {auc:.4} logloss {ll:.4} on {} held-out samples\n",

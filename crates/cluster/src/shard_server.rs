@@ -4,9 +4,12 @@
 use std::io::Read;
 use std::path::Path;
 
+use ftrec_ckpt::deck::StagingOptions;
+use ftrec_ckpt::location::LocationOptions;
 use ftrec_core::{Preset, ServerId, ShardMap};
 use ftrec_model::{Dlrm, DlrmConfig};
-use ftrec_ps::grpc::{serve, GrpcConfig};
+use ftrec_ps::ckpt::{grpc::ckpt_service, CkptNode};
+use ftrec_ps::grpc::{ps_service, serve_routes, GrpcConfig, Routes};
 use ftrec_ps::{Server, ServerConfig, SharedServer};
 
 use crate::spec::Lifetime;
@@ -95,7 +98,20 @@ pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
             source: e,
         })?;
     rt.block_on(async {
-        let handle = serve(server, spec.listen, GrpcConfig::default()).await?;
+        let config = GrpcConfig::default();
+        let mut routes = Routes::new(ps_service(server.clone(), config));
+        if let Some(c) = &spec.ckpt {
+            // DECK's server side: the tracker observes every push from now on, and saves and
+            // restores stream this shard to and from the store with bounded memory.
+            let staging = StagingOptions {
+                chunk_bytes: c.chunk_bytes,
+                staging_dir: c.staging_dir.clone(),
+            };
+            let node = CkptNode::new(server, staging, LocationOptions::from_env())
+                .map_err(|e| ClusterError::Checkpoint(e.to_string()))?;
+            routes = routes.add_service(ckpt_service(node));
+        }
+        let handle = serve_routes(routes, spec.listen).await?;
         let addr = handle.local_addr();
         if let Some(path) = &spec.port_file {
             write_atomic(path, format!("{addr}\n").as_bytes())?;

@@ -11,6 +11,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::ClusterError;
 
+/// Default staging chunk size, in KiB (DECK §3.2 sizes chunks like an SSD erase block).
+pub const DEFAULT_CHUNK_KIB: usize = 4096;
+
 /// Everything a server process needs to build and serve its shard. The launcher turns it into
 /// the command line of `ftrec server` ([`ServerSpec::to_args`]); the server binary parses it
 /// back ([`ServerSpec::from_args`]) or gets it from the `ftrec` flag parser.
@@ -27,6 +30,17 @@ pub struct ServerSpec {
     pub port_file: Option<PathBuf>,
     /// What ends the process.
     pub until: Lifetime,
+    /// Serve the checkpoint service too (DECK's server side: tracking, staging, save, restore).
+    #[serde(default)]
+    pub ckpt: Option<CkptSpec>,
+}
+
+/// A server's checkpoint service: where it stages chunks on local disk (DECK §3.2's SSD layer)
+/// and how big a chunk is. Store credentials come from the usual AWS environment variables.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CkptSpec {
+    pub staging_dir: PathBuf,
+    pub chunk_bytes: usize,
 }
 
 /// What ends a server process.
@@ -79,6 +93,7 @@ impl ServerSpec {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             port_file: None,
             until: Lifetime::Signal,
+            ckpt: None,
         };
         spec.validate()?;
         Ok(spec)
@@ -101,6 +116,14 @@ impl ServerSpec {
         ] {
             o.validate()
                 .map_err(|e| ClusterError::Config(format!("{flag}: {e}")))?;
+        }
+        if let Some(c) = &self.ckpt {
+            if c.chunk_bytes < 1024 {
+                return Err(ClusterError::Config(format!(
+                    "--ckpt-chunk-kib: a chunk of {} bytes is below 1 KiB",
+                    c.chunk_bytes
+                )));
+            }
         }
         Ok(())
     }
@@ -134,6 +157,12 @@ impl ServerSpec {
             a.push("--port-file".into());
             a.push(p.display().to_string());
         }
+        if let Some(c) = &self.ckpt {
+            a.push("--ckpt-staging".into());
+            a.push(c.staging_dir.display().to_string());
+            a.push("--ckpt-chunk-kib".into());
+            a.push((c.chunk_bytes / 1024).to_string());
+        }
         a
     }
 
@@ -160,6 +189,8 @@ impl ServerSpec {
                 "--listen",
                 "--port-file",
                 "--until",
+                "--ckpt-staging",
+                "--ckpt-chunk-kib",
             ];
             if !known.contains(&flag.as_str()) {
                 return Err(ClusterError::Config(format!(
@@ -210,6 +241,21 @@ impl ServerSpec {
         if get.contains_key("--until") {
             spec.until = need(&get, "--until")?;
         }
+        if let Some(dir) = get.get("--ckpt-staging") {
+            let kib: usize = if get.contains_key("--ckpt-chunk-kib") {
+                need(&get, "--ckpt-chunk-kib")?
+            } else {
+                DEFAULT_CHUNK_KIB
+            };
+            spec.ckpt = Some(CkptSpec {
+                staging_dir: PathBuf::from(dir),
+                chunk_bytes: kib.saturating_mul(1024),
+            });
+        } else if get.contains_key("--ckpt-chunk-kib") {
+            return Err(ClusterError::Config(
+                "--ckpt-chunk-kib needs --ckpt-staging".into(),
+            ));
+        }
         spec.validate()?;
         Ok(spec)
     }
@@ -221,6 +267,8 @@ impl ServerSpec {
 pub enum Role {
     Server,
     Worker,
+    /// The merger process of `deck` (DECK §3.3); id 0.
+    Merger,
 }
 
 impl std::fmt::Display for Role {
@@ -228,18 +276,21 @@ impl std::fmt::Display for Role {
         f.write_str(match self {
             Role::Server => "server",
             Role::Worker => "worker",
+            Role::Merger => "merger",
         })
     }
 }
 
 /// A named phase of the run in which a fault can be injected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Phase {
     /// While a checkpoint is being written (after it started, before it is committed).
     CheckpointWrite,
     /// While a recovery runs (after the replacements started, before the state is restored).
     Recovery,
+    /// While the merger writes a merged or full checkpoint (`deck`), before its manifest.
+    Merge,
 }
 
 impl FromStr for Phase {
@@ -248,6 +299,7 @@ impl FromStr for Phase {
         match s {
             "checkpoint-write" => Ok(Phase::CheckpointWrite),
             "recovery" => Ok(Phase::Recovery),
+            "merge" => Ok(Phase::Merge),
             _ => Err(()),
         }
     }
@@ -258,6 +310,7 @@ impl std::fmt::Display for Phase {
         f.write_str(match self {
             Phase::CheckpointWrite => "checkpoint-write",
             Phase::Recovery => "recovery",
+            Phase::Merge => "merge",
         })
     }
 }
@@ -271,10 +324,13 @@ pub enum KillAt {
     Time(f64),
     /// The first time the run enters the phase.
     Phase(Phase),
+    /// The `N`-th time (from 1) the run enters the phase: `phase=NAME#N`.
+    PhaseNth(Phase, u32),
 }
 
 /// A fault to inject: SIGKILL one process at a scheduled point. Written
-/// `ROLE=I@step=S`, `ROLE=I@time=T` or `ROLE=I@phase=checkpoint-write|recovery`, with ROLE
+/// `ROLE=I@step=S`, `ROLE=I@time=T` or `ROLE=I@phase=checkpoint-write|recovery|merge[#N]`
+/// (the `N`-th time the phase is entered, default the first), with ROLE
 /// `server` or `worker` (for example `server=1@step=12`, `worker=0@time=2.5`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -302,6 +358,7 @@ impl std::fmt::Display for KillSpec {
             KillAt::Step(s) => write!(f, "step={s}"),
             KillAt::Time(t) => write!(f, "time={t}"),
             KillAt::Phase(p) => write!(f, "phase={p}"),
+            KillAt::PhaseNth(p, n) => write!(f, "phase={p}#{n}"),
         }
     }
 }
@@ -326,8 +383,8 @@ impl FromStr for KillSpec {
         let bad = |why: &str| {
             ClusterError::Config(format!(
                 "--kill {s:?}: {why}; expected ROLE=I@step=S, ROLE=I@time=T or \
-                 ROLE=I@phase=checkpoint-write|recovery with ROLE server or worker (for example \
-                 server=1@step=12)"
+                 ROLE=I@phase=checkpoint-write|recovery|merge[#N] with ROLE server, worker or \
+                 merger (for example server=1@step=12)"
             ))
         };
         let (who, when) = s.split_once('@').ok_or_else(|| bad("no '@'"))?;
@@ -335,6 +392,7 @@ impl FromStr for KillSpec {
         let role = match role {
             "server" => Role::Server,
             "worker" => Role::Worker,
+            "merger" => Role::Merger,
             _ => return Err(bad("unknown role")),
         };
         let id = id.parse().map_err(|_| bad("the id is not a number"))?;
@@ -348,7 +406,17 @@ impl FromStr for KillSpec {
                 }
                 KillAt::Time(t)
             }
-            "phase" => KillAt::Phase(value.parse().map_err(|_| bad("unknown phase"))?),
+            "phase" => match value.split_once('#') {
+                None => KillAt::Phase(value.parse().map_err(|_| bad("unknown phase"))?),
+                Some((name, n)) => {
+                    let n: u32 = n
+                        .parse()
+                        .ok()
+                        .filter(|&n| n >= 1)
+                        .ok_or_else(|| bad("the occurrence after '#' must be 1 or more"))?;
+                    KillAt::PhaseNth(name.parse().map_err(|_| bad("unknown phase"))?, n)
+                }
+            },
             _ => return Err(bad("unknown point")),
         };
         Ok(KillSpec { role, id, at })
@@ -363,6 +431,19 @@ pub enum StrategyChoice {
     None,
     /// Full checkpoints every `every_steps` steps and full recovery (CPR §2.2).
     Full { every_steps: u64 },
+    /// DECK: a full base, then delta checkpoints of the touched rows every
+    /// `delta_every_steps` steps, written by the servers through local staging while training
+    /// goes on; a merger process merges every `merge_stride` deltas of one layer (none: no
+    /// merger) and writes a full once the chain covers `full_every_deltas`; recovery restores
+    /// every server to the newest committed delta (deck.txt §3–§4).
+    Deck {
+        delta_every_steps: u64,
+        full_every_deltas: Option<u64>,
+        merge_stride: Option<u64>,
+        /// Cap on the merger's write rate, in MiB/s (none: unthrottled), so merging does not
+        /// compete with training for the disk.
+        merge_mib_per_s: Option<f64>,
+    },
 }
 
 impl StrategyChoice {
@@ -371,18 +452,31 @@ impl StrategyChoice {
         match self {
             StrategyChoice::None => "none",
             StrategyChoice::Full { .. } => "full",
+            StrategyChoice::Deck { .. } => "deck",
         }
     }
 
-    /// `none` or `full` (with the checkpoint interval `every_steps`).
+    /// `none`, `full` (with the checkpoint interval `every_steps`) or `deck` (a delta every
+    /// `every_steps`, a merger with stride 2, no full from the trainer after the first).
     pub fn parse(name: &str, every_steps: u64) -> Result<StrategyChoice, ClusterError> {
         match name {
             "none" => Ok(StrategyChoice::None),
             "full" => Ok(StrategyChoice::Full { every_steps }),
+            "deck" => Ok(StrategyChoice::Deck {
+                delta_every_steps: every_steps,
+                full_every_deltas: None,
+                merge_stride: Some(2),
+                merge_mib_per_s: None,
+            }),
             other => Err(ClusterError::Config(format!(
-                "unknown strategy {other:?} (expected none or full)"
+                "unknown strategy {other:?} (expected none, full or deck)"
             ))),
         }
+    }
+
+    /// Whether the servers run the checkpoint service.
+    pub fn uses_store(&self) -> bool {
+        matches!(self, StrategyChoice::Deck { .. })
     }
 }
 
@@ -414,6 +508,14 @@ pub struct RunConfig {
     pub work_dir: PathBuf,
     /// Checkpoints (default `work_dir/ckpt`).
     pub ckpt_dir: Option<PathBuf>,
+    /// `deck`'s checkpoint store: a directory, `file://` or `s3://bucket/prefix` URL (default:
+    /// the checkpoint directory). S3 endpoint and credentials come from the usual AWS
+    /// environment variables, which the servers and the merger inherit.
+    #[serde(default)]
+    pub store: Option<String>,
+    /// Staging chunk size of the servers' checkpoint service, in KiB.
+    #[serde(default = "default_chunk_kib")]
+    pub ckpt_chunk_kib: usize,
     /// Interval of the heartbeat probes.
     #[serde(with = "millis")]
     pub heartbeat: Duration,
@@ -449,6 +551,10 @@ fn default_interval() -> f64 {
     1.0
 }
 
+fn default_chunk_kib() -> usize {
+    DEFAULT_CHUNK_KIB
+}
+
 pub(crate) mod millis {
     use serde::{Deserialize, Deserializer, Serializer};
     use std::time::Duration;
@@ -482,6 +588,8 @@ impl RunConfig {
             exe,
             work_dir,
             ckpt_dir: None,
+            store: None,
+            ckpt_chunk_kib: DEFAULT_CHUNK_KIB,
             heartbeat: Duration::from_millis(100),
             heartbeat_timeout: Duration::from_millis(1000),
             start_timeout: Duration::from_secs(30),
@@ -520,13 +628,58 @@ impl RunConfig {
         if self.threads == 0 || self.threads > 256 {
             return bad("--threads must be between 1 and 256".into());
         }
-        if let StrategyChoice::Full { every_steps: 0 } = self.strategy {
-            return bad("--ckpt-every-steps must be at least 1".into());
+        match self.strategy {
+            StrategyChoice::Full { every_steps: 0 } => {
+                return bad("--ckpt-every-steps must be at least 1".into());
+            }
+            StrategyChoice::Deck {
+                delta_every_steps,
+                full_every_deltas,
+                merge_stride,
+                merge_mib_per_s,
+            } => {
+                if delta_every_steps == 0 {
+                    return bad("--delta-every-steps must be at least 1".into());
+                }
+                if full_every_deltas == Some(0) {
+                    return bad("--full-every must be at least 1".into());
+                }
+                if merge_stride.is_some_and(|s| s < 2) {
+                    return bad("--merge-stride must be at least 2 (0 turns merging off)".into());
+                }
+                if merge_mib_per_s.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
+                    return bad("--merge-mib-per-s must be a positive number".into());
+                }
+                if self.ckpt_chunk_kib == 0 {
+                    return bad("--ckpt-chunk-kib must be at least 1".into());
+                }
+            }
+            _ => {}
+        }
+        if self.store.is_some() && !self.strategy.uses_store() {
+            return bad(format!(
+                "--store applies to --strategy deck, not {}",
+                self.strategy.name()
+            ));
         }
         for k in &self.kills {
             let count = match k.role {
                 Role::Server => self.servers,
                 Role::Worker => self.workers,
+                Role::Merger => {
+                    if !matches!(
+                        self.strategy,
+                        StrategyChoice::Deck {
+                            merge_stride: Some(_),
+                            ..
+                        }
+                    ) {
+                        return bad(format!(
+                            "--kill {k}: only --strategy deck with merging runs a merger"
+                        ));
+                    }
+                    1
+                }
             };
             if k.id >= count {
                 return bad(format!("--kill {k}: there are only {}s 0..{count}", k.role));
@@ -585,6 +738,13 @@ impl RunConfig {
             .unwrap_or_else(|| self.work_dir.join("ckpt"))
     }
 
+    /// `deck`'s checkpoint store location.
+    pub fn store_location(&self) -> String {
+        self.store
+            .clone()
+            .unwrap_or_else(|| self.ckpt_dir().display().to_string())
+    }
+
     /// The spec of server `id` (listening on a free port of 127.0.0.1).
     pub fn server_spec(&self, id: u32) -> ServerSpec {
         ServerSpec {
@@ -597,6 +757,10 @@ impl RunConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             port_file: None,
             until: Lifetime::Stdin,
+            ckpt: self.strategy.uses_store().then(|| CkptSpec {
+                staging_dir: self.work_dir.join(format!("staging-{id}")),
+                chunk_bytes: self.ckpt_chunk_kib.saturating_mul(1024),
+            }),
         }
     }
 }
@@ -616,6 +780,8 @@ mod tests {
             "worker=0@time=2.5",
             "server=2@phase=checkpoint-write",
             "worker=3@phase=recovery",
+            "server=1@phase=checkpoint-write#3",
+            "merger=0@phase=merge",
         ] {
             let k: KillSpec = text.parse().unwrap();
             assert_eq!(k.to_string(), text);
@@ -631,6 +797,8 @@ mod tests {
             "server=1@step=",
             "server=1@time=-1",
             "server=1@phase=lunch",
+            "server=1@phase=merge#0",
+            "server=1@phase=merge#x",
         ] {
             let e = bad.parse::<KillSpec>().unwrap_err();
             assert!(e.to_string().contains("ROLE=I@step=S"), "{e}");

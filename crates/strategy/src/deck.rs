@@ -208,9 +208,12 @@ impl Strategy for Deck {
             (Event::SaveFailed { step: failed, .. }, Phase::Saving { step, .. })
                 if *failed == step =>
             {
-                // Nothing committed: the next delta point saves again over the last commit,
-                // and the servers' trackers still hold every row since then.
+                // Nothing committed, but a server whose upload finished may already have
+                // dropped its tracked rows (a tracker forgets once its own files are durable),
+                // so a delta over the last commit could miss rows: the next save is a full.
+                // The committed lineage stays valid for recovery meanwhile.
                 self.phase = Phase::Training;
+                self.have_base = false;
                 Vec::new()
             }
             (Event::ServerLost { .. }, Phase::Training | Phase::Saving { .. }) => {
@@ -299,6 +302,30 @@ mod tests {
         done(&mut s, 7);
         assert_eq!(s.committed(), Some(&ckpt(7)));
         assert_eq!(s.pauses().len(), 3);
+    }
+
+    #[test]
+    fn a_failed_delta_is_followed_by_a_full_and_recovery_still_uses_the_last_commit() {
+        let mut s = deck(2, None);
+        step(&mut s, 2);
+        done(&mut s, 2);
+        assert_eq!(step(&mut s, 4)[1], Action::SaveDelta { step: 4 });
+        assert!(s
+            .on(&Event::SaveFailed {
+                step: 4,
+                reason: "upload".into()
+            })
+            .is_empty());
+        assert_eq!(step(&mut s, 6)[1], Action::SaveFull { step: 6 });
+        assert_eq!(
+            s.on(&Event::ServerLost {
+                server: ServerId(0),
+                now_s: 6.5
+            })[1],
+            Action::RestoreAll {
+                checkpoint: Some(ckpt(2))
+            }
+        );
     }
 
     #[test]

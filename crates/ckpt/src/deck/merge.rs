@@ -343,6 +343,10 @@ pub struct StoreSink {
     chunks: BTreeMap<(ServerId, TableId), u64>,
     pub files: Vec<FileInfo>,
     written: Vec<Key>,
+    /// Write at most this many bytes per second (`None`: as fast as the store takes them).
+    max_bytes_per_s: Option<f64>,
+    started: std::time::Instant,
+    bytes: u64,
 }
 
 impl StoreSink {
@@ -353,6 +357,28 @@ impl StoreSink {
             chunks: BTreeMap::new(),
             files: Vec::new(),
             written: Vec::new(),
+            max_bytes_per_s: None,
+            started: std::time::Instant::now(),
+            bytes: 0,
+        }
+    }
+
+    /// Cap the write rate, so that a merger running next to training leaves it the disk or
+    /// the network (DECK §3.3 runs the merger in the background).
+    pub fn with_rate_limit(mut self, max_bytes_per_s: Option<f64>) -> Self {
+        self.max_bytes_per_s = max_bytes_per_s.filter(|r| r.is_finite() && *r > 0.0);
+        self
+    }
+
+    /// After writing `n` bytes: sleep until the average rate is back under the cap.
+    async fn pace(&mut self, n: u64) {
+        self.bytes += n;
+        if let Some(rate) = self.max_bytes_per_s {
+            let due = std::time::Duration::from_secs_f64(self.bytes as f64 / rate);
+            let elapsed = self.started.elapsed();
+            if due > elapsed {
+                tokio::time::sleep(due - elapsed).await;
+            }
         }
     }
 
@@ -380,6 +406,7 @@ impl MergeSink for StoreSink {
         let file = encode_rows_raw(table, layout, ids, bytes)?;
         self.ckpts.put_file(&self.id, &path, &file).await?;
         self.written.push(self.ckpts.file_key(&self.id, &path)?);
+        self.pace(file.size()).await;
         self.files.push(FileInfo {
             path,
             size: file.size(),
@@ -404,9 +431,11 @@ impl MergeSink for StoreSink {
     ) -> Result<()> {
         // The verified bytes are copied as they are: same path, size and checksums.
         let key = self.ckpts.file_key(&self.id, &info.path)?;
+        let n = data.len() as u64;
         self.ckpts.store().put(&key, data, PutMode::Create).await?;
         self.written.push(key);
         self.files.push(info.clone());
+        self.pace(n).await;
         Ok(())
     }
 }

@@ -369,6 +369,8 @@ pub struct MergeReport {
 pub struct Merger {
     ckpts: Checkpoints,
     policy: MergePolicy,
+    max_bytes_per_s: Option<f64>,
+    progress: Option<fn(&str, &CheckpointId)>,
 }
 
 impl Merger {
@@ -384,7 +386,25 @@ impl Merger {
                 "a full every 0 deltas makes no sense".into(),
             ));
         }
-        Ok(Merger { ckpts, policy })
+        Ok(Merger {
+            ckpts,
+            policy,
+            max_bytes_per_s: None,
+            progress: None,
+        })
+    }
+
+    /// Cap the merger's write rate (bytes per second).
+    pub fn with_rate_limit(mut self, max_bytes_per_s: Option<f64>) -> Self {
+        self.max_bytes_per_s = max_bytes_per_s;
+        self
+    }
+
+    /// Call `progress("writing" | "wrote", id)` before a checkpoint's first file and after its
+    /// manifest.
+    pub fn with_progress(mut self, progress: fn(&str, &CheckpointId)) -> Self {
+        self.progress = Some(progress);
+        self
     }
 
     /// Merge the head's chain as far as the policy says: cascade merges of `s` trailing
@@ -496,7 +516,11 @@ impl Merger {
             });
         }
         let last = chain.last().expect("non-empty chain");
-        let mut sink = StoreSink::new(self.ckpts.clone(), id.clone());
+        if let Some(p) = self.progress {
+            p("writing", &id);
+        }
+        let mut sink =
+            StoreSink::new(self.ckpts.clone(), id.clone()).with_rate_limit(self.max_bytes_per_s);
         let res = merge_chain(&self.ckpts, chain, None, self.policy.chunk_bytes, &mut sink).await;
         let (shards, stats) = match res {
             Ok(x) => x,
@@ -522,6 +546,9 @@ impl Merger {
         if let Err(e) = self.ckpts.write_manifest(&m).await {
             sink.discard().await;
             return Err(e);
+        }
+        if let Some(p) = self.progress {
+            p("wrote", &id);
         }
         Ok((bytes, id, stats))
     }

@@ -2,7 +2,9 @@
 //! own tests can launch real processes:
 //! - `ftrec-cluster-server server --id I --servers N ...` behaves as `ftrec server ...`;
 //! - `ftrec-cluster-server worker --coordinator ADDR --id W [--until stdin]` behaves as
-//!   `ftrec worker ...`.
+//!   `ftrec worker ...`;
+//! - `ftrec-cluster-server ckpt merge LOCATION ...` runs one merger pass as
+//!   `ftrec ckpt merge ...` does.
 
 use std::process::ExitCode;
 
@@ -45,6 +47,8 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("worker") => worker(&args[1..]),
+        Some("ckpt") => ftrec_cluster::merger::MergerArgs::from_args(&args)
+            .and_then(|m| ftrec_cluster::merger::merge_once(&m).map(|_| ())),
         _ => ftrec_cluster::ServerSpec::from_args(&args)
             .and_then(|spec| ftrec_cluster::serve_shard(&spec)),
     };

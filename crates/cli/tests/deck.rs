@@ -1,0 +1,154 @@
+//! `ftrec run --strategy deck` and `ftrec ckpt` on the lineage it leaves: real processes of
+//! this binary (servers, workers, the merger), a real SIGKILL, and every `ckpt` subcommand on
+//! a real store.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn ftrec() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ftrec"))
+}
+
+fn succeed(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn read_json(p: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+fn run(dir: &Path, extra: &[&str]) -> serde_json::Value {
+    let json = dir.join("report.json");
+    succeed(
+        ftrec()
+            .args([
+                "run",
+                "--preset",
+                "tiny",
+                "--servers",
+                "2",
+                "--workers",
+                "2",
+            ])
+            .args(["--sync", "--steps", "16", "--batch", "32", "--seed", "9"])
+            .args(["--eval-samples", "0", "--work-dir"])
+            .arg(dir)
+            .args(extra)
+            .arg("--json")
+            .arg(&json),
+    );
+    read_json(&json)
+}
+
+#[test]
+fn a_deck_run_with_a_kill_matches_the_clean_run_and_ckpt_works_on_its_lineage() {
+    let dir = tempfile::tempdir().unwrap();
+    let clean = run(&dir.path().join("clean"), &[]);
+    let store = dir.path().join("store");
+    let killed = run(
+        &dir.path().join("killed"),
+        &[
+            "--strategy",
+            "deck",
+            "--delta-every-steps",
+            "2",
+            "--merge-stride",
+            "2",
+            "--store",
+            store.to_str().unwrap(),
+            "--kill",
+            "server=1@step=9",
+        ],
+    );
+    assert_eq!(killed["strategy"], "deck");
+    assert_eq!(killed["failures"].as_array().unwrap().len(), 1);
+    assert_eq!(killed["model_digest"], clean["model_digest"]);
+    assert!(killed["checkpoints"].as_u64().unwrap() >= 3);
+
+    // ls: the lineage tree with the head at the last step.
+    let ls = stdout(&succeed(ftrec().args(["ckpt", "ls"]).arg(&store)));
+    assert!(ls.contains("full"), "{ls}");
+    assert!(ls.contains("delta"), "{ls}");
+    // The head is the final save (step 16), possibly reached through a merged checkpoint
+    // that stands for it.
+    let head = ls.lines().find(|l| l.starts_with("head ")).unwrap();
+    assert!(head.starts_with("head 00000000000000000016-delta"), "{ls}");
+    // verify: every file of every checkpoint checks out.
+    succeed(ftrec().args(["ckpt", "verify"]).arg(&store));
+    // restore at a step: one full checkpoint in a new store, itself verifiable.
+    let out = dir.path().join("restored");
+    let r = stdout(&succeed(
+        ftrec()
+            .args(["ckpt", "restore"])
+            .arg(&store)
+            .args(["--at", "16", "--out"])
+            .arg(&out),
+    ));
+    assert!(r.contains("restored step 16"), "{r}");
+    let ls2 = stdout(&succeed(ftrec().args(["ckpt", "ls"]).arg(&out)));
+    // One full checkpoint: a single line besides the head line.
+    assert_eq!(
+        ls2.lines().filter(|l| l.contains(" full ")).count(),
+        1,
+        "{ls2}"
+    );
+    assert!(!ls2.contains(" delta "), "{ls2}");
+    // merge with gc, then gc: the head still restores.
+    let m = stdout(&succeed(
+        ftrec().args(["ckpt", "merge"]).arg(&store).args([
+            "--stride",
+            "2",
+            "--full-every-deltas",
+            "1",
+            "--gc",
+        ]),
+    ));
+    assert!(m.contains("gc: kept"), "{m}");
+    succeed(ftrec().args(["ckpt", "gc"]).arg(&store));
+    succeed(ftrec().args(["ckpt", "verify"]).arg(&store));
+    let again = dir.path().join("restored-again");
+    succeed(
+        ftrec()
+            .args(["ckpt", "restore"])
+            .arg(&store)
+            .arg("--out")
+            .arg(&again),
+    );
+}
+
+#[test]
+fn deck_flags_with_another_strategy_or_bad_values_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for (args, needle) in [
+        (vec!["--delta-every-steps", "2"], "--delta-every-steps"),
+        (vec!["--store", "/tmp/s"], "--store"),
+        (
+            vec!["--strategy", "deck", "--merge-stride", "1"],
+            "--merge-stride",
+        ),
+        (
+            vec!["--strategy", "deck", "--kill", "merger=1@phase=merge"],
+            "merger",
+        ),
+    ] {
+        let out = ftrec()
+            .args(["run", "--preset", "tiny", "--steps", "4", "--work-dir"])
+            .arg(dir.path())
+            .args(&args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}

@@ -1,0 +1,681 @@
+//! `deck` in the cluster (deck.txt §3–§4): the servers' checkpoint service writes and reads the
+//! shards, the coordinator only decides, commits and restores.
+//!
+//! - A save (`SaveFull` / `SaveDelta`) asks every server to copy its rows out (a delta: the rows
+//!   its tracker saw touched since its last durable save, DECK §3.1) into its staging pipeline;
+//!   that copy-out is the only pause (DECK §3.2). Training resumes at once; a background task
+//!   waits until every server's files are durable, and the coordinator then commits one
+//!   manifest for the cluster (kind, step, parent, data position) and moves `CURRENT`. One
+//!   save is in flight at a time (the strategy's rule).
+//! - A server lost before the commit: the save is dropped (its files are deleted once its
+//!   uploads end) and the strategy restores the newest *committed* point, so a kill during a
+//!   write never leaves a half-written checkpoint in the lineage.
+//! - The merger (DECK §3.3) is its own process (`EXE ckpt merge LOCATION --stride S ...
+//!   --gc`), started after a commit when none is running; it only adds manifests and then
+//!   collects what no live lineage needs. A recovery stops it first, so no garbage collection
+//!   runs while servers read a lineage. A merger killed mid-merge leaves files without a
+//!   manifest, which the next merge of the same run removes.
+//! - Recovery: every server loads the lineage of the committed checkpoint (full + merged +
+//!   deltas) in parallel, and the data position in its manifest rewinds the workers.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ftrec_ckpt::deck::{checkpoint_id, shard_manifest};
+use ftrec_ckpt::location::{self, LocationOptions};
+use ftrec_ckpt::snapshot::ShardReport;
+use ftrec_ckpt::{CheckpointId, CheckpointKind, Checkpoints, DataPosition, Manifest};
+use ftrec_ps::ckpt::grpc::CkptGrpcClient;
+use ftrec_ps::ckpt::{restore_cluster, CkptApi, SaveStarted};
+use ftrec_strategy::{Action, CheckpointRef, Event};
+
+use super::Coordinator;
+use crate::merger::MergerArgs;
+use crate::report::EventKind;
+use crate::worker::position_after;
+use crate::{ClusterError, Phase, Role, StrategyChoice};
+
+/// How long the end of a run waits for a save in flight and for the merger.
+const FINISH_WAIT: Duration = Duration::from_secs(60);
+
+/// The store side of a `deck` run.
+pub(super) struct StoreState {
+    pub location: String,
+    pub ckpts: Checkpoints,
+    /// One checkpoint-service client per server, in server order (reconnected after every
+    /// replacement).
+    pub clients: Vec<CkptGrpcClient>,
+    pub inflight: Option<Inflight>,
+    /// The newest committed checkpoint: the parent of the next delta.
+    pub committed: Option<CheckpointId>,
+    /// The step of the newest committed or in-flight save.
+    pub saved_step: Option<u64>,
+    pub merger: Option<MergerProc>,
+    pub merge: MergeSettings,
+    /// Merger passes that ended normally, and the checkpoints they wrote.
+    pub merges: u64,
+    pub merged_written: u64,
+    /// A commit happened while the merger ran: run another pass when it ends.
+    pub merge_pending: bool,
+    pub fulls: u64,
+    pub deltas: u64,
+    pub copy_pause_s: f64,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct MergeSettings {
+    pub stride: Option<u64>,
+    pub full_every_deltas: Option<u64>,
+    pub mib_per_s: Option<f64>,
+}
+
+/// A save whose rows are copied out and whose uploads are still running.
+pub(super) struct Inflight {
+    id: CheckpointId,
+    kind: CheckpointKind,
+    step: u64,
+    parent: Option<CheckpointId>,
+    position: DataPosition,
+    pause_s: f64,
+    task: tokio::task::JoinHandle<Result<Vec<ShardReport>, String>>,
+}
+
+/// The merger process and what it has said.
+pub(super) struct MergerProc {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    /// It announced a write (the phase kill `merger=0@phase=merge` waits for this).
+    writing: bool,
+    /// Checkpoints it wrote so far.
+    written: u64,
+    /// The merge phase was entered for this pass (kills fire once per pass).
+    entered: bool,
+}
+
+/// The batch count a `deck` manifest records in its data position.
+fn position_json(batch: usize, batches: u64) -> DataPosition {
+    DataPosition::Json(serde_json::json!({
+        "batches": batches,
+        "position": position_after(batch, batches),
+    }))
+}
+
+fn batches_of(m: &Manifest) -> Result<u64, ClusterError> {
+    match &m.data_position {
+        DataPosition::Json(v) => v.get("batches").and_then(|b| b.as_u64()),
+        _ => None,
+    }
+    .ok_or_else(|| {
+        ClusterError::Checkpoint(format!(
+            "checkpoint {} has no batch count in its data position (not written by a cluster run)",
+            m.id
+        ))
+    })
+}
+
+impl StoreState {
+    /// Open the store of `location` (S3 settings from the AWS environment variables).
+    pub fn open(
+        rt: &tokio::runtime::Runtime,
+        location: String,
+        strategy: &StrategyChoice,
+    ) -> Result<StoreState, ClusterError> {
+        let store = rt
+            .block_on(location::open(&location, &LocationOptions::from_env()))
+            .map_err(|e| ClusterError::Checkpoint(format!("store {location}: {e}")))?;
+        let merge = match *strategy {
+            StrategyChoice::Deck {
+                full_every_deltas,
+                merge_stride,
+                merge_mib_per_s,
+                ..
+            } => MergeSettings {
+                stride: merge_stride,
+                full_every_deltas,
+                mib_per_s: merge_mib_per_s,
+            },
+            _ => MergeSettings {
+                stride: None,
+                full_every_deltas: None,
+                mib_per_s: None,
+            },
+        };
+        Ok(StoreState {
+            location,
+            ckpts: Checkpoints::new(store),
+            clients: Vec::new(),
+            inflight: None,
+            committed: None,
+            saved_step: None,
+            merger: None,
+            merge,
+            merges: 0,
+            merged_written: 0,
+            merge_pending: false,
+            fulls: 0,
+            deltas: 0,
+            copy_pause_s: 0.0,
+        })
+    }
+}
+
+impl Coordinator {
+    fn store_mut(&mut self) -> Result<&mut StoreState, ClusterError> {
+        self.store
+            .as_mut()
+            .ok_or_else(|| ClusterError::Protocol("this run has no checkpoint store".into()))
+    }
+
+    /// Connect to every server's checkpoint service (after a start or a replacement).
+    pub(super) fn connect_store_clients(&mut self) -> Result<(), ClusterError> {
+        if self.store.is_none() {
+            return Ok(());
+        }
+        let addrs = self.server_addrs.clone();
+        let clients = self.rt.block_on(async {
+            let mut out = Vec::with_capacity(addrs.len());
+            for a in addrs {
+                out.push(
+                    CkptGrpcClient::connect(a)
+                        .await
+                        .map_err(|e| ClusterError::Checkpoint(format!("server at {a}: {e}")))?,
+                );
+            }
+            Ok::<_, ClusterError>(out)
+        })?;
+        self.store_mut()?.clients = clients;
+        Ok(())
+    }
+
+    /// Start a save of `kind` at strategy step `step`: every server copies its rows out (the
+    /// pause), then the uploads go on in the background. Returns the strategy's reaction to a
+    /// save that failed at once; a started save reports through [`Self::poll_store`].
+    pub(super) fn store_save(&mut self, kind: CheckpointKind, step: u64) -> Vec<Action> {
+        self.event(
+            EventKind::CheckpointStart,
+            None,
+            format!("{} at step {step}", kind.name()),
+        );
+        let t0 = Instant::now();
+        let attempt = self.recoveries;
+        let id = checkpoint_id(step, kind, attempt);
+        let position = position_json(self.cfg.batch, self.batches);
+        let result = self.start_save(kind, step, id.clone(), position, t0);
+        let pause_s = t0.elapsed().as_secs_f64();
+        self.pause_s += pause_s;
+        // A kill "during the write" lands after the copy-out, while the uploads run.
+        self.fire_phase_kills(Phase::CheckpointWrite);
+        match result {
+            Ok(()) => Vec::new(),
+            Err(e) => {
+                self.event(EventKind::CheckpointFailed, None, format!("{id}: {e}"));
+                self.strategy.on(&Event::SaveFailed {
+                    step,
+                    reason: e.to_string(),
+                })
+            }
+        }
+    }
+
+    fn start_save(
+        &mut self,
+        kind: CheckpointKind,
+        step: u64,
+        id: CheckpointId,
+        position: DataPosition,
+        t0: Instant,
+    ) -> Result<(), ClusterError> {
+        let st = self.store.as_ref().ok_or_else(|| {
+            ClusterError::Protocol("a save was asked for in a run without a store".into())
+        })?;
+        if st.inflight.is_some() {
+            return Err(ClusterError::Checkpoint(
+                "a save is still in flight (the strategy allows one at a time)".into(),
+            ));
+        }
+        let parent = match kind {
+            CheckpointKind::Delta => Some(st.committed.clone().ok_or_else(|| {
+                ClusterError::Checkpoint("a delta needs a committed checkpoint to apply to".into())
+            })?),
+            _ => None,
+        };
+        let clients = st.clients.clone();
+        let location = st.location.clone();
+        let started: Vec<Result<SaveStarted, String>> = self.rt.block_on(async {
+            let mut set = tokio::task::JoinSet::new();
+            for (i, c) in clients.iter().cloned().enumerate() {
+                let (loc, id) = (location.clone(), id.clone());
+                set.spawn(async move {
+                    (
+                        i,
+                        c.save(loc, id, kind, step)
+                            .await
+                            .map_err(|e| format!("server {i}: {e}")),
+                    )
+                });
+            }
+            let mut out: Vec<Option<Result<SaveStarted, String>>> =
+                clients.iter().map(|_| None).collect();
+            while let Some(r) = set.join_next().await {
+                if let Ok((i, r)) = r {
+                    out[i] = Some(r);
+                }
+            }
+            out.into_iter()
+                .map(|r| r.unwrap_or_else(|| Err("the save task failed".into())))
+                .collect()
+        });
+        let pause_s = t0.elapsed().as_secs_f64();
+        let first_err = started.iter().find_map(|r| r.as_ref().err().cloned());
+        let ok: Vec<usize> = (0..started.len()).filter(|&i| started[i].is_ok()).collect();
+        let copied: (u64, u64) = started
+            .iter()
+            .flatten()
+            .fold((0, 0), |(r, b), s| (r + s.rows, b + s.bytes));
+        // Wait for the uploads of every server that started, even after a failure, so that
+        // none is left running and a failed save's files can be removed.
+        let waiters: Vec<(usize, CkptGrpcClient)> =
+            ok.iter().map(|&i| (i, clients[i].clone())).collect();
+        let wait_id = id.clone();
+        let task = self.rt.spawn(async move {
+            let mut reports = Vec::new();
+            let mut err = None;
+            for (i, c) in waiters {
+                match c.wait(wait_id.clone()).await {
+                    Ok(r) => reports.push(r),
+                    Err(e) => {
+                        err.get_or_insert(format!("server {i}: {e}"));
+                    }
+                }
+            }
+            match err {
+                Some(e) => Err(e),
+                None => Ok(reports),
+            }
+        });
+        let inflight = Inflight {
+            id: id.clone(),
+            kind,
+            step,
+            parent,
+            position,
+            pause_s,
+            task,
+        };
+        if let Some(e) = first_err {
+            self.discard(inflight);
+            return Err(ClusterError::Checkpoint(e));
+        }
+        self.event(
+            EventKind::CheckpointCopied,
+            None,
+            format!(
+                "{id}: {} rows, {} bytes copied out in {pause_s:.3}s",
+                copied.0, copied.1
+            ),
+        );
+        let st = self.store_mut()?;
+        st.inflight = Some(inflight);
+        st.saved_step = Some(step);
+        Ok(())
+    }
+
+    /// Drop a save that will never commit: once its uploads end, delete its files.
+    fn discard(&mut self, inflight: Inflight) {
+        let Some(st) = self.store.as_ref() else {
+            return;
+        };
+        let ckpts = st.ckpts.clone();
+        let Inflight { id, task, .. } = inflight;
+        self.rt.spawn(async move {
+            let _ = task.await;
+            let _ = ckpts.delete_checkpoint(&id).await;
+        });
+    }
+
+    /// Commit the save in flight if its uploads are done (or, with `block`, once they are);
+    /// returns the strategy's reaction.
+    pub(super) fn poll_store(&mut self, block: bool) -> Vec<Action> {
+        let mut actions = self.poll_merger();
+        let Some(st) = self.store.as_mut() else {
+            return actions;
+        };
+        let done = st.inflight.as_ref().is_some_and(|i| i.task.is_finished());
+        if !(done || (block && st.inflight.is_some())) {
+            return actions;
+        }
+        let Some(inflight) = st.inflight.take() else {
+            return actions;
+        };
+        let Inflight {
+            id,
+            kind,
+            step,
+            parent,
+            position,
+            pause_s,
+            task,
+        } = inflight;
+        let ckpts = st.ckpts.clone();
+        let outcome = self.rt.block_on(async {
+            let reports = match tokio::time::timeout(FINISH_WAIT, task).await {
+                Ok(Ok(Ok(r))) => r,
+                Ok(Ok(Err(e))) => return Err(e),
+                Ok(Err(e)) => return Err(format!("the upload task failed: {e}")),
+                Err(_) => return Err("the uploads did not end in time".into()),
+            };
+            let manifest = shard_manifest(id.clone(), kind, step, parent, position, reports);
+            ckpts
+                .commit(&manifest)
+                .await
+                .map_err(|e| format!("commit: {e}"))?;
+            Ok(manifest)
+        });
+        match outcome {
+            Ok(manifest) => {
+                let bytes = manifest.data_bytes();
+                self.checkpoints += 1;
+                self.bytes_written += bytes;
+                self.committed = Some(id.to_string());
+                if let Some(st) = self.store.as_mut() {
+                    st.committed = Some(id.clone());
+                    st.copy_pause_s += pause_s;
+                    if kind == CheckpointKind::Delta {
+                        st.deltas += 1;
+                    } else {
+                        st.fulls += 1;
+                    }
+                }
+                self.event(
+                    EventKind::CheckpointEnd,
+                    None,
+                    format!("{id} committed ({bytes} bytes)"),
+                );
+                actions.extend(self.strategy.on(&Event::SaveFinished {
+                    checkpoint: CheckpointRef {
+                        id: id.to_string(),
+                        step,
+                    },
+                    cost_s: pause_s,
+                    bytes,
+                }));
+                self.start_merger();
+            }
+            Err(e) => {
+                self.event(EventKind::CheckpointFailed, None, format!("{id}: {e}"));
+                let ckpts = ckpts.clone();
+                self.rt.spawn(async move {
+                    let _ = ckpts.delete_checkpoint(&id).await;
+                });
+                actions.extend(self.strategy.on(&Event::SaveFailed { step, reason: e }));
+            }
+        }
+        actions
+    }
+
+    /// At step `step`: if a save is due and the previous one is still uploading, wait for
+    /// its commit (counted as pause); returns the strategy's reaction to it.
+    pub(super) fn await_due_save(&mut self, step: u64) -> Vec<Action> {
+        let every = match self.cfg.strategy {
+            StrategyChoice::Deck {
+                delta_every_steps, ..
+            } => delta_every_steps,
+            _ => return Vec::new(),
+        };
+        let due = self.store.as_ref().is_some_and(|s| {
+            s.inflight.is_some() && s.saved_step.is_some_and(|last| step >= last + every)
+        });
+        if !due {
+            return Vec::new();
+        }
+        let t0 = Instant::now();
+        let actions = self.poll_store(true);
+        let waited = t0.elapsed().as_secs_f64();
+        self.pause_s += waited;
+        self.upload_wait_s += waited;
+        actions
+    }
+
+    /// Before a recovery: a save in flight will not commit, and the merger stops (no garbage
+    /// collection while the servers read a lineage).
+    pub(super) fn store_quiesce(&mut self) {
+        let Some(st) = self.store.as_mut() else {
+            return;
+        };
+        if let Some(i) = st.inflight.take() {
+            let id = i.id.to_string();
+            self.discard(i);
+            self.event(
+                EventKind::CheckpointFailed,
+                None,
+                format!("{id}: dropped by the recovery"),
+            );
+        }
+        if let Some(mut m) = self.store.as_mut().and_then(|s| s.merger.take()) {
+            let _ = m.child.kill();
+            let _ = m.child.wait();
+            self.event(
+                EventKind::MergerStopped,
+                None,
+                "stopped for the recovery".into(),
+            );
+        }
+    }
+
+    /// Load checkpoint `id`'s lineage into every server; returns the batch count it holds.
+    pub(super) fn store_restore(&mut self, id: &str) -> Result<u64, ClusterError> {
+        self.connect_store_clients()?;
+        let st = self.store.as_ref().ok_or_else(|| {
+            ClusterError::Protocol("a restore was asked for in a run without a store".into())
+        })?;
+        let id = CheckpointId::new(id.to_string())
+            .map_err(|e| ClusterError::Checkpoint(format!("checkpoint id {id:?}: {e}")))?;
+        let (clients, location, ckpts) =
+            (st.clients.clone(), st.location.clone(), st.ckpts.clone());
+        let manifest = self
+            .rt
+            .block_on(ckpts.read_manifest(&id, None))
+            .map_err(|e| ClusterError::Checkpoint(e.to_string()))?;
+        // A restoring server holds its shard's write lock while it reads the lineage, and its
+        // request handlers wait for that lock on the runtime's threads; heartbeat probes
+        // arriving meanwhile would occupy every thread, and a store whose reads need the
+        // runtime (S3) would then never finish. No probes during the restore: a server dying
+        // now fails the restore call itself.
+        let _ = self.hb_targets.send(Vec::new());
+        let restored = self.rt.block_on(restore_cluster(&clients, &location, &id));
+        self.update_heartbeat();
+        restored.map_err(|e| ClusterError::Checkpoint(format!("restoring {id}: {e}")))?;
+        if let Some(st) = self.store.as_mut() {
+            st.committed = Some(id);
+            st.saved_step = Some(manifest.step);
+        }
+        batches_of(&manifest)
+    }
+
+    /// Start a merger pass if merging is on and none is running.
+    fn start_merger(&mut self) {
+        let exe = self.cfg.exe.clone();
+        let Some(st) = self.store.as_mut() else {
+            return;
+        };
+        let Some(stride) = st.merge.stride else {
+            return;
+        };
+        if st.merger.is_some() {
+            st.merge_pending = true;
+            return;
+        }
+        st.merge_pending = false;
+        let args = MergerArgs::for_run(
+            st.location.clone(),
+            stride as usize,
+            st.merge.full_every_deltas,
+            st.merge.mib_per_s,
+        );
+        let mut cmd = Command::new(&exe);
+        cmd.args(args.to_args());
+        let spawned = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn();
+        match spawned {
+            Ok(mut child) => {
+                let (tx, rx) = mpsc::channel();
+                if let Some(out) = child.stdout.take() {
+                    std::thread::spawn(move || {
+                        for line in BufReader::new(out).lines().map_while(Result::ok) {
+                            if tx.send(line).is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+                let pid = child.id();
+                st.merger = Some(MergerProc {
+                    child,
+                    lines: rx,
+                    writing: false,
+                    written: 0,
+                    entered: false,
+                });
+                self.pids.push(pid);
+                self.event(EventKind::MergerStarted, None, format!("pid {pid}"));
+            }
+            Err(e) => self.event(
+                EventKind::MergerFailed,
+                None,
+                format!("cannot start {}: {e}", exe.display()),
+            ),
+        }
+    }
+
+    /// Reap the merger if it ended, fire a kill scheduled for the merge phase.
+    fn poll_merger(&mut self) -> Vec<Action> {
+        let mut kill_now = false;
+        let mut ended = None;
+        let mut written = 0;
+        if let Some(m) = self.store.as_mut().and_then(|s| s.merger.as_mut()) {
+            if let Ok(Some(status)) = m.child.try_wait() {
+                ended = Some(status);
+            }
+            // After an exit every line it printed is in the channel (or on its way: the
+            // reader thread ends with the pipe).
+            while let Ok(line) = m.lines.recv_timeout(if ended.is_some() {
+                Duration::from_millis(200)
+            } else {
+                Duration::ZERO
+            }) {
+                if line.starts_with("writing ") {
+                    m.writing = true;
+                }
+                if line.starts_with("wrote ") {
+                    m.written += 1;
+                }
+            }
+            kill_now = m.writing && !m.entered;
+            m.entered |= m.writing;
+            written = m.written;
+        }
+        if kill_now && ended.is_none() && self.fire_phase_kills(Phase::Merge) {
+            return Vec::new();
+        }
+        if let Some(status) = ended {
+            let mut again = false;
+            if let Some(st) = self.store.as_mut() {
+                st.merger = None;
+                st.merged_written += written;
+                if status.success() {
+                    st.merges += 1;
+                }
+                again = st.merge_pending;
+            }
+            if status.success() {
+                self.event(
+                    EventKind::MergerFinished,
+                    None,
+                    format!("{written} written"),
+                );
+            } else {
+                self.event(
+                    EventKind::MergerFailed,
+                    None,
+                    format!("exited with {status}"),
+                );
+                // A failed or killed merger leaves the lineage as it was; the next commit
+                // starts a new pass, which removes its leftovers.
+                if let Some(f) = self
+                    .failures
+                    .iter_mut()
+                    .rev()
+                    .find(|f| f.role == Role::Merger && f.recovered_s.is_none())
+                {
+                    let t = self.start.elapsed().as_secs_f64() - f.injected_t_s;
+                    f.detected_s.get_or_insert(t);
+                    f.replaced_s.get_or_insert(t);
+                    f.resumed_s.get_or_insert(t);
+                    f.recovered_s.get_or_insert(t);
+                    f.detected_by.get_or_insert_with(|| "exit status".into());
+                }
+            }
+            if again {
+                self.start_merger();
+            }
+        }
+        Vec::new()
+    }
+
+    /// The store's part of the run report.
+    pub(super) fn store_report(&self) -> Option<crate::StoreReport> {
+        self.store.as_ref().map(|s| crate::StoreReport {
+            location: s.location.clone(),
+            fulls: s.fulls,
+            deltas: s.deltas,
+            copy_pause_s: s.copy_pause_s,
+            upload_wait_s: self.upload_wait_s,
+            merger_passes: s.merges,
+            merged_written: s.merged_written,
+        })
+    }
+
+    /// SIGKILL the merger (fault injection); its pid, if one runs.
+    pub(super) fn kill_merger(&mut self) -> Option<u32> {
+        let m = self.store.as_mut()?.merger.as_mut()?;
+        let pid = m.child.id();
+        let _ = m.child.kill();
+        Some(pid)
+    }
+
+    /// The end of a run: commit the save in flight, save the final model if the last save
+    /// was before the last step (so the store's `CURRENT` is the model the run ends with),
+    /// then let the merger finish (bounded).
+    pub(super) fn store_finish(&mut self) -> Vec<Action> {
+        let mut actions = self.poll_store(true);
+        let step = self.step();
+        let last = self.store.as_ref().and_then(|s| s.saved_step);
+        if self.store.is_some() && last != Some(step) {
+            let kind = if self.store.as_ref().is_some_and(|s| s.committed.is_some()) {
+                CheckpointKind::Delta
+            } else {
+                CheckpointKind::Full
+            };
+            actions.extend(self.store_save(kind, step));
+            actions.extend(self.poll_store(true));
+        }
+        let deadline = Instant::now() + FINISH_WAIT;
+        while self.store.as_ref().is_some_and(|s| s.merger.is_some()) {
+            self.poll_merger();
+            if Instant::now() >= deadline {
+                if let Some(mut m) = self.store.as_mut().and_then(|s| s.merger.take()) {
+                    let _ = m.child.kill();
+                    let _ = m.child.wait();
+                }
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        actions
+    }
+}

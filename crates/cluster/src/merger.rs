@@ -1,0 +1,195 @@
+//! The merger process of `deck` (DECK §3.3): one hierarchical merge pass over a store, then
+//! (optionally) garbage collection of what no live lineage needs (DECK §4.3). The coordinator
+//! starts it as `EXE ckpt merge LOCATION --stride S [--full-every-deltas N]
+//! [--max-mib-per-s R] --gc` after a commit; it prints `writing ID` before a checkpoint's first
+//! file and `wrote ID` after its manifest, one line each, which is how the coordinator knows a
+//! merge is under way.
+
+use std::io::Write;
+
+use ftrec_ckpt::deck::{self, GcOptions, GcReport, MergePolicy, MergeReport, Merger, Retention};
+use ftrec_ckpt::location::{self, LocationOptions};
+use ftrec_ckpt::{CheckpointId, Checkpoints};
+
+use crate::ClusterError;
+
+/// One merger pass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MergerArgs {
+    pub location: String,
+    pub stride: usize,
+    pub full_every_deltas: Option<u64>,
+    pub chunk_bytes: usize,
+    /// Cap on the write rate (MiB/s).
+    pub max_mib_per_s: Option<f64>,
+    /// Collect garbage after the merge.
+    pub gc: bool,
+    /// S3 settings (unset fields come from the environment).
+    pub store: LocationOptions,
+}
+
+fn announce(what: &str, id: &CheckpointId) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{what} {id}");
+    let _ = out.flush();
+}
+
+/// Run one pass (merge, then GC if asked) on a runtime of its own.
+pub fn merge_once(args: &MergerArgs) -> Result<(MergeReport, Option<GcReport>), ClusterError> {
+    if args
+        .max_mib_per_s
+        .is_some_and(|r| !(r.is_finite() && r > 0.0))
+    {
+        return Err(ClusterError::Config(
+            "--max-mib-per-s must be a positive number".into(),
+        ));
+    }
+    let ck = |e: ftrec_ckpt::CkptError| ClusterError::Checkpoint(e.to_string());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ClusterError::Io {
+            what: "starting the merger runtime".into(),
+            source: e,
+        })?;
+    rt.block_on(async {
+        let opts = args.store.clone().or(LocationOptions::from_env());
+        let store = location::open(&args.location, &opts).await.map_err(ck)?;
+        let ckpts = Checkpoints::new(store);
+        let merger = Merger::new(
+            ckpts.clone(),
+            MergePolicy {
+                stride: args.stride,
+                full_every_deltas: args.full_every_deltas,
+                full_when_chain_ratio: None,
+                chunk_bytes: args.chunk_bytes.max(1024),
+            },
+        )
+        .map_err(ck)?
+        .with_rate_limit(args.max_mib_per_s.map(|r| r * (1 << 20) as f64))
+        .with_progress(announce);
+        let merged = merger.run_once().await.map_err(ck)?;
+        let gc = if args.gc {
+            Some(
+                deck::gc(
+                    &ckpts,
+                    &GcOptions {
+                        retention: Retention {
+                            full_every_steps: 0,
+                            max_old_fulls: 0,
+                        },
+                        remove_orphans: false,
+                    },
+                )
+                .await
+                .map_err(ck)?,
+            )
+        } else {
+            None
+        };
+        Ok((merged, gc))
+    })
+}
+
+impl MergerArgs {
+    /// The pass the coordinator runs after a commit: merge, then collect garbage.
+    pub fn for_run(
+        location: String,
+        stride: usize,
+        full_every_deltas: Option<u64>,
+        max_mib_per_s: Option<f64>,
+    ) -> MergerArgs {
+        MergerArgs {
+            location,
+            stride,
+            full_every_deltas,
+            chunk_bytes: 4 << 20,
+            max_mib_per_s,
+            gc: true,
+            store: LocationOptions::default(),
+        }
+    }
+
+    /// The arguments of `ftrec ckpt merge` (after the executable name) for this pass. S3
+    /// settings are not on the command line (secrets would show in `ps`): the process inherits
+    /// them from the environment.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut a = vec![
+            "ckpt".to_string(),
+            "merge".into(),
+            self.location.clone(),
+            "--stride".into(),
+            self.stride.to_string(),
+            "--chunk-kib".into(),
+            (self.chunk_bytes / 1024).to_string(),
+        ];
+        if let Some(n) = self.full_every_deltas {
+            a.extend(["--full-every-deltas".into(), n.to_string()]);
+        }
+        if let Some(r) = self.max_mib_per_s {
+            a.extend(["--max-mib-per-s".into(), r.to_string()]);
+        }
+        if self.gc {
+            a.push("--gc".into());
+        }
+        a
+    }
+
+    /// Parse what [`MergerArgs::to_args`] writes (the leading `ckpt merge` is optional).
+    pub fn from_args(args: &[String]) -> Result<MergerArgs, ClusterError> {
+        let mut args = args;
+        if args.first().is_some_and(|a| a == "ckpt") {
+            args = &args[1..];
+        }
+        if args.first().is_some_and(|a| a == "merge") {
+            args = &args[1..];
+        }
+        let (location, rest) = args
+            .split_first()
+            .ok_or_else(|| ClusterError::Config("ckpt merge needs a LOCATION".into()))?;
+        let mut m = MergerArgs::for_run(location.clone(), 2, None, None);
+        m.gc = false;
+        let mut it = rest.iter();
+        while let Some(flag) = it.next() {
+            if flag == "--gc" {
+                m.gc = true;
+                continue;
+            }
+            let v = it
+                .next()
+                .ok_or_else(|| ClusterError::Config(format!("{flag} needs a value")))?;
+            let bad = |e: String| ClusterError::Config(format!("{flag} {v:?}: {e}"));
+            match flag.as_str() {
+                "--stride" => m.stride = v.parse().map_err(|e| bad(format!("{e}")))?,
+                "--chunk-kib" => {
+                    let kib: usize = v.parse().map_err(|e| bad(format!("{e}")))?;
+                    m.chunk_bytes = kib.saturating_mul(1024);
+                }
+                "--full-every-deltas" => {
+                    m.full_every_deltas = Some(v.parse().map_err(|e| bad(format!("{e}")))?)
+                }
+                "--max-mib-per-s" => {
+                    m.max_mib_per_s = Some(v.parse().map_err(|e| bad(format!("{e}")))?)
+                }
+                _ => return Err(ClusterError::Config(format!("unknown merge flag {flag:?}"))),
+            }
+        }
+        Ok(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merger_args_round_trip_and_bad_flags_are_named() {
+        let mut m = MergerArgs::for_run("/tmp/store".into(), 3, Some(8), Some(1.5));
+        m.chunk_bytes = 64 << 10;
+        assert_eq!(MergerArgs::from_args(&m.to_args()).unwrap(), m);
+        let e = MergerArgs::from_args(&["merge".into(), "/x".into(), "--bogus".into()]);
+        assert!(matches!(e, Err(ClusterError::Config(s)) if s.contains("--bogus")));
+        let e = MergerArgs::from_args(&["/x".into(), "--stride".into(), "two".into()]);
+        assert!(matches!(e, Err(ClusterError::Config(s)) if s.contains("--stride")));
+    }
+}

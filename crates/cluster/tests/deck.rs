@@ -1,0 +1,253 @@
+//! `deck` runs with real processes: servers writing delta checkpoints through their checkpoint
+//! service, a merger process, and real SIGKILLs of servers and of the merger.
+
+use std::path::PathBuf;
+
+use ftrec_ckpt::deck::{select_chain, Lineage, RestoreAt, StagingOptions};
+use ftrec_ckpt::location::{self, LocationOptions};
+use ftrec_ckpt::{CheckpointKind, Checkpoints};
+use ftrec_cluster::{build_server, run, EventKind, Role, RunConfig, RunReport, StrategyChoice};
+use ftrec_core::{ModelDigest, Preset};
+use ftrec_ps::ckpt::{CkptApi, CkptNode};
+use ftrec_ps::SharedServer;
+
+fn config(dir: &tempfile::TempDir, steps: u64) -> RunConfig {
+    let mut cfg = RunConfig::new(
+        Preset::tiny(),
+        PathBuf::from(env!("CARGO_BIN_EXE_ftrec-cluster-server")),
+        dir.path().to_path_buf(),
+    );
+    cfg.servers = 2;
+    cfg.workers = 2;
+    cfg.steps = steps;
+    cfg.batch = 64;
+    cfg.seed = 5;
+    cfg.eval_samples = 0;
+    cfg
+}
+
+fn deck(every: u64, stride: Option<u64>, mib_per_s: Option<f64>) -> StrategyChoice {
+    StrategyChoice::Deck {
+        delta_every_steps: every,
+        full_every_deltas: None,
+        merge_stride: stride,
+        merge_mib_per_s: mib_per_s,
+    }
+}
+
+/// The digest of the failure-free synchronous run of `steps` steps (no fault tolerance).
+fn failure_free(steps: u64) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let report = run(&config(&dir, steps)).unwrap();
+    report.model_digest
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+/// Load the state `at` names from the run's store into fresh in-process servers, through
+/// the same checkpoint service the server processes run, and digest the model.
+fn restored_digest(cfg: &RunConfig, at: RestoreAt) -> (u64, String) {
+    let loc = cfg.store_location();
+    block_on(async {
+        let store = location::open(&loc, &LocationOptions::from_env())
+            .await
+            .unwrap();
+        let ckpts = Checkpoints::new(store);
+        let chain = select_chain(&ckpts, &at, false).await.unwrap();
+        let tip = chain.last().unwrap().clone();
+        let mut digest = ModelDigest::default();
+        let staging = tempfile::tempdir().unwrap();
+        for id in 0..cfg.servers {
+            let server = SharedServer::new(build_server(&cfg.server_spec(id)).unwrap());
+            let node = CkptNode::new(
+                server.clone(),
+                StagingOptions::new(staging.path()),
+                LocationOptions::from_env(),
+            )
+            .unwrap();
+            node.restore(loc.clone(), tip.id.clone()).await.unwrap();
+            digest.merge(&server.read().unwrap().digest());
+        }
+        (tip.step, digest.hex())
+    })
+}
+
+fn lineage(cfg: &RunConfig) -> Lineage {
+    block_on(async {
+        let store = location::open(&cfg.store_location(), &LocationOptions::from_env())
+            .await
+            .unwrap();
+        Lineage::load(&Checkpoints::new(store)).await.unwrap()
+    })
+}
+
+fn events(report: &RunReport, kind: EventKind) -> Vec<String> {
+    report
+        .events
+        .iter()
+        .filter(|e| e.kind == kind)
+        .map(|e| e.detail.clone())
+        .collect()
+}
+
+/// Every process the run started (servers, workers, mergers) is gone.
+fn assert_no_children_left(report: &RunReport) {
+    for &pid in report.server_pids.iter().chain(&report.worker_pids) {
+        // SAFETY: signal 0 only checks for existence; it sends nothing.
+        let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+        assert_eq!(r, -1, "process {pid} is still alive");
+    }
+}
+
+#[test]
+fn deck_recovery_after_a_server_kill_gives_the_failure_free_model() {
+    let steps = 24;
+    let clean = failure_free(steps);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, steps);
+    cfg.strategy = deck(3, Some(2), None);
+    cfg.kills = vec!["server=1@step=14".parse().unwrap()];
+    let report = run(&cfg).unwrap();
+    assert_no_children_left(&report);
+    assert!(report.aborted.is_none());
+    assert_eq!(report.model_digest, clean);
+    let f: Vec<_> = report
+        .failures
+        .iter()
+        .filter(|f| f.role == Role::Server)
+        .collect();
+    assert_eq!(f.len(), 1);
+    assert!(f[0].recovered_s.is_some());
+    // The recovery went back to a committed delta, not to the full or the start.
+    let from = events(&report, EventKind::RecoveryStart);
+    assert!(from[0].contains("-delta-"), "{:#?}", report.events);
+    assert!(f[0].steps_redone < 14, "{:?}", f[0]);
+    // The store ends at the final model, reachable through full + merged + deltas.
+    let (step, digest) = restored_digest(&cfg, RestoreAt::Current);
+    assert_eq!(step, steps);
+    assert_eq!(digest, clean);
+    let l = lineage(&cfg);
+    assert!(
+        l.nodes().any(|n| n.kind == CheckpointKind::Merged),
+        "{}",
+        l.render()
+    );
+}
+
+#[test]
+fn a_server_killed_while_a_delta_uploads_leaves_the_last_committed_lineage() {
+    let steps = 20;
+    let clean = failure_free(steps);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, steps);
+    cfg.strategy = deck(2, None, None);
+    // The third save is the second delta: killed right after its copy-out, while its files
+    // upload; nothing of it may be committed.
+    cfg.kills = vec!["server=0@phase=checkpoint-write#3".parse().unwrap()];
+    let report = run(&cfg).unwrap();
+    assert_no_children_left(&report);
+    assert_eq!(report.model_digest, clean);
+    let dropped = events(&report, EventKind::CheckpointFailed);
+    assert_eq!(dropped.len(), 1, "{dropped:?}");
+    assert!(dropped[0].contains("-delta-a0"), "{dropped:?}");
+    let from = events(&report, EventKind::RecoveryStart);
+    assert!(from[0].contains("-delta-a0"), "{from:?}");
+    // The dropped delta is not in the lineage; what is there restores to the final model.
+    let dropped_id = dropped[0].split(':').next().unwrap().to_string();
+    let l = lineage(&cfg);
+    assert!(l.nodes().all(|n| n.id.to_string() != dropped_id));
+    assert_eq!(restored_digest(&cfg, RestoreAt::Current), (steps, clean));
+}
+
+#[test]
+fn a_merger_killed_mid_merge_leaves_a_lineage_that_restores_and_merging_resumes() {
+    let steps = 24;
+    let clean = failure_free(steps);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, steps);
+    // Slow merges (throttled), so the kill lands while merged files are being written.
+    cfg.strategy = deck(2, Some(2), Some(0.25));
+    cfg.ckpt_chunk_kib = 16;
+    cfg.kills = vec!["merger=0@phase=merge".parse().unwrap()];
+    let report = run(&cfg).unwrap();
+    assert_no_children_left(&report);
+    assert_eq!(report.model_digest, clean);
+    let killed: Vec<_> = report
+        .failures
+        .iter()
+        .filter(|f| f.role == Role::Merger)
+        .collect();
+    assert_eq!(killed.len(), 1);
+    assert!(!events(&report, EventKind::MergerFailed).is_empty());
+    // Later passes merged anyway.
+    assert!(!events(&report, EventKind::MergerFinished).is_empty());
+    assert_eq!(restored_digest(&cfg, RestoreAt::Current), (steps, clean));
+}
+
+#[test]
+fn deck_flags_are_validated() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 10);
+    cfg.strategy = deck(0, None, None);
+    assert!(cfg
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("--delta-every-steps"));
+    cfg.strategy = deck(2, Some(1), None);
+    assert!(cfg
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("--merge-stride"));
+    cfg.strategy = deck(2, Some(2), Some(-1.0));
+    assert!(cfg
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("--merge-mib-per-s"));
+    cfg.strategy = StrategyChoice::None;
+    cfg.store = Some("/tmp/x".into());
+    assert!(cfg.validate().unwrap_err().to_string().contains("--store"));
+    cfg.store = None;
+    cfg.kills = vec!["merger=0@phase=merge".parse().unwrap()];
+    assert!(cfg.validate().unwrap_err().to_string().contains("merger"));
+}
+
+#[test]
+fn a_deck_run_against_a_real_s3_server_recovers_and_its_store_restores() {
+    use ftrec_ckpt::testing::{s3_server, ACCESS_KEY, BUCKET, SECRET_KEY};
+    let server = s3_server();
+    // Servers and the merger are child processes: they reach the store through the usual
+    // AWS variables, as in production. No other test in this binary reads them.
+    for (k, v) in [
+        ("AWS_ENDPOINT_URL", server.endpoint.as_str()),
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+        ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+        ("AWS_REGION", "us-east-1"),
+        ("AWS_ALLOW_HTTP", "true"),
+    ] {
+        std::env::set_var(k, v);
+    }
+    let steps = 16;
+    let clean = failure_free(steps);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, steps);
+    cfg.strategy = deck(3, Some(2), None);
+    cfg.store = Some(format!("s3://{BUCKET}/deck-e2e-{}", std::process::id()));
+    cfg.kills = vec!["server=0@step=10".parse().unwrap()];
+    let report = run(&cfg).unwrap();
+    assert_no_children_left(&report);
+    assert_eq!(report.model_digest, clean);
+    assert!(events(&report, EventKind::RecoveryStart)[0].contains("-delta-"));
+    assert_eq!(restored_digest(&cfg, RestoreAt::Current), (steps, clean));
+    // Nothing was written to the local disk but staging.
+    assert!(!cfg.ckpt_dir().exists());
+}
