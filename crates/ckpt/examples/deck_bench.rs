@@ -1,13 +1,16 @@
 //! DECK benchmarks on a scaled-down Kaggle model (one server holding every table).
 //!
 //! ```text
-//! cargo run --release -p ftrec-ckpt --example deck_bench -- [--dir PATH] [--scale 16] [--steps-per-delta 20]
+//! cargo run --release -p ftrec-ckpt --example deck_bench -- [--dir PATH] [--scale 16] [--steps-per-delta 20] [--step-ms 214]
 //! ```
 //!
 //! Table sizes are the Kaggle cardinalities divided by `--scale`, dim 16, Adagrad state. Every
 //! step touches the rows a 2048-sample batch touches (26 skewed ids per sample, deduplicated
 //! per table). Reports, all measured in the same run:
-//! - tracking cost per step (track + compact) against the step's sparse optimizer work;
+//! - tracking cost per step (track + compact) against the step's sparse optimizer work, and
+//!   against a whole training step of `--step-ms` milliseconds (pull + MLP + push: this example
+//!   runs no MLP, so the step time is an input; measure it with
+//!   `ftrec bench train --preset small`, whose batch of 2048 and dim 16 match this example);
 //! - pause (copy-out) per delta vs per full checkpoint, and the checkpoint-frequency ratio at
 //!   equal pause overhead;
 //! - staging peak memory for two model sizes at one chunk size;
@@ -181,6 +184,7 @@ fn main() {
     let mut dir = std::env::temp_dir().join("ftrec-deck-bench");
     let mut scale: u64 = 16;
     let mut steps_per_delta: u64 = 20;
+    let mut step_ms: f64 = 214.0;
     let mut args = std::env::args().skip(1);
     while let Some(f) = args.next() {
         let v = args.next().unwrap_or_else(|| panic!("{f} needs a value"));
@@ -188,6 +192,7 @@ fn main() {
             "--dir" => dir = v.into(),
             "--scale" => scale = v.parse().expect("--scale N"),
             "--steps-per-delta" => steps_per_delta = v.parse().expect("--steps-per-delta N"),
+            "--step-ms" => step_ms = v.parse().expect("--step-ms MILLISECONDS"),
             _ => panic!("unknown flag {f}"),
         }
     }
@@ -271,6 +276,14 @@ fn main() {
         per(work),
         100.0 * track / (work + track + compact),
         100.0 * (track + compact) / (work + track + compact)
+    );
+    println!(
+        "share of a {step_ms:.0} ms training step (--step-ms): track {:.3}%, track + compact {:.3}%; \
+         tracker memory after the last delta: {} ids, {:.2} MiB of dedup bitmaps",
+        100.0 * per(track) / (step_ms * 1e3),
+        100.0 * per(track + compact) / (step_ms * 1e3),
+        m.tracker.stats().distinct_ids,
+        m.tracker.stats().dedup_bytes as f64 / (1 << 20) as f64
     );
     println!(
         "delta every {steps_per_delta} steps: pause {:.4} s mean, {:.2} MiB mean",

@@ -21,7 +21,16 @@ pub(crate) fn bytes_mut(words: &mut [f32]) -> &mut [u8] {
 #[inline]
 pub(crate) fn xor_into(dst: &mut [u8], src: &[u8]) {
     debug_assert_eq!(dst.len(), src.len());
-    for (d, s) in dst.iter_mut().zip(src) {
+    // Eight bytes at a time: rows are short (tens of words), so the byte loop's per-element
+    // overhead, not memory, was the cost of applying a delta.
+    let mut d8 = dst.chunks_exact_mut(8);
+    let mut s8 = src.chunks_exact(8);
+    for (d, s) in d8.by_ref().zip(s8.by_ref()) {
+        let x = u64::from_ne_bytes(d[..8].try_into().expect("8-byte chunk"))
+            ^ u64::from_ne_bytes(s[..8].try_into().expect("8-byte chunk"));
+        d.copy_from_slice(&x.to_ne_bytes());
+    }
+    for (d, s) in d8.into_remainder().iter_mut().zip(s8.remainder()) {
         *d ^= *s;
     }
 }
@@ -191,5 +200,28 @@ mod tests {
         }
         let mut empty: [u8; 0] = [];
         mul_xor_into(7, &[], &mut empty);
+    }
+
+    #[test]
+    fn word_wise_xor_matches_byte_xor_at_every_length_and_offset() {
+        let src: Vec<u8> = (0..80u32).map(|i| (i * 37 + 11) as u8).collect();
+        for len in 0..40 {
+            for off in 0..8 {
+                let mut dst: Vec<u8> = (0..80u32).map(|i| (i * 5 + 1) as u8).collect();
+                let want: Vec<u8> = dst
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| {
+                        if (off..off + len).contains(&i) {
+                            d ^ src[i]
+                        } else {
+                            *d
+                        }
+                    })
+                    .collect();
+                xor_into(&mut dst[off..off + len], &src[off..off + len]);
+                assert_eq!(dst, want, "len {len} offset {off}");
+            }
+        }
     }
 }

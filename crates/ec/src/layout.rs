@@ -112,6 +112,11 @@ pub struct StripeLayout {
     pattern: Vec<u32>,
     /// `occurrence[y * r + m]`: the `m`-th period stripe with a parity on relative server `y`.
     occurrence: Vec<u32>,
+    /// `holder_rel[v * r + j]`: relative server of parity `j` of period stripe `v`, and
+    /// `holder_before[v * r + j]`: parity rows earlier stripes of the same period put there.
+    /// Precomputed so that a row's parity holders cost a table lookup on the update path.
+    holder_rel: Vec<u32>,
+    holder_before: Vec<u32>,
     prefix_imbalance: u32,
 }
 
@@ -146,6 +151,18 @@ impl StripeLayout {
             prefix_imbalance = prefix_imbalance.max(spread(&counts));
         }
         debug_assert!(counts.iter().all(|&c| c as usize == r));
+        let mut holder_rel = vec![0u32; n * r];
+        let mut holder_before = vec![0u32; n * r];
+        for v in 0..n {
+            for j in 0..r {
+                let y = (v * k + pattern[v * r + j] as usize) % n;
+                holder_rel[v * r + j] = y as u32;
+                holder_before[v * r + j] = occurrence[y * r..(y + 1) * r]
+                    .iter()
+                    .take_while(|&&o| (o as usize) < v)
+                    .count() as u32;
+            }
+        }
         Ok(StripeLayout {
             map,
             n,
@@ -154,6 +171,8 @@ impl StripeLayout {
             table_rows: table_rows.to_vec(),
             pattern,
             occurrence,
+            holder_rel,
+            holder_before,
             prefix_imbalance,
         })
     }
@@ -319,13 +338,52 @@ impl StripeLayout {
     }
 
     fn parity_holder_unchecked(&self, stripe: StripeId, parity: usize) -> (ServerId, ParitySlot) {
-        let rel =
-            (stripe.index * self.k as u64 + self.offset(stripe.index, parity)) % self.n as u64;
+        // Stripe `q * n + v` has its parities where period stripe `v` has them (the data
+        // window moves by `n * k`, a multiple of `n`), after `q` whole periods of `r` each.
+        let n = self.n as u64;
+        let (q, v) = (stripe.index / n, (stripe.index % n) as usize);
+        let e = v * self.r + parity;
         let slot = ParitySlot {
             table: stripe.table,
-            index: self.parities_before(stripe.index, rel as usize),
+            index: q * self.r as u64 + u64::from(self.holder_before[e]),
         };
-        (self.absolute(stripe.table, rel), slot)
+        let t = u64::from(stripe.table.0) % n;
+        let mut server = u64::from(self.holder_rel[e]) + t;
+        if server >= n {
+            server -= n;
+        }
+        (ServerId(server as u32), slot)
+    }
+
+    /// [`StripeLayout::row_parities`] without allocating, for the update path: the position
+    /// of data row `row` of `table` in its stripe, with its `r` parity holders written into
+    /// `holders` (cleared first; parity `j` at index `j`).
+    pub fn row_parities_into(
+        &self,
+        table: TableId,
+        row: RowId,
+        holders: &mut Vec<(ServerId, ParitySlot)>,
+    ) -> Result<(StripeId, usize), EcError> {
+        let (stripe, position) = self.stripe_of(table, row)?;
+        holders.clear();
+        holders.extend((0..self.r).map(|j| self.parity_holder_unchecked(stripe, j)));
+        Ok((stripe, position))
+    }
+
+    /// Which parity of data row `row` of `table` `server` holds, if any: the row's position
+    /// in its stripe, the parity index and the slot (what a parity holder checks and
+    /// resolves for every delta it receives).
+    pub fn parity_on(
+        &self,
+        table: TableId,
+        row: RowId,
+        server: ServerId,
+    ) -> Result<Option<(usize, usize, ParitySlot)>, EcError> {
+        let (stripe, position) = self.stripe_of(table, row)?;
+        Ok((0..self.r).find_map(|j| {
+            let (holder, slot) = self.parity_holder_unchecked(stripe, j);
+            (holder == server).then_some((position, j, slot))
+        }))
     }
 
     /// Holders and slots of all `r` parities of `stripe`, parity `j` at index `j`.
@@ -1089,5 +1147,47 @@ mod tests {
             Err(EcError::ParitySlotOutOfRange { .. })
         ));
         assert!(layout.affected_stripes(&[ServerId(9)]).is_err());
+    }
+
+    /// The update-path lookups agree with the general ones and with the slot numbering read
+    /// back from the server side, for every row of a few tables in many shapes.
+    #[test]
+    fn update_path_lookups_match_the_general_ones() {
+        let mut holders = Vec::new();
+        for (n, k, r) in [
+            (3, 2, 1),
+            (4, 2, 2),
+            (6, 3, 2),
+            (6, 4, 1),
+            (7, 3, 3),
+            (9, 6, 3),
+        ] {
+            let layout = StripeLayout::new(n, k, r, &[50, 7, 1, 23]).unwrap();
+            for t in 0..4u32 {
+                let table = TableId(t);
+                for row in 0..layout.table_rows()[t as usize] {
+                    let want = layout.row_parities(table, row).unwrap();
+                    let (stripe, position) =
+                        layout.row_parities_into(table, row, &mut holders).unwrap();
+                    assert_eq!((stripe, position), (want.stripe, want.position));
+                    assert_eq!(holders, want.parities, "n={n} k={k} r={r} t={t} row={row}");
+                    for s in 0..n {
+                        let on = layout.parity_on(table, row, ServerId(s)).unwrap();
+                        let j = want.parities.iter().position(|&(h, _)| h == ServerId(s));
+                        assert_eq!(on, j.map(|j| (position, j, want.parities[j].1)));
+                        if let Some((_, j, slot)) = on {
+                            assert_eq!(
+                                layout.parity_slot_stripe(ServerId(s), slot).unwrap(),
+                                (stripe, j)
+                            );
+                        }
+                    }
+                }
+                assert!(matches!(
+                    layout.parity_on(table, layout.table_rows()[t as usize], ServerId(0)),
+                    Err(EcError::RowOutOfRange { .. })
+                ));
+            }
+        }
     }
 }

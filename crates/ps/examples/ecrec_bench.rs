@@ -11,8 +11,17 @@
 //! memory costs without network time; the multi-process figures come from the cluster.
 //!
 //! ```sh
-//! cargo run --release -p ftrec-ps --example ecrec_bench -- [--steps 30] [--servers 6]
+//! cargo run --release -p ftrec-ps --example ecrec_bench -- [--steps 30] [--servers 6] [--step-ms 214]
 //! ```
+//!
+//! The per-step ratio compares the same servers doing the same steps with and without coding,
+//! one configuration after the other in blocks, best block each. Its baseline is only the
+//! servers' own update work (no network, no MLP), so it overstates what ECRec adds to training
+//! time; the bench also divides the added time *per server* (servers run in parallel in a
+//! cluster) by a whole training step of `--step-ms` milliseconds, measured apart with
+//! `ftrec bench train --preset small` (same batch and model).
+//!
+//! `--profile N` runs only k = 2, all on, for N steps (for `perf record`).
 
 use std::time::Instant;
 
@@ -236,7 +245,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // Every configuration lives at once and they take turns, `ROUNDS` blocks each; the best
     // block counts, so a burst of load from elsewhere on the machine hits one block, not one
     // configuration.
-    const ROUNDS: u64 = 3;
+    const ROUNDS: u64 = 5;
     let block = steps.div_ceil(ROUNDS).max(1);
     let mut plain = Plain(
         (0..n)
@@ -258,6 +267,16 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             clusters.push(Cluster::new(&w, ec)?);
         }
     }
+    if let Some(i) = std::env::args().position(|a| a == "--profile") {
+        // Only the first configuration (k = 2, all on), for a profiler.
+        let n: u64 = std::env::args()
+            .nth(i + 1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(200);
+        let t = time_steps(&w, n, 1, &clusters[0]).await?;
+        println!("profile: {:.2} ms/step", t * 1e3);
+        return Ok(());
+    }
     let mut best = vec![f64::MAX; clusters.len() + 1];
     let mut next = vec![1u64; clusters.len() + 1];
     for round in 0..=ROUNDS {
@@ -277,17 +296,24 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let base = best[0];
+    let step_ms = std::env::args()
+        .position(|a| a == "--step-ms")
+        .and_then(|i| std::env::args().nth(i + 1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(214.0);
     println!(
-        "\n| config | ms/step (best of {ROUNDS} blocks of {block}) | overhead vs none |\n| --- | --- | --- |"
+        "\n| config | ms/step (best of {ROUNDS} blocks of {block}) | overhead vs none | added ms per server | share of a {step_ms:.0} ms training step |\n| --- | --- | --- | --- | --- |"
     );
-    println!("| none | {:.2} | - |", base * 1e3);
+    println!("| none | {:.2} | - | - | - |", base * 1e3);
     let mut mem_rows = Vec::new();
     for (i, ((k, label, all_on), c)) in labels.iter().zip(&clusters).enumerate() {
         let t = best[i + 1];
+        let added = (t - base) * 1e3 / f64::from(n);
         println!(
-            "| ecrec gf256 k={k} r=1, {label} | {:.2} | {:+.1}% |",
+            "| ecrec gf256 k={k} r=1, {label} | {:.2} | {:+.1}% | {added:.2} | {:.2}% |",
             t * 1e3,
-            (t / base - 1.0) * 100.0
+            (t / base - 1.0) * 100.0,
+            100.0 * added / step_ms
         );
         if *all_on {
             let (mut red, mut model) = (0u64, 0u64);

@@ -8,8 +8,7 @@ use tonic::{Request, Response, Status};
 use super::node::EcNode;
 use super::service::EcService;
 use super::types::{
-    DeltaBatch, DenseDelta, DenseRead, MemberKey, MemberRead, PrepareReport, RebuildStatus,
-    RowDelta,
+    DeltaBatch, DenseRead, MemberKey, MemberRead, PackedBatch, PrepareReport, RebuildStatus,
 };
 use crate::grpc::wire::{bytes_to_f32s, bytes_to_u64s, f32s_to_bytes, from_status, to_status};
 use crate::update::{ApplyReport, DenseBlock, PulledRows};
@@ -52,33 +51,22 @@ pub struct EcGrpcHandler {
     node: EcNode,
 }
 
-fn batch_to_proto(b: &DeltaBatch) -> proto::DeltaBatch {
-    let mut rows = Vec::with_capacity(b.rows.len());
-    let mut deltas = Vec::new();
-    for r in &b.rows {
-        rows.push(r.row);
-        deltas.extend_from_slice(&r.delta);
-    }
-    let mut blocks = Vec::with_capacity(b.dense.len());
-    let mut grads = Vec::new();
-    for d in &b.dense {
-        blocks.push(d.block);
-        grads.extend_from_slice(&d.grad);
-    }
+fn batch_to_proto(b: &PackedBatch) -> proto::DeltaBatch {
+    let rows: Vec<u64> = b.rows.iter().map(|&(_, r)| r).collect();
     proto::DeltaBatch {
         step: b.step,
         from: b.from.0,
         apply_now: b.apply_now,
-        row_tables: b.rows.iter().map(|r| r.table.0).collect(),
+        row_tables: b.rows.iter().map(|&(t, _)| t.0).collect(),
         rows: u64s(&rows),
-        row_deltas: f32s_to_bytes(&deltas),
-        dense_blocks: u64s(&blocks),
-        dense_lens: b.dense.iter().map(|d| d.grad.len() as u32).collect(),
-        dense_grads: f32s_to_bytes(&grads),
+        row_deltas: f32s_to_bytes(&b.deltas),
+        dense_blocks: u64s(&b.dense_blocks),
+        dense_lens: b.dense_lens.clone(),
+        dense_grads: f32s_to_bytes(&b.dense_grads),
     }
 }
 
-fn batch_from_proto(p: proto::DeltaBatch) -> Result<DeltaBatch, PsError> {
+fn batch_from_proto(p: proto::DeltaBatch) -> Result<PackedBatch, PsError> {
     let rows = bytes_to_u64s("delta row ids", &p.rows)?;
     let deltas = bytes_to_f32s("row deltas", &p.row_deltas)?;
     if rows.len() != p.row_tables.len() {
@@ -109,31 +97,21 @@ fn batch_from_proto(p: proto::DeltaBatch) -> Result<DeltaBatch, PsError> {
             "dense block ids, lengths and gradients disagree".into(),
         ));
     }
-    let mut at = 0;
-    let dense = blocks
-        .iter()
-        .zip(&p.dense_lens)
-        .map(|(&block, &len)| {
-            let g = grads[at..at + len as usize].to_vec();
-            at += len as usize;
-            DenseDelta { block, grad: g }
-        })
-        .collect();
-    Ok(DeltaBatch {
+    Ok(PackedBatch {
         step: p.step,
         from: ServerId(p.from),
         apply_now: p.apply_now,
-        rows: rows
+        words: w,
+        rows: p
+            .row_tables
             .iter()
-            .zip(&p.row_tables)
-            .enumerate()
-            .map(|(i, (&row, &t))| RowDelta {
-                table: TableId(t),
-                row,
-                delta: deltas[i * w..(i + 1) * w].to_vec(),
-            })
+            .zip(rows)
+            .map(|(&t, r)| (TableId(t), r))
             .collect(),
-        dense,
+        deltas,
+        dense_blocks: blocks,
+        dense_lens: p.dense_lens,
+        dense_grads: grads,
     })
 }
 
@@ -252,7 +230,7 @@ impl EcNodeRpc for EcGrpcHandler {
         req: Request<proto::DeltaBatch>,
     ) -> Result<Response<proto::Empty>, Status> {
         let b = batch_from_proto(req.into_inner()).map_err(s)?;
-        self.node.stage_deltas(b).map_err(s)?;
+        self.node.stage_packed(b).map_err(s)?;
         Ok(Response::new(proto::Empty {}))
     }
 
@@ -365,6 +343,16 @@ impl EcGrpcClient {
         &self.addr
     }
 
+    /// Send a step's deltas to the peer in the packed form.
+    pub(crate) async fn stage_packed(&self, batch: PackedBatch) -> Result<(), PsError> {
+        self.client
+            .clone()
+            .stage_deltas(batch_to_proto(&batch))
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
     fn err(&self, st: Status) -> PsError {
         from_status(&st, &self.addr)
     }
@@ -453,12 +441,7 @@ impl EcService for EcGrpcClient {
     }
 
     async fn stage_deltas(&self, batch: DeltaBatch) -> Result<(), PsError> {
-        self.client
-            .clone()
-            .stage_deltas(batch_to_proto(&batch))
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(())
+        self.stage_packed(PackedBatch::from_batch(batch)?).await
     }
 
     async fn read_members(&self, keys: Vec<MemberKey>) -> Result<MemberRead, PsError> {

@@ -10,8 +10,7 @@ use ftrec_ec::{Code, CodeKind, Location, StripeId, StripeLayout};
 
 use super::service::{EcClient, EcService};
 use super::types::{
-    DeltaBatch, DenseDelta, DenseRead, MemberKey, MemberRead, PrepareReport, RebuildStatus,
-    RowDelta,
+    DeltaBatch, DenseRead, MemberKey, MemberRead, PackedBatch, PrepareReport, RebuildStatus,
 };
 use crate::server::{dense_block_range, dense_value_range, PreparedStep};
 use crate::update::{ApplyReport, DenseBlock, RowBlock};
@@ -92,13 +91,16 @@ pub(crate) struct Replica {
     pub dense: DenseParams,
 }
 
-/// Staged deltas of one sender for one step, already resolved to local slots.
+/// Staged deltas of one sender for one step, already resolved to local slots. The delta
+/// words stay in the buffer they arrived in.
 #[derive(Debug, Clone, Default)]
 struct StagedIncoming {
-    /// (table, slot, stripe position, parity index, delta)
-    rows: Vec<(usize, u64, usize, usize, Vec<f32>)>,
-    /// (replica index, local block, gradient)
-    dense: Vec<(usize, usize, Vec<f32>)>,
+    /// Per row delta, in buffer order: (table, parity slot, stripe position, parity index).
+    rows: Vec<(u32, u64, u8, u8)>,
+    deltas: Vec<f32>,
+    /// (replica index, local block, offset of its gradient in `grads`, length)
+    dense: Vec<(usize, usize, usize, usize)>,
+    grads: Vec<f32>,
 }
 
 /// What a replacement still has to rebuild.
@@ -421,45 +423,53 @@ impl EcNode {
         let me = self.inner.me;
         let code = &self.inner.code;
         let layout = &self.inner.layout;
-        let mut batches: BTreeMap<u32, DeltaBatch> = BTreeMap::new();
-        let empty = || DeltaBatch {
-            step,
-            from: me,
-            apply_now,
-            rows: Vec::new(),
-            dense: Vec::new(),
-        };
+        let n = layout.servers() as usize;
+        let w = self.inner.words;
+        // One flat batch per peer, indexed by server id.
+        let mut batches: Vec<Option<PackedBatch>> = vec![None; n];
+        let mut holders = Vec::with_capacity(layout.r());
         for p in &prepared.rows {
             report.rows += p.rows.len() as u64;
-            for (i, &row) in p.rows.iter().enumerate() {
-                let w = p.words;
-                let (old, new) = (&p.old[i * w..(i + 1) * w], &p.new[i * w..(i + 1) * w]);
+            if p.words != w {
+                return Err(PsError::ShapeMismatch {
+                    what: format!("prepared rows of table {}", p.table.0),
+                    expected: w as u64,
+                    got: p.words as u64,
+                });
+            }
+            for ((&row, old), new) in p
+                .rows
+                .iter()
+                .zip(p.old.chunks_exact(w))
+                .zip(p.new.chunks_exact(w))
+            {
                 if old.iter().zip(new).all(|(a, b)| a.to_bits() == b.to_bits()) {
                     // An update that changed no bit changes no parity.
                     continue;
                 }
-                let mut delta = vec![0.0f32; w];
-                code.delta(old, new, &mut delta)?;
                 // ECRec §3.2: the same difference goes to every parity holder of the stripe,
-                // each multiplies it by its own coefficient.
-                let (stripe, _) = layout.stripe_of(p.table, row)?;
-                let r = layout.r();
-                for j in 0..r {
-                    let (holder, _) = layout.parity_holder(stripe, j)?;
-                    let delta = if j + 1 == r {
-                        std::mem::take(&mut delta)
-                    } else {
-                        delta.clone()
-                    };
-                    batches
-                        .entry(holder.0)
-                        .or_insert_with(empty)
-                        .rows
-                        .push(RowDelta {
-                            table: p.table,
-                            row,
-                            delta,
-                        });
+                // each multiplies it by its own coefficient. It is computed once, straight
+                // into the first holder's buffer, and copied from there to the others.
+                layout.row_parities_into(p.table, row, &mut holders)?;
+                let mut first: Option<(usize, usize)> = None;
+                for &(holder, _) in &holders {
+                    let h = holder.0 as usize;
+                    let b =
+                        batches[h].get_or_insert_with(|| PackedBatch::new(step, me, apply_now, w));
+                    b.rows.push((p.table, row));
+                    let at = b.deltas.len();
+                    match first {
+                        None => {
+                            b.deltas.resize(at + w, 0.0);
+                            code.delta(old, new, &mut b.deltas[at..])?;
+                            first = Some((h, at));
+                        }
+                        Some((f, fat)) if f == h => b.deltas.extend_from_within(fat..fat + w),
+                        Some((f, fat)) => {
+                            let (src, dst) = two_batches(&mut batches, f, h);
+                            dst.deltas.extend_from_slice(&src.deltas[fat..fat + w]);
+                        }
+                    }
                     report.row_deltas_sent += 1;
                     report.bytes_sent += 12 + w as u64 * 4;
                 }
@@ -467,26 +477,36 @@ impl EcNode {
         }
         report.dense_blocks = prepared.dense.len() as u64;
         if !prepared.dense.is_empty() {
-            let n = layout.servers();
-            for d in 1..=self.inner.cfg.dense_replicas as u32 {
+            for d in 1..=self.inner.cfg.dense_replicas {
                 // ECRec §3.3: replicas apply the same summed gradient as the primary.
-                let b = batches.entry((me.0 + d) % n).or_insert_with(empty);
+                let h = (me.0 as usize + d) % n;
+                let b = batches[h].get_or_insert_with(|| PackedBatch::new(step, me, apply_now, w));
+                let len: usize = prepared.dense.iter().map(|pd| pd.grad.len()).sum();
+                b.dense_grads.reserve(len);
                 for pd in &prepared.dense {
-                    b.dense.push(DenseDelta {
-                        block: pd.block,
-                        grad: pd.grad.clone(),
-                    });
+                    b.dense_blocks.push(pd.block);
+                    b.dense_lens.push(pd.grad.len() as u32);
+                    b.dense_grads.extend_from_slice(&pd.grad);
                     report.dense_deltas_sent += 1;
                     report.bytes_sent += 8 + pd.grad.len() as u64 * 4;
                 }
             }
         }
         let mut set = tokio::task::JoinSet::new();
-        for (s, b) in batches {
-            let peer = self.peer(ServerId(s))?;
-            set.spawn(async move { peer.stage_deltas(b).await });
-        }
         let mut first_err = None;
+        for (s, b) in batches.into_iter().enumerate() {
+            let Some(b) = b else { continue };
+            let peer = self.peer(ServerId(s as u32))?;
+            if let EcClient::InProcess(_) = peer {
+                // A call into the peer's memory: running it here is cheaper than handing it
+                // to another thread and waiting for that thread to be scheduled.
+                if let Err(e) = peer.stage_packed(b).await {
+                    first_err.get_or_insert(e);
+                }
+            } else {
+                set.spawn(async move { peer.stage_packed(b).await });
+            }
+        }
         while let Some(r) = set.join_next().await {
             let r = r.map_err(|e| PsError::Internal(format!("delta send task failed: {e}")));
             if let Err(e) = r.and_then(|x| x) {
@@ -548,15 +568,23 @@ impl EcNode {
 
     fn apply_incoming(&self, st: &mut EcState, inc: &StagedIncoming) -> Result<(), PsError> {
         let w = self.inner.words;
-        for (t, slot, position, j, delta) in &inc.rows {
-            let at = *slot as usize * w;
-            let parity = &mut st.parity[*t][at..at + w];
-            self.inner.code.apply_delta(*position, *j, delta, parity)?;
+        if !inc.rows.is_empty() {
+            for (&(t, slot, position, j), delta) in inc.rows.iter().zip(inc.deltas.chunks_exact(w))
+            {
+                let at = slot as usize * w;
+                let parity = &mut st.parity[t as usize][at..at + w];
+                self.inner.code.apply_delta(
+                    usize::from(position),
+                    usize::from(j),
+                    delta,
+                    parity,
+                )?;
+            }
         }
         let opt = self.inner.dense_opt;
-        for (ri, b, grad) in &inc.dense {
-            let (v, s) = st.replicas[*ri].dense.block_mut(*b, &opt);
-            opt.apply_split(v, s, grad);
+        for &(ri, b, at, len) in &inc.dense {
+            let (v, s) = st.replicas[ri].dense.block_mut(b, &opt);
+            opt.apply_split(v, s, &inc.grads[at..at + len]);
         }
         Ok(())
     }
@@ -564,45 +592,58 @@ impl EcNode {
     /// Take a peer's deltas for `batch.step`: validated completely, then staged (or applied at
     /// once in one-phase mode).
     pub fn stage_deltas(&self, batch: DeltaBatch) -> Result<(), PsError> {
+        self.stage_packed(PackedBatch::from_batch(batch)?)
+    }
+
+    /// [`EcNode::stage_deltas`] on the packed form the nodes send each other.
+    pub(crate) fn stage_packed(&self, batch: PackedBatch) -> Result<(), PsError> {
         let layout = &self.inner.layout;
+        let map = layout.shard_map();
         let me = self.inner.me;
         let w = self.inner.words;
-        let mut inc = StagedIncoming::default();
-        inc.rows.reserve(batch.rows.len());
-        for d in batch.rows {
-            if d.delta.len() != w {
-                return Err(PsError::ShapeMismatch {
-                    what: format!("delta of row {} of table {}", d.row, d.table.0),
-                    expected: w as u64,
-                    got: d.delta.len() as u64,
-                });
-            }
-            let (stripe, position) = layout.stripe_of(d.table, d.row)?;
-            if layout.shard_map().owner(d.table, d.row) != batch.from {
+        if !batch.rows.is_empty()
+            && (batch.words != w || batch.deltas.len() != batch.rows.len() * w)
+        {
+            return Err(PsError::ShapeMismatch {
+                what: format!("row deltas from server {}", batch.from.0),
+                expected: (batch.rows.len() * w) as u64,
+                got: batch.deltas.len() as u64,
+            });
+        }
+        let mut inc = StagedIncoming {
+            rows: Vec::with_capacity(batch.rows.len()),
+            deltas: batch.deltas,
+            dense: Vec::with_capacity(batch.dense_blocks.len()),
+            grads: Vec::new(),
+        };
+        for &(table, row) in &batch.rows {
+            if map.owner(table, row) != batch.from {
                 return Err(PsError::MalformedRequest(format!(
-                    "server {} sent a delta for row {} of table {}, which it does not own",
-                    batch.from.0, d.row, d.table.0
+                    "server {} sent a delta for row {row} of table {}, which it does not own",
+                    batch.from.0, table.0
                 )));
             }
-            let mut found = None;
-            for j in 0..layout.r() {
-                let (holder, slot) = layout.parity_holder(stripe, j)?;
-                if holder == me {
-                    found = Some((j, slot));
-                    break;
-                }
-            }
-            let (j, slot) = found.ok_or_else(|| {
+            let (position, j, slot) = layout.parity_on(table, row, me)?.ok_or_else(|| {
                 PsError::MalformedRequest(format!(
-                    "server {} holds no parity of row {} of table {}",
-                    me.0, d.row, d.table.0
+                    "server {} holds no parity of row {row} of table {}",
+                    me.0, table.0
                 ))
             })?;
+            // Positions are below k and parity indices below r, both at most 256.
             inc.rows
-                .push((d.table.0 as usize, slot.index, position, j, d.delta));
+                .push((table.0, slot.index, position as u8, j as u8));
+        }
+        if batch.dense_blocks.len() != batch.dense_lens.len()
+            || batch.dense_lens.iter().map(|&l| l as usize).sum::<usize>()
+                != batch.dense_grads.len()
+        {
+            return Err(PsError::MalformedRequest(format!(
+                "dense block ids, lengths and gradients from server {} disagree",
+                batch.from.0
+            )));
         }
         let mut st = self.state()?;
-        for mut d in batch.dense {
+        if !batch.dense_blocks.is_empty() {
             let ri = st
                 .replicas
                 .iter()
@@ -614,22 +655,29 @@ impl EcNode {
                     ))
                 })?;
             let r = &st.replicas[ri];
-            if !r.blocks.contains(&d.block) {
-                return Err(PsError::MalformedRequest(format!(
-                    "dense block {} is not in server {}'s blocks {:?}",
-                    d.block, batch.from.0, r.blocks
-                )));
+            let mut at = 0;
+            for (&block, &len) in batch.dense_blocks.iter().zip(&batch.dense_lens) {
+                let len = len as usize;
+                if !r.blocks.contains(&block) {
+                    return Err(PsError::MalformedRequest(format!(
+                        "dense block {block} is not in server {}'s blocks {:?}",
+                        batch.from.0, r.blocks
+                    )));
+                }
+                let b = (block - r.blocks.start) as usize;
+                let want =
+                    (r.dense.len() - b * ftrec_core::DENSE_BLOCK).min(ftrec_core::DENSE_BLOCK);
+                let grad = &batch.dense_grads[at..at + len];
+                if len != want || !grad.iter().all(|g| g.is_finite()) {
+                    return Err(PsError::MalformedRequest(format!(
+                        "dense gradient of block {block} has {len} values (expected {want}) or \
+                         is not finite"
+                    )));
+                }
+                inc.dense.push((ri, b, at, len));
+                at += len;
             }
-            let b = (d.block - r.blocks.start) as usize;
-            let len = (r.dense.len() - b * ftrec_core::DENSE_BLOCK).min(ftrec_core::DENSE_BLOCK);
-            if d.grad.len() != len || !d.grad.iter().all(|g| g.is_finite()) {
-                return Err(PsError::MalformedRequest(format!(
-                    "dense gradient of block {} has {} values (expected {len}) or is not finite",
-                    d.block,
-                    d.grad.len()
-                )));
-            }
-            inc.dense.push((ri, b, std::mem::take(&mut d.grad)));
+            inc.grads = batch.dense_grads;
         }
         if batch.apply_now {
             self.apply_incoming(&mut st, &inc)
@@ -783,6 +831,26 @@ impl EcNode {
     pub(crate) fn local_of(&self, table: TableId, row: RowId) -> u64 {
         self.inner.layout.shard_map().local_index(table, row)
     }
+}
+
+/// Batches `a` and `b` (`a != b`, both present) borrowed at once.
+fn two_batches(
+    batches: &mut [Option<PackedBatch>],
+    a: usize,
+    b: usize,
+) -> (&PackedBatch, &mut PackedBatch) {
+    debug_assert_ne!(a, b);
+    let (src, dst) = if a < b {
+        let (lo, hi) = batches.split_at_mut(b);
+        (&lo[a], &mut hi[0])
+    } else {
+        let (lo, hi) = batches.split_at_mut(a);
+        (&hi[0], &mut lo[b])
+    };
+    (
+        src.as_ref().expect("the first holder's batch exists"),
+        dst.as_mut().expect("the batch was just created"),
+    )
 }
 
 /// Encode this server's parity slots from the seeded initial rows.

@@ -9,7 +9,9 @@ use ftrec_core::{RowId, ServerId, TableId};
 
 use super::grpc::EcGrpcClient;
 use super::node::{downgrade, EcInner, EcNode};
-use super::types::{DeltaBatch, DenseRead, MemberKey, MemberRead, PrepareReport, RebuildStatus};
+use super::types::{
+    DeltaBatch, DenseRead, MemberKey, MemberRead, PackedBatch, PrepareReport, RebuildStatus,
+};
 use crate::update::{ApplyReport, PulledRows};
 use crate::PsError;
 
@@ -104,6 +106,15 @@ impl std::fmt::Debug for EcClient {
 impl EcClient {
     pub fn in_process(node: &EcNode) -> Self {
         EcClient::InProcess(WeakNode(downgrade(node)))
+    }
+
+    /// Server to server: a step's deltas in the packed form ([`EcService::stage_deltas`]
+    /// without unpacking them into rows).
+    pub(crate) async fn stage_packed(&self, batch: PackedBatch) -> Result<(), PsError> {
+        match self {
+            EcClient::InProcess(w) => EcClient::node(w)?.stage_packed(batch),
+            EcClient::Grpc(c) => c.stage_packed(batch).await,
+        }
     }
 
     fn node(w: &WeakNode) -> Result<EcNode, PsError> {

@@ -16,6 +16,66 @@ pub struct DeltaBatch {
     pub dense: Vec<DenseDelta>,
 }
 
+/// A [`DeltaBatch`] as it is built, sent and staged: every row delta in one flat buffer, every
+/// dense gradient in another, so a step costs a few allocations per peer rather than one per
+/// row (ECRec §3.2: the per-row difference is the unit of propagation, not of allocation).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PackedBatch {
+    pub step: u64,
+    pub from: ServerId,
+    pub apply_now: bool,
+    /// Words per row delta.
+    pub words: usize,
+    /// Table and global row of delta `i`, whose words are `deltas[i * words..(i + 1) * words]`.
+    pub rows: Vec<(TableId, RowId)>,
+    pub deltas: Vec<f32>,
+    /// Global block index of dense gradient `i`, its length, and all gradients back to back.
+    pub dense_blocks: Vec<u64>,
+    pub dense_lens: Vec<u32>,
+    pub dense_grads: Vec<f32>,
+}
+
+impl PackedBatch {
+    pub fn new(step: u64, from: ServerId, apply_now: bool, words: usize) -> Self {
+        PackedBatch {
+            step,
+            from,
+            apply_now,
+            words,
+            rows: Vec::new(),
+            deltas: Vec::new(),
+            dense_blocks: Vec::new(),
+            dense_lens: Vec::new(),
+            dense_grads: Vec::new(),
+        }
+    }
+
+    /// Pack `batch`; row deltas of unequal length are an error naming the row.
+    pub fn from_batch(batch: DeltaBatch) -> Result<Self, crate::PsError> {
+        let words = batch.rows.first().map_or(0, |r| r.delta.len());
+        let mut p = PackedBatch::new(batch.step, batch.from, batch.apply_now, words);
+        p.rows.reserve(batch.rows.len());
+        p.deltas.reserve(batch.rows.len() * words);
+        for d in batch.rows {
+            if d.delta.len() != words {
+                return Err(crate::PsError::ShapeMismatch {
+                    what: format!("delta of row {} of table {}", d.row, d.table.0),
+                    expected: words as u64,
+                    got: d.delta.len() as u64,
+                });
+            }
+            p.rows.push((d.table, d.row));
+            p.deltas.extend_from_slice(&d.delta);
+        }
+        for d in batch.dense {
+            p.dense_blocks.push(d.block);
+            p.dense_lens.push(d.grad.len() as u32);
+            p.dense_grads.extend_from_slice(&d.grad);
+        }
+        Ok(p)
+    }
+}
+
 /// `delta` = code delta of one data row (values and optimizer state, old to new): the bits
 /// of `old XOR new` for gf256, `new - old` for sum.
 #[derive(Debug, Clone, PartialEq)]
