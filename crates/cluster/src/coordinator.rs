@@ -20,6 +20,8 @@
 //! recovery redoes steps, so every attempt to commit is staged under a fresh, increasing
 //! sequence number (`seq`), distinct from the training step it computes.
 
+mod ecrec;
+
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -90,6 +92,7 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
             FullCheckpoint::new(Interval::Steps(every_steps))
                 .map_err(|e| ClusterError::Config(e.to_string()))?,
         ),
+        StrategyChoice::EcRec { .. } => ecrec::strategy(cfg)?,
     };
     let pool = WorkerPool::listen(
         cfg.control_listen,
@@ -130,6 +133,7 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
         kills: cfg.kills.iter().map(|k| (*k, false)).collect(),
         worker_time: BatchTiming::default(),
         recover_at: Vec::new(),
+        ec: None,
     };
     c.rt.spawn(heartbeat(
         hb_rx,
@@ -137,13 +141,16 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
         cfg.heartbeat_timeout,
         lost_tx,
     ));
-    let result = c.start_all().and_then(|()| {
-        if c.cfg.sync {
-            c.train_sync()
-        } else {
-            c.train_async()
-        }
-    });
+    let result = c
+        .start_all()
+        .and_then(|()| {
+            if c.cfg.sync {
+                c.train_sync()
+            } else {
+                c.train_async()
+            }
+        })
+        .and_then(|()| c.ec_finish());
     c.finish(result)
 }
 
@@ -194,6 +201,8 @@ struct Coordinator {
     worker_time: BatchTiming,
     /// Failures (by index) that are recovered once `batches` reaches the given count again.
     recover_at: Vec<(usize, u64)>,
+    /// Strategy `ecrec`: the nodes' ECRec clients, rebuilds under way, the report's EC part.
+    ec: Option<ecrec::EcRun>,
 }
 
 impl Coordinator {
@@ -283,6 +292,7 @@ impl Coordinator {
         }
         let addrs = self.server_addrs.clone();
         self.clients = Some(self.rt.block_on(connect_all(&addrs))?);
+        self.ec_connect()?;
         self.update_heartbeat();
         self.event(
             EventKind::ServersStarted,
@@ -583,6 +593,12 @@ impl Coordinator {
         let mut unexplained = 0;
         while self.batches < self.total_batches() {
             self.fire_time_kills();
+            if let Some(go_on) = self.ec_between_steps()? {
+                if !go_on {
+                    return Ok(());
+                }
+                continue;
+            }
             let lost = self.confirmed_heartbeat_losses();
             if !lost.is_empty() {
                 if !self.handle_server_losses(lost, "heartbeat")? {
@@ -688,6 +704,10 @@ impl Coordinator {
             return Err(Failure::Rpc("worker_rpc", e));
         }
         let order: Vec<u32> = (0..self.workers()).collect();
+        if self.ec.is_some() {
+            self.ec_commit(step, seq, &order)?;
+            return Ok(loss / m as f64);
+        }
         let client = self
             .client()
             .map_err(|e| Failure::Rpc("commit_rpc", e.to_string()))?;
@@ -935,6 +955,9 @@ impl Coordinator {
     /// Tell the strategy about every lost server and carry out what it decides. `Ok(false)`:
     /// the strategy ended the run.
     fn handle_server_losses(&mut self, lost: Vec<u32>, by: &str) -> Result<bool, ClusterError> {
+        if self.ec.is_some() {
+            return self.ec_handle_losses(lost, by);
+        }
         let gens_before = self.generation.clone();
         for server in lost {
             if self.generation[server as usize] != gens_before[server as usize] {
@@ -991,6 +1014,11 @@ impl Coordinator {
                         now_s: self.now(),
                     });
                     if !self.execute(next)? {
+                        return Ok(false);
+                    }
+                }
+                Action::Rebuild { server } => {
+                    if !self.ec_rebuild(&[], &[server.0])? {
                         return Ok(false);
                     }
                 }
@@ -1284,6 +1312,7 @@ impl Coordinator {
             server_addrs: self.addrs,
             timeline: self.timeline,
             config: self.cfg,
+            ec: self.ec.map(|e| e.report),
         })
     }
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use ftrec_core::{Preset, ServerId, ShardMap};
 use ftrec_model::{Dlrm, DlrmConfig};
-use ftrec_ps::grpc::{serve, GrpcConfig};
+use ftrec_ps::grpc::{ps_service, serve_routes, GrpcConfig, Routes};
 use ftrec_ps::{Server, ServerConfig, SharedServer};
 
 use crate::spec::Lifetime;
@@ -15,6 +15,13 @@ use crate::{ClusterError, ServerSpec};
 /// The shard `spec` describes, initialised exactly as the single-process model initialises the
 /// same rows and dense values.
 pub fn build_server(spec: &ServerSpec) -> Result<Server, ClusterError> {
+    let (config, dense) = server_config(spec)?;
+    Ok(Server::new(config, &dense)?)
+}
+
+/// The shard's configuration and the model's initial dense values (each server keeps its
+/// range of them).
+pub(crate) fn server_config(spec: &ServerSpec) -> Result<(ServerConfig, Vec<f32>), ClusterError> {
     spec.validate()?;
     let preset = Preset::by_name(&spec.preset).map_err(|e| ClusterError::Config(e.to_string()))?;
     let map = ShardMap::new(spec.servers).map_err(|e| ClusterError::Config(e.to_string()))?;
@@ -28,7 +35,7 @@ pub fn build_server(spec: &ServerSpec) -> Result<Server, ClusterError> {
         &spec.dense_optimizer,
     )
     .map_err(|e| ClusterError::Config(e.to_string()))?;
-    Ok(Server::new(config, &dense.params().values)?)
+    Ok((config, dense.into_params().values))
 }
 
 /// Write `text` to `path` atomically: a reader sees nothing or all of it.
@@ -85,7 +92,14 @@ async fn wait_for_end(until: Lifetime) {
 /// asks for end of file on standard input: it holds the other end of the pipe, so a launcher
 /// that exits or dies takes its servers with it and no orphan is left), then shut down cleanly.
 pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
-    let server = SharedServer::new(build_server(spec)?);
+    // With ECRec the node wraps the shard and serves its own service next to it.
+    let routes = match &spec.ec {
+        Some(ec) => crate::ecrec::ec_routes(spec, ec)?,
+        None => Routes::new(ps_service(
+            SharedServer::new(build_server(spec)?),
+            GrpcConfig::default(),
+        )),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -95,7 +109,7 @@ pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
             source: e,
         })?;
     rt.block_on(async {
-        let handle = serve(server, spec.listen, GrpcConfig::default()).await?;
+        let handle = serve_routes(routes, spec.listen).await?;
         let addr = handle.local_addr();
         if let Some(path) = &spec.port_file {
             write_atomic(path, format!("{addr}\n").as_bytes())?;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use ftrec_core::{Optimizer, OptimizerKind, Preset};
 use serde::{Deserialize, Serialize};
 
+pub use crate::ecrec::EcServerSpec;
 use crate::ClusterError;
 
 /// Everything a server process needs to build and serve its shard. The launcher turns it into
@@ -27,6 +28,9 @@ pub struct ServerSpec {
     pub port_file: Option<PathBuf>,
     /// What ends the process.
     pub until: Lifetime,
+    /// ECRec on this server (strategy `ecrec`): parities, dense replicas, 2PC, rebuilds.
+    #[serde(default)]
+    pub ec: Option<EcServerSpec>,
 }
 
 /// What ends a server process.
@@ -79,6 +83,7 @@ impl ServerSpec {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             port_file: None,
             until: Lifetime::Signal,
+            ec: None,
         };
         spec.validate()?;
         Ok(spec)
@@ -101,6 +106,9 @@ impl ServerSpec {
         ] {
             o.validate()
                 .map_err(|e| ClusterError::Config(format!("{flag}: {e}")))?;
+        }
+        if let Some(ec) = &self.ec {
+            ec.validate(self.servers)?;
         }
         Ok(())
     }
@@ -134,6 +142,9 @@ impl ServerSpec {
             a.push("--port-file".into());
             a.push(p.display().to_string());
         }
+        if let Some(ec) = &self.ec {
+            a.extend(ec.to_args());
+        }
         a
     }
 
@@ -148,6 +159,10 @@ impl ServerSpec {
         let mut get = std::collections::BTreeMap::new();
         let mut it = args.iter();
         while let Some(flag) = it.next() {
+            if EcServerSpec::SWITCHES.contains(&flag.as_str()) {
+                get.insert(flag.as_str(), String::new());
+                continue;
+            }
             let known = [
                 "--id",
                 "--servers",
@@ -160,6 +175,10 @@ impl ServerSpec {
                 "--listen",
                 "--port-file",
                 "--until",
+                "--ec-code",
+                "--ec-k",
+                "--ec-r",
+                "--recovery-locks",
             ];
             if !known.contains(&flag.as_str()) {
                 return Err(ClusterError::Config(format!(
@@ -210,6 +229,7 @@ impl ServerSpec {
         if get.contains_key("--until") {
             spec.until = need(&get, "--until")?;
         }
+        spec.ec = EcServerSpec::from_flags(&get)?;
         spec.validate()?;
         Ok(spec)
     }
@@ -240,6 +260,13 @@ pub enum Phase {
     CheckpointWrite,
     /// While a recovery runs (after the replacements started, before the state is restored).
     Recovery,
+    /// ECRec: just before phase 1 of a step's two-phase commit is sent (the server dies in
+    /// phase 1; with `--no-2pc`, just before the one-phase apply).
+    Prepare,
+    /// ECRec: after phase 1 of a step succeeded everywhere, before phase 2 is sent.
+    Commit,
+    /// ECRec: right after a replacement joined, while its background rebuild runs.
+    Rebuild,
 }
 
 impl FromStr for Phase {
@@ -248,6 +275,9 @@ impl FromStr for Phase {
         match s {
             "checkpoint-write" => Ok(Phase::CheckpointWrite),
             "recovery" => Ok(Phase::Recovery),
+            "prepare" => Ok(Phase::Prepare),
+            "commit" => Ok(Phase::Commit),
+            "rebuild" => Ok(Phase::Rebuild),
             _ => Err(()),
         }
     }
@@ -258,6 +288,9 @@ impl std::fmt::Display for Phase {
         f.write_str(match self {
             Phase::CheckpointWrite => "checkpoint-write",
             Phase::Recovery => "recovery",
+            Phase::Prepare => "prepare",
+            Phase::Commit => "commit",
+            Phase::Rebuild => "rebuild",
         })
     }
 }
@@ -274,7 +307,8 @@ pub enum KillAt {
 }
 
 /// A fault to inject: SIGKILL one process at a scheduled point. Written
-/// `ROLE=I@step=S`, `ROLE=I@time=T` or `ROLE=I@phase=checkpoint-write|recovery`, with ROLE
+/// `ROLE=I@step=S`, `ROLE=I@time=T` or
+/// `ROLE=I@phase=checkpoint-write|recovery|prepare|commit|rebuild`, with ROLE
 /// `server` or `worker` (for example `server=1@step=12`, `worker=0@time=2.5`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -326,8 +360,8 @@ impl FromStr for KillSpec {
         let bad = |why: &str| {
             ClusterError::Config(format!(
                 "--kill {s:?}: {why}; expected ROLE=I@step=S, ROLE=I@time=T or \
-                 ROLE=I@phase=checkpoint-write|recovery with ROLE server or worker (for example \
-                 server=1@step=12)"
+                 ROLE=I@phase=checkpoint-write|recovery|prepare|commit|rebuild with ROLE server \
+                 or worker (for example server=1@step=12)"
             ))
         };
         let (who, when) = s.split_once('@').ok_or_else(|| bad("no '@'"))?;
@@ -363,6 +397,21 @@ pub enum StrategyChoice {
     None,
     /// Full checkpoints every `every_steps` steps and full recovery (CPR §2.2).
     Full { every_steps: u64 },
+    /// ECRec (ecrec.txt §3): rows erasure-coded in stripes of `k` data and `r` parity rows
+    /// across the servers, dense blocks replicated, a lost server rebuilt from the survivors
+    /// while training goes on. Synchronous mode only (see [`crate::ecrec`]).
+    EcRec {
+        k: usize,
+        r: usize,
+        #[serde(with = "crate::ecrec::code_serde")]
+        code: ftrec_ec::CodeKind,
+        /// Copies of every dense range on the next `r` servers (ECRec §3.3).
+        dense_replication: bool,
+        /// Two-phase commit of every step (ECRec §3.5).
+        two_phase: bool,
+        /// Lock ranges of a rebuild (ECRec §3.4).
+        lock_ranges: usize,
+    },
 }
 
 impl StrategyChoice {
@@ -371,16 +420,32 @@ impl StrategyChoice {
         match self {
             StrategyChoice::None => "none",
             StrategyChoice::Full { .. } => "full",
+            StrategyChoice::EcRec { .. } => "ecrec",
         }
     }
 
-    /// `none` or `full` (with the checkpoint interval `every_steps`).
+    /// `ecrec` with the exact code over stripes of 2 data rows and 1 parity, dense
+    /// replication and 2PC on, one lock range.
+    pub fn ecrec_default() -> StrategyChoice {
+        StrategyChoice::EcRec {
+            k: crate::ecrec::DEFAULT_K,
+            r: crate::ecrec::DEFAULT_R,
+            code: ftrec_ec::CodeKind::Gf256,
+            dense_replication: true,
+            two_phase: true,
+            lock_ranges: crate::ecrec::DEFAULT_LOCK_RANGES,
+        }
+    }
+
+    /// `none`, `full` (with the checkpoint interval `every_steps`) or `ecrec` (with
+    /// [`StrategyChoice::ecrec_default`]'s code, to be adjusted by its flags).
     pub fn parse(name: &str, every_steps: u64) -> Result<StrategyChoice, ClusterError> {
         match name {
             "none" => Ok(StrategyChoice::None),
             "full" => Ok(StrategyChoice::Full { every_steps }),
+            "ecrec" => Ok(StrategyChoice::ecrec_default()),
             other => Err(ClusterError::Config(format!(
-                "unknown strategy {other:?} (expected none or full)"
+                "unknown strategy {other:?} (expected none, full or ecrec)"
             ))),
         }
     }
@@ -523,6 +588,7 @@ impl RunConfig {
         if let StrategyChoice::Full { every_steps: 0 } = self.strategy {
             return bad("--ckpt-every-steps must be at least 1".into());
         }
+        crate::ecrec::validate_run(self)?;
         for k in &self.kills {
             let count = match k.role {
                 Role::Server => self.servers,
@@ -597,6 +663,7 @@ impl RunConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             port_file: None,
             until: Lifetime::Stdin,
+            ec: EcServerSpec::of_strategy(&self.strategy),
         }
     }
 }
@@ -675,8 +742,8 @@ mod tests {
         cfg.kills = vec![KillSpec::server_at_step(1, 10)];
         assert!(matches!(cfg.validate(), Err(ClusterError::Config(m)) if m.contains("step=10")));
         assert!(matches!(
-            StrategyChoice::parse("ecrec", 5),
-            Err(ClusterError::Config(m)) if m.contains("ecrec")
+            StrategyChoice::parse("ecrek", 5),
+            Err(ClusterError::Config(m)) if m.contains("ecrek") && m.contains("ecrec")
         ));
     }
 }
