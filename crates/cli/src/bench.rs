@@ -127,6 +127,11 @@ fn cluster_bench(
 
 pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
+        BenchCmd::Ecrec {
+            run,
+            kill_server,
+            kill_step,
+        } => crate::bench_ecrec::run(run, kill_server, kill_step),
         BenchCmd::Cluster {
             run,
             kill_server,

@@ -27,6 +27,12 @@ pub struct JobFile {
     pub merge_mib_per_s: Option<f64>,
     pub store: Option<String>,
     pub ckpt_chunk_kib: Option<usize>,
+    pub ec_k: Option<usize>,
+    pub ec_r: Option<usize>,
+    pub ec_code: Option<String>,
+    pub no_dense_replication: Option<bool>,
+    pub no_2pc: Option<bool>,
+    pub recovery_locks: Option<usize>,
     pub ckpt_every_steps: Option<u64>,
     pub ckpt_dir: Option<PathBuf>,
     pub work_dir: Option<PathBuf>,
@@ -92,6 +98,15 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
         merge_mib_per_s: a.merge_mib_per_s.or(f.merge_mib_per_s),
         store: a.store.clone().or(f.store),
         ckpt_chunk_kib: a.ckpt_chunk_kib.or(f.ckpt_chunk_kib),
+        ec: crate::flags::EcRunArgs {
+            ec_k: a.ec.ec_k.or(f.ec_k),
+            ec_r: a.ec.ec_r.or(f.ec_r),
+            ec_code: a.ec.ec_code.clone().or(f.ec_code),
+            no_dense_replication: a.ec.no_dense_replication
+                || f.no_dense_replication.unwrap_or(false),
+            no_2pc: a.ec.no_2pc || f.no_2pc.unwrap_or(false),
+            recovery_locks: a.ec.recovery_locks.or(f.recovery_locks),
+        },
         ckpt_every_steps: a.ckpt_every_steps.or(f.ckpt_every_steps),
         ckpt_dir: a.ckpt_dir.clone().or(f.ckpt_dir),
         work_dir: a.work_dir.clone().or(f.work_dir),
@@ -138,6 +153,15 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
     cfg.sync = a.sync;
     let strategy = a.strategy.as_deref().unwrap_or("none");
     cfg.strategy = StrategyChoice::parse(strategy, a.ckpt_every_steps.unwrap_or(100))?;
+    let ec = a.ec.flags();
+    if strategy == "ecrec" {
+        cfg.strategy = ec.strategy()?;
+    } else if ec.any() {
+        bail!(
+            "{} apply to --strategy ecrec only (the strategy is {strategy})",
+            ec.given().join(", ")
+        );
+    }
     if strategy != "full" && (a.ckpt_dir.is_some() || a.ckpt_every_steps.is_some()) {
         bail!("--ckpt-dir and --ckpt-every-steps apply to --strategy full only");
     }
@@ -278,6 +302,9 @@ pub fn server(a: ServerArgs) -> Result<()> {
         (None, Some(_)) => bail!("--ckpt-chunk-kib needs --ckpt-staging"),
         (None, None) => {}
     }
+    let mut ec = a.ec.flags();
+    ec.replacement = a.ec_replacement;
+    spec.ec = ec.server_spec()?;
     spec.validate()?;
     ftrec_cluster::serve_shard(&spec)?;
     Ok(())

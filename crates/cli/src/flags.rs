@@ -68,7 +68,7 @@ pub struct RunArgs {
     /// before the next step (default: asynchronous).
     #[arg(long)]
     pub sync: bool,
-    /// Fault tolerance: none, full or deck [default: none].
+    /// Fault tolerance: none, full, deck or ecrec [default: none].
     #[arg(long)]
     pub strategy: Option<String>,
     /// Delta checkpoint interval, in steps (strategy deck) [default: 10].
@@ -93,6 +93,8 @@ pub struct RunArgs {
     /// [default: 4096].
     #[arg(long, value_name = "KIB")]
     pub ckpt_chunk_kib: Option<usize>,
+    #[command(flatten)]
+    pub ec: EcRunArgs,
     /// Full checkpoint interval, in steps (strategy full) [default: 100].
     #[arg(long, value_name = "N")]
     pub ckpt_every_steps: Option<u64>,
@@ -103,7 +105,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub work_dir: Option<PathBuf>,
     /// SIGKILL a process: ROLE=I@step=S, ROLE=I@time=T (seconds) or
-    /// ROLE=I@phase=checkpoint-write|recovery|merge, ROLE server, worker or merger
+    /// ROLE=I@phase=checkpoint-write|recovery|merge|prepare|commit|rebuild[#N] (merge with
+    /// deck; prepare, commit, rebuild with ecrec: phase 1 or 2 of a step's commit, during a
+    /// rebuild; #N: the N-th time), ROLE server, worker or merger
     /// (repeatable).
     #[arg(long, value_name = "ROLE=I@POINT")]
     pub kill: Vec<String>,
@@ -143,6 +147,45 @@ pub struct RunArgs {
     /// Write the report as JSON here.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
+}
+
+/// ECRec flags of `ftrec run` (strategy ecrec only).
+#[derive(Args, Debug, Default, Clone)]
+pub struct EcRunArgs {
+    /// ECRec: data rows per stripe [default: 2].
+    #[arg(long, value_name = "K")]
+    pub ec_k: Option<usize>,
+    /// ECRec: parity rows per stripe, servers that may be lost at once [default: 1].
+    #[arg(long, value_name = "R")]
+    pub ec_r: Option<usize>,
+    /// ECRec: sum (the paper's float sum, r = 1, approximate) or gf256 (exact) [default:
+    /// gf256].
+    #[arg(long, value_name = "CODE")]
+    pub ec_code: Option<String>,
+    /// ECRec: no copies of the dense blocks (a lost server's dense range cannot be rebuilt).
+    #[arg(long)]
+    pub no_dense_replication: bool,
+    /// ECRec: one-phase steps instead of two-phase commit (a loss mid-step can leave parities
+    /// a step behind).
+    #[arg(long = "no-2pc")]
+    pub no_2pc: bool,
+    /// ECRec: lock ranges of a rebuild [default: 1].
+    #[arg(long, value_name = "L")]
+    pub recovery_locks: Option<usize>,
+}
+
+impl EcRunArgs {
+    pub fn flags(&self) -> ftrec_cluster::EcFlags {
+        ftrec_cluster::EcFlags {
+            code: self.ec_code.clone(),
+            k: self.ec_k,
+            r: self.ec_r,
+            no_dense_replication: self.no_dense_replication,
+            no_2pc: self.no_2pc,
+            recovery_locks: self.recovery_locks,
+            replacement: false,
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -187,6 +230,13 @@ pub struct ServerArgs {
     /// Staging chunk size in KiB (with --ckpt-staging) [default: 4096].
     #[arg(long, value_name = "KIB")]
     pub ckpt_chunk_kib: Option<usize>,
+    /// ECRec node (strategy ecrec): the same `--ec-*` flags as `ftrec run` (`--ec-k` and
+    /// `--ec-r` required).
+    #[command(flatten)]
+    pub ec: EcRunArgs,
+    /// ECRec: start as the empty replacement of a lost server, to be rebuilt.
+    #[arg(long)]
+    pub ec_replacement: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -293,6 +343,20 @@ pub enum BenchCmd {
         /// Matrix-kernel threads of the single-process trainer (all cores by default).
         #[arg(long, default_value_t = 2)]
         single_threads: usize,
+    },
+    /// ECRec's costs on one cluster configuration (synchronous): `none`, then ECRec with k = 2
+    /// and 4 with and without 2PC and dense replication (training-time and memory overhead),
+    /// then ECRec and `full` each with a server killed (time to resume and to full recovery,
+    /// throughput meanwhile).
+    Ecrec {
+        #[command(flatten)]
+        run: RunArgs,
+        /// Server killed in the recovery runs.
+        #[arg(long, default_value_t = 0)]
+        kill_server: u32,
+        /// Step after which it is killed [default: half the steps].
+        #[arg(long)]
+        kill_step: Option<u64>,
     },
 }
 

@@ -109,7 +109,7 @@ fn strategy_none_with_a_kill_exits_non_zero_with_one_error_line() {
 fn bad_run_flags_give_one_clear_error_line() {
     let dir = tempfile::tempdir().unwrap();
     for (extra, needle) in [
-        (vec!["--strategy", "ecrec"], "unknown strategy"),
+        (vec!["--strategy", "ecrek"], "unknown strategy"),
         (vec!["--kill", "server=1"], "ROLE=I@step=S"),
         (vec!["--kill", "worker=2@step=2"], "worker=2"),
         (vec!["--kill", "server=5@step=2"], "server=5"),

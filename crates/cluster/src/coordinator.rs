@@ -20,6 +20,7 @@
 //! recovery redoes steps, so every attempt to commit is staged under a fresh, increasing
 //! sequence number (`seq`), distinct from the training step it computes.
 
+mod ecrec;
 mod store;
 
 use std::collections::{BTreeMap, HashMap};
@@ -99,6 +100,7 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
             FullCheckpoint::new(Interval::Steps(every_steps))
                 .map_err(|e| ClusterError::Config(e.to_string()))?,
         ),
+        StrategyChoice::EcRec { .. } => ecrec::strategy(cfg)?,
         StrategyChoice::Deck {
             delta_every_steps, ..
         } => Box::new(
@@ -161,6 +163,7 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
         store,
         phase_entries: HashMap::new(),
         upload_wait_s: 0.0,
+        ec: None,
     };
     c.rt.spawn(heartbeat(
         hb_rx,
@@ -168,13 +171,16 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
         cfg.heartbeat_timeout,
         lost_tx,
     ));
-    let result = c.start_all().and_then(|()| {
-        if c.cfg.sync {
-            c.train_sync()
-        } else {
-            c.train_async()
-        }
-    });
+    let result = c
+        .start_all()
+        .and_then(|()| {
+            if c.cfg.sync {
+                c.train_sync()
+            } else {
+                c.train_async()
+            }
+        })
+        .and_then(|()| c.ec_finish());
     c.finish(result)
 }
 
@@ -231,6 +237,8 @@ struct Coordinator {
     phase_entries: HashMap<Phase, u32>,
     /// `deck`: time training waited at a save point for the previous save's upload.
     upload_wait_s: f64,
+    /// Strategy `ecrec`: the nodes' ECRec clients, rebuilds under way, the report's EC part.
+    ec: Option<ecrec::EcRun>,
 }
 
 impl Coordinator {
@@ -321,6 +329,7 @@ impl Coordinator {
         let addrs = self.server_addrs.clone();
         self.clients = Some(self.rt.block_on(connect_all(&addrs))?);
         self.connect_store_clients()?;
+        self.ec_connect()?;
         self.update_heartbeat();
         self.event(
             EventKind::ServersStarted,
@@ -635,6 +644,12 @@ impl Coordinator {
                 return Ok(());
             }
             self.fire_time_kills();
+            if let Some(go_on) = self.ec_between_steps()? {
+                if !go_on {
+                    return Ok(());
+                }
+                continue;
+            }
             let lost = self.confirmed_heartbeat_losses();
             if !lost.is_empty() {
                 if !self.handle_server_losses(lost, "heartbeat")? {
@@ -740,6 +755,10 @@ impl Coordinator {
             return Err(Failure::Rpc("worker_rpc", e));
         }
         let order: Vec<u32> = (0..self.workers()).collect();
+        if self.ec.is_some() {
+            self.ec_commit(step, seq, &order)?;
+            return Ok(loss / m as f64);
+        }
         let client = self
             .client()
             .map_err(|e| Failure::Rpc("commit_rpc", e.to_string()))?;
@@ -988,6 +1007,9 @@ impl Coordinator {
     /// Tell the strategy about every lost server and carry out what it decides. `Ok(false)`:
     /// the strategy ended the run.
     fn handle_server_losses(&mut self, lost: Vec<u32>, by: &str) -> Result<bool, ClusterError> {
+        if self.ec.is_some() {
+            return self.ec_handle_losses(lost, by);
+        }
         let gens_before = self.generation.clone();
         for server in lost {
             if self.generation[server as usize] != gens_before[server as usize] {
@@ -1054,6 +1076,11 @@ impl Coordinator {
                         now_s: self.now(),
                     });
                     if !self.execute(next)? {
+                        return Ok(false);
+                    }
+                }
+                Action::Rebuild { server } => {
+                    if !self.ec_rebuild(&[], &[server.0])? {
                         return Ok(false);
                     }
                 }
@@ -1360,6 +1387,7 @@ impl Coordinator {
             timeline: self.timeline,
             store,
             config: self.cfg,
+            ec: self.ec.map(|e| e.report),
         })
     }
 }

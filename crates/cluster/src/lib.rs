@@ -16,12 +16,16 @@
 //!   (every step's contributions staged and committed in worker order) or asynchronous mode
 //!   (each free worker gets the next batch and pushes when done); heartbeats, workers' RPC
 //!   errors and control connections feed failure detection; a strategy state machine of
-//!   `ftrec-strategy` (`none` | `full` | `deck`) decides and the coordinator carries out its
-//!   actions (pause, full or delta checkpoint, replace the lost server and restore everyone,
-//!   resume, abort);
-//!   servers and workers may also be started elsewhere and reached by address;
+//!   `ftrec-strategy` (`none` | `full` | `deck` | `ecrec`) decides and the coordinator carries
+//!   out its actions (pause, full or delta checkpoint, replace the lost server and restore
+//!   everyone, rebuild a lost server from the survivors, resume, abort); servers and workers
+//!   may also be started elsewhere and reached by address;
+//! - ECRec ([`ecrec`], ecrec.txt §3, synchronous mode only): every server is an ECRec node
+//!   (parities, dense replicas, 2PC, rebuild; [`EcServerSpec`]), each step commits by two-phase
+//!   commit across the nodes, and a lost server is replaced by an empty process that rebuilds
+//!   in the background while training goes on, with no rollback ([`EcReport`] in the report);
 //! - fault injection ([`KillSpec`]: SIGKILL a server or a worker after a step, at a time, or in
-//!   a named [`Phase`]) and the run's report with its event timeline, per-failure detect /
+//!   a named [`Phase`], ECRec's 2PC phases and rebuilds included) and the run's report with its event timeline, per-failure detect /
 //!   replace / resume / recover times, CPR Eq. 1's overhead terms and a throughput timeline
 //!   ([`RunReport`]);
 //! - `deck` (deck.txt §3–§4): the servers run the checkpoint service of `ftrec-ps::ckpt`
@@ -61,6 +65,7 @@
 
 pub mod control;
 pub mod coordinator;
+pub mod ecrec;
 pub mod image;
 pub mod launcher;
 pub mod merger;
@@ -70,6 +75,8 @@ pub mod spec;
 pub mod worker;
 
 pub use coordinator::run;
+pub use ecrec::{EcFlags, EcReport, EcServerSpec};
+pub use ftrec_ec::CodeKind;
 pub use launcher::ServerProcess;
 pub use report::{
     EventKind, FailureReport, IntervalPoint, Overheads, RunReport, StoreReport, TimedEvent,

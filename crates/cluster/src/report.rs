@@ -62,7 +62,8 @@ pub struct FailureReport {
     /// Steps lost (applied after the restored checkpoint) and redone.
     pub steps_redone: u64,
     /// How it was detected: `worker_rpc`, `commit_rpc`, `heartbeat` or `control` (a
-    /// worker's control connection).
+    /// worker's control connection); with ECRec also `prepare_rpc` (phase 1 of a step) and
+    /// `rebuild` (while starting or running a rebuild).
     pub detected_by: Option<String>,
 }
 
@@ -192,6 +193,9 @@ pub struct RunReport {
     #[serde(default)]
     pub store: Option<StoreReport>,
     pub config: RunConfig,
+    /// Strategy `ecrec`: code, 2PC cost, memory overhead, rebuilds, parity audit.
+    #[serde(default)]
+    pub ec: Option<crate::ecrec::EcReport>,
 }
 
 /// What a `deck` run did with its store.
@@ -274,6 +278,9 @@ impl RunReport {
                 "  auc {auc:.4} logloss {ll:.4} on {} held-out samples\n",
                 self.eval_samples
             );
+        }
+        if let Some(ec) = &self.ec {
+            s += &ec.summary();
         }
         if let Some(r) = &self.aborted {
             s += &format!("  aborted: {r}\n");

@@ -18,6 +18,13 @@ use crate::{ClusterError, ServerSpec};
 /// The shard `spec` describes, initialised exactly as the single-process model initialises the
 /// same rows and dense values.
 pub fn build_server(spec: &ServerSpec) -> Result<Server, ClusterError> {
+    let (config, dense) = server_config(spec)?;
+    Ok(Server::new(config, &dense)?)
+}
+
+/// The shard's configuration and the model's initial dense values (each server keeps its
+/// range of them).
+pub(crate) fn server_config(spec: &ServerSpec) -> Result<(ServerConfig, Vec<f32>), ClusterError> {
     spec.validate()?;
     let preset = Preset::by_name(&spec.preset).map_err(|e| ClusterError::Config(e.to_string()))?;
     let map = ShardMap::new(spec.servers).map_err(|e| ClusterError::Config(e.to_string()))?;
@@ -31,7 +38,7 @@ pub fn build_server(spec: &ServerSpec) -> Result<Server, ClusterError> {
         &spec.dense_optimizer,
     )
     .map_err(|e| ClusterError::Config(e.to_string()))?;
-    Ok(Server::new(config, &dense.params().values)?)
+    Ok((config, dense.into_params().values))
 }
 
 /// Write `text` to `path` atomically: a reader sees nothing or all of it.
@@ -88,7 +95,29 @@ async fn wait_for_end(until: Lifetime) {
 /// asks for end of file on standard input: it holds the other end of the pipe, so a launcher
 /// that exits or dies takes its servers with it and no orphan is left), then shut down cleanly.
 pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
-    let server = SharedServer::new(build_server(spec)?);
+    // With ECRec the node wraps the shard and serves its own service next to it.
+    let (mut routes, shared) = match &spec.ec {
+        Some(ec) => (crate::ecrec::ec_routes(spec, ec)?, None),
+        None => {
+            let server = SharedServer::new(build_server(spec)?);
+            let routes = Routes::new(ps_service(server.clone(), GrpcConfig::default()));
+            (routes, Some(server))
+        }
+    };
+    if let Some(c) = &spec.ckpt {
+        let server = shared.ok_or_else(|| {
+            ClusterError::Config("the checkpoint service and ECRec do not run together".into())
+        })?;
+        // DECK's server side: the tracker observes every push from now on, and saves and
+        // restores stream this shard to and from the store with bounded memory.
+        let staging = StagingOptions {
+            chunk_bytes: c.chunk_bytes,
+            staging_dir: c.staging_dir.clone(),
+        };
+        let node = CkptNode::new(server, staging, LocationOptions::from_env())
+            .map_err(|e| ClusterError::Checkpoint(e.to_string()))?;
+        routes = routes.add_service(ckpt_service(node));
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -98,19 +127,6 @@ pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
             source: e,
         })?;
     rt.block_on(async {
-        let config = GrpcConfig::default();
-        let mut routes = Routes::new(ps_service(server.clone(), config));
-        if let Some(c) = &spec.ckpt {
-            // DECK's server side: the tracker observes every push from now on, and saves and
-            // restores stream this shard to and from the store with bounded memory.
-            let staging = StagingOptions {
-                chunk_bytes: c.chunk_bytes,
-                staging_dir: c.staging_dir.clone(),
-            };
-            let node = CkptNode::new(server, staging, LocationOptions::from_env())
-                .map_err(|e| ClusterError::Checkpoint(e.to_string()))?;
-            routes = routes.add_service(ckpt_service(node));
-        }
         let handle = serve_routes(routes, spec.listen).await?;
         let addr = handle.local_addr();
         if let Some(path) = &spec.port_file {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use ftrec_core::{Optimizer, OptimizerKind, Preset};
 use serde::{Deserialize, Serialize};
 
+pub use crate::ecrec::EcServerSpec;
 use crate::ClusterError;
 
 /// Default staging chunk size, in KiB (DECK §3.2 sizes chunks like an SSD erase block).
@@ -30,6 +31,9 @@ pub struct ServerSpec {
     pub port_file: Option<PathBuf>,
     /// What ends the process.
     pub until: Lifetime,
+    /// ECRec on this server (strategy `ecrec`): parities, dense replicas, 2PC, rebuilds.
+    #[serde(default)]
+    pub ec: Option<EcServerSpec>,
     /// Serve the checkpoint service too (DECK's server side: tracking, staging, save, restore).
     #[serde(default)]
     pub ckpt: Option<CkptSpec>,
@@ -94,6 +98,7 @@ impl ServerSpec {
             port_file: None,
             until: Lifetime::Signal,
             ckpt: None,
+            ec: None,
         };
         spec.validate()?;
         Ok(spec)
@@ -116,6 +121,9 @@ impl ServerSpec {
         ] {
             o.validate()
                 .map_err(|e| ClusterError::Config(format!("{flag}: {e}")))?;
+        }
+        if let Some(ec) = &self.ec {
+            ec.validate(self.servers)?;
         }
         if let Some(c) = &self.ckpt {
             if c.chunk_bytes < 1024 {
@@ -157,6 +165,9 @@ impl ServerSpec {
             a.push("--port-file".into());
             a.push(p.display().to_string());
         }
+        if let Some(ec) = &self.ec {
+            a.extend(ec.to_args());
+        }
         if let Some(c) = &self.ckpt {
             a.push("--ckpt-staging".into());
             a.push(c.staging_dir.display().to_string());
@@ -177,6 +188,10 @@ impl ServerSpec {
         let mut get = std::collections::BTreeMap::new();
         let mut it = args.iter();
         while let Some(flag) = it.next() {
+            if EcServerSpec::SWITCHES.contains(&flag.as_str()) {
+                get.insert(flag.as_str(), String::new());
+                continue;
+            }
             let known = [
                 "--id",
                 "--servers",
@@ -191,6 +206,10 @@ impl ServerSpec {
                 "--until",
                 "--ckpt-staging",
                 "--ckpt-chunk-kib",
+                "--ec-code",
+                "--ec-k",
+                "--ec-r",
+                "--recovery-locks",
             ];
             if !known.contains(&flag.as_str()) {
                 return Err(ClusterError::Config(format!(
@@ -241,6 +260,7 @@ impl ServerSpec {
         if get.contains_key("--until") {
             spec.until = need(&get, "--until")?;
         }
+        spec.ec = EcServerSpec::from_flags(&get)?;
         if let Some(dir) = get.get("--ckpt-staging") {
             let kib: usize = if get.contains_key("--ckpt-chunk-kib") {
                 need(&get, "--ckpt-chunk-kib")?
@@ -291,6 +311,13 @@ pub enum Phase {
     Recovery,
     /// While the merger writes a merged or full checkpoint (`deck`), before its manifest.
     Merge,
+    /// ECRec: just before phase 1 of a step's two-phase commit is sent (the server dies in
+    /// phase 1; with `--no-2pc`, just before the one-phase apply).
+    Prepare,
+    /// ECRec: after phase 1 of a step succeeded everywhere, before phase 2 is sent.
+    Commit,
+    /// ECRec: right after a replacement joined, while its background rebuild runs.
+    Rebuild,
 }
 
 impl FromStr for Phase {
@@ -300,6 +327,9 @@ impl FromStr for Phase {
             "checkpoint-write" => Ok(Phase::CheckpointWrite),
             "recovery" => Ok(Phase::Recovery),
             "merge" => Ok(Phase::Merge),
+            "prepare" => Ok(Phase::Prepare),
+            "commit" => Ok(Phase::Commit),
+            "rebuild" => Ok(Phase::Rebuild),
             _ => Err(()),
         }
     }
@@ -311,6 +341,9 @@ impl std::fmt::Display for Phase {
             Phase::CheckpointWrite => "checkpoint-write",
             Phase::Recovery => "recovery",
             Phase::Merge => "merge",
+            Phase::Prepare => "prepare",
+            Phase::Commit => "commit",
+            Phase::Rebuild => "rebuild",
         })
     }
 }
@@ -329,8 +362,9 @@ pub enum KillAt {
 }
 
 /// A fault to inject: SIGKILL one process at a scheduled point. Written
-/// `ROLE=I@step=S`, `ROLE=I@time=T` or `ROLE=I@phase=checkpoint-write|recovery|merge[#N]`
-/// (the `N`-th time the phase is entered, default the first), with ROLE
+/// `ROLE=I@step=S`, `ROLE=I@time=T` or
+/// `ROLE=I@phase=checkpoint-write|recovery|merge|prepare|commit|rebuild[#N]` (the `N`-th time
+/// the phase is entered, default the first), with ROLE
 /// `server` or `worker` (for example `server=1@step=12`, `worker=0@time=2.5`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -383,8 +417,8 @@ impl FromStr for KillSpec {
         let bad = |why: &str| {
             ClusterError::Config(format!(
                 "--kill {s:?}: {why}; expected ROLE=I@step=S, ROLE=I@time=T or \
-                 ROLE=I@phase=checkpoint-write|recovery|merge[#N] with ROLE server, worker or \
-                 merger (for example server=1@step=12)"
+                 ROLE=I@phase=checkpoint-write|recovery|merge|prepare|commit|rebuild[#N] with \
+                 ROLE server, worker or merger (for example server=1@step=12)"
             ))
         };
         let (who, when) = s.split_once('@').ok_or_else(|| bad("no '@'"))?;
@@ -431,6 +465,21 @@ pub enum StrategyChoice {
     None,
     /// Full checkpoints every `every_steps` steps and full recovery (CPR §2.2).
     Full { every_steps: u64 },
+    /// ECRec (ecrec.txt §3): rows erasure-coded in stripes of `k` data and `r` parity rows
+    /// across the servers, dense blocks replicated, a lost server rebuilt from the survivors
+    /// while training goes on. Synchronous mode only (see [`crate::ecrec`]).
+    EcRec {
+        k: usize,
+        r: usize,
+        #[serde(with = "crate::ecrec::code_serde")]
+        code: ftrec_ec::CodeKind,
+        /// Copies of every dense range on the next `r` servers (ECRec §3.3).
+        dense_replication: bool,
+        /// Two-phase commit of every step (ECRec §3.5).
+        two_phase: bool,
+        /// Lock ranges of a rebuild (ECRec §3.4).
+        lock_ranges: usize,
+    },
     /// DECK: a full base, then delta checkpoints of the touched rows every
     /// `delta_every_steps` steps, written by the servers through local staging while training
     /// goes on; a merger process merges every `merge_stride` deltas of one layer (none: no
@@ -453,11 +502,26 @@ impl StrategyChoice {
             StrategyChoice::None => "none",
             StrategyChoice::Full { .. } => "full",
             StrategyChoice::Deck { .. } => "deck",
+            StrategyChoice::EcRec { .. } => "ecrec",
         }
     }
 
-    /// `none`, `full` (with the checkpoint interval `every_steps`) or `deck` (a delta every
-    /// `every_steps`, a merger with stride 2, no full from the trainer after the first).
+    /// `ecrec` with the exact code over stripes of 2 data rows and 1 parity, dense
+    /// replication and 2PC on, one lock range.
+    pub fn ecrec_default() -> StrategyChoice {
+        StrategyChoice::EcRec {
+            k: crate::ecrec::DEFAULT_K,
+            r: crate::ecrec::DEFAULT_R,
+            code: ftrec_ec::CodeKind::Gf256,
+            dense_replication: true,
+            two_phase: true,
+            lock_ranges: crate::ecrec::DEFAULT_LOCK_RANGES,
+        }
+    }
+
+    /// `none`, `full` (with the checkpoint interval `every_steps`), `deck` (a delta every
+    /// `every_steps`, a merger with stride 2, no full from the trainer after the first) or
+    /// `ecrec` (with [`StrategyChoice::ecrec_default`]'s code, to be adjusted by its flags).
     pub fn parse(name: &str, every_steps: u64) -> Result<StrategyChoice, ClusterError> {
         match name {
             "none" => Ok(StrategyChoice::None),
@@ -468,8 +532,9 @@ impl StrategyChoice {
                 merge_stride: Some(2),
                 merge_mib_per_s: None,
             }),
+            "ecrec" => Ok(StrategyChoice::ecrec_default()),
             other => Err(ClusterError::Config(format!(
-                "unknown strategy {other:?} (expected none, full or deck)"
+                "unknown strategy {other:?} (expected none, full, deck or ecrec)"
             ))),
         }
     }
@@ -662,6 +727,7 @@ impl RunConfig {
                 self.strategy.name()
             ));
         }
+        crate::ecrec::validate_run(self)?;
         for k in &self.kills {
             let count = match k.role {
                 Role::Server => self.servers,
@@ -761,6 +827,7 @@ impl RunConfig {
                 staging_dir: self.work_dir.join(format!("staging-{id}")),
                 chunk_bytes: self.ckpt_chunk_kib.saturating_mul(1024),
             }),
+            ec: EcServerSpec::of_strategy(&self.strategy),
         }
     }
 }
@@ -843,8 +910,8 @@ mod tests {
         cfg.kills = vec![KillSpec::server_at_step(1, 10)];
         assert!(matches!(cfg.validate(), Err(ClusterError::Config(m)) if m.contains("step=10")));
         assert!(matches!(
-            StrategyChoice::parse("ecrec", 5),
-            Err(ClusterError::Config(m)) if m.contains("ecrec")
+            StrategyChoice::parse("ecrek", 5),
+            Err(ClusterError::Config(m)) if m.contains("ecrek") && m.contains("ecrec")
         ));
     }
 }

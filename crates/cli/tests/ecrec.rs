@@ -1,0 +1,157 @@
+//! `ftrec run --strategy ecrec` end to end: real processes of this binary, a SIGKILLed server
+//! rebuilt while training goes on (ecrec.txt §3.4), the job-file keys, and one clear error
+//! line for every bad ECRec setting.
+
+use std::path::Path;
+use std::process::Command;
+
+fn ftrec() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ftrec"))
+}
+
+fn read_json(p: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+fn succeed(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A three-server synchronous tiny run in `dir`.
+fn run_args(dir: &Path) -> Vec<String> {
+    [
+        "run",
+        "--preset",
+        "tiny",
+        "--servers",
+        "3",
+        "--workers",
+        "2",
+        "--sync",
+        "--steps",
+        "8",
+        "--batch",
+        "32",
+        "--eval-samples",
+        "0",
+        "--seed",
+        "5",
+        "--work-dir",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([dir.display().to_string()])
+    .collect()
+}
+
+#[test]
+fn an_ecrec_run_with_a_kill_rebuilds_the_server_and_matches_the_clean_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let clean = dir.path().join("clean.json");
+    succeed(
+        ftrec()
+            .args(run_args(&dir.path().join("clean")))
+            .args(["--strategy", "none", "--json"])
+            .arg(&clean),
+    );
+    // The ECRec settings from a job file, the rest from flags.
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        "strategy = \"ecrec\"\nec_k = 2\nec_r = 1\nec_code = \"gf256\"\nrecovery_locks = 3\n",
+    )
+    .unwrap();
+    let json = dir.path().join("ecrec.json");
+    let out = succeed(
+        ftrec()
+            .args(run_args(&dir.path().join("killed")))
+            .arg("--config")
+            .arg(&job)
+            .args(["--kill", "server=1@step=3", "--json"])
+            .arg(&json),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("ecrec gf256 k=2 r=1"), "{stdout}");
+    assert!(stdout.contains("rebuild of server 1"), "{stdout}");
+    let (clean, killed) = (read_json(&clean), read_json(&json));
+    assert_eq!(killed["strategy"], "ecrec");
+    assert_eq!(killed["failures"].as_array().unwrap().len(), 1);
+    assert_eq!(killed["failures"][0]["steps_redone"], 0);
+    assert!(killed["failures"][0]["recovered_s"].as_f64().is_some());
+    assert_eq!(killed["ec"]["lock_ranges"], 3);
+    assert_eq!(killed["ec"]["rebuilds"][0]["ranges"], 3);
+    assert!(killed["ec"]["rebuilds"][0]["finished_s"].as_f64().is_some());
+    assert_eq!(killed["model_digest"], clean["model_digest"]);
+}
+
+#[test]
+fn bad_ecrec_settings_give_one_clear_error_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let ecrec = |extra: &[&str]| -> Vec<String> {
+        ["--strategy", "ecrec"]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    for (extra, needles) in [
+        (ecrec(&["--ec-k", "3"]), vec!["k + r = 4", "there are 3"]),
+        (ecrec(&["--ec-code", "xor"]), vec!["xor", "sum or gf256"]),
+        (
+            ecrec(&["--ec-code", "sum", "--ec-r", "2", "--ec-k", "1"]),
+            vec!["r = 1"],
+        ),
+        (ecrec(&["--recovery-locks", "0"]), vec!["lock range"]),
+        (
+            vec![
+                "--strategy".into(),
+                "full".into(),
+                "--ec-k".into(),
+                "2".into(),
+            ],
+            vec!["--ec-k", "ecrec only"],
+        ),
+        (
+            vec!["--no-2pc".into(), "--no-dense-replication".into()],
+            vec!["--no-dense-replication", "--no-2pc", "ecrec only"],
+        ),
+        (
+            vec!["--kill".into(), "server=0@phase=commit".into()],
+            vec!["phase commit", "ecrec only"],
+        ),
+    ] {
+        let out = ftrec()
+            .args(run_args(dir.path()))
+            .args(&extra)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{extra:?} succeeded");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let errors: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("ftrec: error:"))
+            .collect();
+        assert_eq!(errors.len(), 1, "{extra:?}: {stderr}");
+        for n in needles {
+            assert!(errors[0].contains(n), "{extra:?}: no {n:?} in {stderr}");
+        }
+    }
+    // Asynchronous mode is refused, saying what to add.
+    let args: Vec<String> = run_args(dir.path())
+        .into_iter()
+        .filter(|a| a != "--sync")
+        .collect();
+    let out = ftrec()
+        .args(args)
+        .args(["--strategy", "ecrec"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("add --sync"));
+}

@@ -1,0 +1,611 @@
+//! The coordinator's side of strategy `ecrec` (ecrec.txt §3).
+//!
+//! - Start: every node learns every peer's address (`set_peers`).
+//! - A step (ECRec §3.5): the workers stage their contributions under a fresh `seq` exactly as
+//!   without ECRec; then phase 1 (`prepare`) runs on every node concurrently, then phase 2
+//!   (`commit`) on every node. Without 2PC one `apply_step` per node does both. A failure in
+//!   phase 1 aborts the step on the survivors: the loss is handled and the step is retried
+//!   under a new `seq`. A failure in phase 2 cannot be undone (the survivors committed), and
+//!   need not be: the parity and replica holders committed the lost owner's deltas, so its
+//!   rebuild includes the step, which counts as done; the loss is handled before the next.
+//! - A loss (ECRec §3.4): the strategy asks to rebuild every server lost at the moment. A dead
+//!   one gets a new process started empty (`--ec-replacement`); every node learns the new
+//!   addresses; each replacement copies its dense part and starts its background rebuild
+//!   against the whole lost set (`start_rebuild(lost, background)`); the workers reconnect,
+//!   and training resumes at once, with no rollback. Between steps the coordinator polls
+//!   `rebuild_status` and tells the strategy when a rebuild finished or failed. Before the
+//!   final digest it waits for every rebuild to finish.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use ftrec_core::ServerId;
+use ftrec_ec::{Code, StripeLayout};
+use ftrec_model::{Dlrm, DlrmConfig};
+use ftrec_ps::ec::{audit_parities, EcGrpcClient, EcService};
+use ftrec_ps::PsError;
+use ftrec_strategy::{Action, EcRec, EcRecConfig, Event, Strategy};
+
+use super::{Coordinator, Failure, MAX_RECOVERIES};
+use crate::ecrec::{
+    largest_shard_bytes, memory, AuditReport, EcReport, EcServerSpec, RebuildReport,
+};
+use crate::report::EventKind;
+use crate::worker::connect_all;
+use crate::{ClusterError, Phase, Role, RunConfig, ServerProcess};
+
+/// Longest the end of a run waits for rebuilds still under way.
+const FINISH_REBUILD_TIMEOUT: Duration = Duration::from_secs(600);
+/// Largest table slice one audit read may carry (the gRPC message limit is 16 MiB).
+const AUDIT_READ_LIMIT: u64 = 8 << 20;
+
+/// The coordinator's ECRec state.
+pub(super) struct EcRun {
+    spec: EcServerSpec,
+    /// One client per server, in server order (replaced with the server).
+    clients: Vec<EcGrpcClient>,
+    /// Rebuilds under way: (server, index of its entry in `report.rebuilds`).
+    rebuilding: Vec<(u32, usize)>,
+    /// Servers whose phase 2 (or one-phase apply) failed, with the error: the step counted as
+    /// done and the loss is handled before the next one.
+    commit_failed: Vec<(u32, String)>,
+    pub(super) report: EcReport,
+}
+
+/// The `ecrec` state machine for `cfg`.
+pub(super) fn strategy(cfg: &RunConfig) -> Result<Box<dyn Strategy>, ClusterError> {
+    let spec = EcServerSpec::of_strategy(&cfg.strategy)
+        .ok_or_else(|| ClusterError::Config("strategy ecrec expected".into()))?;
+    let machine = EcRec::new(EcRecConfig {
+        servers: cfg.servers,
+        k: spec.k,
+        r: spec.r,
+    })
+    .map_err(|e| ClusterError::Config(e.to_string()))?;
+    Ok(Box::new(machine))
+}
+
+/// The servers whose result is an error, with it.
+fn failed<T>(results: &[Result<T, String>]) -> Vec<(u32, String)> {
+    results
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.as_ref().err().map(|e| (i as u32, e.clone())))
+        .collect()
+}
+
+fn describe(failed: &[(u32, String)]) -> String {
+    failed
+        .iter()
+        .map(|(s, e)| format!("server {s}: {e}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl Coordinator {
+    fn rpc_timeout(&self) -> Duration {
+        self.cfg.heartbeat_timeout.max(Duration::from_secs(10))
+    }
+
+    /// Run `f` on every node's client concurrently; results in server order.
+    fn ec_all<T, F, Fut>(&self, f: F) -> Vec<Result<T, String>>
+    where
+        F: Fn(EcGrpcClient) -> Fut,
+        Fut: Future<Output = Result<T, PsError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let clients = self
+            .ec
+            .as_ref()
+            .map(|e| e.clients.clone())
+            .unwrap_or_default();
+        let n = clients.len();
+        let timeout = self.rpc_timeout();
+        self.rt.block_on(async {
+            let mut set = tokio::task::JoinSet::new();
+            for (i, c) in clients.into_iter().enumerate() {
+                let fut = f(c);
+                set.spawn(async move { (i, tokio::time::timeout(timeout, fut).await) });
+            }
+            let mut out: Vec<Option<Result<T, String>>> = (0..n).map(|_| None).collect();
+            while let Some(joined) = set.join_next().await {
+                if let Ok((i, r)) = joined {
+                    out[i] = Some(match r {
+                        Ok(r) => r.map_err(|e| e.to_string()),
+                        Err(_) => Err(format!("no answer within {:.1}s", timeout.as_secs_f64())),
+                    });
+                }
+            }
+            out.into_iter()
+                .map(|o| o.unwrap_or_else(|| Err("the call's task failed".into())))
+                .collect()
+        })
+    }
+
+    /// Strategy `ecrec`: set up the ECRec state once and tell every node its peers.
+    pub(super) fn ec_connect(&mut self) -> Result<(), ClusterError> {
+        let Some(spec) = EcServerSpec::of_strategy(&self.cfg.strategy) else {
+            return Ok(());
+        };
+        if self.ec.is_none() {
+            let dense_values = Dlrm::new(
+                DlrmConfig::from_preset(&self.cfg.preset),
+                self.cfg.seed,
+                &self.cfg.dense_optimizer,
+            )?
+            .params()
+            .len() as u64;
+            let mem = memory(
+                &self.cfg.preset,
+                self.cfg.servers,
+                &spec,
+                &self.cfg.sparse_optimizer,
+                &self.cfg.dense_optimizer,
+                dense_values,
+            )?;
+            self.ec = Some(EcRun {
+                spec,
+                clients: Vec::new(),
+                rebuilding: Vec::new(),
+                commit_failed: Vec::new(),
+                report: EcReport::new(&spec, mem),
+            });
+        }
+        self.ec_set_peers()
+    }
+
+    /// New clients for the current addresses; every node learns every address.
+    fn ec_set_peers(&mut self) -> Result<(), ClusterError> {
+        let addrs: Vec<String> = self.server_addrs.iter().map(|a| a.to_string()).collect();
+        let clients = {
+            let _rt = self.rt.enter();
+            addrs
+                .iter()
+                .map(|a| EcGrpcClient::connect_lazy(a))
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        if let Some(ec) = self.ec.as_mut() {
+            ec.clients = clients;
+        }
+        let bad = failed(&self.ec_all(move |c| {
+            let addrs = addrs.clone();
+            async move { c.set_peers(addrs).await }
+        }));
+        if !bad.is_empty() {
+            return Err(ClusterError::Recovery(format!(
+                "telling the servers their peers: {}",
+                describe(&bad)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Commit step `step`, staged by the workers as `seq`, on every node: 2PC (ECRec §3.5) or
+    /// one phase.
+    pub(super) fn ec_commit(&mut self, step: u64, seq: u64, order: &[u32]) -> Result<(), Failure> {
+        self.fire_phase_kills(Phase::Prepare);
+        let Some(two_phase) = self.ec.as_ref().map(|e| e.spec.two_phase) else {
+            return Err(Failure::Rpc("commit_rpc", "ECRec is not set up".into()));
+        };
+        let workers = order.to_vec();
+        let t0 = Instant::now();
+        if !two_phase {
+            let res = self.ec_all(move |c| {
+                let w = workers.clone();
+                async move { c.apply_step(seq, w).await }
+            });
+            let bad = failed(&res);
+            if let Some(ec) = self.ec.as_mut() {
+                ec.report.prepare_s += t0.elapsed().as_secs_f64();
+                // Without 2PC nothing can be taken back: whatever applied stays applied.
+                ec.commit_failed.extend(bad);
+                ec.report.steps_committed += 1;
+                ec.report.per_step_s = ec.report.prepare_s / ec.report.steps_committed as f64;
+            }
+            return Ok(());
+        }
+        let res = self.ec_all(move |c| {
+            let w = workers.clone();
+            async move { c.prepare(seq, w).await }
+        });
+        let prepare_s = t0.elapsed().as_secs_f64();
+        let bad = failed(&res);
+        if !bad.is_empty() {
+            // Phase 1 failed: nothing was applied anywhere; drop the step on the survivors.
+            let _ = self.ec_all(move |c| async move { c.abort(seq).await });
+            if let Some(ec) = self.ec.as_mut() {
+                ec.report.prepare_s += prepare_s;
+                ec.report.steps_aborted += 1;
+            }
+            return Err(Failure::Rpc(
+                "prepare_rpc",
+                format!("phase 1 of step {step} (seq {seq}): {}", describe(&bad)),
+            ));
+        }
+        if let Some(ec) = self.ec.as_mut() {
+            ec.report.prepare_s += prepare_s;
+            for p in res.iter().flatten() {
+                ec.report.row_deltas_sent += p.row_deltas_sent;
+                ec.report.dense_deltas_sent += p.dense_deltas_sent;
+                ec.report.delta_bytes_sent += p.bytes_sent;
+            }
+        }
+        self.fire_phase_kills(Phase::Commit);
+        let t1 = Instant::now();
+        let res = self.ec_all(move |c| async move { c.commit(seq).await });
+        if let Some(ec) = self.ec.as_mut() {
+            ec.report.commit_s += t1.elapsed().as_secs_f64();
+            ec.commit_failed.extend(failed(&res));
+            ec.report.steps_committed += 1;
+            ec.report.per_step_s =
+                (ec.report.prepare_s + ec.report.commit_s) / ec.report.steps_committed as f64;
+        }
+        Ok(())
+    }
+
+    /// Between two steps: poll the rebuilds, handle a loss seen in phase 2. `None`: go on
+    /// with the next step; `Some(false)`: the run ended; `Some(true)`: look again.
+    pub(super) fn ec_between_steps(&mut self) -> Result<Option<bool>, ClusterError> {
+        if self.ec.is_none() {
+            return Ok(None);
+        }
+        if !self.ec_poll()? {
+            return Ok(Some(false));
+        }
+        let bad = self
+            .ec
+            .as_mut()
+            .map(|e| std::mem::take(&mut e.commit_failed))
+            .unwrap_or_default();
+        if bad.is_empty() {
+            return Ok(None);
+        }
+        let lost = self.probe_lost();
+        if lost.is_empty() {
+            return Err(ClusterError::StepFailed {
+                step: self.step(),
+                reason: format!(
+                    "the commit failed with every server alive, so the servers may disagree on \
+                     the step: {}",
+                    describe(&bad)
+                ),
+            });
+        }
+        Ok(Some(self.handle_server_losses(lost, "commit_rpc")?))
+    }
+
+    /// Servers `lost` are gone: tell the strategy about all of them, then rebuild every server
+    /// it names at once (one rebuild round against the whole lost set). `Ok(false)`: aborted.
+    pub(super) fn ec_handle_losses(
+        &mut self,
+        mut lost: Vec<u32>,
+        by: &str,
+    ) -> Result<bool, ClusterError> {
+        lost.sort_unstable();
+        lost.dedup();
+        let mut rebuild = BTreeSet::new();
+        let mut other = Vec::new();
+        for &s in &lost {
+            self.detected(Role::Server, s, by);
+            let actions = self.strategy.on(&Event::ServerLost {
+                server: ServerId(s),
+                now_s: self.now(),
+            });
+            for a in actions {
+                match a {
+                    Action::Rebuild { server } => {
+                        rebuild.insert(server.0);
+                    }
+                    a => other.push(a),
+                }
+            }
+        }
+        if other.iter().any(|a| matches!(a, Action::Abort { .. })) {
+            return self.execute(other);
+        }
+        let rebuild: Vec<u32> = rebuild.into_iter().collect();
+        if !rebuild.is_empty() && !self.ec_rebuild(&lost, &rebuild)? {
+            return Ok(false);
+        }
+        self.execute(other)
+    }
+
+    /// Rebuild `servers` (ECRec §3.4): a new empty process for each one in `dead`, a restarted
+    /// rebuild for the others; then training resumes at once. `Ok(false)`: aborted.
+    pub(super) fn ec_rebuild(
+        &mut self,
+        dead: &[u32],
+        servers: &[u32],
+    ) -> Result<bool, ClusterError> {
+        if self.ec.is_none() {
+            return Err(ClusterError::Protocol(format!(
+                "strategy {} asked to rebuild servers {servers:?}, which needs strategy ecrec",
+                self.strategy.name()
+            )));
+        }
+        self.recoveries += 1;
+        if self.recoveries > MAX_RECOVERIES {
+            return Err(ClusterError::Recovery(format!(
+                "gave up after {MAX_RECOVERIES} recoveries"
+            )));
+        }
+        // Every server whose state is not whole yet: a rebuild reads from the others only.
+        let mut lost_all: BTreeSet<u32> = servers.iter().copied().collect();
+        if let Some(ec) = &self.ec {
+            lost_all.extend(ec.rebuilding.iter().map(|&(s, _)| s));
+        }
+        let lost_all: Vec<u32> = lost_all.into_iter().collect();
+        self.event(
+            EventKind::RecoveryStart,
+            None,
+            format!(
+                "ECRec rebuild of servers {servers:?} (lost at the moment: {lost_all:?}), no \
+                 pause and no rollback"
+            ),
+        );
+        let rec = |e: ClusterError| ClusterError::Recovery(e.to_string());
+        for &id in dead {
+            self.ec_replace(id).map_err(rec)?;
+        }
+        if let Err(e) = self.ec_join(servers, &lost_all) {
+            let now_lost = self.probe_lost();
+            if !now_lost.is_empty() {
+                // Another server (or a replacement) died meanwhile: a new lost set.
+                return self.ec_handle_losses(now_lost, "rebuild");
+            }
+            let reason = e.to_string();
+            for &s in servers {
+                let actions = self.strategy.on(&Event::RebuildFailed {
+                    server: ServerId(s),
+                    reason: reason.clone(),
+                });
+                if !self.execute(actions)? {
+                    return Ok(false);
+                }
+            }
+            return Ok(true);
+        }
+        self.reconnect_workers().map_err(rec)?;
+        self.update_heartbeat();
+        // Reports about servers that have since been replaced are stale.
+        let _ = self.heartbeat_losses();
+        let now = self.now();
+        let mut resumed = false;
+        for f in self
+            .failures
+            .iter_mut()
+            .filter(|f| f.role == Role::Server && f.detected_s.is_some() && f.resumed_s.is_none())
+        {
+            f.replaced_s.get_or_insert(now - f.injected_t_s);
+            f.resumed_s = Some(now - f.injected_t_s);
+            resumed = true;
+        }
+        if resumed {
+            self.event(
+                EventKind::TrainingResumed,
+                None,
+                format!(
+                    "from step {} while servers {servers:?} rebuild in the background",
+                    self.step()
+                ),
+            );
+        }
+        self.fire_phase_kills(Phase::Rebuild);
+        Ok(true)
+    }
+
+    /// Start an empty replacement process for server `id`.
+    fn ec_replace(&mut self, id: u32) -> Result<(), ClusterError> {
+        self.generation[id as usize] += 1;
+        self.procs[id as usize].kill();
+        let mut spec = self.cfg.server_spec(id);
+        if let Some(ec) = spec.ec.as_mut() {
+            ec.replacement = true;
+        }
+        let p = ServerProcess::spawn(
+            &self.cfg.exe,
+            &spec,
+            &self.cfg.work_dir,
+            self.generation[id as usize],
+            self.cfg.start_timeout,
+        )?;
+        self.pids.push(p.pid());
+        self.addrs.push(p.addr.to_string());
+        let detail = format!("pid {} at {} (empty, to be rebuilt)", p.pid(), p.addr);
+        self.server_addrs[id as usize] = p.addr;
+        self.procs[id as usize] = p;
+        self.event(EventKind::ServerReplaced, Some(id), detail);
+        let now = self.now();
+        for f in self
+            .failures
+            .iter_mut()
+            .filter(|f| f.role == Role::Server && f.id == id && f.replaced_s.is_none())
+        {
+            f.replaced_s = Some(now - f.injected_t_s);
+        }
+        Ok(())
+    }
+
+    /// Connect to the current addresses, tell every node its peers, and start the background
+    /// rebuild of each of `servers` against the lost set `lost`.
+    fn ec_join(&mut self, servers: &[u32], lost: &[u32]) -> Result<(), ClusterError> {
+        let addrs = self.server_addrs.clone();
+        self.clients = Some(self.rt.block_on(connect_all(&addrs))?);
+        self.ec_set_peers()?;
+        let lost_ids: Vec<ServerId> = lost.iter().map(|&s| ServerId(s)).collect();
+        let timeout = self.rpc_timeout();
+        for &s in servers {
+            let now = self.now();
+            let Some(ec) = self.ec.as_mut() else {
+                return Ok(());
+            };
+            let client = ec.clients[s as usize].clone();
+            ec.report.rebuilds.push(RebuildReport {
+                server: s,
+                lost: lost.to_vec(),
+                started_s: now,
+                ..RebuildReport::default()
+            });
+            let idx = ec.report.rebuilds.len() - 1;
+            ec.rebuilding.retain(|&(x, _)| x != s);
+            ec.rebuilding.push((s, idx));
+            let ids = lost_ids.clone();
+            let r = self.rt.block_on(async move {
+                tokio::time::timeout(timeout, client.start_rebuild(ids, true)).await
+            });
+            let r = match r {
+                Ok(r) => r.map_err(|e| e.to_string()),
+                Err(_) => Err(format!("no answer within {:.1}s", timeout.as_secs_f64())),
+            };
+            let now = self.now();
+            let Some(ec) = self.ec.as_mut() else {
+                return Ok(());
+            };
+            match r {
+                Ok(()) => ec.report.rebuilds[idx].joined_s = Some(now),
+                Err(e) => {
+                    ec.report.rebuilds[idx].error = Some(e.clone());
+                    ec.rebuilding.retain(|&(x, _)| x != s);
+                    return Err(ClusterError::Recovery(format!(
+                        "starting the rebuild of server {s}: {e}"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Look at every rebuild under way; tell the strategy about finished and failed ones.
+    /// `Ok(false)`: the run was aborted.
+    fn ec_poll(&mut self) -> Result<bool, ClusterError> {
+        let Some(ec) = &self.ec else {
+            return Ok(true);
+        };
+        let tracked = ec.rebuilding.clone();
+        let clients = ec.clients.clone();
+        let timeout = self.rpc_timeout();
+        for (server, idx) in tracked {
+            let c = clients[server as usize].clone();
+            let st = self
+                .rt
+                .block_on(async move { tokio::time::timeout(timeout, c.rebuild_status()).await });
+            // An unreachable replacement is a loss: the next step or the heartbeat finds it.
+            let Ok(Ok(st)) = st else { continue };
+            let now = self.now();
+            let Some(ec) = self.ec.as_mut() else {
+                return Ok(true);
+            };
+            let b = &mut ec.report.rebuilds[idx];
+            b.ranges = st.ranges_total;
+            b.rows_decoded_on_demand = st.rows_decoded_on_demand;
+            b.cut_retries = st.cut_retries;
+            if st.finished {
+                b.finished_s = Some(now);
+                ec.rebuilding.retain(|&(x, _)| x != server);
+                for f in self.failures.iter_mut().filter(|f| {
+                    f.role == Role::Server
+                        && f.id == server
+                        && f.replaced_s.is_some()
+                        && f.recovered_s.is_none()
+                }) {
+                    f.recovered_s = Some(now - f.injected_t_s);
+                }
+                self.event(
+                    EventKind::RecoveryComplete,
+                    Some(server),
+                    format!("server {server} rebuilt"),
+                );
+                let actions = self.strategy.on(&Event::RebuildFinished {
+                    server: ServerId(server),
+                    now_s: now,
+                });
+                if !self.execute(actions)? {
+                    return Ok(false);
+                }
+            } else if let Some(reason) = st.error {
+                b.error = Some(reason.clone());
+                ec.rebuilding.retain(|&(x, _)| x != server);
+                let lost = self.probe_lost();
+                if !lost.is_empty() {
+                    // The rebuild failed because a server it reads from is gone.
+                    return self.ec_handle_losses(lost, "rebuild");
+                }
+                let actions = self.strategy.on(&Event::RebuildFailed {
+                    server: ServerId(server),
+                    reason,
+                });
+                if !self.execute(actions)? {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// End of training: wait for the rebuilds still under way (the final digest must see
+    /// whole servers), then audit the parities.
+    pub(super) fn ec_finish(&mut self) -> Result<(), ClusterError> {
+        if self.ec.is_none() || self.aborted.is_some() {
+            return Ok(());
+        }
+        let deadline = Instant::now() + FINISH_REBUILD_TIMEOUT;
+        while self.ec.as_ref().is_some_and(|e| !e.rebuilding.is_empty()) {
+            if !self.ec_poll()? {
+                return Ok(());
+            }
+            let lost = self.confirmed_heartbeat_losses();
+            if !lost.is_empty() && !self.handle_server_losses(lost, "heartbeat")? {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(ClusterError::Recovery(format!(
+                    "rebuilds still under way {:.0}s after the last step",
+                    FINISH_REBUILD_TIMEOUT.as_secs_f64()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.ec_audit();
+        Ok(())
+    }
+
+    /// Check every parity against a fresh encode and every dense replica against its primary
+    /// (for the sum code: its drift). Recorded in the report; never fails the run.
+    fn ec_audit(&mut self) {
+        let Some(ec) = &self.ec else { return };
+        let spec = ec.spec;
+        let clients = ec.clients.clone();
+        let preset = &self.cfg.preset;
+        let words = (preset.dim + self.cfg.sparse_optimizer.state_words(preset.dim)) as u64;
+        let result = if largest_shard_bytes(preset, self.cfg.servers, words) > AUDIT_READ_LIMIT {
+            Err(format!(
+                "one server's rows of the largest table exceed {} MiB, more than one audit \
+                 read may carry",
+                AUDIT_READ_LIMIT >> 20
+            ))
+        } else {
+            StripeLayout::new(self.cfg.servers, spec.k, spec.r, &preset.table_rows)
+                .and_then(|l| Ok((l, Code::new(spec.code, spec.k, spec.r)?)))
+                .map_err(|e| e.to_string())
+                .and_then(|(layout, code)| {
+                    self.rt
+                        .block_on(audit_parities(&clients, &layout, &code))
+                        .map_err(|e| format!("the audit failed: {e}"))
+                })
+        };
+        if let Some(ec) = self.ec.as_mut() {
+            match result {
+                Ok(a) => {
+                    ec.report.audit = Some(AuditReport {
+                        stripes: a.stripes,
+                        parity_mismatches: a.parity_mismatches,
+                        max_abs_error: a.max_abs_error,
+                        replica_mismatches: a.replica_mismatches,
+                    })
+                }
+                Err(why) => ec.report.audit_skipped = Some(why),
+            }
+        }
+    }
+}

@@ -1,0 +1,591 @@
+//! ECRec in the cluster (ecrec.txt §3): what a server process needs to run as an ECRec node
+//! ([`EcServerSpec`]), the checks a run with `--strategy ecrec` must pass, and what the run
+//! reports about it ([`EcReport`]). The coordinator's side (two-phase commit of every step,
+//! replacement and background rebuild of lost servers) lives in `coordinator::ecrec`.
+//!
+//! Synchronous mode only: the server-side protocol ([`ftrec_ps::ec`]) commits whole
+//! deterministic steps (pull, stage, prepare, commit, never overlapping), which is what makes
+//! a rebuilt server equal the lost one bit for bit. A run with `--strategy ecrec` and without
+//! `--sync` is refused with an error that says so. Servers started elsewhere are refused too:
+//! a lost server's replacement must start empty and rebuild, which only a launched process
+//! is told to do (`--ec-replacement`).
+
+use std::collections::BTreeMap;
+
+use ftrec_core::{Optimizer, Preset, ServerId, DENSE_BLOCK};
+use ftrec_ec::{CodeKind, StripeLayout};
+use ftrec_ps::ec::{ec_service, EcConfig, EcNode};
+use ftrec_ps::grpc::{ps_service, GrpcConfig, Routes};
+use serde::{Deserialize, Serialize};
+
+use crate::spec::{KillAt, Phase};
+use crate::{ClusterError, RunConfig, ServerSpec, StrategyChoice};
+
+/// Data rows per stripe when `--ec-k` is not given.
+pub const DEFAULT_K: usize = 2;
+/// Parities per stripe when `--ec-r` is not given.
+pub const DEFAULT_R: usize = 1;
+/// Lock ranges of a rebuild when `--recovery-locks` is not given.
+pub const DEFAULT_LOCK_RANGES: usize = 1;
+
+/// Serde of a [`CodeKind`] as its name (`sum`, `gf256`).
+pub(crate) mod code_serde {
+    use ftrec_ec::CodeKind;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(c: &CodeKind, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(c.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<CodeKind, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// The ECRec part of a server process's spec: the flags `--ec-code --ec-k --ec-r
+/// [--no-dense-replication] [--no-2pc] --recovery-locks [--ec-replacement]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EcServerSpec {
+    #[serde(with = "code_serde")]
+    pub code: CodeKind,
+    pub k: usize,
+    pub r: usize,
+    pub dense_replication: bool,
+    pub two_phase: bool,
+    pub lock_ranges: usize,
+    /// Start as the replacement of a lost server: every row, parity and dense block is
+    /// missing until the coordinator starts its rebuild.
+    pub replacement: bool,
+}
+
+impl EcServerSpec {
+    /// Flags without a value.
+    pub(crate) const SWITCHES: [&'static str; 3] =
+        ["--no-dense-replication", "--no-2pc", "--ec-replacement"];
+
+    /// The servers' part of strategy `ecrec` (`None` for another strategy).
+    pub fn of_strategy(strategy: &StrategyChoice) -> Option<EcServerSpec> {
+        match *strategy {
+            StrategyChoice::EcRec {
+                k,
+                r,
+                code,
+                dense_replication,
+                two_phase,
+                lock_ranges,
+            } => Some(EcServerSpec {
+                code,
+                k,
+                r,
+                dense_replication,
+                two_phase,
+                lock_ranges,
+                replacement: false,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The node configuration: `r` dense copies with dense replication on (so `r` losses at
+    /// once never take every copy of a dense block), none without.
+    pub fn ec_config(&self) -> EcConfig {
+        let mut c = EcConfig::new(self.code, self.k, self.r);
+        c.dense_replicas = if self.dense_replication { self.r } else { 0 };
+        c.two_phase = self.two_phase;
+        c.lock_ranges = self.lock_ranges;
+        c
+    }
+
+    pub fn validate(&self, servers: u32) -> Result<(), ClusterError> {
+        self.ec_config()
+            .validate(servers)
+            .map_err(|e| ClusterError::Config(format!("ecrec: {e}")))
+    }
+
+    pub(crate) fn to_args(self) -> Vec<String> {
+        let mut a = vec![
+            "--ec-code".to_string(),
+            self.code.name().into(),
+            "--ec-k".into(),
+            self.k.to_string(),
+            "--ec-r".into(),
+            self.r.to_string(),
+            "--recovery-locks".into(),
+            self.lock_ranges.to_string(),
+        ];
+        for (on, flag) in [
+            (!self.dense_replication, "--no-dense-replication"),
+            (!self.two_phase, "--no-2pc"),
+            (self.replacement, "--ec-replacement"),
+        ] {
+            if on {
+                a.push(flag.into());
+            }
+        }
+        a
+    }
+
+    /// From parsed server flags (switches map to an empty value).
+    pub(crate) fn from_flags(
+        get: &BTreeMap<&str, String>,
+    ) -> Result<Option<EcServerSpec>, ClusterError> {
+        let num = |flag: &str| -> Result<Option<usize>, ClusterError> {
+            get.get(flag)
+                .map(|v| {
+                    v.parse::<usize>().map_err(|e| {
+                        ClusterError::Config(format!("{flag} {v:?}: {e} (expected a count)"))
+                    })
+                })
+                .transpose()
+        };
+        EcFlags {
+            code: get.get("--ec-code").cloned(),
+            k: num("--ec-k")?,
+            r: num("--ec-r")?,
+            no_dense_replication: get.contains_key("--no-dense-replication"),
+            no_2pc: get.contains_key("--no-2pc"),
+            recovery_locks: num("--recovery-locks")?,
+            replacement: get.contains_key("--ec-replacement"),
+        }
+        .server_spec()
+    }
+}
+
+/// The ECRec flags as given (`ftrec run`, `ftrec server`, job files), before validation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EcFlags {
+    /// `--ec-code` (sum or gf256).
+    pub code: Option<String>,
+    /// `--ec-k`.
+    pub k: Option<usize>,
+    /// `--ec-r`.
+    pub r: Option<usize>,
+    pub no_dense_replication: bool,
+    pub no_2pc: bool,
+    /// `--recovery-locks`.
+    pub recovery_locks: Option<usize>,
+    /// `--ec-replacement` (server processes only).
+    pub replacement: bool,
+}
+
+impl EcFlags {
+    /// Whether any ECRec flag was given.
+    pub fn any(&self) -> bool {
+        *self != EcFlags::default()
+    }
+
+    /// The names of the flags given, for errors.
+    pub fn given(&self) -> Vec<&'static str> {
+        [
+            (self.code.is_some(), "--ec-code"),
+            (self.k.is_some(), "--ec-k"),
+            (self.r.is_some(), "--ec-r"),
+            (self.no_dense_replication, "--no-dense-replication"),
+            (self.no_2pc, "--no-2pc"),
+            (self.recovery_locks.is_some(), "--recovery-locks"),
+            (self.replacement, "--ec-replacement"),
+        ]
+        .into_iter()
+        .filter_map(|(on, f)| on.then_some(f))
+        .collect()
+    }
+
+    /// A server's ECRec part: `None` without ECRec flags; with some, `--ec-k` and `--ec-r`
+    /// are required (a server must agree with its peers on the layout), the code defaults to
+    /// gf256 and the lock ranges to 1.
+    pub fn server_spec(&self) -> Result<Option<EcServerSpec>, ClusterError> {
+        if !self.any() {
+            return Ok(None);
+        }
+        let need = |v: Option<usize>, flag: &str| {
+            v.ok_or_else(|| {
+                ClusterError::Config(format!("ECRec server flags need {flag} (missing)"))
+            })
+        };
+        Ok(Some(EcServerSpec {
+            code: match &self.code {
+                Some(c) => parse_code(c)?,
+                None => CodeKind::Gf256,
+            },
+            k: need(self.k, "--ec-k")?,
+            r: need(self.r, "--ec-r")?,
+            dense_replication: !self.no_dense_replication,
+            two_phase: !self.no_2pc,
+            lock_ranges: self.recovery_locks.unwrap_or(1),
+            replacement: self.replacement,
+        }))
+    }
+
+    /// Strategy `ecrec` with these flags (gf256 and [`DEFAULT_K`], [`DEFAULT_R`],
+    /// [`DEFAULT_LOCK_RANGES`] where not given). Validated
+    /// against the cluster by [`RunConfig::validate`].
+    pub fn strategy(&self) -> Result<StrategyChoice, ClusterError> {
+        if self.replacement {
+            return Err(ClusterError::Config(
+                "--ec-replacement is a server flag; the coordinator starts replacements itself"
+                    .into(),
+            ));
+        }
+        Ok(StrategyChoice::EcRec {
+            k: self.k.unwrap_or(DEFAULT_K),
+            r: self.r.unwrap_or(DEFAULT_R),
+            code: match &self.code {
+                Some(c) => parse_code(c)?,
+                None => CodeKind::Gf256,
+            },
+            dense_replication: !self.no_dense_replication,
+            two_phase: !self.no_2pc,
+            lock_ranges: self.recovery_locks.unwrap_or(DEFAULT_LOCK_RANGES),
+        })
+    }
+}
+
+/// `sum` or `gf256`, with an error naming the accepted codes.
+pub fn parse_code(v: &str) -> Result<CodeKind, ClusterError> {
+    v.parse().map_err(|_| {
+        ClusterError::Config(format!(
+            "--ec-code {v:?} is not a code (expected sum or gf256)"
+        ))
+    })
+}
+
+/// Checks of a run config that concern ECRec (called by [`RunConfig::validate`]).
+pub(crate) fn validate_run(cfg: &RunConfig) -> Result<(), ClusterError> {
+    let bad = |m: String| Err(ClusterError::Config(m));
+    if let Some(ec) = EcServerSpec::of_strategy(&cfg.strategy) {
+        if !cfg.sync {
+            return bad(
+                "--strategy ecrec runs in synchronous deterministic mode only: add --sync (its \
+                 two-phase commit and rebuild work on whole steps)"
+                    .into(),
+            );
+        }
+        if !cfg.external_servers.is_empty() {
+            return bad(
+                "--strategy ecrec needs servers this coordinator starts (a lost server's \
+                 replacement must start empty and rebuild); drop --server-addr"
+                    .into(),
+            );
+        }
+        ec.validate(cfg.servers)?;
+    } else {
+        for k in &cfg.kills {
+            if let KillAt::Phase(p) | KillAt::PhaseNth(p, _) = k.at {
+                if matches!(p, Phase::Prepare | Phase::Commit | Phase::Rebuild) {
+                    return bad(format!(
+                        "--kill {k}: phase {p} exists with --strategy ecrec only"
+                    ));
+                }
+                if p == Phase::Merge && !matches!(cfg.strategy, StrategyChoice::Deck { .. }) {
+                    return bad(format!(
+                        "--kill {k}: phase merge exists with --strategy deck only"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The routes of an ECRec server process: the parameter-server service on the node's shard
+/// and the ECRec service (parity traffic, 2PC, rebuild) on the same socket.
+pub(crate) fn ec_routes(spec: &ServerSpec, ec: &EcServerSpec) -> Result<Routes, ClusterError> {
+    let (config, dense) = crate::shard_server::server_config(spec)?;
+    let node = if ec.replacement {
+        EcNode::new_replacement(config, &dense, ec.ec_config(), &[ServerId(spec.id)])?
+    } else {
+        EcNode::new(config, &dense, ec.ec_config())?
+    };
+    Ok(
+        Routes::new(ps_service(node.shared().clone(), GrpcConfig::default()))
+            .add_service(ec_service(node)),
+    )
+}
+
+/// Bytes held for the model and for redundancy over the whole cluster, computed from the
+/// layout (the same numbers `EcNode::memory` gives per node, summed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct EcMemory {
+    /// Rows (values and optimizer state) and dense values with their state.
+    pub model_bytes: u64,
+    pub parity_bytes: u64,
+    pub dense_replica_bytes: u64,
+    /// (model + parities + replicas) / model.
+    pub overhead: f64,
+    /// (k + r) / k: what the parities alone would cost with perfectly balanced stripes.
+    pub code_overhead: f64,
+}
+
+/// [`EcMemory`] of `servers` servers of `preset` with `ec`.
+pub fn memory(
+    preset: &Preset,
+    servers: u32,
+    ec: &EcServerSpec,
+    sparse: &Optimizer,
+    dense: &Optimizer,
+    dense_values: u64,
+) -> Result<EcMemory, ClusterError> {
+    let layout = StripeLayout::new(servers, ec.k, ec.r, &preset.table_rows)
+        .map_err(|e| ClusterError::Config(format!("ecrec layout: {e}")))?;
+    let words = (preset.dim + sparse.state_words(preset.dim)) as u64;
+    let rows: u64 = preset.table_rows.iter().sum();
+    let parity_slots: u64 = layout.parity_counts().iter().sum();
+    let blocks = dense_values.div_ceil(DENSE_BLOCK as u64);
+    let dense_bytes = (dense_values + blocks * dense.state_words(DENSE_BLOCK) as u64) * 4;
+    let model_bytes = rows * words * 4 + dense_bytes;
+    let parity_bytes = parity_slots * words * 4;
+    let dense_replica_bytes = ec.ec_config().dense_replicas as u64 * dense_bytes;
+    Ok(EcMemory {
+        model_bytes,
+        parity_bytes,
+        dense_replica_bytes,
+        overhead: (model_bytes + parity_bytes + dense_replica_bytes) as f64
+            / model_bytes.max(1) as f64,
+        code_overhead: (ec.k + ec.r) as f64 / ec.k as f64,
+    })
+}
+
+/// One rebuild of one server (a new replacement, or a rebuild restarted against a new set
+/// of lost servers), times in seconds after the run started.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RebuildReport {
+    pub server: u32,
+    /// Every server lost at the moment (the rebuild reads from the others).
+    pub lost: Vec<u32>,
+    pub started_s: f64,
+    /// The replacement held its dense part and took part in steps again.
+    pub joined_s: Option<f64>,
+    pub finished_s: Option<f64>,
+    /// Why it stopped, if it did not finish.
+    pub error: Option<String>,
+    pub ranges: u64,
+    pub rows_decoded_on_demand: u64,
+    pub cut_retries: u64,
+}
+
+/// [`ftrec_ps::ec::ParityAudit`] at the end of the run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct AuditReport {
+    pub stripes: u64,
+    pub parity_mismatches: u64,
+    /// Largest |stored - re-encoded| parity word: the sum code's drift.
+    pub max_abs_error: f64,
+    pub replica_mismatches: u64,
+}
+
+/// The ECRec part of a run's report.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EcReport {
+    pub code: String,
+    pub k: usize,
+    pub r: usize,
+    pub two_phase: bool,
+    pub dense_replication: bool,
+    pub lock_ranges: usize,
+    /// Steps committed on the servers (retried steps count once).
+    pub steps_committed: u64,
+    /// Steps aborted in phase 1 (then retried).
+    pub steps_aborted: u64,
+    /// Wall time of phase 1 (or of the one-phase apply), all steps.
+    pub prepare_s: f64,
+    /// Wall time of phase 2, all steps.
+    pub commit_s: f64,
+    /// Mean commit cost of a step as the coordinator sees it (both phases).
+    pub per_step_s: f64,
+    /// Row deltas and dense gradients sent server to server in phase 1, and their bytes.
+    pub row_deltas_sent: u64,
+    pub dense_deltas_sent: u64,
+    pub delta_bytes_sent: u64,
+    pub memory: EcMemory,
+    pub rebuilds: Vec<RebuildReport>,
+    /// Parities and dense replicas checked against a fresh encode at the end.
+    pub audit: Option<AuditReport>,
+    /// Why there is no audit.
+    pub audit_skipped: Option<String>,
+}
+
+impl EcReport {
+    pub(crate) fn new(ec: &EcServerSpec, memory: EcMemory) -> EcReport {
+        EcReport {
+            code: ec.code.name().into(),
+            k: ec.k,
+            r: ec.r,
+            two_phase: ec.two_phase,
+            dense_replication: ec.dense_replication,
+            lock_ranges: ec.lock_ranges,
+            memory,
+            ..EcReport::default()
+        }
+    }
+
+    /// Lines for [`crate::RunReport::summary`].
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "  ecrec {} k={} r={}, 2PC {}, dense replication {}: {} steps committed ({} \
+             aborted), {:.3} ms per step commit, {} row deltas ({} bytes) sent; memory x{:.3} \
+             (code (k+r)/k = {:.3})\n",
+            self.code,
+            self.k,
+            self.r,
+            if self.two_phase { "on" } else { "off" },
+            if self.dense_replication { "on" } else { "off" },
+            self.steps_committed,
+            self.steps_aborted,
+            1e3 * self.per_step_s,
+            self.row_deltas_sent,
+            self.delta_bytes_sent,
+            self.memory.overhead,
+            self.memory.code_overhead,
+        );
+        for b in &self.rebuilds {
+            let t = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.3}s"));
+            s += &format!(
+                "  rebuild of server {} (lost {:?}) from {:.3}s: joined {}, finished {}, {} \
+                 rows decoded on demand{}\n",
+                b.server,
+                b.lost,
+                b.started_s,
+                t(b.joined_s),
+                t(b.finished_s),
+                b.rows_decoded_on_demand,
+                b.error
+                    .as_ref()
+                    .map_or(String::new(), |e| format!(", stopped: {e}"))
+            );
+        }
+        match (&self.audit, &self.audit_skipped) {
+            (Some(a), _) => {
+                s += &format!(
+                    "  parity audit: {} of {} stripes' parities differ from a fresh encode (max \
+                     |error| {:.3e}), {} dense replica words differ\n",
+                    a.parity_mismatches, a.stripes, a.max_abs_error, a.replica_mismatches
+                )
+            }
+            (None, Some(why)) => s += &format!("  parity audit skipped: {why}\n"),
+            (None, None) => {}
+        }
+        s
+    }
+}
+
+/// Bytes of the largest table's rows on one server (rows are dealt round robin), for
+/// callers that size one read of a whole table.
+pub(crate) fn largest_shard_bytes(preset: &Preset, servers: u32, words: u64) -> u64 {
+    preset
+        .table_rows
+        .iter()
+        .map(|&rows| rows.div_ceil(u64::from(servers)) * words * 4)
+        .max()
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> EcServerSpec {
+        EcServerSpec {
+            code: CodeKind::Sum,
+            k: 2,
+            r: 1,
+            dense_replication: false,
+            two_phase: false,
+            lock_ranges: 4,
+            replacement: true,
+        }
+    }
+
+    #[test]
+    fn a_server_spec_with_ecrec_round_trips_through_its_arguments() {
+        let mut s = ServerSpec::from_preset(&Preset::tiny(), 2, 3, 5).unwrap();
+        s.ec = Some(spec());
+        assert_eq!(ServerSpec::from_args(&s.to_args()).unwrap(), s);
+        let mut g = spec();
+        g.code = CodeKind::Gf256;
+        g.r = 2;
+        g.dense_replication = true;
+        g.two_phase = true;
+        g.replacement = false;
+        s.servers = 4;
+        s.ec = Some(g);
+        assert_eq!(ServerSpec::from_args(&s.to_args()).unwrap(), s);
+    }
+
+    #[test]
+    fn bad_ecrec_server_flags_are_named() {
+        let s = ServerSpec::from_preset(&Preset::tiny(), 0, 3, 5).unwrap();
+        let with = |extra: &[&str]| {
+            let mut a = s.to_args();
+            a.extend(extra.iter().map(|x| x.to_string()));
+            ServerSpec::from_args(&a)
+        };
+        assert!(
+            matches!(with(&["--ec-k", "2"]), Err(ClusterError::Config(m)) if m.contains("--ec-r"))
+        );
+        assert!(matches!(
+            with(&["--ec-k", "2", "--ec-r", "1", "--ec-code", "xor"]),
+            Err(ClusterError::Config(m)) if m.contains("xor") && m.contains("gf256")
+        ));
+        assert!(matches!(
+            with(&["--ec-k", "3", "--ec-r", "1"]),
+            Err(ClusterError::Config(m)) if m.contains("k + r = 4")
+        ));
+        assert!(matches!(
+            with(&["--ec-k", "two", "--ec-r", "1"]),
+            Err(ClusterError::Config(m)) if m.contains("--ec-k")
+        ));
+        assert!(matches!(
+            with(&["--ec-k", "1", "--ec-r", "2", "--ec-code", "sum"]),
+            Err(ClusterError::Config(m)) if m.contains("r = 1")
+        ));
+        assert!(
+            with(&["--ec-k", "2", "--ec-r", "1", "--no-2pc"]).is_ok_and(|s| s
+                .ec
+                .is_some_and(|e| !e.two_phase && e.dense_replication && !e.replacement))
+        );
+    }
+
+    #[test]
+    fn run_configs_that_ecrec_cannot_serve_are_refused() {
+        let mut cfg = RunConfig::new(Preset::tiny(), "x".into(), "/tmp".into());
+        cfg.servers = 3;
+        cfg.steps = 10;
+        cfg.strategy = StrategyChoice::parse("ecrec", 1).unwrap();
+        assert!(cfg.validate().is_ok());
+        assert_eq!(
+            cfg.server_spec(1).ec,
+            EcServerSpec::of_strategy(&cfg.strategy)
+        );
+        cfg.sync = false;
+        assert!(matches!(cfg.validate(), Err(ClusterError::Config(m)) if m.contains("--sync")));
+        cfg.sync = true;
+        cfg.servers = 2;
+        assert!(matches!(cfg.validate(), Err(ClusterError::Config(m)) if m.contains("servers")));
+        cfg.servers = 3;
+        cfg.external_servers = vec!["127.0.0.1:1".parse().unwrap(); 3];
+        assert!(
+            matches!(cfg.validate(), Err(ClusterError::Config(m)) if m.contains("--server-addr"))
+        );
+        cfg.external_servers.clear();
+        cfg.strategy = StrategyChoice::None;
+        cfg.kills = vec!["server=1@phase=commit".parse().unwrap()];
+        assert!(matches!(cfg.validate(), Err(ClusterError::Config(m)) if m.contains("ecrec")));
+    }
+
+    #[test]
+    fn memory_overhead_is_near_the_codes_ratio_without_dense_replication() {
+        let p = Preset::tiny();
+        let opt = Optimizer::new(p.sparse_optimizer, p.sparse_lr);
+        let dopt = Optimizer::new(p.dense_optimizer, p.dense_lr);
+        let mut ec = spec();
+        ec.code = CodeKind::Gf256;
+        let m = memory(&p, 3, &ec, &opt, &dopt, 0).unwrap();
+        // Parities only, one per stripe of two rows (ragged tails round up).
+        assert!(m.overhead >= 1.5 && m.overhead < 1.52, "{m:?}");
+        assert_eq!(m.dense_replica_bytes, 0);
+        ec.dense_replication = true;
+        let m2 = memory(&p, 3, &ec, &opt, &dopt, 1000).unwrap();
+        assert!(m2.dense_replica_bytes > 0 && m2.overhead > 1.5, "{m2:?}");
+    }
+}

@@ -1,0 +1,264 @@
+//! Strategy `ecrec` on real processes (ecrec.txt §3): servers SIGKILLed mid-run, in either
+//! phase of the two-phase commit and during a rebuild, are replaced and rebuilt from the
+//! survivors while training goes on, and with the exact gf256 code the final model is the
+//! failure-free model bit for bit.
+
+use std::path::PathBuf;
+
+use ftrec_cluster::{run, EventKind, RunConfig, RunReport, StrategyChoice};
+use ftrec_core::Preset;
+use ftrec_ec::CodeKind;
+
+fn config(dir: &tempfile::TempDir, servers: u32, steps: u64) -> RunConfig {
+    let mut cfg = RunConfig::new(
+        Preset::tiny(),
+        PathBuf::from(env!("CARGO_BIN_EXE_ftrec-cluster-server")),
+        dir.path().to_path_buf(),
+    );
+    cfg.servers = servers;
+    cfg.workers = 2;
+    cfg.steps = steps;
+    cfg.batch = 64;
+    cfg.seed = 7;
+    cfg.eval_samples = 0;
+    cfg
+}
+
+fn ecrec(k: usize, r: usize, code: CodeKind) -> StrategyChoice {
+    StrategyChoice::EcRec {
+        k,
+        r,
+        code,
+        dense_replication: true,
+        two_phase: true,
+        lock_ranges: 4,
+    }
+}
+
+/// Every process the run started is reaped and every address it used is free again.
+fn assert_no_children_left(report: &RunReport) {
+    for &pid in report.server_pids.iter().chain(&report.worker_pids) {
+        // SAFETY: signal 0 only checks for existence; it sends nothing.
+        let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+        assert_eq!(r, -1, "process {pid} is still alive");
+    }
+    for addr in &report.server_addrs {
+        std::net::TcpListener::bind(addr.as_str())
+            .unwrap_or_else(|e| panic!("port {addr} is still taken: {e}"));
+    }
+}
+
+/// The digest of the same run without fault tolerance and without kills.
+fn none_digest(servers: u32, steps: u64) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let report = run(&config(&dir, servers, steps)).unwrap();
+    assert!(report.failures.is_empty() && report.ec.is_none());
+    assert!(!report.model_digest.is_empty());
+    report.model_digest
+}
+
+/// Run with `kills`; every kill is recovered without a redone step.
+fn killed_run(servers: u32, steps: u64, strategy: StrategyChoice, kills: &[&str]) -> RunReport {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, servers, steps);
+    cfg.strategy = strategy;
+    cfg.kills = kills.iter().map(|k| k.parse().unwrap()).collect();
+    let report = run(&cfg).unwrap();
+    assert_no_children_left(&report);
+    assert!(report.aborted.is_none(), "{:?}", report.aborted);
+    assert_eq!(report.steps, steps);
+    assert_eq!(report.failures.len(), kills.len(), "{:?}", report.failures);
+    for f in &report.failures {
+        assert_eq!(f.steps_redone, 0, "{f:?}");
+        let (d, p, r, c) = (
+            f.detected_s.unwrap(),
+            f.replaced_s.unwrap(),
+            f.resumed_s.unwrap(),
+            f.recovered_s.unwrap(),
+        );
+        assert!(d <= p && p <= r && r <= c, "{f:?}");
+    }
+    let ec = report.ec.as_ref().unwrap();
+    assert!(!ec.rebuilds.is_empty());
+    assert!(ec.rebuilds.iter().any(|b| b.finished_s.is_some()));
+    // ECRec never rolls back: no checkpoint, no restore.
+    assert_eq!(report.checkpoints, 0);
+    assert_eq!(report.samples_redone, 0);
+    report
+}
+
+#[test]
+fn a_failure_free_ecrec_run_trains_the_model_of_a_run_without_fault_tolerance() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 3, 6);
+    cfg.strategy = ecrec(2, 1, CodeKind::Gf256);
+    let report = run(&cfg).unwrap();
+    assert_no_children_left(&report);
+    assert_eq!(report.model_digest, none_digest(3, 6));
+    let ec = report.ec.unwrap();
+    assert_eq!((ec.k, ec.r, ec.code.as_str()), (2, 1, "gf256"));
+    assert!(ec.two_phase && ec.dense_replication);
+    assert_eq!((ec.steps_committed, ec.steps_aborted), (6, 0));
+    assert!(ec.row_deltas_sent > 0 && ec.delta_bytes_sent > 0);
+    assert!(ec.per_step_s > 0.0);
+    // ECRec §3.2: parities stay the exact encode of their stripes, replicas their primary.
+    let audit = ec.audit.unwrap();
+    assert!(audit.stripes > 0);
+    assert_eq!((audit.parity_mismatches, audit.replica_mismatches), (0, 0));
+    // One parity per two rows (ragged stripe tails round up), plus one dense copy (r = 1).
+    let m = ec.memory;
+    assert_eq!(m.code_overhead, 1.5);
+    let row_bytes = (m.model_bytes - m.dense_replica_bytes) as f64;
+    let parity_share = m.parity_bytes as f64 / row_bytes;
+    assert!((0.5..0.52).contains(&parity_share), "{m:?}");
+    let total = (m.model_bytes + m.parity_bytes + m.dense_replica_bytes) as f64;
+    assert!(
+        (m.overhead - total / m.model_bytes as f64).abs() < 1e-12,
+        "{m:?}"
+    );
+}
+
+#[test]
+fn a_server_killed_mid_run_is_rebuilt_and_the_model_is_the_failure_free_one() {
+    let report = killed_run(3, 8, ecrec(2, 1, CodeKind::Gf256), &["server=1@step=3"]);
+    assert_eq!(report.model_digest, none_digest(3, 8));
+    // The original three servers and one replacement.
+    assert_eq!(report.server_pids.len(), 4);
+    let kinds: Vec<EventKind> = report.events.iter().map(|e| e.kind).collect();
+    for k in [
+        EventKind::FailureDetected,
+        EventKind::ServerReplaced,
+        EventKind::TrainingResumed,
+        EventKind::RecoveryComplete,
+    ] {
+        assert!(kinds.contains(&k), "no {k:?} in {kinds:?}");
+    }
+    let ec = report.ec.unwrap();
+    assert_eq!(ec.rebuilds.len(), 1);
+    assert_eq!((ec.rebuilds[0].server, &ec.rebuilds[0].lost), (1, &vec![1]));
+    let audit = ec.audit.unwrap();
+    assert_eq!((audit.parity_mismatches, audit.replica_mismatches), (0, 0));
+}
+
+#[test]
+fn two_servers_killed_at_once_with_r2_are_rebuilt_together() {
+    let report = killed_run(
+        4,
+        7,
+        ecrec(2, 2, CodeKind::Gf256),
+        &["server=0@step=3", "server=2@step=3"],
+    );
+    assert_eq!(report.model_digest, none_digest(4, 7));
+    assert_eq!(report.server_pids.len(), 6);
+    let ec = report.ec.unwrap();
+    // One rebuild round covering both: each replacement rebuilt against the lost set {0, 2}.
+    assert_eq!(ec.rebuilds.len(), 2, "{:?}", ec.rebuilds);
+    assert!(ec.rebuilds.iter().all(|b| b.lost == vec![0, 2]));
+}
+
+#[test]
+fn a_replacement_killed_during_its_rebuild_is_replaced_and_rebuilt_again() {
+    let report = killed_run(
+        3,
+        8,
+        ecrec(2, 1, CodeKind::Gf256),
+        &["server=2@step=3", "server=2@phase=rebuild"],
+    );
+    assert_eq!(report.model_digest, none_digest(3, 8));
+    // The original, the replacement killed while rebuilding, and the one that finished.
+    assert_eq!(report.server_pids.len(), 5);
+    let ec = report.ec.unwrap();
+    assert_eq!(ec.rebuilds.len(), 2, "{:?}", ec.rebuilds);
+    assert!(ec.rebuilds[1].finished_s.is_some());
+}
+
+#[test]
+fn a_server_killed_in_phase_1_aborts_the_step_which_is_retried() {
+    let report = killed_run(
+        3,
+        6,
+        ecrec(2, 1, CodeKind::Gf256),
+        &["server=0@phase=prepare"],
+    );
+    assert_eq!(report.model_digest, none_digest(3, 6));
+    let ec = report.ec.unwrap();
+    assert!(ec.steps_aborted >= 1, "{ec:?}");
+    assert_eq!(ec.steps_committed, 6);
+}
+
+#[test]
+fn a_server_killed_in_phase_2_still_commits_the_step_everywhere_else() {
+    let report = killed_run(
+        3,
+        6,
+        ecrec(2, 1, CodeKind::Gf256),
+        &["server=1@phase=commit"],
+    );
+    assert_eq!(report.model_digest, none_digest(3, 6));
+    let ec = report.ec.unwrap();
+    // The step counted as done: nothing aborted, nothing redone.
+    assert_eq!((ec.steps_committed, ec.steps_aborted), (6, 0));
+    assert_eq!(
+        report.failures[0].detected_by.as_deref(),
+        Some("commit_rpc")
+    );
+}
+
+#[test]
+fn with_the_sum_code_the_report_gives_the_parity_drift() {
+    // The sum code is approximate by design (ECRec §3.2): the digest is not compared.
+    let report = killed_run(3, 6, ecrec(2, 1, CodeKind::Sum), &["server=1@step=2"]);
+    let ec = report.ec.unwrap();
+    assert_eq!(ec.code, "sum");
+    let audit = ec.audit.unwrap();
+    assert!(audit.stripes > 0);
+    assert!(audit.max_abs_error.is_finite() && audit.max_abs_error >= 0.0);
+    assert!(!report.model_digest.is_empty());
+}
+
+#[test]
+fn another_server_lost_during_a_rebuild_with_r2_joins_the_rebuild() {
+    // Server 1 is rebuilding when server 3 dies: with r = 2 both are rebuilt, each against
+    // the new lost set, and training never stops.
+    let report = killed_run(
+        4,
+        8,
+        ecrec(2, 2, CodeKind::Gf256),
+        &["server=1@step=3", "server=3@phase=rebuild"],
+    );
+    assert_eq!(report.model_digest, none_digest(4, 8));
+    assert_eq!(report.server_pids.len(), 6);
+    let ec = report.ec.unwrap();
+    assert!(
+        ec.rebuilds
+            .iter()
+            .any(|b| b.server == 3 && b.lost.contains(&3)),
+        "{:?}",
+        ec.rebuilds
+    );
+    let audit = ec.audit.unwrap();
+    assert_eq!((audit.parity_mismatches, audit.replica_mismatches), (0, 0));
+}
+
+#[test]
+fn without_2pc_and_dense_replication_a_failure_free_run_is_unchanged_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 3, 5);
+    cfg.strategy = StrategyChoice::EcRec {
+        k: 2,
+        r: 1,
+        code: CodeKind::Gf256,
+        dense_replication: false,
+        two_phase: false,
+        lock_ranges: 1,
+    };
+    let report = run(&cfg).unwrap();
+    assert_no_children_left(&report);
+    assert_eq!(report.model_digest, none_digest(3, 5));
+    let ec = report.ec.unwrap();
+    assert!(!ec.two_phase && !ec.dense_replication);
+    assert_eq!((ec.steps_committed, ec.commit_s), (5, 0.0));
+    assert_eq!(ec.memory.dense_replica_bytes, 0);
+    let audit = ec.audit.unwrap();
+    assert_eq!(audit.parity_mismatches, 0);
+}
