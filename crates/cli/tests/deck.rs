@@ -152,3 +152,44 @@ fn deck_flags_with_another_strategy_or_bad_values_are_refused() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn deck_with_servers_started_without_a_checkpoint_service_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = dir.path().join("s0.port");
+    let mut server = ftrec()
+        .args(["server", "--id", "0", "--servers", "1", "--preset", "tiny"])
+        .args(["--until", "stdin", "--port-file"])
+        .arg(&port)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    while !port.exists() {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let addr = std::fs::read_to_string(&port).unwrap().trim().to_string();
+    let out = ftrec()
+        .args([
+            "coordinator",
+            "--preset",
+            "tiny",
+            "--servers",
+            "1",
+            "--workers",
+            "1",
+        ])
+        .args(["--steps", "4", "--strategy", "deck", "--server-addr", &addr])
+        .args(["--control-listen", "127.0.0.1:0", "--work-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    drop(server.stdin.take());
+    assert!(server.wait().unwrap().success());
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("server 0") && err.contains("--ckpt-staging"),
+        "{err}"
+    );
+}

@@ -28,7 +28,7 @@ use ftrec_ckpt::location::{self, LocationOptions};
 use ftrec_ckpt::snapshot::ShardReport;
 use ftrec_ckpt::{CheckpointId, CheckpointKind, Checkpoints, DataPosition, Manifest};
 use ftrec_ps::ckpt::grpc::CkptGrpcClient;
-use ftrec_ps::ckpt::{restore_cluster, CkptApi, SaveStarted};
+use ftrec_ps::ckpt::{restore_cluster, CkptApi, CkptServiceError, SaveStarted};
 use ftrec_strategy::{Action, CheckpointRef, Event};
 
 use super::Coordinator;
@@ -185,6 +185,24 @@ impl Coordinator {
             }
             Ok::<_, ClusterError>(out)
         })?;
+        // A server started without `--ckpt-staging` has no checkpoint service: say so now
+        // rather than fail every save. A `wait` for a save nobody started is the cheapest
+        // question the service answers (with "unknown save").
+        let probe =
+            CheckpointId::new("probe").map_err(|e| ClusterError::Checkpoint(e.to_string()))?;
+        for (i, c) in clients.iter().enumerate() {
+            if let Err(CkptServiceError::Remote { code, .. }) =
+                self.rt.block_on(c.wait(probe.clone()))
+            {
+                if code == "Unimplemented" {
+                    return Err(ClusterError::Config(format!(
+                        "server {i} at {} does not serve checkpoints: start it with \
+                         --ckpt-staging DIR for --strategy deck",
+                        self.server_addrs[i]
+                    )));
+                }
+            }
+        }
         self.store_mut()?.clients = clients;
         Ok(())
     }
