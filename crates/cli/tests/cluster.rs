@@ -2,27 +2,9 @@
 //! processes of this binary, real SIGKILLs, job files, the JSON report, and clear errors.
 
 use std::path::Path;
-use std::process::Command;
 
-fn ftrec() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ftrec"))
-}
-
-/// Run `cmd` and require success (its stderr is the failure message).
-fn succeed(cmd: &mut Command) -> std::process::Output {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-/// A JSON report written by `--json`.
-fn read_json(p: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
+mod common;
+use common::{ftrec, read_json, succeed};
 
 fn run_args(dir: &std::path::Path) -> Vec<String> {
     [

@@ -3,28 +3,13 @@
 //! a real store.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
-fn ftrec() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ftrec"))
-}
-
-fn succeed(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+mod common;
+use common::{ftrec, read_json, succeed};
 
 fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn read_json(p: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
 fn run(dir: &Path, extra: &[&str]) -> serde_json::Value {

@@ -3,25 +3,9 @@
 //! line for every bad ECRec setting.
 
 use std::path::Path;
-use std::process::Command;
 
-fn ftrec() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ftrec"))
-}
-
-fn read_json(p: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
-fn succeed(cmd: &mut Command) -> std::process::Output {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+mod common;
+use common::{ftrec, read_json, succeed};
 
 /// A three-server synchronous tiny run in `dir`.
 fn run_args(dir: &Path) -> Vec<String> {

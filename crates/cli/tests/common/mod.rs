@@ -1,0 +1,27 @@
+//! What every end-to-end test of the `ftrec` binary needs: the binary, a run that must
+//! succeed, and its JSON report.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+pub fn ftrec() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ftrec"))
+}
+
+/// Run `cmd` and require success (its stderr is the failure message).
+pub fn succeed(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A JSON report written by `--json`.
+pub fn read_json(p: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
