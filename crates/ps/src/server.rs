@@ -600,6 +600,24 @@ impl Server {
         for w in workers {
             acc.add(&staged[w], self.dense_range.start, self.dense.len());
         }
+        let mut p = self.prepare_acc(&acc);
+        p.step = step;
+        p.workers = workers.to_vec();
+        Ok(p)
+    }
+
+    /// Phase 1 of a transaction that carries its own update (ECRec §3.5, asynchronous
+    /// training: one worker's push): validate `update` and compute the rows and dense blocks
+    /// it would produce from the current state, exactly as [`Server::push`] would apply it,
+    /// changing nothing. [`Server::install_prepared`] applies the result.
+    pub fn prepare_update(&self, update: &Update) -> Result<PreparedStep, PsError> {
+        self.validate_update(update)?;
+        let mut acc = Accumulator::new(self.config.dim);
+        acc.add(update, self.dense_range.start, self.dense.len());
+        Ok(self.prepare_acc(&acc))
+    }
+
+    fn prepare_acc(&self, acc: &Accumulator) -> PreparedStep {
         let dim = self.config.dim;
         let words = self.layout.words();
         let opt = self.config.sparse_optimizer;
@@ -646,12 +664,12 @@ impl Server {
                 state,
             });
         }
-        Ok(PreparedStep {
-            step,
-            workers: workers.to_vec(),
+        PreparedStep {
+            step: 0,
+            workers: Vec::new(),
             rows: rows_out,
             dense: dense_out,
-        })
+        }
     }
 
     /// Two-phase commit, phase 2: install a step computed by [`Server::prepare_step`] on this
@@ -660,8 +678,26 @@ impl Server {
     pub fn commit_prepared(&mut self, prepared: &PreparedStep) -> Result<ApplyReport, PsError> {
         let step = prepared.step;
         self.check_commit_workers(step, &prepared.workers)?;
+        self.check_prepared(prepared)?;
+        if let Some(s) = self.staged.remove(&step) {
+            self.staged_bytes -= s.values().map(Update::payload_bytes).sum::<u64>();
+        }
+        let report = self.install_checked(prepared, UpdateOrigin::Step(step));
+        self.last_committed_step = Some(step);
+        Ok(report)
+    }
+
+    /// Phase 2 of a transaction prepared with [`Server::prepare_update`]: install its rows
+    /// and dense blocks (observers see a push).
+    pub fn install_prepared(&mut self, prepared: &PreparedStep) -> Result<ApplyReport, PsError> {
+        self.check_prepared(prepared)?;
+        Ok(self.install_checked(prepared, UpdateOrigin::Push))
+    }
+
+    /// Check that every row and block of `prepared` lives here, with whole rows.
+    fn check_prepared(&self, prepared: &PreparedStep) -> Result<(), PsError> {
+        let step = prepared.step;
         let words = self.layout.words();
-        let map = self.config.shard_map;
         for p in &prepared.rows {
             let t = self.table_index(p.table)?;
             let expected = p.rows.len() * words;
@@ -679,9 +715,12 @@ impl Server {
         for d in &prepared.dense {
             self.check_block_range(d.block, d.block + 1)?;
         }
-        if let Some(s) = self.staged.remove(&step) {
-            self.staged_bytes -= s.values().map(Update::payload_bytes).sum::<u64>();
-        }
+        Ok(())
+    }
+
+    fn install_checked(&mut self, prepared: &PreparedStep, origin: UpdateOrigin) -> ApplyReport {
+        let words = self.layout.words();
+        let map = self.config.shard_map;
         let mut report = ApplyReport::default();
         for p in &prepared.rows {
             let shard = &mut self.tables[p.table.0 as usize];
@@ -697,7 +736,7 @@ impl Server {
                     old: &p.old,
                     new: &p.new,
                 });
-                o.rows_updated(UpdateOrigin::Step(step), p.table, &p.rows, images);
+                o.rows_updated(origin, p.table, &p.rows, images);
             }
         }
         let spb = self.dense_state_per_block();
@@ -712,11 +751,10 @@ impl Server {
         report.dense_blocks_updated = blocks.len() as u64;
         if !blocks.is_empty() {
             for o in &mut self.observers {
-                o.dense_updated(UpdateOrigin::Step(step), &blocks);
+                o.dense_updated(origin, &blocks);
             }
         }
-        self.last_committed_step = Some(step);
-        Ok(report)
+        report
     }
 
     /// Rows touched by the contributions staged for `step`, per table (sorted, distinct).

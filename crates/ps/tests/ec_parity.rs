@@ -186,3 +186,135 @@ async fn the_audit_sees_a_parity_that_missed_a_delta() {
         Err(PsError::MalformedRequest(_))
     ));
 }
+
+// ---- asynchronous training: every worker's update is one transaction (ECRec §3.5) ----
+
+#[tokio::test]
+async fn sequential_transactions_train_the_pushed_model_bit_for_bit() {
+    // One update at a time, in a known order: the coded cluster holds exactly the model plain
+    // servers reach by pushing the same updates, with and without 2PC.
+    for two_phase in [true, false] {
+        let mut ec = EcConfig::new(CodeKind::Gf256, 2, 1);
+        ec.two_phase = two_phase;
+        let c = EcCluster::new(4, ec, OptimizerKind::Adam);
+        let mut reference = ec_common::PushReference::new(4, OptimizerKind::Adam);
+        for i in 1..=8u64 {
+            let u = ec_common::worker_update(i, (i % 2) as u32);
+            let r = c.txn((i % 2) as u32, i, &u).await.unwrap();
+            assert!(r.commit_failures.is_empty() && r.retries == 0, "{r:?}");
+            reference.push(&u);
+        }
+        assert_eq!(c.digest(), reference.digest(), "2PC {two_phase}");
+        let audit = c.audit().await;
+        assert_eq!((audit.parity_mismatches, audit.replica_mismatches), (0, 0));
+        for s in 0..4 {
+            assert_eq!(c.node(s).committed_step().unwrap(), Some(8));
+        }
+    }
+}
+
+#[test]
+fn concurrent_transactions_keep_parities_and_replicas_exact() {
+    // Several workers push at once on a multi-threaded runtime; after every round the
+    // parities equal a fresh encode of their stripes and the replicas their primaries, and
+    // every node committed every transaction once.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for (n, k, r, two_phase) in [(5, 2, 1, true), (6, 4, 2, true), (5, 2, 1, false)] {
+            let mut ec = EcConfig::new(CodeKind::Gf256, k, r);
+            ec.two_phase = two_phase;
+            let c = EcCluster::new(n, ec, OptimizerKind::Adam);
+            let mut total = 0u64;
+            let mut retries = 0;
+            for round in 0..5u64 {
+                let mut set = tokio::task::JoinSet::new();
+                for w in 0..3u32 {
+                    let clients = c.clients();
+                    set.spawn(async move {
+                        let mut retries = 0;
+                        for i in 0..3u64 {
+                            // Batches are handed out in increasing order across workers.
+                            let batch = 1 + round * 9 + i * 3 + u64::from(w);
+                            let u = ec_common::worker_update(batch, w);
+                            let mut seq = batch * 100;
+                            let rep = ftrec_ps::ec::run_txn(
+                                &clients,
+                                ec_common::txn_id(w, seq, batch),
+                                &ec_common::shares(&u, n),
+                                two_phase,
+                                &mut seq,
+                                |_| async {},
+                            )
+                            .await
+                            .unwrap();
+                            assert!(rep.commit_failures.is_empty(), "{rep:?}");
+                            retries += rep.retries;
+                        }
+                        retries
+                    });
+                }
+                while let Some(r) = set.join_next().await {
+                    retries += r.unwrap();
+                }
+                total += 9;
+                let audit = c.audit().await;
+                assert_eq!(
+                    (audit.parity_mismatches, audit.replica_mismatches),
+                    (0, 0),
+                    "n={n} k={k} r={r} 2PC {two_phase} round {round}: {audit:?}"
+                );
+                for s in 0..n {
+                    assert_eq!(c.node(s).committed_step().unwrap(), Some(total));
+                }
+            }
+            eprintln!("n={n} k={k} r={r} 2PC {two_phase}: {retries} wait-die retries");
+        }
+    });
+}
+
+#[tokio::test]
+async fn conflicting_transactions_wait_or_die_by_age() {
+    // Wait-die (no deadlock, no starvation): a transaction younger than the one holding a
+    // node is refused at once, retryably; an older one waits for the holder to finish.
+    let c = EcCluster::new(3, EcConfig::new(CodeKind::Gf256, 2, 1), OptimizerKind::Adam);
+    let holder = ec_common::txn_id(0, 1, 10);
+    let u = ec_common::worker_update(10, 0);
+    let sh = ec_common::shares(&u, 3);
+    for s in 0..3u32 {
+        c.node(s)
+            .txn_prepare(holder, sh[s as usize].clone())
+            .await
+            .unwrap();
+    }
+    let younger = ec_common::txn_id(1, 1, 20);
+    let e = c
+        .node(0)
+        .txn_prepare(younger, sh[0].clone())
+        .await
+        .unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    let older = ec_common::txn_id(2, 1, 5);
+    let node = c.node(0).clone();
+    let share0 = sh[0].clone();
+    let waiting = tokio::spawn(async move { node.txn_prepare(older, share0).await });
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        !waiting.is_finished(),
+        "the older transaction must wait for the holder"
+    );
+    for s in 0..3u32 {
+        c.node(s).txn_commit(holder).unwrap();
+    }
+    waiting.await.unwrap().unwrap();
+    for s in 0..3u32 {
+        c.node(s).txn_abort(older).unwrap();
+    }
+    let audit = c.audit().await;
+    assert_eq!((audit.parity_mismatches, audit.replica_mismatches), (0, 0));
+}

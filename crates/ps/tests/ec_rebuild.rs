@@ -471,3 +471,213 @@ async fn a_rebuild_share_of_zero_holds_the_lock_ranges_until_it_is_raised() {
     assert_eq!(node.rebuild_status().unwrap().ranges_done, 4);
     assert_whole(&c, &reference).await;
 }
+
+// ---- asynchronous training: losses during a worker's transaction (ECRec §3.5) ----
+
+/// `update` as transaction `txn` over `clients`, with `victim` killed when `phase` is
+/// reached.
+async fn txn_with_kill(
+    c: &EcCluster,
+    priority: u64,
+    update: &ftrec_ps::Update,
+    victim: u32,
+    phase: ftrec_ps::ec::TxnPhase,
+) -> Result<ftrec_ps::ec::TxnReport, PsError> {
+    let clients = c.clients();
+    let node = c.node(victim).clone();
+    let mut seq = priority * 1000;
+    ftrec_ps::ec::run_txn(
+        &clients,
+        ec_common::txn_id(0, seq, priority),
+        &ec_common::shares(update, c.n),
+        true,
+        &mut seq,
+        move |p| {
+            if p == phase {
+                node.kill();
+            }
+            async {}
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_loss_in_phase_one_of_a_transaction_aborts_it_and_the_retry_reaches_the_replacement() {
+    let mut c = EcCluster::new(4, EcConfig::new(CodeKind::Gf256, 2, 1), OptimizerKind::Adam);
+    let mut reference = ec_common::PushReference::new(4, OptimizerKind::Adam);
+    for i in 1..=3 {
+        let u = ec_common::worker_update(i, 0);
+        c.txn(0, i, &u).await.unwrap();
+        reference.push(&u);
+    }
+    let u = ec_common::worker_update(4, 1);
+    let e = txn_with_kill(&c, 4, &u, 2, ftrec_ps::ec::TxnPhase::Prepare)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, PsError::Unavailable { .. }), "{e}");
+    c.kill(2);
+    // Nothing of the update stayed anywhere: the survivors hold no transaction, and the
+    // replacement rebuilds the model without it.
+    let node = c.replace(2, &[2]);
+    node.start_rebuild(&lost(&[2]), false).await.unwrap();
+    assert_eq!(c.digest(), reference.digest());
+    // The worker retries the update against the replacement.
+    c.txn(1, 4, &u).await.unwrap();
+    reference.push(&u);
+    assert_eq!(c.digest(), reference.digest());
+    let audit = c.audit().await;
+    assert_eq!((audit.parity_mismatches, audit.replica_mismatches), (0, 0));
+}
+
+#[tokio::test]
+async fn a_loss_in_phase_two_of_a_transaction_is_committed_by_the_survivors() {
+    let mut c = EcCluster::new(
+        5,
+        EcConfig::new(CodeKind::Gf256, 3, 2),
+        OptimizerKind::Adagrad,
+    );
+    let mut reference = ec_common::PushReference::new(5, OptimizerKind::Adagrad);
+    for i in 1..=3 {
+        let u = ec_common::worker_update(i, 1);
+        c.txn(1, i, &u).await.unwrap();
+        reference.push(&u);
+    }
+    let u = ec_common::worker_update(4, 0);
+    let r = txn_with_kill(&c, 4, &u, 3, ftrec_ps::ec::TxnPhase::Commit)
+        .await
+        .unwrap();
+    assert_eq!(r.commit_failures.len(), 1, "{r:?}");
+    assert_eq!(r.commit_failures[0].0, ServerId(3));
+    reference.push(&u);
+    c.kill(3);
+    let node = c.replace(3, &[3]);
+    node.start_rebuild(&lost(&[3]), false).await.unwrap();
+    // The parities held the lost node's committed update.
+    assert_eq!(c.digest(), reference.digest());
+    let u = ec_common::worker_update(5, 1);
+    c.txn(1, 5, &u).await.unwrap();
+    reference.push(&u);
+    assert_eq!(c.digest(), reference.digest());
+    let audit = c.audit().await;
+    assert_eq!((audit.parity_mismatches, audit.replica_mismatches), (0, 0));
+}
+
+#[tokio::test]
+async fn a_lost_worker_s_transactions_are_fenced_and_resolved() {
+    for committed_somewhere in [false, true] {
+        let c = EcCluster::new(4, EcConfig::new(CodeKind::Gf256, 2, 1), OptimizerKind::Adam);
+        let mut reference = ec_common::PushReference::new(4, OptimizerKind::Adam);
+        let u = ec_common::worker_update(1, 0);
+        c.txn(0, 1, &u).await.unwrap();
+        reference.push(&u);
+        // Worker 1 prepares its update everywhere, commits on node 0 at most, and dies.
+        let t = ec_common::txn_id(1, 7, 2);
+        let v = ec_common::worker_update(2, 1);
+        let sh = ec_common::shares(&v, 4);
+        for s in 0..4u32 {
+            c.node(s)
+                .txn_prepare(t, sh[s as usize].clone())
+                .await
+                .unwrap();
+        }
+        if committed_somewhere {
+            c.node(0).txn_commit(t).unwrap();
+            reference.push(&v);
+        }
+        // The resolution: fence, read, decide, apply.
+        let mut commit = false;
+        for s in 0..4u32 {
+            let st = c.node(s).txn_fence(1, t.epoch).unwrap();
+            commit |= st.last_commit == Some(t);
+            assert!(st.holding == Some(t) || st.last_commit == Some(t), "{st:?}");
+        }
+        assert_eq!(commit, committed_somewhere);
+        for s in 0..4u32 {
+            c.node(s).txn_resolve(t, commit).unwrap();
+        }
+        // A late message of the lost worker is refused; the others train on.
+        assert!(matches!(
+            c.node(2).txn_commit(t),
+            Err(PsError::Refused { .. })
+        ));
+        let w = ec_common::worker_update(3, 0);
+        c.txn(0, 3, &w).await.unwrap();
+        reference.push(&w);
+        assert_eq!(
+            c.digest(),
+            reference.digest(),
+            "committed {committed_somewhere}"
+        );
+        let audit = c.audit().await;
+        assert_eq!((audit.parity_mismatches, audit.replica_mismatches), (0, 0));
+    }
+}
+
+#[test]
+fn a_replacement_rebuilds_while_workers_push_transactions() {
+    // Asynchronous training goes on during the background rebuild; transactions commit
+    // inside the first batch's lock; at the end the parities match the rows (including the
+    // rebuilt ones) and every node committed every transaction.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut ec = EcConfig::new(CodeKind::Gf256, 2, 1);
+        ec.lock_ranges = 5;
+        let mut c = EcCluster::new(5, ec, OptimizerKind::Momentum);
+        for i in 1..=4 {
+            c.txn(0, i, &ec_common::worker_update(i, 0)).await.unwrap();
+        }
+        c.kill(1);
+        let node = c.replace(1, &[1]);
+        let hold = HoldFirstBatch::install(&node);
+        node.start_rebuild(&lost(&[1]), true).await.unwrap();
+        hold.held.notified().await;
+        let mut batch = 5;
+        let mut round = |c: &EcCluster| {
+            let mut set = tokio::task::JoinSet::new();
+            for w in 0..2u32 {
+                let clients = c.clients();
+                let b = batch + u64::from(w);
+                set.spawn(async move {
+                    let u = ec_common::worker_update(b, w);
+                    let mut seq = b * 100;
+                    ftrec_ps::ec::run_txn(
+                        &clients,
+                        ec_common::txn_id(w, seq, b),
+                        &ec_common::shares(&u, 5),
+                        true,
+                        &mut seq,
+                        |_| async {},
+                    )
+                    .await
+                    .unwrap()
+                });
+            }
+            batch += 2;
+            set
+        };
+        let mut set = round(&c);
+        while let Some(r) = set.join_next().await {
+            assert!(r.unwrap().commit_failures.is_empty());
+        }
+        hold.go.notify_one();
+        for _ in 0..6 {
+            let mut set = round(&c);
+            while let Some(r) = set.join_next().await {
+                assert!(r.unwrap().commit_failures.is_empty());
+            }
+        }
+        c.wait_rebuilt(1).await;
+        let st = node.rebuild_status().unwrap();
+        assert!(st.commits_in_lock >= 2, "{st:?}");
+        let audit = c.audit().await;
+        assert_eq!((audit.parity_mismatches, audit.replica_mismatches), (0, 0));
+        for s in 0..5 {
+            assert_eq!(c.node(s).committed_step().unwrap(), Some(4 + 14));
+        }
+    });
+}

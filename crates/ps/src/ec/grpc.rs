@@ -10,10 +10,11 @@ use tonic::{Request, Response, Status};
 use super::node::EcNode;
 use super::service::EcService;
 use super::types::{
-    DeltaBatch, DenseRead, MemberKey, MemberRead, PackedBatch, PrepareReport, RebuildStatus,
+    DeltaBatch, DenseRead, MemberKey, MemberRead, PackedBatch, PrepareReport, RebuildStatus, TxnId,
+    TxnStatus,
 };
 use crate::grpc::wire::{bytes_to_f32s, bytes_to_u64s, f32s_to_bytes, from_status, to_status};
-use crate::update::{ApplyReport, DenseBlock, PulledRows};
+use crate::update::{ApplyReport, DenseBlock, PulledRows, Update};
 use crate::PsError;
 
 /// Messages and stubs generated from `proto/ec.proto`.
@@ -65,6 +66,155 @@ fn batch_to_proto(b: &PackedBatch) -> proto::DeltaBatch {
         dense_blocks: u64s(&b.dense_blocks),
         dense_lens: b.dense_lens.clone(),
         dense_grads: f32s_to_bytes(&b.dense_grads),
+        txn: b.txn.map(txn_to_proto),
+    }
+}
+
+fn txn_to_proto(t: TxnId) -> proto::Txn {
+    proto::Txn {
+        worker: t.worker,
+        epoch: t.epoch,
+        seq: t.seq,
+        priority: t.priority,
+    }
+}
+
+fn txn_from_proto(t: proto::Txn) -> TxnId {
+    TxnId {
+        worker: t.worker,
+        epoch: t.epoch,
+        seq: t.seq,
+        priority: t.priority,
+    }
+}
+
+fn need_txn(t: Option<proto::Txn>) -> Result<TxnId, PsError> {
+    t.map(txn_from_proto)
+        .ok_or_else(|| PsError::MalformedRequest("the request names no transaction".into()))
+}
+
+/// One server's share of an update, packed (see `TxnUpdate` in `ec.proto`).
+fn update_to_proto(txn: TxnId, u: &Update) -> proto::TxnUpdate {
+    let rows: Vec<u64> = u
+        .sparse
+        .iter()
+        .flat_map(|p| p.rows.iter().copied())
+        .collect();
+    let mut grads = Vec::with_capacity(u.sparse.iter().map(|p| p.grads.len()).sum::<usize>() * 4);
+    for p in &u.sparse {
+        grads.extend_from_slice(&f32s_to_bytes(&p.grads));
+    }
+    let mut dense = Vec::with_capacity(u.dense.iter().map(|d| d.grads.len()).sum::<usize>() * 4);
+    for d in &u.dense {
+        dense.extend_from_slice(&f32s_to_bytes(&d.grads));
+    }
+    proto::TxnUpdate {
+        txn: Some(txn_to_proto(txn)),
+        tables: u.sparse.iter().map(|p| p.table.0).collect(),
+        part_rows: u.sparse.iter().map(|p| p.rows.len() as u32).collect(),
+        rows: u64s(&rows),
+        grads,
+        dense_offsets: u.dense.iter().map(|d| d.offset).collect(),
+        dense_lens: u.dense.iter().map(|d| d.grads.len() as u32).collect(),
+        dense_grads: dense,
+    }
+}
+
+fn update_from_proto(p: proto::TxnUpdate) -> Result<(TxnId, Update), PsError> {
+    let txn = need_txn(p.txn)?;
+    let rows = bytes_to_u64s("transaction row ids", &p.rows)?;
+    let grads = bytes_to_f32s("transaction gradients", &p.grads)?;
+    let dense = bytes_to_f32s("transaction dense gradients", &p.dense_grads)?;
+    let bad = |m: String| PsError::MalformedRequest(m);
+    if p.tables.len() != p.part_rows.len()
+        || p.part_rows.iter().map(|&n| n as usize).sum::<usize>() != rows.len()
+    {
+        return Err(bad(format!(
+            "{} sparse tables, {} row counts and {} row ids disagree",
+            p.tables.len(),
+            p.part_rows.len(),
+            rows.len()
+        )));
+    }
+    if rows.is_empty() != grads.is_empty() || (!rows.is_empty() && grads.len() % rows.len() != 0) {
+        return Err(bad(format!(
+            "{} gradient values do not split into {} equal rows",
+            grads.len(),
+            rows.len()
+        )));
+    }
+    let dim = if rows.is_empty() {
+        0
+    } else {
+        grads.len() / rows.len()
+    };
+    if p.dense_offsets.len() != p.dense_lens.len()
+        || p.dense_lens.iter().map(|&n| n as usize).sum::<usize>() != dense.len()
+    {
+        return Err(bad("dense offsets, lengths and gradients disagree".into()));
+    }
+    let mut u = Update::new();
+    let (mut r, mut g) = (0usize, 0usize);
+    for (&t, &n) in p.tables.iter().zip(&p.part_rows) {
+        let n = n as usize;
+        u = u.with_sparse(
+            TableId(t),
+            rows[r..r + n].to_vec(),
+            grads[g..g + n * dim].to_vec(),
+        );
+        r += n;
+        g += n * dim;
+    }
+    let mut at = 0usize;
+    for (&off, &n) in p.dense_offsets.iter().zip(&p.dense_lens) {
+        let n = n as usize;
+        u = u.with_dense(off, dense[at..at + n].to_vec());
+        at += n;
+    }
+    Ok((txn, u))
+}
+
+fn prepare_reply(p: PrepareReport) -> proto::PrepareReply {
+    proto::PrepareReply {
+        rows: p.rows,
+        dense_blocks: p.dense_blocks,
+        row_deltas_sent: p.row_deltas_sent,
+        dense_deltas_sent: p.dense_deltas_sent,
+        bytes_sent: p.bytes_sent,
+        rows_decoded: p.rows_decoded,
+    }
+}
+
+fn prepare_report(p: proto::PrepareReply) -> PrepareReport {
+    PrepareReport {
+        rows: p.rows,
+        dense_blocks: p.dense_blocks,
+        row_deltas_sent: p.row_deltas_sent,
+        dense_deltas_sent: p.dense_deltas_sent,
+        bytes_sent: p.bytes_sent,
+        rows_decoded: p.rows_decoded,
+    }
+}
+
+fn apply_reply(a: ApplyReport) -> proto::ApplyReply {
+    proto::ApplyReply {
+        rows_updated: a.rows_updated,
+        dense_blocks_updated: a.dense_blocks_updated,
+    }
+}
+
+fn apply_report(a: proto::ApplyReply) -> ApplyReport {
+    ApplyReport {
+        rows_updated: a.rows_updated,
+        dense_blocks_updated: a.dense_blocks_updated,
+    }
+}
+
+fn status_from_proto(r: proto::TxnStatusReply) -> TxnStatus {
+    TxnStatus {
+        holding: r.holding.map(txn_from_proto),
+        last_commit: r.last_commit.map(txn_from_proto),
+        staged: r.staged.into_iter().map(txn_from_proto).collect(),
     }
 }
 
@@ -114,6 +264,7 @@ fn batch_from_proto(p: proto::DeltaBatch) -> Result<PackedBatch, PsError> {
         dense_blocks: blocks,
         dense_lens: p.dense_lens,
         dense_grads: grads,
+        txn: p.txn.map(txn_from_proto),
     })
 }
 
@@ -300,6 +451,74 @@ impl EcNodeRpc for EcGrpcHandler {
         req: Request<proto::RebuildShareRequest>,
     ) -> Result<Response<proto::Empty>, Status> {
         self.node.set_rebuild_share(req.into_inner().ppm);
+        Ok(Response::new(proto::Empty {}))
+    }
+
+    async fn txn_prepare(
+        &self,
+        req: Request<proto::TxnUpdate>,
+    ) -> Result<Response<proto::PrepareReply>, Status> {
+        let (txn, u) = update_from_proto(req.into_inner()).map_err(s)?;
+        let p = self
+            .node
+            .txn_prepare(txn, std::sync::Arc::new(u))
+            .await
+            .map_err(s)?;
+        Ok(Response::new(prepare_reply(p)))
+    }
+
+    async fn txn_commit(
+        &self,
+        req: Request<proto::Txn>,
+    ) -> Result<Response<proto::ApplyReply>, Status> {
+        let a = self
+            .node
+            .txn_commit(txn_from_proto(req.into_inner()))
+            .map_err(s)?;
+        Ok(Response::new(apply_reply(a)))
+    }
+
+    async fn txn_abort(&self, req: Request<proto::Txn>) -> Result<Response<proto::Empty>, Status> {
+        self.node
+            .txn_abort(txn_from_proto(req.into_inner()))
+            .map_err(s)?;
+        Ok(Response::new(proto::Empty {}))
+    }
+
+    async fn txn_apply(
+        &self,
+        req: Request<proto::TxnUpdate>,
+    ) -> Result<Response<proto::ApplyReply>, Status> {
+        let (txn, u) = update_from_proto(req.into_inner()).map_err(s)?;
+        let a = self
+            .node
+            .txn_apply(txn, std::sync::Arc::new(u))
+            .await
+            .map_err(s)?;
+        Ok(Response::new(apply_reply(a)))
+    }
+
+    async fn txn_fence(
+        &self,
+        req: Request<proto::FenceRequest>,
+    ) -> Result<Response<proto::TxnStatusReply>, Status> {
+        let r = req.into_inner();
+        let st = self.node.txn_fence(r.worker, r.epoch).map_err(s)?;
+        Ok(Response::new(proto::TxnStatusReply {
+            holding: st.holding.map(txn_to_proto),
+            last_commit: st.last_commit.map(txn_to_proto),
+            staged: st.staged.into_iter().map(txn_to_proto).collect(),
+        }))
+    }
+
+    async fn txn_resolve(
+        &self,
+        req: Request<proto::ResolveRequest>,
+    ) -> Result<Response<proto::Empty>, Status> {
+        let r = req.into_inner();
+        self.node
+            .txn_resolve(need_txn(r.txn).map_err(s)?, r.commit)
+            .map_err(s)?;
         Ok(Response::new(proto::Empty {}))
     }
 
@@ -573,6 +792,79 @@ impl EcService for EcGrpcClient {
                     lost: lost.iter().map(|s| s.0).collect(),
                     background,
                 }),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn txn_prepare(
+        &self,
+        txn: TxnId,
+        share: std::sync::Arc<Update>,
+    ) -> Result<PrepareReport, PsError> {
+        let p = self
+            .call(
+                "txn_prepare",
+                self.client
+                    .clone()
+                    .txn_prepare(update_to_proto(txn, &share)),
+            )
+            .await?;
+        Ok(prepare_report(p))
+    }
+
+    async fn txn_commit(&self, txn: TxnId) -> Result<ApplyReport, PsError> {
+        let a = self
+            .call(
+                "txn_commit",
+                self.client.clone().txn_commit(txn_to_proto(txn)),
+            )
+            .await?;
+        Ok(apply_report(a))
+    }
+
+    async fn txn_abort(&self, txn: TxnId) -> Result<(), PsError> {
+        self.call(
+            "txn_abort",
+            self.client.clone().txn_abort(txn_to_proto(txn)),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn txn_apply(
+        &self,
+        txn: TxnId,
+        share: std::sync::Arc<Update>,
+    ) -> Result<ApplyReport, PsError> {
+        let a = self
+            .call(
+                "txn_apply",
+                self.client.clone().txn_apply(update_to_proto(txn, &share)),
+            )
+            .await?;
+        Ok(apply_report(a))
+    }
+
+    async fn txn_fence(&self, worker: u32, epoch: u32) -> Result<TxnStatus, PsError> {
+        let r = self
+            .call(
+                "txn_fence",
+                self.client
+                    .clone()
+                    .txn_fence(proto::FenceRequest { worker, epoch }),
+            )
+            .await?;
+        Ok(status_from_proto(r))
+    }
+
+    async fn txn_resolve(&self, txn: TxnId, commit: bool) -> Result<(), PsError> {
+        self.call(
+            "txn_resolve",
+            self.client.clone().txn_resolve(proto::ResolveRequest {
+                txn: Some(txn_to_proto(txn)),
+                commit,
+            }),
         )
         .await?;
         Ok(())

@@ -105,6 +105,7 @@ mod grpc;
 mod node;
 mod rebuild;
 mod service;
+mod txn;
 mod types;
 
 pub use grpc::{ec_service, EcGrpcClient, EcGrpcHandler};
@@ -112,7 +113,8 @@ pub use node::{
     audit_parities, EcConfig, EcNode, ParityAudit, DEFAULT_PEER_TIMEOUT, FULL_SHARE_PPM,
 };
 pub use service::{EcClient, EcService, WeakNode};
+pub use txn::{run_txn, TxnPhase, TxnReport};
 pub use types::{
     DeltaBatch, DenseDelta, DenseRead, MemberKey, MemberRead, PrepareReport, RebuildHook,
-    RebuildPoint, RebuildStatus, RowDelta,
+    RebuildPoint, RebuildStatus, RowDelta, TxnId, TxnStatus,
 };

@@ -11,7 +11,7 @@ use ftrec_ec::{Code, CodeKind, Location, StripeId, StripeLayout};
 use super::service::{EcClient, EcService};
 use super::types::{
     DeltaBatch, DenseRead, MemberKey, MemberRead, PackedBatch, PrepareReport, RebuildHook,
-    RebuildStatus,
+    RebuildStatus, TxnId,
 };
 use crate::server::{dense_block_range, dense_value_range, PreparedStep};
 use crate::update::{ApplyReport, DenseBlock, RowBlock};
@@ -110,7 +110,7 @@ pub(crate) struct Replica {
 /// Staged deltas of one sender for one step, already resolved to local slots. The delta
 /// words stay in the buffer they arrived in.
 #[derive(Debug, Clone, Default)]
-struct StagedIncoming {
+pub(crate) struct StagedIncoming {
     /// Per row delta, in buffer order: (table, parity slot, stripe position, parity index).
     rows: Vec<(u32, u64, u8, u8)>,
     deltas: Vec<f32>,
@@ -155,6 +155,8 @@ pub(crate) struct EcState {
     pub status: RebuildStatus,
     /// Rebuild batches between their lock and their merge right now.
     pub locks_open: u32,
+    /// Transactions of asynchronous training (ECRec §3.5, worker-coordinated 2PC).
+    pub txn: super::txn::TxnState,
 }
 
 pub(crate) struct EcInner {
@@ -179,6 +181,10 @@ pub(crate) struct EcInner {
     pub driving: tokio::sync::Mutex<()>,
     /// The rebuild share in millionths ([`EcConfig::rebuild_share_ppm`]).
     pub share: tokio::sync::watch::Sender<u32>,
+    /// Woken whenever the transaction holding the node commits or aborts.
+    pub slot_freed: tokio::sync::Notify,
+    /// One-phase transactions apply one at a time per node.
+    pub apply_lock: tokio::sync::Mutex<()>,
 }
 
 /// One server with ECRec on. Cheap to clone (clones share the node).
@@ -239,6 +245,7 @@ impl EcNode {
             missing: None,
             status: RebuildStatus::default(),
             locks_open: 0,
+            txn: Default::default(),
         };
         let node = EcNode {
             inner: Arc::new(EcInner {
@@ -258,6 +265,8 @@ impl EcNode {
                 control: tokio::sync::Mutex::new(()),
                 driving: tokio::sync::Mutex::new(()),
                 share: tokio::sync::watch::Sender::new(ec.rebuild_share_ppm.min(FULL_SHARE_PPM)),
+                slot_freed: tokio::sync::Notify::new(),
+                apply_lock: tokio::sync::Mutex::new(()),
             }),
         };
         node.inner
@@ -481,6 +490,23 @@ impl EcNode {
             report.rows_decoded = self.ensure_present(&needed).await?;
         }
         let prepared = self.inner.server.read()?.prepare_step(step, workers)?;
+        self.propagate(step, None, &prepared, apply_now, &mut report)
+            .await?;
+        Ok((prepared, report))
+    }
+
+    /// Difference propagation (ECRec §3.2, §3.3): send each parity holder the deltas of the
+    /// prepared rows of its stripes and each replica holder the summed dense gradients, for
+    /// step `step` or transaction `txn`, to be staged or (with `apply_now`) applied on
+    /// arrival; returns once every peer took its batch.
+    pub(crate) async fn propagate(
+        &self,
+        step: u64,
+        txn: Option<TxnId>,
+        prepared: &PreparedStep,
+        apply_now: bool,
+        report: &mut PrepareReport,
+    ) -> Result<(), PsError> {
         let me = self.inner.me;
         let code = &self.inner.code;
         let layout = &self.inner.layout;
@@ -515,8 +541,9 @@ impl EcNode {
                 let mut first: Option<(usize, usize)> = None;
                 for &(holder, _) in &holders {
                     let h = holder.0 as usize;
-                    let b =
-                        batches[h].get_or_insert_with(|| PackedBatch::new(step, me, apply_now, w));
+                    let b = batches[h].get_or_insert_with(|| {
+                        PackedBatch::new(step, me, apply_now, w).for_txn(txn)
+                    });
                     b.rows.push((p.table, row));
                     let at = b.deltas.len();
                     match first {
@@ -541,7 +568,8 @@ impl EcNode {
             for d in 1..=self.inner.cfg.dense_replicas {
                 // ECRec §3.3: replicas apply the same summed gradient as the primary.
                 let h = (me.0 as usize + d) % n;
-                let b = batches[h].get_or_insert_with(|| PackedBatch::new(step, me, apply_now, w));
+                let b = batches[h]
+                    .get_or_insert_with(|| PackedBatch::new(step, me, apply_now, w).for_txn(txn));
                 let len: usize = prepared.dense.iter().map(|pd| pd.grad.len()).sum();
                 b.dense_grads.reserve(len);
                 for pd in &prepared.dense {
@@ -577,7 +605,7 @@ impl EcNode {
         if let Some(e) = first_err {
             return Err(e);
         }
-        Ok((prepared, report))
+        Ok(())
     }
 
     /// Phase 1 of step `step` (ECRec §3.5): see the module docs.
@@ -630,7 +658,11 @@ impl EcNode {
         Ok(report)
     }
 
-    fn apply_incoming(&self, st: &mut EcState, inc: &StagedIncoming) -> Result<(), PsError> {
+    pub(crate) fn apply_incoming(
+        &self,
+        st: &mut EcState,
+        inc: &StagedIncoming,
+    ) -> Result<(), PsError> {
         let w = self.inner.words;
         if !inc.rows.is_empty() {
             for (&(t, slot, position, j), delta) in inc.rows.iter().zip(inc.deltas.chunks_exact(w))
@@ -745,6 +777,14 @@ impl EcNode {
         }
         if batch.apply_now {
             self.apply_incoming(&mut st, &inc)
+        } else if let Some(txn) = batch.txn {
+            super::txn::check_fence(&st, &txn, me)?;
+            st.txn
+                .incoming
+                .entry(txn)
+                .or_default()
+                .insert(batch.from.0, inc);
+            Ok(())
         } else {
             if st.committed.is_some_and(|c| batch.step <= c) {
                 return Err(PsError::StepAlreadyCommitted {

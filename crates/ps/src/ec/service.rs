@@ -10,9 +10,10 @@ use ftrec_core::{RowId, ServerId, TableId};
 use super::grpc::EcGrpcClient;
 use super::node::{downgrade, EcInner, EcNode};
 use super::types::{
-    DeltaBatch, DenseRead, MemberKey, MemberRead, PackedBatch, PrepareReport, RebuildStatus,
+    DeltaBatch, DenseRead, MemberKey, MemberRead, PackedBatch, PrepareReport, RebuildStatus, TxnId,
+    TxnStatus,
 };
-use crate::update::{ApplyReport, PulledRows};
+use crate::update::{ApplyReport, PulledRows, Update};
 use crate::PsError;
 
 /// One ECRec node, as a client calls it. Both transports return the same values and errors.
@@ -80,6 +81,40 @@ pub trait EcService: Send + Sync {
     /// Share of the time the background rebuild may work, in millionths
     /// ([`super::EcConfig::rebuild_share_ppm`]); takes effect at once.
     fn set_rebuild_share(&self, ppm: u32) -> impl Future<Output = Result<(), PsError>> + Send;
+
+    /// Asynchronous training, phase 1 of `txn` with this node's share of the update.
+    fn txn_prepare(
+        &self,
+        txn: TxnId,
+        share: Arc<Update>,
+    ) -> impl Future<Output = Result<PrepareReport, PsError>> + Send;
+
+    /// Phase 2 of `txn`.
+    fn txn_commit(&self, txn: TxnId) -> impl Future<Output = Result<ApplyReport, PsError>> + Send;
+
+    /// Drop `txn` on this node.
+    fn txn_abort(&self, txn: TxnId) -> impl Future<Output = Result<(), PsError>> + Send;
+
+    /// `txn` in one phase (`--no-2pc`).
+    fn txn_apply(
+        &self,
+        txn: TxnId,
+        share: Arc<Update>,
+    ) -> impl Future<Output = Result<ApplyReport, PsError>> + Send;
+
+    /// Fence off `worker`'s incarnations up to `epoch` and report its transactions here.
+    fn txn_fence(
+        &self,
+        worker: u32,
+        epoch: u32,
+    ) -> impl Future<Output = Result<TxnStatus, PsError>> + Send;
+
+    /// Commit or abort a fenced worker's transaction.
+    fn txn_resolve(
+        &self,
+        txn: TxnId,
+        commit: bool,
+    ) -> impl Future<Output = Result<(), PsError>> + Send;
 }
 
 /// A node held weakly by an in-process client.
@@ -186,6 +221,30 @@ impl EcService for EcNode {
         EcNode::set_rebuild_share(self, ppm);
         Ok(())
     }
+
+    async fn txn_prepare(&self, txn: TxnId, share: Arc<Update>) -> Result<PrepareReport, PsError> {
+        EcNode::txn_prepare(self, txn, share).await
+    }
+
+    async fn txn_commit(&self, txn: TxnId) -> Result<ApplyReport, PsError> {
+        EcNode::txn_commit(self, txn)
+    }
+
+    async fn txn_abort(&self, txn: TxnId) -> Result<(), PsError> {
+        EcNode::txn_abort(self, txn)
+    }
+
+    async fn txn_apply(&self, txn: TxnId, share: Arc<Update>) -> Result<ApplyReport, PsError> {
+        EcNode::txn_apply(self, txn, share).await
+    }
+
+    async fn txn_fence(&self, worker: u32, epoch: u32) -> Result<TxnStatus, PsError> {
+        EcNode::txn_fence(self, worker, epoch)
+    }
+
+    async fn txn_resolve(&self, txn: TxnId, commit: bool) -> Result<(), PsError> {
+        EcNode::txn_resolve(self, txn, commit)
+    }
 }
 
 macro_rules! delegate {
@@ -252,5 +311,29 @@ impl EcService for EcClient {
 
     async fn set_rebuild_share(&self, ppm: u32) -> Result<(), PsError> {
         delegate!(self, c => EcService::set_rebuild_share(c, ppm))
+    }
+
+    async fn txn_prepare(&self, txn: TxnId, share: Arc<Update>) -> Result<PrepareReport, PsError> {
+        delegate!(self, c => EcService::txn_prepare(c, txn, share))
+    }
+
+    async fn txn_commit(&self, txn: TxnId) -> Result<ApplyReport, PsError> {
+        delegate!(self, c => EcService::txn_commit(c, txn))
+    }
+
+    async fn txn_abort(&self, txn: TxnId) -> Result<(), PsError> {
+        delegate!(self, c => EcService::txn_abort(c, txn))
+    }
+
+    async fn txn_apply(&self, txn: TxnId, share: Arc<Update>) -> Result<ApplyReport, PsError> {
+        delegate!(self, c => EcService::txn_apply(c, txn, share))
+    }
+
+    async fn txn_fence(&self, worker: u32, epoch: u32) -> Result<TxnStatus, PsError> {
+        delegate!(self, c => EcService::txn_fence(c, worker, epoch))
+    }
+
+    async fn txn_resolve(&self, txn: TxnId, commit: bool) -> Result<(), PsError> {
+        delegate!(self, c => EcService::txn_resolve(c, txn, commit))
     }
 }

@@ -28,6 +28,8 @@ pub(crate) struct PackedBatch {
     pub step: u64,
     pub from: ServerId,
     pub apply_now: bool,
+    /// The transaction the deltas belong to (asynchronous training); `None`: step `step`.
+    pub txn: Option<TxnId>,
     /// Words per row delta.
     pub words: usize,
     /// Table and global row of delta `i`, whose words are `deltas[i * words..(i + 1) * words]`.
@@ -45,6 +47,7 @@ impl PackedBatch {
             step,
             from,
             apply_now,
+            txn: None,
             words,
             rows: Vec::new(),
             deltas: Vec::new(),
@@ -52,6 +55,12 @@ impl PackedBatch {
             dense_lens: Vec::new(),
             dense_grads: Vec::new(),
         }
+    }
+
+    /// The same batch for transaction `txn` (`None`: a step's).
+    pub fn for_txn(mut self, txn: Option<TxnId>) -> Self {
+        self.txn = txn;
+        self
     }
 
     /// Pack `batch`; row deltas of unequal length are an error naming the row.
@@ -78,6 +87,48 @@ impl PackedBatch {
         }
         Ok(p)
     }
+}
+
+/// One worker's update as one transaction (ECRec §3.5: in asynchronous training each worker
+/// coordinates the two-phase commit of its own update).
+///
+/// Every transaction takes part on every node (with an empty share where it touches
+/// nothing), and a node holds one transaction between its prepare and its commit or abort,
+/// so all nodes commit transactions in the same order: a node's count of committed
+/// transactions names the same set of updates on every node, which is what makes a rebuild's
+/// cut consistent. Conflicts are resolved by *wait-die* on `priority`: a transaction older
+/// than the holder waits for it, a younger one is refused at once (a retryable
+/// [`crate::PsError::NotReady`]) and its worker aborts and retries it with the same priority,
+/// so it eventually is the oldest and never starves, and no wait cycle can form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TxnId {
+    pub worker: u32,
+    /// The worker process's incarnation: leftovers of a lost worker are fenced off by it.
+    pub epoch: u32,
+    /// Increases with every transaction of the worker process.
+    pub seq: u64,
+    /// Wait-die age, lower is older: the global index of the batch the update comes from.
+    pub priority: u64,
+}
+
+impl TxnId {
+    /// Strictly older than `other` (ties broken by worker and sequence number).
+    pub fn older_than(&self, other: &TxnId) -> bool {
+        (self.priority, self.worker, self.epoch, self.seq)
+            < (other.priority, other.worker, other.epoch, other.seq)
+    }
+}
+
+/// What a node knows of one worker's transactions, as the coordinator's resolution of a lost
+/// worker asks it ([`super::EcService::txn_fence`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TxnStatus {
+    /// The worker's transaction holding this node (prepared here), if any.
+    pub holding: Option<TxnId>,
+    /// The worker's last transaction committed here.
+    pub last_commit: Option<TxnId>,
+    /// The worker's transactions with deltas staged here by peers.
+    pub staged: Vec<TxnId>,
 }
 
 /// `delta` = code delta of one data row (values and optimizer state, old to new): the bits

@@ -4,9 +4,13 @@
 
 #![allow(dead_code)]
 
+use std::sync::Arc;
+
 use ftrec_core::rng::SplitMix;
 use ftrec_core::{ModelDigest, Optimizer, OptimizerKind, ServerId, ShardMap, TableId, DENSE_BLOCK};
-use ftrec_ps::ec::{EcClient, EcConfig, EcNode, EcService, ParityAudit};
+use ftrec_ps::ec::{
+    run_txn, EcClient, EcConfig, EcNode, EcService, ParityAudit, TxnId, TxnPhase, TxnReport,
+};
 use ftrec_ps::{dense_value_range, Limits, PsError, Server, ServerConfig, Update};
 
 pub const DIM: usize = 4;
@@ -272,5 +276,83 @@ impl EcCluster {
             tokio::task::yield_now().await;
         }
         panic!("rebuild of server {s} did not finish");
+    }
+}
+
+/// Every server's share of `update` (empty where it touches nothing), for a transaction.
+pub fn shares(update: &Update, servers: u32) -> Vec<Arc<Update>> {
+    (0..servers)
+        .map(|s| Arc::new(share(update, servers, ServerId(s))))
+        .collect()
+}
+
+/// The model asynchronous training produces when updates arrive in a known order: plain
+/// servers, each update pushed (one optimizer step per touched row and block).
+pub struct PushReference {
+    pub servers: Vec<Server>,
+}
+
+impl PushReference {
+    pub fn new(n: u32, sparse: OptimizerKind) -> Self {
+        PushReference {
+            servers: Reference::new(n, sparse).servers,
+        }
+    }
+
+    pub fn push(&mut self, update: &Update) {
+        let n = self.servers.len() as u32;
+        for (s, server) in self.servers.iter_mut().enumerate() {
+            let u = share(update, n, ServerId(s as u32));
+            if !u.is_empty() {
+                server.push(&u).unwrap();
+            }
+        }
+    }
+
+    pub fn digest(&self) -> ModelDigest {
+        let mut d = ModelDigest::new();
+        for s in &self.servers {
+            d.merge(&s.digest());
+        }
+        d
+    }
+}
+
+/// A transaction id of `worker` for the update of batch `priority`.
+pub fn txn_id(worker: u32, seq: u64, priority: u64) -> TxnId {
+    TxnId {
+        worker,
+        epoch: 1,
+        seq,
+        priority,
+    }
+}
+
+impl EcCluster {
+    /// In-process clients of every node, in server order (a killed node's fails).
+    pub fn clients(&self) -> Vec<EcClient> {
+        self.nodes
+            .iter()
+            .map(|n| EcClient::in_process(n.as_ref().expect("a client needs every node in place")))
+            .collect()
+    }
+
+    /// `update` as one transaction of `worker`, as a worker runs it.
+    pub async fn txn(
+        &self,
+        worker: u32,
+        priority: u64,
+        update: &Update,
+    ) -> Result<TxnReport, PsError> {
+        let mut seq = priority * 1000;
+        run_txn(
+            &self.clients(),
+            txn_id(worker, seq, priority),
+            &shares(update, self.n),
+            self.ec.two_phase,
+            &mut seq,
+            |_: TxnPhase| async {},
+        )
+        .await
     }
 }
