@@ -126,16 +126,4 @@ fn bad_ecrec_settings_give_one_clear_error_line() {
             assert!(errors[0].contains(n), "{extra:?}: no {n:?} in {stderr}");
         }
     }
-    // Asynchronous mode is refused, saying what to add.
-    let args: Vec<String> = run_args(dir.path())
-        .into_iter()
-        .filter(|a| a != "--sync")
-        .collect();
-    let out = ftrec()
-        .args(args)
-        .args(["--strategy", "ecrec"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("add --sync"));
 }

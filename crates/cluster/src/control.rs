@@ -42,8 +42,17 @@ pub enum ToWorker {
     /// (Re)connect to the servers (in server order); answered by [`FromWorker::Connected`].
     Connect { servers: Vec<SocketAddr> },
     /// Train on global batch `index` (from 1): stage the update as `seq` (synchronous mode) or
-    /// push it (asynchronous mode); answered by [`FromWorker::Done`].
-    Batch { index: u64, seq: Option<u64> },
+    /// push it (asynchronous mode); answered by [`FromWorker::Done`]. With ECRec's
+    /// transactions, the worker stops at each phase in `hold` ([`FromWorker::Held`]) until
+    /// [`ToWorker::Resume`] (fault injection in a phase).
+    Batch {
+        index: u64,
+        seq: Option<u64>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        hold: Vec<TxnHold>,
+    },
+    /// Go on after [`FromWorker::Held`].
+    Resume,
     /// Exit.
     Stop,
 }
@@ -69,6 +78,22 @@ pub enum FromWorker {
         index: Option<u64>,
         error: String,
     },
+    /// Batch `index` stopped before `phase` of its transaction, as asked; waits for
+    /// [`ToWorker::Resume`].
+    Held {
+        index: u64,
+        phase: TxnHold,
+    },
+}
+
+/// A phase of a worker's ECRec transaction (ECRec §3.5) where a batch can be held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TxnHold {
+    /// Before phase 1 (prepare) is sent.
+    Prepare,
+    /// After phase 1 succeeded everywhere, before phase 2 (commit) is sent.
+    Commit,
 }
 
 /// Where a worker's time went on one batch, in seconds.
@@ -82,6 +107,19 @@ pub struct BatchTiming {
     pub compute_s: f64,
     /// Pushing (or staging) the update.
     pub push_s: f64,
+    /// ECRec transactions (asynchronous training): phase 1 with its retries, phase 2 (or the
+    /// one-phase apply), and phase-1 attempts refused by wait-die and retried.
+    #[serde(default)]
+    pub txn_prepare_s: f64,
+    #[serde(default)]
+    pub txn_commit_s: f64,
+    #[serde(default)]
+    pub txn_retries: u64,
+    /// Transactions whose phase 2 failed on some node (lost after phase 1).
+    #[serde(default)]
+    pub txn_commit_failures: u64,
+    #[serde(default)]
+    pub txns: u64,
 }
 
 impl BatchTiming {
@@ -90,6 +128,11 @@ impl BatchTiming {
         self.pull_s += o.pull_s;
         self.compute_s += o.compute_s;
         self.push_s += o.push_s;
+        self.txn_prepare_s += o.txn_prepare_s;
+        self.txn_commit_s += o.txn_commit_s;
+        self.txn_retries += o.txn_retries;
+        self.txn_commit_failures += o.txn_commit_failures;
+        self.txns += o.txns;
     }
 }
 

@@ -41,7 +41,7 @@ use tokio::sync::{mpsc as tmpsc, watch};
 use crate::control::{BatchTiming, FromWorker, PoolEvent, ToWorker, WorkerPool};
 use crate::image::{checkpoint_path, load_full, save_full, Manifest, ShardImage};
 use crate::report::{
-    intervals, EventKind, FailureReport, Overheads, RunReport, StepPoint, TimedEvent,
+    intervals, CpuReport, EventKind, FailureReport, Overheads, RunReport, StepPoint, TimedEvent,
 };
 use crate::worker::{connect_all, position_after, Compute, WorkerSetup};
 use crate::{
@@ -61,6 +61,8 @@ const MAX_UNEXPLAINED_FAILURES: u32 = 3;
 const STOP_GRACE: Duration = Duration::from_secs(3);
 /// How often the asynchronous loop looks at the clock and the heartbeat when no reply comes.
 const POLL: Duration = Duration::from_millis(10);
+/// How often the asynchronous loop asks rebuilding servers how far they are.
+const REBUILD_POLL: Duration = Duration::from_millis(100);
 
 /// Run a whole multi-process training job: start `cfg.servers` server processes and
 /// `cfg.workers` worker processes (or use those started elsewhere), train `cfg.steps` steps
@@ -164,6 +166,7 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
         phase_entries: HashMap::new(),
         upload_wait_s: 0.0,
         ec: None,
+        cpu: CpuReport::default(),
     };
     c.rt.spawn(heartbeat(
         hb_rx,
@@ -239,6 +242,8 @@ struct Coordinator {
     upload_wait_s: f64,
     /// Strategy `ecrec`: the nodes' ECRec clients, rebuilds under way, the report's EC part.
     ec: Option<ecrec::EcRun>,
+    /// CPU time of the processes stopped or killed so far.
+    cpu: CpuReport,
 }
 
 impl Coordinator {
@@ -366,6 +371,7 @@ impl Coordinator {
             batch: self.cfg.batch,
             threads: self.cfg.threads,
             rpc_timeout: STEP_TIMEOUT,
+            ec: self.ec_worker(w),
         };
         self.ask_one(w, ToWorker::Setup(Box::new(setup)))?;
         let servers = self.server_addrs.clone();
@@ -503,10 +509,16 @@ impl Coordinator {
         let pid = match role {
             Role::Server => self.procs.get_mut(id as usize).map(|p| {
                 let pid = p.pid();
+                self.cpu.add(pid, true);
                 p.kill();
                 pid
             }),
-            Role::Worker => self.pool.kill(id),
+            Role::Worker => {
+                if let Some(pid) = self.pool.pid(id) {
+                    self.cpu.add(pid, false);
+                }
+                self.pool.kill(id)
+            }
             Role::Merger => self.kill_merger(),
         };
         let Some(pid) = pid else { return };
@@ -697,6 +709,7 @@ impl Coordinator {
                 &ToWorker::Batch {
                     index,
                     seq: Some(seq),
+                    hold: Vec::new(),
                 },
             ) {
                 Ok(()) => {
@@ -791,6 +804,7 @@ impl Coordinator {
         match failure {
             Failure::Workers(ws, reason) => {
                 for w in ws {
+                    self.ec_worker_lost(w)?;
                     self.replace_worker(w, &reason)?;
                 }
                 // A server may have died too (a worker's RPC error can be both).
@@ -858,8 +872,15 @@ impl Coordinator {
         let mut losses: Vec<(u32, u32)> = Vec::new();
         let mut actions: Vec<Action> = Vec::new();
         let mut kills_after: Vec<u64> = Vec::new();
+        // A rebuild failed: once the batches in flight are done, look at it.
+        let mut rebuild_failed = false;
+        let mut last_rebuild_poll = Instant::now();
+        // Whether batches completed during a loss still count and training goes on from
+        // where it was (no rollback), or a recovery rewinds the model.
+        let keeps_model = self.strategy.keeps_model_on_loss();
         loop {
-            let draining = pending.is_some() || !losses.is_empty() || !actions.is_empty();
+            let draining =
+                pending.is_some() || !losses.is_empty() || !actions.is_empty() || rebuild_failed;
             if !draining {
                 for w in 0..self.workers() {
                     if running.contains_key(&w) || !self.pool.is_connected(w) {
@@ -873,7 +894,15 @@ impl Coordinator {
                         }
                         None => break,
                     };
-                    match self.pool.send(w, &ToWorker::Batch { index, seq: None }) {
+                    let hold = self.ec_holds();
+                    match self.pool.send(
+                        w,
+                        &ToWorker::Batch {
+                            index,
+                            seq: None,
+                            hold,
+                        },
+                    ) {
                         Ok(()) => {
                             running.insert(w, (index, Instant::now()));
                         }
@@ -889,7 +918,7 @@ impl Coordinator {
                     if !self.handle_failure(failure, self.step() + 1, &mut unexplained)? {
                         return Ok(());
                     }
-                    if self.batches + 1 < next {
+                    if !keeps_model && self.batches + 1 < next {
                         // A server recovery rewound the model: hand out from its position.
                         next = self.batches + 1;
                         requeue.clear();
@@ -905,8 +934,17 @@ impl Coordinator {
                     if !self.handle_server_losses(lost, "heartbeat")? {
                         return Ok(());
                     }
-                    next = self.batches + 1;
-                    requeue.clear();
+                    if !keeps_model {
+                        next = self.batches + 1;
+                        requeue.clear();
+                    }
+                    continue;
+                }
+                if rebuild_failed {
+                    rebuild_failed = false;
+                    if !self.ec_poll_rebuilds(true)? {
+                        return Ok(());
+                    }
                     continue;
                 }
                 if !actions.is_empty() {
@@ -929,6 +967,10 @@ impl Coordinator {
             }
             actions.extend(self.poll_store(false));
             self.fire_time_kills();
+            if self.ec.is_some() && last_rebuild_poll.elapsed() >= REBUILD_POLL {
+                last_rebuild_poll = Instant::now();
+                rebuild_failed |= !self.ec_poll_rebuilds(false)?;
+            }
             if losses.is_empty() {
                 for s in self.confirmed_heartbeat_losses() {
                     losses.push((s, self.generation[s as usize]));
@@ -947,8 +989,16 @@ impl Coordinator {
                     running.remove(&worker);
                     self.worker_time.add(&timing);
                     unexplained = 0;
-                    if pending.is_some() || !losses.is_empty() {
-                        // The model is about to be rewound or rebuilt; count nothing more.
+                    if timing.txn_commit_failures > 0 {
+                        // Phase 2 failed somewhere: the survivors committed the update, and
+                        // the server that did not is probably lost.
+                        pending.get_or_insert(Failure::Rpc(
+                            "commit_rpc",
+                            format!("phase 2 of batch {index} failed on a server"),
+                        ));
+                    }
+                    if (pending.is_some() || !losses.is_empty()) && !keeps_model {
+                        // The model is about to be rewound; count nothing more.
                         continue;
                     }
                     if let Some((step, new)) = self.count_batch(loss) {
@@ -961,6 +1011,12 @@ impl Coordinator {
                             kills_after.push(step);
                         }
                     }
+                }
+                Some(PoolEvent::Msg {
+                    worker,
+                    msg: FromWorker::Held { index, phase },
+                }) if running.get(&worker).map(|r| r.0) == Some(index) => {
+                    self.ec_held(worker, phase);
                 }
                 Some(PoolEvent::Msg {
                     worker,
@@ -979,6 +1035,9 @@ impl Coordinator {
                     if let Some((i, _)) = running.remove(&worker) {
                         requeue.push(i);
                     }
+                    // Its half-done transaction may hold the servers: resolve it now, not
+                    // after the other workers' batches (which may wait for it).
+                    self.ec_worker_lost(worker)?;
                     match pending.as_mut() {
                         Some(Failure::Workers(ws, _)) => ws.push(worker),
                         _ => {
@@ -990,9 +1049,17 @@ impl Coordinator {
             }
             // A worker silent for the step timeout is treated as lost: killed and replaced.
             let now = Instant::now();
+            let silent: Vec<u32> = running
+                .iter()
+                .filter(|(_, &(_, since))| now.duration_since(since) > STEP_TIMEOUT)
+                .map(|(&w, _)| w)
+                .collect();
+            for w in silent {
+                self.pool.kill(w);
+                self.ec_worker_lost(w)?;
+            }
             for (&w, &(index, since)) in &running {
                 if now.duration_since(since) > STEP_TIMEOUT {
-                    self.pool.kill(w);
                     requeue.push(index);
                     match pending.as_mut() {
                         Some(Failure::Workers(ws, _)) => ws.push(w),
@@ -1335,6 +1402,16 @@ impl Coordinator {
                 Err(e) => outcome = Err(e),
             }
         }
+        for w in 0..self.workers() {
+            if let Some(pid) = self.pool.pid(w).filter(|_| self.pool.is_connected(w)) {
+                self.cpu.add(pid, false);
+            }
+        }
+        for p in &mut self.procs {
+            if !p.has_exited() {
+                self.cpu.add(p.pid(), true);
+            }
+        }
         self.pool.stop_all(STOP_GRACE);
         self.clients = None;
         for p in &mut self.procs {
@@ -1388,6 +1465,7 @@ impl Coordinator {
             store,
             config: self.cfg,
             ec: self.ec.map(|e| e.report),
+            cpu: self.cpu,
         })
     }
 }

@@ -3,12 +3,14 @@
 //! reports about it ([`EcReport`]). The coordinator's side (two-phase commit of every step,
 //! replacement and background rebuild of lost servers) lives in `coordinator::ecrec`.
 //!
-//! Synchronous mode only: the server-side protocol ([`ftrec_ps::ec`]) commits whole
-//! deterministic steps (pull, stage, prepare, commit, never overlapping), which is what makes
-//! a rebuilt server equal the lost one bit for bit. A run with `--strategy ecrec` and without
-//! `--sync` is refused with an error that says so. Servers started elsewhere are refused too:
-//! a lost server's replacement must start empty and rebuild, which only a launched process
-//! is told to do (`--ec-replacement`).
+//! Both training modes. Asynchronous (the default, as ECRec §2.1 trains): every worker's
+//! update is a transaction the worker coordinates over every server
+//! ([`ftrec_ps::ec::run_txn`], ECRec §3.5); the coordinator only injects faults into its
+//! phases, resolves a lost worker's transactions and runs the rebuilds. Synchronous
+//! (`--sync`, the oracle): the coordinator commits whole deterministic steps (pull, stage,
+//! prepare, commit, never overlapping), which is what makes a rebuilt server equal the lost
+//! one bit for bit. Servers started elsewhere are refused: a lost server's replacement must
+//! start empty and rebuild, which only a launched process is told to do (`--ec-replacement`).
 
 use std::collections::BTreeMap;
 
@@ -300,13 +302,6 @@ pub fn parse_code(v: &str) -> Result<CodeKind, ClusterError> {
 pub(crate) fn validate_run(cfg: &RunConfig) -> Result<(), ClusterError> {
     let bad = |m: String| Err(ClusterError::Config(m));
     if let Some(ec) = EcServerSpec::of_strategy(&cfg.strategy) {
-        if !cfg.sync {
-            return bad(
-                "--strategy ecrec runs in synchronous deterministic mode only: add --sync (its \
-                 two-phase commit and rebuild work on whole steps)"
-                    .into(),
-            );
-        }
         if !cfg.external_servers.is_empty() {
             return bad(
                 "--strategy ecrec needs servers this coordinator starts (a lost server's \
@@ -436,8 +431,14 @@ pub struct EcReport {
     pub two_phase: bool,
     pub dense_replication: bool,
     pub lock_ranges: usize,
-    /// Steps committed on the servers (retried steps count once).
+    /// Asynchronous training: every worker's update is a transaction it coordinates.
+    pub asynchronous: bool,
+    /// Steps committed on the servers (retried steps count once); asynchronous: transactions.
     pub steps_committed: u64,
+    /// Asynchronous: phase-1 attempts refused by wait-die and retried, and transactions whose
+    /// phase 2 failed on a lost server (committed by the survivors).
+    pub txn_retries: u64,
+    pub txn_commit_failures: u64,
     /// Steps aborted in phase 1 (then retried).
     pub steps_aborted: u64,
     /// Wall time of phase 1 (or of the one-phase apply), all steps.
@@ -459,7 +460,7 @@ pub struct EcReport {
 }
 
 impl EcReport {
-    pub(crate) fn new(ec: &EcServerSpec, memory: EcMemory) -> EcReport {
+    pub(crate) fn new(ec: &EcServerSpec, memory: EcMemory, asynchronous: bool) -> EcReport {
         EcReport {
             code: ec.code.name().into(),
             k: ec.k,
@@ -468,6 +469,7 @@ impl EcReport {
             dense_replication: ec.dense_replication,
             lock_ranges: ec.lock_ranges,
             memory,
+            asynchronous,
             ..EcReport::default()
         }
     }
@@ -475,16 +477,27 @@ impl EcReport {
     /// Lines for [`crate::RunReport::summary`].
     pub fn summary(&self) -> String {
         let mut s = format!(
-            "  ecrec {} k={} r={}, 2PC {}, dense replication {}: {} steps committed ({} \
-             aborted), {:.3} ms per step commit, {} row deltas ({} bytes) sent; memory x{:.3} \
-             (code (k+r)/k = {:.3})\n",
+            "  ecrec {} k={} r={} ({}), 2PC {}, dense replication {}: {} {} committed ({} \
+             aborted, {} retried), {:.3} ms per commit, {} row deltas ({} bytes) sent; \
+             memory x{:.3} (code (k+r)/k = {:.3})\n",
             self.code,
             self.k,
             self.r,
+            if self.asynchronous {
+                "asynchronous"
+            } else {
+                "synchronous"
+            },
             if self.two_phase { "on" } else { "off" },
             if self.dense_replication { "on" } else { "off" },
             self.steps_committed,
+            if self.asynchronous {
+                "transactions"
+            } else {
+                "steps"
+            },
             self.steps_aborted,
+            self.txn_retries,
             1e3 * self.per_step_s,
             self.row_deltas_sent,
             self.delta_bytes_sent,
@@ -612,7 +625,10 @@ mod tests {
             EcServerSpec::of_strategy(&cfg.strategy)
         );
         cfg.sync = false;
-        assert!(matches!(cfg.validate(), Err(ClusterError::Config(m)) if m.contains("--sync")));
+        assert!(
+            cfg.validate().is_ok(),
+            "asynchronous training is ECRec's own mode"
+        );
         cfg.sync = true;
         cfg.servers = 2;
         assert!(matches!(cfg.validate(), Err(ClusterError::Config(m)) if m.contains("servers")));

@@ -27,6 +27,8 @@ pub enum EventKind {
     TrainingResumed,
     /// The work lost to a failure has been redone (or the lost state rebuilt).
     RecoveryComplete,
+    /// A lost worker's half-done transactions were committed or aborted everywhere.
+    TransactionsResolved,
     Aborted,
 }
 
@@ -196,6 +198,52 @@ pub struct RunReport {
     /// Strategy `ecrec`: code, 2PC cost, memory overhead, rebuilds, parity audit.
     #[serde(default)]
     pub ec: Option<crate::ecrec::EcReport>,
+    /// CPU time (user + system) of the run's processes.
+    #[serde(default)]
+    pub cpu: CpuReport,
+}
+
+/// CPU time (user + system, seconds) the run's processes used, read from `/proc` just before
+/// each process was stopped or killed (every incarnation, replacements included). Less
+/// sensitive than wall time to other load on a shared machine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct CpuReport {
+    pub servers_s: f64,
+    pub workers_s: f64,
+    /// Processes whose CPU time could not be read (not on Linux, or gone before the read).
+    pub unread: u32,
+}
+
+impl CpuReport {
+    /// Add the CPU time of process `pid` so far, as a server's or a worker's.
+    pub fn add(&mut self, pid: u32, server: bool) {
+        match process_cpu_s(pid) {
+            Some(s) if server => self.servers_s += s,
+            Some(s) => self.workers_s += s,
+            None => self.unread += 1,
+        }
+    }
+}
+
+/// User + system CPU seconds of process `pid` so far, from `/proc/PID/stat` (Linux).
+pub fn process_cpu_s(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces: fields count from after it.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / clock_ticks_per_s())
+}
+
+fn clock_ticks_per_s() -> f64 {
+    // SAFETY: sysconf only reads a configuration value.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
 }
 
 /// What a `deck` run did with its store.

@@ -15,6 +15,7 @@
 
 use std::io::BufReader;
 use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -22,10 +23,11 @@ use serde::{Deserialize, Serialize};
 use ftrec_core::{Batch, Preset, RowId, SparseGradAccumulator, TableId};
 use ftrec_data::{Position, Split, SyntheticSource};
 use ftrec_model::{pool_sum, scatter_grads, Dlrm, DlrmConfig, Workspace};
+use ftrec_ps::ec::{run_txn, EcGrpcClient, TxnId, TxnPhase};
 use ftrec_ps::grpc::{GrpcClient, GrpcConfig};
 use ftrec_ps::{PulledRows, RowRequest, ShardedClient, Update};
 
-use crate::control::{read_line, send_line, BatchTiming, FromWorker, ToWorker};
+use crate::control::{read_line, send_line, BatchTiming, FromWorker, ToWorker, TxnHold};
 use crate::ClusterError;
 
 /// A worker's model buffers: the dense model (its values overwritten by each pull), the
@@ -227,6 +229,20 @@ pub struct WorkerSetup {
     /// Longest a batch's RPCs may take before the batch counts as failed.
     #[serde(with = "crate::spec::millis")]
     pub rpc_timeout: Duration,
+    /// ECRec in asynchronous training: every update is a transaction this worker coordinates.
+    #[serde(default)]
+    pub ec: Option<EcWorker>,
+}
+
+/// A worker's part of ECRec in asynchronous training (ECRec §3.5): its updates are
+/// transactions it coordinates over every server ([`ftrec_ps::ec::run_txn`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EcWorker {
+    /// Two-phase commit (off: `--no-2pc`, one phase).
+    pub two_phase: bool,
+    /// This worker process's incarnation: once it is declared lost, the coordinator fences
+    /// its transactions off by it.
+    pub epoch: u32,
 }
 
 /// First training sample of global batch `index` (from 1).
@@ -306,6 +322,7 @@ pub fn worker_process(
         })?;
     let mut state: Option<(WorkerSetup, SyntheticSource, Compute)> = None;
     let mut client: Option<ShardedClient<GrpcClient>> = None;
+    let mut ec: Option<EcTxns> = None;
     loop {
         let cmd = read_line::<ToWorker>(&mut reader, "the coordinator")
             .map_err(ClusterError::Protocol)?;
@@ -346,6 +363,15 @@ pub fn worker_process(
                         .await
                         .map_err(|_| ClusterError::Timeout("connecting to the servers".into()))?
                 });
+                let r = r.and_then(|c| {
+                    ec = match state.as_ref().and_then(|s| s.0.ec) {
+                        Some(mode) => {
+                            Some(EcTxns::connect(&rt, &servers, mode, timeout, ec.take())?)
+                        }
+                        None => None,
+                    };
+                    Ok(c)
+                });
                 match r {
                     Ok(c) => {
                         client = Some(c);
@@ -357,8 +383,31 @@ pub fn worker_process(
                     },
                 }
             }
-            Some(ToWorker::Batch { index, seq }) => {
-                match run_batch(&rt, state.as_mut(), client.as_ref(), id, index, seq) {
+            Some(ToWorker::Resume) => FromWorker::Failed {
+                index: None,
+                error: format!("worker {id} was told to resume but holds no batch"),
+            },
+            Some(ToWorker::Batch { index, seq, hold }) => {
+                let mut stop = false;
+                let mut at_hold = |phase: TxnHold| {
+                    // The coordinator injects its fault, then lets the batch go on.
+                    if send_line(&mut writer, &FromWorker::Held { index, phase }).is_err() {
+                        stop = true;
+                        return;
+                    }
+                    match read_line::<ToWorker>(&mut reader, "the coordinator") {
+                        Ok(Some(ToWorker::Resume)) => {}
+                        _ => stop = true,
+                    }
+                };
+                let txns = ec
+                    .as_mut()
+                    .map(|e| (e, hold.as_slice(), &mut at_hold as &mut dyn FnMut(TxnHold)));
+                let r = run_batch(&rt, state.as_mut(), client.as_ref(), txns, id, index, seq);
+                if stop {
+                    return Ok(());
+                }
+                match r {
                     Ok((loss, timing)) => FromWorker::Done {
                         index,
                         loss,
@@ -375,11 +424,45 @@ pub fn worker_process(
     }
 }
 
-/// Train on global batch `index`: stage it as `seq`, or push it.
+/// A worker's ECRec clients and transaction counter (asynchronous training).
+struct EcTxns {
+    mode: EcWorker,
+    clients: Vec<EcGrpcClient>,
+    /// Sequence number of the last transaction (attempts included).
+    seq: u64,
+}
+
+impl EcTxns {
+    fn connect(
+        rt: &tokio::runtime::Runtime,
+        servers: &[SocketAddr],
+        mode: EcWorker,
+        timeout: Duration,
+        previous: Option<EcTxns>,
+    ) -> Result<EcTxns, ClusterError> {
+        let _rt = rt.enter();
+        let clients = servers
+            .iter()
+            .map(|a| EcGrpcClient::connect_lazy(&a.to_string()).map(|c| c.with_timeout(timeout)))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(EcTxns {
+            mode,
+            clients,
+            seq: previous.map_or(0, |p| p.seq),
+        })
+    }
+}
+
+/// ECRec transactions of a batch: the clients, the phases to hold at, and what to do there.
+type Txns<'a> = (&'a mut EcTxns, &'a [TxnHold], &'a mut dyn FnMut(TxnHold));
+
+/// Train on global batch `index`: stage it as `seq`, push it, or (ECRec in asynchronous
+/// training) run it as one transaction.
 fn run_batch(
     rt: &tokio::runtime::Runtime,
     state: Option<&mut (WorkerSetup, SyntheticSource, Compute)>,
     client: Option<&ShardedClient<GrpcClient>>,
+    txns: Option<Txns<'_>>,
     id: u32,
     index: u64,
     seq: Option<u64>,
@@ -405,9 +488,43 @@ fn run_batch(
         let work = async {
             let (update, loss) = compute.gradients_timed(c, &batch, &mut timing).await?;
             let t = std::time::Instant::now();
-            match seq {
-                Some(seq) => c.stage_step(seq, id, &update).await?,
-                None => {
+            match (seq, txns) {
+                (Some(seq), _) => c.stage_step(seq, id, &update).await?,
+                (None, Some((ec, hold, at_hold))) => {
+                    let shares: Vec<Arc<Update>> =
+                        c.split_update(&update).into_iter().map(Arc::new).collect();
+                    ec.seq += 1;
+                    let txn = TxnId {
+                        worker: id,
+                        epoch: ec.mode.epoch,
+                        seq: ec.seq,
+                        priority: index,
+                    };
+                    let r = run_txn(
+                        &ec.clients,
+                        txn,
+                        &shares,
+                        ec.mode.two_phase,
+                        &mut ec.seq,
+                        |phase| {
+                            let h = match phase {
+                                TxnPhase::Prepare => TxnHold::Prepare,
+                                TxnPhase::Commit => TxnHold::Commit,
+                            };
+                            if hold.contains(&h) {
+                                at_hold(h);
+                            }
+                            async {}
+                        },
+                    )
+                    .await?;
+                    timing.txns = 1;
+                    timing.txn_prepare_s = r.prepare_s;
+                    timing.txn_commit_s = r.commit_s;
+                    timing.txn_retries = u64::from(r.retries);
+                    timing.txn_commit_failures = u64::from(!r.commit_failures.is_empty());
+                }
+                (None, None) => {
                     c.push(&update).await?;
                 }
             }

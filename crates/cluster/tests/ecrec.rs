@@ -308,3 +308,127 @@ fn without_2pc_and_dense_replication_a_failure_free_run_is_unchanged_too() {
     let audit = ec.audit.unwrap();
     assert_eq!(audit.parity_mismatches, 0);
 }
+
+// ---- asynchronous training: each worker coordinates its update's 2PC (ECRec §3.5) ----
+
+/// An asynchronous run of `steps` steps (`workers` batches each) with held-out evaluation.
+fn async_run(servers: u32, steps: u64, strategy: StrategyChoice, kills: &[&str]) -> RunReport {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, servers, steps);
+    cfg.sync = false;
+    cfg.eval_samples = 4096;
+    cfg.strategy = strategy;
+    cfg.kills = kills.iter().map(|k| k.parse().unwrap()).collect();
+    let report = run(&cfg).unwrap();
+    assert_no_children_left(&report);
+    assert!(report.aborted.is_none(), "{:?}", report.aborted);
+    assert_eq!(report.steps, steps);
+    assert_eq!(report.failures.len(), kills.len(), "{:?}", report.failures);
+    for f in &report.failures {
+        assert_eq!(f.steps_redone, 0, "{f:?}");
+        assert!(f.recovered_s.is_some(), "{f:?}");
+    }
+    if report.ec.is_some() {
+        let ec = report.ec.as_ref().unwrap();
+        assert!(ec.asynchronous);
+        // Every batch was one committed transaction (a batch retried after a phase-1 loss
+        // commits once).
+        assert!(ec.steps_committed >= steps * 2, "{ec:?}");
+        assert_eq!(report.checkpoints, 0);
+        assert_clean_audit(&report);
+    }
+    report
+}
+
+/// Held-out AUC of an asynchronous `none` run of the same samples.
+fn async_none_auc(servers: u32, steps: u64) -> f64 {
+    async_run(servers, steps, StrategyChoice::None, &[])
+        .auc
+        .unwrap()
+}
+
+/// Asynchronous runs differ in their interleavings, so their AUCs differ by chance; the
+/// bound ECRec must stay within against `none` on the same samples.
+const ASYNC_AUC_TOLERANCE: f64 = 0.01;
+
+#[test]
+fn asynchronous_ecrec_survives_a_server_killed_mid_run() {
+    for (servers, k, r) in [(3, 2, 1), (6, 4, 2)] {
+        let steps = 40;
+        let report = async_run(
+            servers,
+            steps,
+            ecrec(k, r, CodeKind::Gf256),
+            &["server=1@step=12"],
+        );
+        let ec = report.ec.as_ref().unwrap();
+        assert_eq!(ec.rebuilds.len(), 1, "{:?}", ec.rebuilds);
+        assert!(ec.rebuilds[0].finished_s.is_some());
+        let auc = report.auc.unwrap();
+        let none = async_none_auc(servers, steps);
+        assert!(
+            (auc - none).abs() <= ASYNC_AUC_TOLERANCE,
+            "k={k} r={r}: AUC {auc} against {none} without fault tolerance"
+        );
+    }
+}
+
+#[test]
+fn asynchronous_ecrec_aborts_a_transaction_whose_server_dies_in_phase_1() {
+    let report = async_run(
+        4,
+        20,
+        ecrec(2, 2, CodeKind::Gf256),
+        &["server=2@phase=prepare#5"],
+    );
+    // The worker's phase 1 failed on the dead server: it aborted the transaction and the
+    // batch was trained again once the replacement joined.
+    assert_eq!(
+        report.failures[0].detected_by.as_deref(),
+        Some("worker_rpc")
+    );
+    let ec = report.ec.unwrap();
+    assert_eq!(ec.txn_commit_failures, 0, "{ec:?}");
+}
+
+#[test]
+fn asynchronous_ecrec_commits_on_the_survivors_when_a_server_dies_in_phase_2() {
+    let report = async_run(
+        3,
+        20,
+        ecrec(2, 1, CodeKind::Gf256),
+        &["server=0@phase=commit#4"],
+    );
+    // The transaction whose phase 2 met the dead server counted as done: every batch was
+    // committed exactly once (none was trained again), and the survivors' parities held
+    // the dead server's share of it, so the audit after its rebuild is clean.
+    let ec = report.ec.unwrap();
+    assert_eq!(ec.txn_commit_failures, 1, "{ec:?}");
+    assert_eq!(ec.steps_committed, 20 * 2, "{ec:?}");
+}
+
+#[test]
+fn asynchronous_ecrec_resolves_a_lost_worker_s_transaction() {
+    // A worker killed mid-run may leave its transaction prepared on the servers; the
+    // coordinator fences it and resolves the transaction, and training goes on.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 3, 16);
+    cfg.sync = false;
+    cfg.strategy = ecrec(2, 1, CodeKind::Gf256);
+    cfg.kills = vec!["worker=1@step=5".parse().unwrap()];
+    let report = run(&cfg).unwrap();
+    assert_no_children_left(&report);
+    assert!(report.aborted.is_none(), "{:?}", report.aborted);
+    assert_eq!(report.steps, 16);
+    assert_clean_audit(&report);
+}
+
+#[test]
+fn asynchronous_ecrec_without_2pc_keeps_parities_and_replicas_exact() {
+    let mut strategy = ecrec(2, 1, CodeKind::Gf256);
+    if let StrategyChoice::EcRec { two_phase, .. } = &mut strategy {
+        *two_phase = false;
+    }
+    let report = async_run(3, 12, strategy, &[]);
+    assert!(!report.ec.unwrap().two_phase);
+}

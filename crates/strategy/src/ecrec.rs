@@ -88,6 +88,11 @@ impl Strategy for EcRec {
         "ecrec"
     }
 
+    /// ECRec §3.4: a loss costs neither a pause nor a rollback.
+    fn keeps_model_on_loss(&self) -> bool {
+        true
+    }
+
     fn on(&mut self, event: &Event) -> Vec<Action> {
         if self.aborted {
             return Vec::new();
@@ -179,6 +184,7 @@ mod tests {
                 now_s: 0.5
             })
             .is_empty());
+        assert!(e.keeps_model_on_loss());
         let a = e.on(&lost(2));
         assert_eq!(a, rebuild(&[2]));
         assert!(!a

@@ -66,6 +66,13 @@ pub enum Action {
 pub trait Strategy: Send {
     fn name(&self) -> &'static str;
     fn on(&mut self, event: &Event) -> Vec<Action>;
+
+    /// Whether a server loss leaves the trained model in place (no rollback): updates that
+    /// complete while a loss is handled still count, and training goes on from where it
+    /// was. `false` (the default): a loss may rewind the model to a checkpoint.
+    fn keeps_model_on_loss(&self) -> bool {
+        false
+    }
 }
 
 /// `none`: no fault tolerance; a server loss ends the run.

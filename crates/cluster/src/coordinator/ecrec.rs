@@ -23,17 +23,18 @@ use std::time::{Duration, Instant};
 use ftrec_core::ServerId;
 use ftrec_ec::{Code, StripeLayout};
 use ftrec_model::{Dlrm, DlrmConfig};
-use ftrec_ps::ec::{audit_parities, EcGrpcClient, EcService, FULL_SHARE_PPM};
+use ftrec_ps::ec::{audit_parities, EcGrpcClient, EcService, TxnId, FULL_SHARE_PPM};
 use ftrec_ps::PsError;
 use ftrec_strategy::{Action, EcRec, EcRecConfig, Event, Strategy};
 
 use super::{Coordinator, Failure, MAX_RECOVERIES};
+use crate::control::{ToWorker, TxnHold};
 use crate::ecrec::{
     largest_shard_bytes, memory, AuditReport, EcReport, EcServerSpec, RebuildReport,
 };
 use crate::report::EventKind;
-use crate::worker::connect_all;
-use crate::{ClusterError, Phase, Role, RunConfig, ServerProcess};
+use crate::worker::{connect_all, EcWorker};
+use crate::{ClusterError, KillAt, Phase, Role, RunConfig, ServerProcess};
 
 /// Longest the end of a run waits for rebuilds still under way.
 const FINISH_REBUILD_TIMEOUT: Duration = Duration::from_secs(600);
@@ -52,6 +53,10 @@ pub(super) struct EcRun {
     commit_failed: Vec<(u32, String)>,
     /// Training is over: rebuilds run at full speed (also those started from now on).
     finishing: bool,
+    /// Asynchronous training: workers coordinate their own transactions.
+    asynchronous: bool,
+    /// Incarnation of each worker process (the transactions of a lost one are fenced by it).
+    worker_epochs: Vec<u32>,
     pub(super) report: EcReport,
 }
 
@@ -152,7 +157,9 @@ impl Coordinator {
                 rebuilding: Vec::new(),
                 commit_failed: Vec::new(),
                 finishing: false,
-                report: EcReport::new(&spec, mem),
+                asynchronous: !self.cfg.sync,
+                worker_epochs: vec![0; self.cfg.workers as usize],
+                report: EcReport::new(&spec, mem, !self.cfg.sync),
             });
         }
         self.ec_set_peers()
@@ -401,6 +408,11 @@ impl Coordinator {
     /// Start an empty replacement process for server `id`.
     fn ec_replace(&mut self, id: u32) -> Result<(), ClusterError> {
         self.generation[id as usize] += 1;
+        let old = &mut self.procs[id as usize];
+        if !old.has_exited() {
+            // A server that hangs rather than died: count what it used before it goes.
+            self.cpu.add(old.pid(), true);
+        }
         self.procs[id as usize].kill();
         let mut spec = self.cfg.server_spec(id);
         if let Some(ec) = spec.ec.as_mut() {
@@ -533,6 +545,13 @@ impl Coordinator {
     /// Look at every rebuild under way; tell the strategy about finished and failed ones.
     /// `Ok(false)`: the run was aborted.
     fn ec_poll(&mut self) -> Result<bool, ClusterError> {
+        self.ec_poll_rebuilds(true)
+    }
+
+    /// [`Coordinator::ec_poll`]; with `act_on_failures` off (asynchronous training, batches
+    /// in flight), a failed rebuild is left in place and `Ok(false)` asks the caller to
+    /// drain the batches in flight and poll again with it on.
+    pub(super) fn ec_poll_rebuilds(&mut self, act_on_failures: bool) -> Result<bool, ClusterError> {
         let Some(ec) = &self.ec else {
             return Ok(true);
         };
@@ -579,6 +598,9 @@ impl Coordinator {
                     return Ok(false);
                 }
             } else if let Some(reason) = st.error {
+                if !act_on_failures {
+                    return Ok(false);
+                }
                 b.error = Some(reason.clone());
                 ec.rebuilding.retain(|&(x, _)| x != server);
                 let lost = self.probe_lost();
@@ -598,11 +620,115 @@ impl Coordinator {
         Ok(true)
     }
 
+    /// The ECRec part of worker `w`'s setup (asynchronous training: its updates are
+    /// transactions it coordinates), under a new incarnation.
+    pub(super) fn ec_worker(&mut self, w: u32) -> Option<EcWorker> {
+        let ec = self.ec.as_mut().filter(|e| e.asynchronous)?;
+        let epoch = ec.worker_epochs.get_mut(w as usize)?;
+        *epoch += 1;
+        Some(EcWorker {
+            two_phase: ec.spec.two_phase,
+            epoch: *epoch,
+        })
+    }
+
+    /// The transaction phases a batch handed out now must stop at: those with a server kill
+    /// still to fire (asynchronous training, where the workers run the phases).
+    pub(super) fn ec_holds(&self) -> Vec<TxnHold> {
+        if !self.ec.as_ref().is_some_and(|e| e.asynchronous) {
+            return Vec::new();
+        }
+        let mut holds = Vec::new();
+        for (k, done) in &self.kills {
+            if *done {
+                continue;
+            }
+            if let KillAt::Phase(p) | KillAt::PhaseNth(p, _) = k.at {
+                let h = match p {
+                    Phase::Prepare => TxnHold::Prepare,
+                    Phase::Commit => TxnHold::Commit,
+                    _ => continue,
+                };
+                if !holds.contains(&h) {
+                    holds.push(h);
+                }
+            }
+        }
+        holds
+    }
+
+    /// Worker `w` stopped its transaction before `phase`: fire that phase's kills, let it go.
+    pub(super) fn ec_held(&mut self, w: u32, phase: TxnHold) {
+        self.fire_phase_kills(match phase {
+            TxnHold::Prepare => Phase::Prepare,
+            TxnHold::Commit => Phase::Commit,
+        });
+        // A worker that cannot be told is lost; the pool reports it.
+        let _ = self.pool.send(w, &ToWorker::Resume);
+    }
+
+    /// Worker `w` is lost: no transaction of its incarnation may stay half done. Fence it
+    /// off on every server, read what each holds of it, and commit every transaction that
+    /// some server committed (its worker had decided to commit, so it was prepared
+    /// everywhere); abort the others.
+    pub(super) fn ec_worker_lost(&mut self, w: u32) -> Result<(), ClusterError> {
+        let Some(ec) = self.ec.as_ref().filter(|e| e.asynchronous) else {
+            return Ok(());
+        };
+        let Some(&epoch) = ec.worker_epochs.get(w as usize) else {
+            return Ok(());
+        };
+        // A server that does not answer is lost; its replacement holds no transaction.
+        let states = self.ec_all(move |c| async move { c.txn_fence(w, epoch).await });
+        let mut txns: BTreeSet<TxnId> = BTreeSet::new();
+        let mut committed: BTreeSet<TxnId> = BTreeSet::new();
+        for st in states.iter().flatten() {
+            txns.extend(st.holding);
+            txns.extend(st.staged.iter().copied());
+            committed.extend(st.last_commit);
+        }
+        let mut resolved = Vec::new();
+        for t in txns {
+            let commit = committed.contains(&t);
+            let bad = failed(&self.ec_all(move |c| async move { c.txn_resolve(t, commit).await }));
+            resolved.push(format!(
+                "{} batch {} ({}{})",
+                if commit { "committed" } else { "aborted" },
+                t.priority,
+                t.seq,
+                if bad.is_empty() {
+                    String::new()
+                } else {
+                    format!("; not on: {}", describe(&bad))
+                }
+            ));
+        }
+        if !resolved.is_empty() {
+            self.event(
+                EventKind::TransactionsResolved,
+                None,
+                format!("worker {w}'s transactions: {}", resolved.join(", ")),
+            );
+        }
+        Ok(())
+    }
+
     /// End of training: wait for the rebuilds still under way (the final digest must see
     /// whole servers), then audit the parities.
     pub(super) fn ec_finish(&mut self) -> Result<(), ClusterError> {
         if self.ec.is_none() || self.aborted.is_some() {
             return Ok(());
+        }
+        let timing = self.worker_time;
+        if let Some(ec) = self.ec.as_mut().filter(|e| e.asynchronous) {
+            // The workers ran the transactions: their timings are the commit costs.
+            let r = &mut ec.report;
+            r.steps_committed = timing.txns;
+            r.prepare_s = timing.txn_prepare_s;
+            r.commit_s = timing.txn_commit_s;
+            r.txn_retries = timing.txn_retries;
+            r.txn_commit_failures = timing.txn_commit_failures;
+            r.per_step_s = (r.prepare_s + r.commit_s) / timing.txns.max(1) as f64;
         }
         let deadline = Instant::now() + FINISH_REBUILD_TIMEOUT;
         // The rebuilds yielded to training (their share); now nothing else runs.
