@@ -131,7 +131,8 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             run,
             kill_server,
             kill_step,
-        } => crate::bench_ecrec::run(run, kill_server, kill_step),
+            repeat,
+        } => crate::bench_ecrec::run(run, kill_server, kill_step, repeat),
         BenchCmd::Cluster {
             run,
             kill_server,

@@ -350,10 +350,12 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 2)]
         single_threads: usize,
     },
-    /// ECRec's costs on one cluster configuration (synchronous): `none`, then ECRec with k = 2
-    /// and 4 with and without 2PC and dense replication (training-time and memory overhead),
-    /// then ECRec and `full` each with a server killed (time to resume and to full recovery,
-    /// throughput meanwhile).
+    /// ECRec's costs on one cluster configuration, asynchronous unless `--sync`: `none`, then
+    /// ECRec all on (k = 2 and 4), without dense replication, and without dense replication
+    /// and 2PC (training-time, CPU-time and memory overhead, each against a `none` run of
+    /// the same repeat, with the spread of the `none` runs), then ECRec and `full` each with
+    /// a server killed (time to resume and to full recovery, the rebuild's duration and
+    /// throughput meanwhile, per lock range). 150 steps unless `--steps`.
     Ecrec {
         #[command(flatten)]
         run: RunArgs,
@@ -363,6 +365,9 @@ pub enum BenchCmd {
         /// Step after which it is killed [default: half the steps].
         #[arg(long)]
         kill_step: Option<u64>,
+        /// Times the `none` run and every variant are run.
+        #[arg(long, default_value_t = 2)]
+        repeat: u32,
     },
 }
 

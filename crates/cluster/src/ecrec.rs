@@ -410,6 +410,15 @@ pub struct RebuildReport {
     pub restarted: bool,
     /// Commits the node applied while a rebuild batch held its lock.
     pub commits_in_lock: u64,
+    /// Each lock range's start and end (seconds after the run started, as the coordinator
+    /// places them from the node's own clock).
+    pub range_spans_s: Vec<(f64, f64)>,
+    /// Training throughput during each lock range over the throughput in the 10 s before the
+    /// kill (`None`: the range ran after training ended, or no batch finished before it).
+    pub range_throughput_share: Vec<Option<f64>>,
+    /// Training throughput between the node joining and the rebuild finishing, over the
+    /// throughput before the kill (`None` when the rebuild outlasted training).
+    pub throughput_share: Option<f64>,
 }
 
 /// [`ftrec_ps::ec::ParityAudit`] at the end of the run.
@@ -507,18 +516,34 @@ impl EcReport {
         for b in &self.rebuilds {
             let t = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.3}s"));
             s += &format!(
-                "  rebuild of server {} (lost {:?}) from {:.3}s: joined {}, finished {}, {} \
-                 rows decoded on demand{}\n",
+                "  rebuild of server {} (lost {:?}, generation {}) from {:.3}s: joined {}, \
+                 finished {}, {} rows decoded on demand, throughput meanwhile {}{}{}\n",
                 b.server,
                 b.lost,
+                b.generation,
                 b.started_s,
                 t(b.joined_s),
                 t(b.finished_s),
                 b.rows_decoded_on_demand,
+                b.throughput_share
+                    .map_or("-".into(), |x| format!("{:.0}% of before", x * 100.0)),
+                if b.restarted { ", restarted" } else { "" },
                 b.error
                     .as_ref()
                     .map_or(String::new(), |e| format!(", stopped: {e}"))
             );
+            for (i, ((a, e), share)) in b
+                .range_spans_s
+                .iter()
+                .zip(&b.range_throughput_share)
+                .enumerate()
+            {
+                s += &format!(
+                    "    lock range {i}: {a:.3}s to {e:.3}s ({:.3}s), throughput {}\n",
+                    e - a,
+                    share.map_or("-".into(), |x| format!("{:.0}% of before", x * 100.0))
+                );
+            }
         }
         match (&self.audit, &self.audit_skipped) {
             (Some(a), _) => {

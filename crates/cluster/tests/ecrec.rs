@@ -328,8 +328,7 @@ fn async_run(servers: u32, steps: u64, strategy: StrategyChoice, kills: &[&str])
         assert_eq!(f.steps_redone, 0, "{f:?}");
         assert!(f.recovered_s.is_some(), "{f:?}");
     }
-    if report.ec.is_some() {
-        let ec = report.ec.as_ref().unwrap();
+    if let Some(ec) = &report.ec {
         assert!(ec.asynchronous);
         // Every batch was one committed transaction (a batch retried after a phase-1 loss
         // commits once).

@@ -38,6 +38,8 @@ use crate::{ClusterError, KillAt, Phase, Role, RunConfig, ServerProcess};
 
 /// Longest the end of a run waits for rebuilds still under way.
 const FINISH_REBUILD_TIMEOUT: Duration = Duration::from_secs(600);
+/// How far back from a kill the throughput "before" it is measured.
+const BEFORE_WINDOW_S: f64 = 10.0;
 /// Largest table slice one audit read may carry (the gRPC message limit is 16 MiB).
 const AUDIT_READ_LIMIT: u64 = 8 << 20;
 
@@ -294,6 +296,7 @@ impl Coordinator {
     ) -> Result<bool, ClusterError> {
         lost.sort_unstable();
         lost.dedup();
+        self.ec_sweep_txns();
         let mut rebuild = BTreeSet::new();
         let mut other = Vec::new();
         for &s in &lost {
@@ -574,6 +577,12 @@ impl Coordinator {
             b.rows_decoded_on_demand = st.rows_decoded_on_demand;
             b.cut_retries = st.cut_retries;
             b.commits_in_lock = st.commits_in_lock;
+            let at = b.started_s;
+            b.range_spans_s = st
+                .range_spans_us
+                .iter()
+                .map(|&(s, e)| (at + s as f64 * 1e-6, at + e as f64 * 1e-6))
+                .collect();
             if st.finished {
                 b.finished_s = Some(now);
                 ec.rebuilding.retain(|&(x, _)| x != server);
@@ -678,6 +687,25 @@ impl Coordinator {
         let Some(&epoch) = ec.worker_epochs.get(w as usize) else {
             return Ok(());
         };
+        self.ec_resolve_txns(w, epoch);
+        Ok(())
+    }
+
+    /// A server is lost and every batch in flight has ended: a transaction still held on a
+    /// survivor is an orphan (its worker's abort or commit never reached it). Resolve every
+    /// worker's, without fencing anyone.
+    fn ec_sweep_txns(&mut self) {
+        if !self.ec.as_ref().is_some_and(|e| e.asynchronous) {
+            return;
+        }
+        for w in 0..self.workers() {
+            self.ec_resolve_txns(w, 0);
+        }
+    }
+
+    /// Fence `w`'s incarnations up to `epoch` (0: none) on every server, read what each holds
+    /// of its transactions, and commit those that some server committed, abort the others.
+    fn ec_resolve_txns(&mut self, w: u32, epoch: u32) {
         // A server that does not answer is lost; its replacement holds no transaction.
         let states = self.ec_all(move |c| async move { c.txn_fence(w, epoch).await });
         let mut txns: BTreeSet<TxnId> = BTreeSet::new();
@@ -710,7 +738,6 @@ impl Coordinator {
                 format!("worker {w}'s transactions: {}", resolved.join(", ")),
             );
         }
-        Ok(())
     }
 
     /// End of training: wait for the rebuilds still under way (the final digest must see
@@ -752,8 +779,54 @@ impl Coordinator {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+        self.ec_throughput_shares();
         self.ec_audit();
         Ok(())
+    }
+
+    /// For every rebuild, the training throughput while it ran (as a whole and per lock
+    /// range) over the throughput in the [`BEFORE_WINDOW_S`] before the kill that caused it:
+    /// how much the rebuild took from training (ECRec §5.3 reports 87–93%).
+    fn ec_throughput_shares(&mut self) {
+        let (Some(train_start), Some(ec)) = (self.train_start, self.ec.as_mut()) else {
+            return;
+        };
+        // Batch completions on the run's clock.
+        let t0 = train_start.duration_since(self.start).as_secs_f64();
+        let done: Vec<f64> = self.completions.iter().map(|c| c + t0).collect();
+        let Some(&train_end) = done.last() else {
+            return;
+        };
+        let rate = |a: f64, b: f64| -> Option<f64> {
+            if b <= a || b > train_end {
+                return None;
+            }
+            let n = done.iter().filter(|&&t| t >= a && t < b).count();
+            Some(n as f64 / (b - a))
+        };
+        for b in &mut ec.report.rebuilds {
+            let kill = self
+                .failures
+                .iter()
+                .filter(|f| f.role == Role::Server && f.injected_t_s <= b.started_s)
+                .map(|f| f.injected_t_s)
+                .fold(f64::NAN, f64::max);
+            if kill.is_nan() {
+                continue;
+            }
+            let first = done.first().copied().unwrap_or(kill);
+            let before = rate((kill - BEFORE_WINDOW_S).max(first), kill).filter(|&r| r > 0.0);
+            let Some(before) = before else { continue };
+            b.range_throughput_share = b
+                .range_spans_s
+                .iter()
+                .map(|&(s, e)| rate(s, e).map(|r| r / before))
+                .collect();
+            b.throughput_share = match (b.joined_s, b.finished_s) {
+                (Some(j), Some(f)) => rate(j, f).map(|r| r / before),
+                _ => None,
+            };
+        }
     }
 
     /// Check every parity against a fresh encode and every dense replica against its primary

@@ -540,6 +540,8 @@ impl EcNodeRpc for EcGrpcHandler {
             error: st.error,
             generation: st.generation,
             commits_in_lock: st.commits_in_lock,
+            range_start_us: st.range_spans_us.iter().map(|r| r.0).collect(),
+            range_end_us: st.range_spans_us.iter().map(|r| r.1).collect(),
         }))
     }
 }
@@ -901,6 +903,7 @@ impl EcService for EcGrpcClient {
             error: r.error,
             generation: r.generation,
             commits_in_lock: r.commits_in_lock,
+            range_spans_us: r.range_start_us.into_iter().zip(r.range_end_us).collect(),
         })
     }
 }

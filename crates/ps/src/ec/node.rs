@@ -155,6 +155,8 @@ pub(crate) struct EcState {
     pub status: RebuildStatus,
     /// Rebuild batches between their lock and their merge right now.
     pub locks_open: u32,
+    /// When the current rebuild generation started.
+    pub rebuild_t0: Option<std::time::Instant>,
     /// Transactions of asynchronous training (ECRec §3.5, worker-coordinated 2PC).
     pub txn: super::txn::TxnState,
 }
@@ -245,6 +247,7 @@ impl EcNode {
             missing: None,
             status: RebuildStatus::default(),
             locks_open: 0,
+            rebuild_t0: None,
             txn: Default::default(),
         };
         let node = EcNode {

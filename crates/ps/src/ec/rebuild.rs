@@ -380,6 +380,8 @@ impl EcNode {
             st.status.error = None;
             st.status.ranges_total = plan.ranges().len() as u64;
             st.status.ranges_done = 0;
+            st.status.range_spans_us.clear();
+            st.rebuild_t0 = Some(Instant::now());
             (generation, dense_missing)
         };
         if dense_missing {
@@ -497,10 +499,17 @@ impl EcNode {
                     reason: "killed during its rebuild".into(),
                 });
             }
+            let started = Instant::now();
             self.rebuild_range(generation, &plan, i, &mut busy).await?;
             let mut st = self.state()?;
             self.check_generation(&st, generation)?;
             st.status.ranges_done += 1;
+            if let Some(t0) = st.rebuild_t0 {
+                let us = |t: Instant| t.saturating_duration_since(t0).as_micros() as u64;
+                st.status
+                    .range_spans_us
+                    .push((us(started), us(Instant::now())));
+            }
         }
         if last < plan.ranges().len() {
             return Ok(false);

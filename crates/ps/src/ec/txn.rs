@@ -33,7 +33,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use ftrec_core::{RowId, ServerId};
+use ftrec_core::ServerId;
 
 use super::node::{EcNode, EcState, StagedIncoming};
 use super::types::{PrepareReport, TxnId, TxnStatus};
@@ -84,7 +84,7 @@ fn rows_of(update: &Update) -> Vec<RowRequest> {
         .iter()
         .map(|p| RowRequest {
             table: p.table,
-            rows: p.rows.iter().copied().collect::<Vec<RowId>>(),
+            rows: p.rows.to_vec(),
         })
         .collect()
 }
@@ -279,11 +279,15 @@ impl EcNode {
     }
 
     /// Refuse every later message of `worker`'s incarnations up to `epoch`, and say what of
-    /// its transactions this node holds.
+    /// its transactions this node holds. Epoch 0 fences nothing (incarnations count from 1):
+    /// a plain look.
     pub fn txn_fence(&self, worker: u32, epoch: u32) -> Result<TxnStatus, PsError> {
         let mut st = self.state()?;
-        let e = st.txn.fenced.entry(worker).or_insert(epoch);
-        *e = (*e).max(epoch);
+        if epoch > 0 {
+            let e = st.txn.fenced.entry(worker).or_insert(epoch);
+            *e = (*e).max(epoch);
+        }
+        let epoch = if epoch == 0 { u32::MAX } else { epoch };
         let holding = st
             .txn
             .slot()
@@ -376,6 +380,8 @@ where
         )));
     }
     let mut report = TxnReport::default();
+    // What the abort and commit messages carry: nothing.
+    let empty = Arc::new(Update::new());
     let t0 = Instant::now();
     if !two_phase {
         at_phase(TxnPhase::Prepare).await;
@@ -429,7 +435,7 @@ where
         // cannot answer) before anything else is sent for this update.
         let _ = on_all(
             nodes,
-            &vec![Arc::new(Update::new()); nodes.len()],
+            &vec![Arc::clone(&empty); nodes.len()],
             move |c, _| async move { c.txn_abort(txn).await },
         )
         .await;
@@ -447,7 +453,7 @@ where
     let t1 = Instant::now();
     let res = on_all(
         nodes,
-        &vec![Arc::new(Update::new()); nodes.len()],
+        &vec![Arc::clone(&empty); nodes.len()],
         move |c, _| async move { c.txn_commit(txn).await },
     )
     .await;

@@ -214,6 +214,9 @@ pub struct RebuildStatus {
     /// Commits this node applied while one of its rebuild batches held its lock (the deltas
     /// a zeroed parity slot collects between its lock and its merge).
     pub commits_in_lock: u64,
+    /// Start and end of every lock range this generation ran, in microseconds after the
+    /// rebuild (re)started on this node.
+    pub range_spans_us: Vec<(u64, u64)>,
     /// Everything is rebuilt; the node is a full member again.
     pub finished: bool,
     /// Why the rebuild stopped, if it failed (start it again with the current lost set).
