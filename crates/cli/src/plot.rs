@@ -208,15 +208,22 @@ fn throughput<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, rep: &CompareRe
         .map(|(_, r)| r.train_s)
         .fold(0.0f64, f64::max)
         .max(1e-3);
-    let width = (rep.reference().map_or(t_end, |r| r.train_s) / 40.0).max(0.02);
+    // One common bin width: a thirtieth of the reference run, and at least ten of its steps,
+    // so a bin is never a handful of steps of scheduling noise.
+    let width = rep.reference().map_or(t_end / 30.0, |r| {
+        (r.train_s / 30.0).max(10.0 * r.train_s / r.steps.max(1) as f64)
+    });
+    let width = width.max(0.02);
     let mut series = Vec::new();
     let mut y_max = 1.0f64;
     for (e, r) in &runs {
         let t0 = CompareReport::training_start(r);
         let times: Vec<f64> = r.timeline.iter().map(|p| (p.t_s - t0).max(0.0)).collect();
         let per_step = (r.config.workers as u64) * r.config.batch as u64;
+        // The last bin ends at the last step: a sliver of a bin would show a spike.
         let pts: Vec<(f64, f64)> = ftrec_cluster::report::intervals(&times, per_step, width)
             .iter()
+            .filter(|i| i.t_end_s - i.t_start_s >= 0.5 * width)
             .map(|i| (0.5 * (i.t_start_s + i.t_end_s), i.samples_per_s))
             .collect();
         y_max = pts.iter().map(|p| p.1).fold(y_max, f64::max);
@@ -228,7 +235,10 @@ fn throughput<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, rep: &CompareRe
             .collect();
         series.push((e.strategy.clone(), pts, kills));
     }
-    let y_top = y_max * 1.15;
+    // Room above the lines for the kill markers, and above those for the legend.
+    let y_top = y_max * 1.5;
+    let y_mark = y_max * 1.1;
+    let dx = t_end * 0.006;
     let mut chart = ChartBuilder::on(root)
         .caption(
             "Training throughput over time (kills marked)",
@@ -259,16 +269,20 @@ fn throughput<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, rep: &CompareRe
         for &k in kills {
             chart
                 .draw_series(DashedLineSeries::new(
-                    vec![(k, 0.0), (k, y_top * 0.93)],
+                    vec![(k, 0.0), (k, y_mark)],
                     6,
                     4,
                     c.stroke_width(2),
                 ))
                 .map_err(err)?;
+            // A downward triangle on top of the line.
             chart
-                .draw_series(std::iter::once(TriangleMarker::new(
-                    (k, y_top * 0.955),
-                    7,
+                .draw_series(std::iter::once(Polygon::new(
+                    vec![
+                        (k - dx, y_mark + y_max * 0.07),
+                        (k + dx, y_mark + y_max * 0.07),
+                        (k, y_mark),
+                    ],
                     c.filled(),
                 )))
                 .map_err(err)?;
@@ -279,11 +293,16 @@ fn throughput<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, rep: &CompareRe
             .draw_series(std::iter::empty::<PathElement<(f64, f64)>>())
             .map_err(err)?
             .label("kill (SIGKILL of a server)")
-            .legend(|(x, y)| TriangleMarker::new((x + 12, y), 6, BLACK.filled()));
+            .legend(|(x, y)| {
+                Polygon::new(
+                    vec![(x + 5, y - 6), (x + 19, y - 6), (x + 12, y + 6)],
+                    BLACK.filled(),
+                )
+            });
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK.mix(0.5))
         .label_font(style(15))
