@@ -80,6 +80,11 @@ pub struct CompareArgs {
     pub threads: Option<usize>,
     #[command(flatten)]
     pub opt: OptimizerArgs,
+    /// Run every strategy N times, interleaved (none, full, ..., none, full, ...), so a change
+    /// of the machine's load hits every strategy alike; the summary takes each strategy's
+    /// median run [default: 1].
+    #[arg(long, value_name = "N")]
+    pub rounds: Option<u32>,
     /// Keep every run's work directory (checkpoints, stores) under OUT/runs.
     #[arg(long)]
     pub keep_runs: bool,
@@ -104,6 +109,9 @@ pub struct Schedule {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunEntry {
     pub strategy: String,
+    /// Which round (from 0) of `--rounds`.
+    #[serde(default)]
+    pub round: u32,
     pub kills: Vec<String>,
     /// The run could not be carried out (the report is absent).
     pub error: Option<String>,
@@ -146,6 +154,8 @@ impl LostTime {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SummaryRow {
     pub strategy: String,
+    /// Training time of every round; the row describes the median one.
+    pub rounds_train_s: Vec<f64>,
     /// `ok`, `aborted: ...` or `error: ...`.
     pub status: String,
     pub steps: u64,
@@ -187,6 +197,7 @@ pub struct CompareReport {
     pub batch: usize,
     pub seed: u64,
     pub ckpt_every_steps: u64,
+    pub rounds: u32,
     /// Values and optimizer state of every row and dense block.
     pub model_bytes: u64,
     pub schedule: Schedule,
@@ -222,12 +233,43 @@ impl CompareReport {
         Ok(r)
     }
 
-    /// The reference run (failure-free `none`).
+    /// The reference run (failure-free `none`, its median round).
     pub fn reference(&self) -> Option<&RunReport> {
-        self.runs
+        self.entry("none").and_then(|r| r.report.as_ref())
+    }
+
+    /// The strategies in the order they ran.
+    pub fn strategies(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = Vec::new();
+        for r in &self.runs {
+            if !v.contains(&r.strategy.as_str()) {
+                v.push(&r.strategy);
+            }
+        }
+        v
+    }
+
+    /// A strategy's representative run: the median training time among its rounds that
+    /// finished (the first round when none did).
+    pub fn entry(&self, strategy: &str) -> Option<&RunEntry> {
+        let all: Vec<&RunEntry> = self
+            .runs
             .iter()
-            .find(|r| r.strategy == "none" && r.kills.is_empty())
-            .and_then(|r| r.report.as_ref())
+            .filter(|r| r.strategy == strategy)
+            .collect();
+        let mut ok: Vec<&RunEntry> = all
+            .iter()
+            .copied()
+            .filter(|r| r.report.as_ref().is_some_and(|x| x.aborted.is_none()))
+            .collect();
+        if ok.is_empty() {
+            return all.first().copied();
+        }
+        ok.sort_by(|a, b| {
+            let t = |e: &RunEntry| e.report.as_ref().map_or(0.0, |r| r.train_s);
+            t(a).total_cmp(&t(b))
+        });
+        Some(ok[(ok.len() - 1) / 2])
     }
 
     /// Seconds from the start of a run to the start of its training.
@@ -551,6 +593,7 @@ fn run_one(
     }
     RunEntry {
         strategy: name,
+        round: 0,
         kills: cfg.kills.iter().map(|k| k.to_string()).collect(),
         error,
         peak_server_rss_bytes: peak_s,
@@ -585,6 +628,10 @@ fn strategy_list(a: &CompareArgs) -> Result<(Vec<String>, bool)> {
 
 /// Run the comparison and write its report; returns the report.
 pub fn compare(a: &CompareArgs, command: Vec<String>) -> Result<CompareReport> {
+    let rounds = a.rounds.unwrap_or(1);
+    if rounds == 0 || rounds > 50 {
+        bail!("--rounds {rounds} must be between 1 and 50");
+    }
     let base = base_config(a)?;
     let (strategies, explicit) = strategy_list(a)?;
     let (sched, kills) = schedule(a, &base)?;
@@ -648,18 +695,27 @@ pub fn compare(a: &CompareArgs, command: Vec<String>) -> Result<CompareReport> {
     )
     .expect("progress template")
     .progress_chars("=> ");
-    let bars: Vec<indicatif::ProgressBar> = plan
-        .iter()
-        .map(|c| {
+    let bars: Vec<indicatif::ProgressBar> = (0..rounds)
+        .flat_map(|r| plan.iter().map(move |c| (r, c)))
+        .map(|(r, c)| {
             let b = multi.add(indicatif::ProgressBar::new(1000));
             b.set_style(style.clone());
-            b.set_prefix(c.strategy.name().to_string());
+            b.set_prefix(if rounds > 1 {
+                format!("{} #{}", c.strategy.name(), r + 1)
+            } else {
+                c.strategy.name().to_string()
+            });
             b.set_message("waiting");
             b
         })
         .collect();
     let mut runs: Vec<RunEntry> = Vec::new();
-    for (cfg, bar) in plan.iter().zip(&bars) {
+    let per_round = plan.len();
+    for (i, (cfg, bar)) in plan.iter().cycle().zip(&bars).enumerate() {
+        let round = (i / per_round) as u32;
+        let mut cfg = cfg.clone();
+        cfg.work_dir = work.join(format!("{}-{round}", cfg.strategy.name()));
+        let cfg = &cfg;
         bar.reset_elapsed();
         bar.set_message(if cfg.kills.is_empty() {
             "running (failure-free reference)".to_string()
@@ -670,7 +726,8 @@ pub fn compare(a: &CompareArgs, command: Vec<String>) -> Result<CompareReport> {
             .first()
             .map(|r: &RunEntry| r.wall_s * 1.15)
             .filter(|e| *e > 0.0);
-        let entry = run_one(cfg, bar, expected, a.keep_runs);
+        let mut entry = run_one(cfg, bar, expected, a.keep_runs);
+        entry.round = round;
         let failed_reference = entry.strategy == "none"
             && (entry.error.is_some()
                 || entry.report.as_ref().is_some_and(|r| r.aborted.is_some()));
@@ -700,6 +757,7 @@ pub fn compare(a: &CompareArgs, command: Vec<String>) -> Result<CompareReport> {
         batch: base.batch,
         seed: base.seed,
         ckpt_every_steps: every,
+        rounds,
         model_bytes: model_bytes(&base),
         schedule: sched,
         machine,
@@ -808,13 +866,21 @@ fn every_steps(c: &StrategyChoice) -> Option<u64> {
 
 fn summarize(rep: &CompareReport) -> Vec<SummaryRow> {
     let reference = rep.reference();
-    let ref_entry = rep.runs.iter().find(|r| r.strategy == "none");
-    rep.runs
-        .iter()
+    let ref_entry = rep.entry("none");
+    rep.strategies()
+        .into_iter()
+        .filter_map(|name| rep.entry(name))
         .map(|e| {
+            let rounds_train_s: Vec<f64> = rep
+                .runs
+                .iter()
+                .filter(|r| r.strategy == e.strategy)
+                .filter_map(|r| r.report.as_ref().map(|x| x.train_s))
+                .collect();
             let Some(r) = &e.report else {
                 return SummaryRow {
                     strategy: e.strategy.clone(),
+                    rounds_train_s,
                     status: format!("error: {}", e.error.clone().unwrap_or_default()),
                     steps: 0,
                     train_s: 0.0,
@@ -848,6 +914,7 @@ fn summarize(rep: &CompareReport) -> Vec<SummaryRow> {
             let ok = r.aborted.is_none();
             SummaryRow {
                 strategy: e.strategy.clone(),
+                rounds_train_s,
                 status: match &r.aborted {
                     Some(a) => format!("aborted: {a}"),
                     None => "ok".into(),
@@ -892,7 +959,7 @@ fn summarize(rep: &CompareReport) -> Vec<SummaryRow> {
 /// What the simulator's calibration needs from one run of a report.
 pub fn measured(rep: &CompareReport, strategy: &str) -> Option<Measured> {
     let reference = rep.reference()?;
-    let entry = rep.runs.iter().find(|e| e.strategy == strategy)?;
+    let entry = rep.entry(strategy)?;
     let r = entry.report.as_ref().filter(|r| r.aborted.is_none())?;
     let failures = lost_times(r)
         .into_iter()
@@ -917,10 +984,7 @@ pub fn measured(rep: &CompareReport, strategy: &str) -> Option<Measured> {
         .map_or(pauses.len() as u64, |s| s.fulls.min(pauses.len() as u64));
     let rss_extra = match (
         entry.peak_server_rss_bytes,
-        rep.runs
-            .iter()
-            .find(|e| e.strategy == "none")
-            .and_then(|b| b.peak_server_rss_bytes),
+        rep.entry("none").and_then(|b| b.peak_server_rss_bytes),
     ) {
         (Some(x), Some(b)) => Some((x as f64 - b as f64) / rep.model_bytes as f64),
         _ => None,
@@ -1066,7 +1130,7 @@ pub fn text_table(rep: &CompareReport) -> String {
 fn setup_line(rep: &CompareReport) -> String {
     format!(
         "preset `{}`, {} servers, {} workers, {}, {} steps x batch {}, seed {}, saves every {} \
-         steps; model {} MiB (values and optimizer state); failure schedule ({}): {}",
+         steps, {} round(s) (median shown); model {} MiB (values and optimizer state); failure schedule ({}): {}",
         rep.preset,
         rep.servers,
         rep.workers,
@@ -1079,6 +1143,7 @@ fn setup_line(rep: &CompareReport) -> String {
         rep.batch,
         rep.seed,
         rep.ckpt_every_steps,
+        rep.rounds,
         mib(rep.model_bytes as f64),
         match (&rep.schedule.source[..], rep.schedule.mtbf_s) {
             ("mtbf", Some(m)) => format!(

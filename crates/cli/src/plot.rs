@@ -199,8 +199,9 @@ fn no_data<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, what: &str) -> Res
 fn throughput<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, rep: &CompareReport) -> Res {
     root.fill(&WHITE).map_err(err)?;
     let runs: Vec<_> = rep
-        .runs
-        .iter()
+        .strategies()
+        .into_iter()
+        .filter_map(|n| rep.entry(n))
         .filter_map(|e| e.report.as_ref().map(|r| (e, r)))
         .collect();
     let t_end = runs
@@ -675,7 +676,8 @@ fn quality<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, rep: &CompareRepor
     let reference = rep.reference();
     let rows: Vec<&SummaryRow> = rep.summary.iter().filter(|s| s.status == "ok").collect();
     type Pick = fn(&SummaryRow) -> Option<f64>;
-    let panels: [(&DrawingArea<DB, Shift>, &str, Pick, Option<f64>); 2] = [
+    type Panel<'a, DB> = (&'a DrawingArea<DB, Shift>, &'a str, Pick, Option<f64>);
+    let panels: [Panel<DB>; 2] = [
         (
             &left,
             "AUC (higher is better)",
