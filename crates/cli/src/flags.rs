@@ -181,6 +181,11 @@ pub struct EcRunArgs {
     /// ECRec: lock ranges of a rebuild [default: 1].
     #[arg(long, value_name = "L")]
     pub recovery_locks: Option<usize>,
+    /// ECRec: share of the time a replacement's background rebuild may work, from 0 to 1
+    /// (it rests between batches so that training keeps its speed; 0 holds the rebuild until
+    /// training ends, serving lost rows by degraded reads meanwhile) [default: 1].
+    #[arg(long, value_name = "F")]
+    pub rebuild_share: Option<f64>,
 }
 
 impl EcRunArgs {
@@ -192,6 +197,7 @@ impl EcRunArgs {
             no_dense_replication: self.no_dense_replication,
             no_2pc: self.no_2pc,
             recovery_locks: self.recovery_locks,
+            rebuild_share: self.rebuild_share,
             replacement: false,
         }
     }

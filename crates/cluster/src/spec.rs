@@ -210,6 +210,7 @@ impl ServerSpec {
                 "--ec-k",
                 "--ec-r",
                 "--recovery-locks",
+                "--rebuild-share",
             ];
             if !known.contains(&flag.as_str()) {
                 return Err(ClusterError::Config(format!(
@@ -479,6 +480,10 @@ pub enum StrategyChoice {
         two_phase: bool,
         /// Lock ranges of a rebuild (ECRec §3.4).
         lock_ranges: usize,
+        /// Share of the time a background rebuild may work, in millionths (rate control:
+        /// the rebuild yields to training; 0 holds the lock ranges until training ends).
+        #[serde(default = "crate::ecrec::default_rebuild_share_ppm")]
+        rebuild_share_ppm: u32,
     },
     /// DECK: a full base, then delta checkpoints of the touched rows every
     /// `delta_every_steps` steps, written by the servers through local staging while training
@@ -516,6 +521,7 @@ impl StrategyChoice {
             dense_replication: true,
             two_phase: true,
             lock_ranges: crate::ecrec::DEFAULT_LOCK_RANGES,
+            rebuild_share_ppm: crate::ecrec::DEFAULT_REBUILD_SHARE_PPM,
         }
     }
 
