@@ -1,5 +1,5 @@
-//! `ftrec demo`: a short `compare` on the tiny preset with two server kills, then the summary
-//! table and where the report is.
+//! `ftrec demo`: a short `compare` on the tiny preset with two server kills (three interleaved
+//! rounds, the median shown), then the summary table and where the report is.
 
 use std::path::PathBuf;
 
@@ -19,11 +19,14 @@ pub struct DemoArgs {
     pub steps: Option<u64>,
 }
 
-/// Steps of every run of the demo: a budget of 4,800 steps over the strategies, 240 to 1,200
-/// each (about 12 ms a step on the tiny preset on a loaded 2-core machine).
+/// Rounds of the demo: the median of three runs of each strategy, interleaved.
+pub const DEMO_ROUNDS: u32 = 3;
+
+/// Steps of every run of the demo: a budget of 4,800 steps over the strategies and rounds, 240
+/// to 1,200 each (about 10 ms a step on the tiny preset on a loaded 2-core machine).
 pub fn demo_steps() -> u64 {
     let n = ftrec_cluster::StrategyChoice::all_names().len().max(1) as u64;
-    (4_800 / n).clamp(240, 1_200) / 12 * 12
+    (4_800 / (n * DEMO_ROUNDS as u64)).clamp(240, 1_200) / 12 * 12
 }
 
 /// The demo's comparison: synchronous (so every exact strategy ends with the failure-free
@@ -38,6 +41,7 @@ pub fn demo_args(out: PathBuf, steps: u64) -> CompareArgs {
         workers: Some(2),
         sync: true,
         steps: Some(steps),
+        rounds: Some(DEMO_ROUNDS),
         kills: vec![
             format!("server=1@step={}", steps * 38 / 100),
             format!("server=2@step={}", steps * 72 / 100),
