@@ -91,6 +91,9 @@ pub struct CompareArgs {
     /// Output directory.
     #[arg(long, value_name = "DIR", default_value = "ftrec-compare")]
     pub out: PathBuf,
+    /// Run nothing: redraw the plots, report.md and report.html of the report.json in --out.
+    #[arg(long)]
+    pub replot: bool,
 }
 
 /// Where the failure schedule came from.
@@ -1287,7 +1290,13 @@ fn html(rep: &CompareReport, plots: &[crate::plot::Plot], out: &Path) -> Result<
 
 pub fn run(a: CompareArgs) -> Result<()> {
     let command: Vec<String> = std::env::args().collect();
-    let rep = compare(&a, command)?;
+    let rep = if a.replot {
+        let rep = CompareReport::read(&a.out)?;
+        write_outputs(&rep, &a.out)?;
+        rep
+    } else {
+        compare(&a, command)?
+    };
     println!("{}", text_table(&rep));
     let failed: Vec<&SummaryRow> = rep.summary.iter().filter(|s| s.status != "ok").collect();
     for f in &failed {

@@ -209,10 +209,10 @@ fn throughput<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, rep: &CompareRe
         .map(|(_, r)| r.train_s)
         .fold(0.0f64, f64::max)
         .max(1e-3);
-    // One common bin width: a thirtieth of the reference run, and at least ten of its steps,
-    // so a bin is never a handful of steps of scheduling noise.
-    let width = rep.reference().map_or(t_end / 30.0, |r| {
-        (r.train_s / 30.0).max(10.0 * r.train_s / r.steps.max(1) as f64)
+    // One common bin width: a fortieth of the reference run, and at least three of its steps,
+    // so a bin is never a single step's scheduling noise.
+    let width = rep.reference().map_or(t_end / 40.0, |r| {
+        (r.train_s / 40.0).max(3.0 * r.train_s / r.steps.max(1) as f64)
     });
     let width = width.max(0.02);
     let mut series = Vec::new();

@@ -278,12 +278,21 @@ pub struct Calibration {
 
 impl Calibration {
     pub fn from_runs(machine: Machine, runs: &[Measured]) -> Result<Calibration, SimError> {
+        let mut strategies: Vec<Coefficients> = runs
+            .iter()
+            .map(|m| Coefficients::from_measured(m, &machine))
+            .collect::<Result<_, _>>()?;
+        // Detection and process start do not depend on the strategy: a run without failures
+        // (the reference) borrows the others' mean.
+        let detect = mean(strategies.iter().filter_map(|c| c.detect_s));
+        let replace = mean(strategies.iter().filter_map(|c| c.replace_s));
+        for c in &mut strategies {
+            c.detect_s = c.detect_s.or(detect);
+            c.replace_s = c.replace_s.or(replace);
+        }
         Ok(Calibration {
             machine,
-            strategies: runs
-                .iter()
-                .map(|m| Coefficients::from_measured(m, &machine))
-                .collect::<Result<_, _>>()?,
+            strategies,
         })
     }
 
