@@ -161,10 +161,10 @@ pub fn validation_table(v: &[Validation]) -> String {
 }
 
 fn pct(x: f64) -> String {
-    if x.is_finite() {
+    if x.is_finite() && x < 10.0 {
         format!("{:.1}%", x * 100.0)
     } else {
-        "never finishes".into()
+        "> 1000%".into()
     }
 }
 
@@ -188,7 +188,7 @@ pub fn advice_table(a: &Advice) -> String {
         let d = &r.summary.per_day;
         let oh = if !r.plan.feasible {
             "does not fit".to_string()
-        } else if r.summary.overhead.is_finite() {
+        } else if r.summary.overhead.is_finite() && r.summary.overhead < 10.0 {
             format!(
                 "{} ±{:.1}",
                 pct(r.summary.overhead),

@@ -91,7 +91,8 @@ pub struct CompareArgs {
     /// Output directory.
     #[arg(long, value_name = "DIR", default_value = "ftrec-compare")]
     pub out: PathBuf,
-    /// Run nothing: redraw the plots, report.md and report.html of the report.json in --out.
+    /// Run nothing: recompute the summary and redraw the plots, report.md and report.html of
+    /// the report.json in --out.
     #[arg(long)]
     pub replot: bool,
 }
@@ -164,7 +165,8 @@ pub struct SummaryRow {
     pub steps: u64,
     pub train_s: f64,
     pub samples_per_s: f64,
-    /// Training time over the reference's, minus one.
+    /// Training time over the reference's, minus one: the median over rounds of each round's
+    /// ratio to the reference run of the same round.
     pub overhead: Option<f64>,
     pub saves: u64,
     pub save_pause_s: f64,
@@ -907,7 +909,30 @@ fn summarize(rep: &CompareReport) -> Vec<SummaryRow> {
                 };
             };
             let failures = lost_times(r);
-            let overhead = reference.map(|b| r.train_s / b.train_s.max(1e-9) - 1.0);
+            // Each round's training time over the reference's of the same round (adjacent in
+            // time, so under the same load); the median over rounds.
+            let mut ratios: Vec<f64> = rep
+                .runs
+                .iter()
+                .filter(|x| x.strategy == e.strategy)
+                .filter_map(|x| {
+                    let t = x.report.as_ref().filter(|r| r.aborted.is_none())?.train_s;
+                    let b = rep
+                        .runs
+                        .iter()
+                        .find(|y| y.strategy == "none" && y.round == x.round)?
+                        .report
+                        .as_ref()?
+                        .train_s;
+                    Some(t / b.max(1e-9) - 1.0)
+                })
+                .collect();
+            ratios.sort_by(f64::total_cmp);
+            let overhead = if ratios.is_empty() {
+                reference.map(|b| r.train_s / b.train_s.max(1e-9) - 1.0)
+            } else {
+                Some(ratios[(ratios.len() - 1) / 2])
+            };
             let steady = reference.map(|b| {
                 r.train_s
                     - b.train_s
@@ -1291,7 +1316,8 @@ fn html(rep: &CompareReport, plots: &[crate::plot::Plot], out: &Path) -> Result<
 pub fn run(a: CompareArgs) -> Result<()> {
     let command: Vec<String> = std::env::args().collect();
     let rep = if a.replot {
-        let rep = CompareReport::read(&a.out)?;
+        let mut rep = CompareReport::read(&a.out)?;
+        rep.summary = summarize(&rep);
         write_outputs(&rep, &a.out)?;
         rep
     } else {

@@ -107,10 +107,10 @@ pub fn advise(cal: &Calibration, s: &Scenario) -> Result<Advice, SimError> {
 }
 
 fn pct(x: f64) -> String {
-    if x.is_finite() {
+    if x.is_finite() && x < 10.0 {
         format!("{:.1}%", x * 100.0)
     } else {
-        "does not finish".into()
+        "over 1000% (it keeps starting over)".into()
     }
 }
 

@@ -124,8 +124,13 @@ pub struct Coefficients {
     pub steady_raw: f64,
     /// Full-save throughput over the machine's raw disk write.
     pub save_eff: Option<f64>,
-    /// Delta-save throughput over the raw disk write.
+    /// Delta-save throughput over the raw disk write (the marginal cost of a byte, when a full
+    /// and a delta give two points).
     pub delta_eff: Option<f64>,
+    /// Pause of a save that does not grow with its bytes (coordination, commit), from the same
+    /// two points.
+    #[serde(default)]
+    pub save_fixed_s: f64,
     /// Fraction of the model a step touches (from the delta sizes).
     pub touched_per_step: Option<f64>,
     pub detect_s: Option<f64>,
@@ -177,6 +182,7 @@ impl Coefficients {
             steady_raw: 0.0,
             save_eff: None,
             delta_eff: None,
+            save_fixed_s: 0.0,
             touched_per_step: None,
             detect_s: mean(m.failures.iter().map(|f| f.detect_s)),
             replace_s: mean(m.failures.iter().map(|f| f.replace_s)),
@@ -203,7 +209,16 @@ impl Coefficients {
                 if deltas > 0.0 {
                     let bytes = ((m.bytes_written - fulls as f64 * full_bytes) / deltas).max(0.0);
                     if let Some(p) = mean(rest.iter().copied()).filter(|p| *p > 0.0) {
-                        c.delta_eff = Some(bytes / p / machine.disk_write_bps);
+                        // Two points, a full and a delta: a pause is a fixed part plus bytes over
+                        // a marginal throughput.
+                        let marginal = match mean(first.iter().copied()) {
+                            Some(fp) if fp > p && full_bytes > bytes => {
+                                (full_bytes - bytes) / (fp - p)
+                            }
+                            _ => bytes / p,
+                        };
+                        c.save_fixed_s = (p - bytes / marginal).max(0.0);
+                        c.delta_eff = Some(marginal / machine.disk_write_bps);
                     }
                     let phi = (bytes / m.model_bytes).clamp(0.0, 0.999_999);
                     let every = m.save_every_steps.unwrap_or(1).max(1) as f64;
@@ -507,7 +522,7 @@ pub fn plan(c: &Coefficients, s: &Scenario) -> Result<Planned, SimError> {
                 }
             };
             let phi = |every_s: f64| 1.0 - (1.0 - u).powf((every_s / s.step_s).max(1.0));
-            let pause = |every_s: f64| phi(every_s) * m / delta_bps;
+            let pause = |every_s: f64| c.save_fixed_s + phi(every_s) * m / delta_bps;
             // CPR Eq. 1 with the delta's pause growing with the interval: minimised numerically
             // around Young's interval for the smallest delta.
             let cost = |t: f64| pause(t) / t + t / 2.0 / t_fail;
@@ -532,8 +547,9 @@ pub fn plan(c: &Coefficients, s: &Scenario) -> Result<Planned, SimError> {
             let stride = deck::merge_stride(d, v, 16);
             if stride.is_none() {
                 p.notes.push(format!(
-                    "DECK Inequality 1: no merge stride up to 16 keeps up (v = {v:.2}); the \
-                     lineage grows until a full"
+                    "DECK Inequality 1 holds for no stride up to 16 (duplication d = {d:.4}, \
+                     merge velocity v = {v:.1}): deltas that barely overlap do not shrink when \
+                     merged, so the lineage grows until the next full"
                 ));
             }
             let stride = stride.unwrap_or(2);
@@ -696,9 +712,10 @@ pub fn replay(
             let delta = (1.0 - (1.0 - u).powf(every)) * m;
             job.save = every_s.map(|e| SaveModel {
                 every_work_s: e,
-                pause_s: delta
-                    / (need(c.delta_eff, "delta-save throughput", c).unwrap_or(f64::INFINITY)
-                        * machine.disk_write_bps),
+                pause_s: c.save_fixed_s
+                    + delta
+                        / (need(c.delta_eff, "delta-save throughput", c).unwrap_or(f64::INFINITY)
+                            * machine.disk_write_bps),
                 first_pause_s: m
                     / (need(c.save_eff, "full-save throughput", c).unwrap_or(f64::INFINITY)
                         * machine.disk_write_bps),
