@@ -526,16 +526,31 @@ pub fn plan(c: &Coefficients, s: &Scenario) -> Result<Planned, SimError> {
             // CPR Eq. 1 with the delta's pause growing with the interval: minimised numerically
             // around Young's interval for the smallest delta.
             let cost = |t: f64| pause(t) / t + t / 2.0 / t_fail;
+            // DECK §3.3, Inequality 1: the merger must keep up, or the lineage a restore reads
+            // grows without bound. Duplication between consecutive deltas (d) and the merger's
+            // relative velocity (v: it reads and writes at the restore rate) both grow with the
+            // interval, so too short an interval fails it.
+            let keeps_up = |t: f64| {
+                let d = phi(t).clamp(0.0, 1.0);
+                let v = reload_bps / (phi(t) * m).max(1.0) * t;
+                deck::merge_stride(d, v, 16).is_some()
+            };
             let young = policy::young_interval(pause(s.step_s), t_fail).max(s.step_s);
-            let mut every = young;
-            let mut best = cost(young);
+            let (mut every, mut best) = (f64::NAN, f64::INFINITY);
+            let (mut any_every, mut any_best) = (young, cost(young));
             let mut t = s.step_s;
-            while t < 100.0 * young.max(s.step_s) {
-                if cost(t) < best {
-                    best = cost(t);
-                    every = t;
+            while t < 100.0 * young.max(s.step_s).max(t_fail) {
+                let c = cost(t);
+                if c < any_best {
+                    (any_every, any_best) = (t, c);
+                }
+                if c < best && keeps_up(t) {
+                    (every, best) = (t, c);
                 }
                 t *= 1.05;
+            }
+            if every.is_nan() {
+                every = any_every;
             }
             let delta_bytes = phi(every) * m;
             // DECK §3.3: duplication between two consecutive deltas, the merger's relative
@@ -571,9 +586,9 @@ pub fn plan(c: &Coefficients, s: &Scenario) -> Result<Planned, SimError> {
                 ..base(Rollback::ToLastSave)
             };
             p.config = format!(
-                "delta every {} ({:.2}% of the model, {} pause; Eq. 1 minimised with the delta's \
-                 size), merge stride {stride} (DECK Ineq. 1), a full every {full_every} deltas \
-                 (Ineq. 2)",
+                "delta every {} ({:.2}% of the model, {} pause; CPR Eq. 1 minimised with the \
+                 delta's size, among intervals the merger keeps up with), merge stride {stride} \
+                 (DECK Ineq. 1), a full every {full_every} deltas (Ineq. 2)",
                 secs(every),
                 100.0 * phi(every),
                 secs(pause(every))
