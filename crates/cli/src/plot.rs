@@ -445,7 +445,8 @@ fn overhead<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, rep: &CompareRepo
         .iter()
         .map(|(_, p)| p.iter().filter(|v| **v < 0.0).sum::<f64>())
         .fold(0.0, f64::min);
-    let (lo, hi) = (neg_min * 1.3 - 0.01, pos_max * 1.25);
+    // Headroom above the tallest bar for its label and, above that, the legend.
+    let (lo, hi) = (neg_min * 1.3 - 0.01, pos_max * 1.6);
     let n = rows.len();
     let labels: Vec<String> = rows.iter().map(|r| r.0.strategy.clone()).collect();
     let mut chart = ChartBuilder::on(root)
