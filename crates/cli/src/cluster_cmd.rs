@@ -25,6 +25,7 @@ pub struct JobFile {
     pub full_every: Option<u64>,
     pub merge_stride: Option<u64>,
     pub merge_mib_per_s: Option<f64>,
+    #[serde(alias = "ckpt_dir")]
     pub store: Option<String>,
     pub ckpt_chunk_kib: Option<usize>,
     pub ec_k: Option<usize>,
@@ -35,7 +36,6 @@ pub struct JobFile {
     pub recovery_locks: Option<usize>,
     pub rebuild_share: Option<f64>,
     pub ckpt_every_steps: Option<u64>,
-    pub ckpt_dir: Option<PathBuf>,
     pub work_dir: Option<PathBuf>,
     #[serde(default)]
     pub kill: Vec<String>,
@@ -110,7 +110,6 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
             rebuild_share: a.ec.rebuild_share.or(f.rebuild_share),
         },
         ckpt_every_steps: a.ckpt_every_steps.or(f.ckpt_every_steps),
-        ckpt_dir: a.ckpt_dir.clone().or(f.ckpt_dir),
         work_dir: a.work_dir.clone().or(f.work_dir),
         kill: if a.kill.is_empty() {
             f.kill
@@ -164,16 +163,14 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
             ec.given().join(", ")
         );
     }
-    if strategy != "full" && (a.ckpt_dir.is_some() || a.ckpt_every_steps.is_some()) {
-        bail!("--ckpt-dir and --ckpt-every-steps apply to --strategy full only");
+    if strategy != "full" && a.ckpt_every_steps.is_some() {
+        bail!("--ckpt-every-steps applies to --strategy full only");
     }
     let deck_flags = [
         ("--delta-every-steps", a.delta_every_steps.is_some()),
         ("--full-every", a.full_every.is_some()),
         ("--merge-stride", a.merge_stride.is_some()),
         ("--merge-mib-per-s", a.merge_mib_per_s.is_some()),
-        ("--store", a.store.is_some()),
-        ("--ckpt-chunk-kib", a.ckpt_chunk_kib.is_some()),
     ];
     if let StrategyChoice::Deck { .. } = cfg.strategy {
         cfg.strategy = StrategyChoice::Deck {
@@ -185,14 +182,23 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
             },
             merge_mib_per_s: a.merge_mib_per_s,
         };
-        cfg.store = a.store.clone();
-        if let Some(k) = a.ckpt_chunk_kib {
-            cfg.ckpt_chunk_kib = k;
-        }
     } else if let Some((flag, _)) = deck_flags.iter().find(|(_, set)| *set) {
         bail!("{flag} applies to --strategy deck only");
     }
-    cfg.ckpt_dir = a.ckpt_dir.clone();
+    if !cfg.strategy.uses_store() {
+        for (flag, set) in [
+            ("--store", a.store.is_some()),
+            ("--ckpt-chunk-kib", a.ckpt_chunk_kib.is_some()),
+        ] {
+            if set {
+                bail!("{flag} applies to strategies that save checkpoints, not to {strategy}");
+            }
+        }
+    }
+    cfg.store = a.store.clone();
+    if let Some(k) = a.ckpt_chunk_kib {
+        cfg.ckpt_chunk_kib = k;
+    }
     cfg.kills = a
         .kill
         .iter()

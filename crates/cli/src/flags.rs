@@ -45,6 +45,15 @@ pub enum Cmd {
     /// The coordinator alone: servers started elsewhere (`--server-addr`, one per server) and
     /// workers that connect to `--control-listen` (`ftrec worker --coordinator ADDR --id W`).
     Coordinator(RunArgs),
+    /// Every strategy on one workload with one failure schedule: report.json, report.md,
+    /// report.html and plots (PNG and SVG) in --out.
+    Compare(crate::compare::CompareArgs),
+    /// A short comparison on the tiny preset with two server kills; prints the summary and
+    /// where the report is.
+    Demo(crate::demo::DemoArgs),
+    /// Which strategy to run at production scale: costs simulated from coefficients calibrated
+    /// on a compare report.
+    Advise(crate::advise::AdviseArgs),
 }
 
 /// Flags of `ftrec run` and `ftrec coordinator`. Every value may also come from the job file
@@ -85,11 +94,12 @@ pub struct RunArgs {
     /// Cap on the merger's write rate in MiB/s (strategy deck) [default: none].
     #[arg(long, value_name = "R")]
     pub merge_mib_per_s: Option<f64>,
-    /// Checkpoint store of strategy deck: a directory or s3://bucket/prefix (S3 settings from
-    /// the AWS environment variables) [default: WORK_DIR/ckpt].
-    #[arg(long, value_name = "LOCATION")]
+    /// Checkpoint store of a saving strategy (full, deck, ...): a directory or
+    /// s3://bucket/prefix (S3 settings from the AWS environment variables) [default:
+    /// WORK_DIR/ckpt]. `--ckpt-dir DIR` is the same.
+    #[arg(long, value_name = "LOCATION", alias = "ckpt-dir")]
     pub store: Option<String>,
-    /// Staging chunk size of the servers' checkpoint writes, in KiB (strategy deck)
+    /// Staging chunk size of the servers' checkpoint writes, in KiB (saving strategies)
     /// [default: 4096].
     #[arg(long, value_name = "KIB")]
     pub ckpt_chunk_kib: Option<usize>,
@@ -98,9 +108,6 @@ pub struct RunArgs {
     /// Full checkpoint interval, in steps (strategy full) [default: 100].
     #[arg(long, value_name = "N")]
     pub ckpt_every_steps: Option<u64>,
-    /// Checkpoint directory (default: WORK_DIR/ckpt).
-    #[arg(long, value_name = "DIR")]
-    pub ckpt_dir: Option<PathBuf>,
     /// Port files and default checkpoints (default: a new directory under the temp dir).
     #[arg(long, value_name = "DIR")]
     pub work_dir: Option<PathBuf>,
@@ -229,8 +236,8 @@ pub struct ServerArgs {
     /// input, or a signal; what `ftrec run` asks of the servers it starts).
     #[arg(long, default_value = "signal")]
     pub until: String,
-    /// Serve the checkpoint service too, staging chunks in this local directory (strategy
-    /// deck; store settings from the AWS environment variables).
+    /// Serve the checkpoint service too, staging chunks in this local directory (saving
+    /// strategies: full, deck, ...; store settings from the AWS environment variables).
     #[arg(long, value_name = "DIR")]
     pub ckpt_staging: Option<PathBuf>,
     /// Staging chunk size in KiB (with --ckpt-staging) [default: 4096].

@@ -525,6 +525,13 @@ impl StrategyChoice {
         }
     }
 
+    /// Every name [`StrategyChoice::parse`] accepts, in the order reports list them: the one
+    /// list of strategies (`ftrec compare` runs them all by default, so a strategy added here
+    /// is compared with no other change).
+    pub fn all_names() -> &'static [&'static str] {
+        &["none", "full", "deck", "ecrec"]
+    }
+
     /// `none`, `full` (with the checkpoint interval `every_steps`), `deck` (a delta every
     /// `every_steps`, a merger with stride 2, no full from the trainer after the first) or
     /// `ecrec` (with [`StrategyChoice::ecrec_default`]'s code, to be adjusted by its flags).
@@ -540,15 +547,46 @@ impl StrategyChoice {
             }),
             "ecrec" => Ok(StrategyChoice::ecrec_default()),
             other => Err(ClusterError::Config(format!(
-                "unknown strategy {other:?} (expected none, full, deck or ecrec)"
+                "unknown strategy {other:?} (expected one of {})",
+                StrategyChoice::all_names().join(", ")
             ))),
         }
     }
 
-    /// Whether the servers run the checkpoint service.
+    /// Whether the strategy saves checkpoints: then the servers run the checkpoint service and
+    /// the run has a store. Every strategy but `none` and `ecrec` (which keeps its redundancy
+    /// in memory) saves.
     pub fn uses_store(&self) -> bool {
-        matches!(self, StrategyChoice::Deck { .. })
+        !matches!(self, StrategyChoice::None | StrategyChoice::EcRec { .. })
     }
+
+    /// The merger the strategy runs after commits (DECK §3.3), if any.
+    pub fn merger(&self) -> Option<MergeSettings> {
+        match *self {
+            StrategyChoice::Deck {
+                full_every_deltas,
+                merge_stride: Some(stride),
+                merge_mib_per_s,
+                ..
+            } => Some(MergeSettings {
+                stride,
+                full_every_deltas,
+                mib_per_s: merge_mib_per_s,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// How a strategy's merger process merges (DECK §3.3).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MergeSettings {
+    /// Merge every `stride` consecutive checkpoints of one layer.
+    pub stride: u64,
+    /// Write a full once the active chain covers this many deltas.
+    pub full_every_deltas: Option<u64>,
+    /// Cap on the merger's write rate, in MiB/s.
+    pub mib_per_s: Option<f64>,
 }
 
 /// One multi-process run.
@@ -575,13 +613,11 @@ pub struct RunConfig {
     /// Executable started as `EXE server ...` for every server process and `EXE worker ...`
     /// for every worker process.
     pub exe: PathBuf,
-    /// Port files and the default checkpoint directory live here.
+    /// Port files, the servers' staging directories and the default store live here.
     pub work_dir: PathBuf,
-    /// Checkpoints (default `work_dir/ckpt`).
-    pub ckpt_dir: Option<PathBuf>,
-    /// `deck`'s checkpoint store: a directory, `file://` or `s3://bucket/prefix` URL (default:
-    /// the checkpoint directory). S3 endpoint and credentials come from the usual AWS
-    /// environment variables, which the servers and the merger inherit.
+    /// The checkpoint store of a saving strategy: a directory, `file://` or
+    /// `s3://bucket/prefix` URL (default: `work_dir/ckpt`). S3 endpoint and credentials come
+    /// from the usual AWS environment variables, which the servers and the merger inherit.
     #[serde(default)]
     pub store: Option<String>,
     /// Staging chunk size of the servers' checkpoint service, in KiB.
@@ -658,7 +694,6 @@ impl RunConfig {
             preset,
             exe,
             work_dir,
-            ckpt_dir: None,
             store: None,
             ckpt_chunk_kib: DEFAULT_CHUNK_KIB,
             heartbeat: Duration::from_millis(100),
@@ -721,17 +756,17 @@ impl RunConfig {
                 if merge_mib_per_s.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
                     return bad("--merge-mib-per-s must be a positive number".into());
                 }
-                if self.ckpt_chunk_kib == 0 {
-                    return bad("--ckpt-chunk-kib must be at least 1".into());
-                }
             }
             _ => {}
         }
         if self.store.is_some() && !self.strategy.uses_store() {
             return bad(format!(
-                "--store applies to --strategy deck, not {}",
+                "--store applies to strategies that save checkpoints, not {}",
                 self.strategy.name()
             ));
+        }
+        if self.strategy.uses_store() && self.ckpt_chunk_kib == 0 {
+            return bad("--ckpt-chunk-kib must be at least 1".into());
         }
         crate::ecrec::validate_run(self)?;
         for k in &self.kills {
@@ -739,15 +774,10 @@ impl RunConfig {
                 Role::Server => self.servers,
                 Role::Worker => self.workers,
                 Role::Merger => {
-                    if !matches!(
-                        self.strategy,
-                        StrategyChoice::Deck {
-                            merge_stride: Some(_),
-                            ..
-                        }
-                    ) {
+                    if self.strategy.merger().is_none() {
                         return bad(format!(
-                            "--kill {k}: only --strategy deck with merging runs a merger"
+                            "--kill {k}: only a strategy that merges (deck with merging) runs \
+                             a merger"
                         ));
                     }
                     1
@@ -803,18 +833,11 @@ impl RunConfig {
         Ok(())
     }
 
-    /// The checkpoint directory in use.
-    pub fn ckpt_dir(&self) -> PathBuf {
-        self.ckpt_dir
-            .clone()
-            .unwrap_or_else(|| self.work_dir.join("ckpt"))
-    }
-
-    /// `deck`'s checkpoint store location.
+    /// The checkpoint store's location.
     pub fn store_location(&self) -> String {
         self.store
             .clone()
-            .unwrap_or_else(|| self.ckpt_dir().display().to_string())
+            .unwrap_or_else(|| self.work_dir.join("ckpt").display().to_string())
     }
 
     /// The spec of server `id` (listening on a free port of 127.0.0.1).
@@ -903,6 +926,22 @@ mod tests {
             ServerSpec::from_args(&args),
             Err(ClusterError::Config(m)) if m.contains("--bogus")
         ));
+    }
+
+    #[test]
+    fn every_listed_name_parses_to_itself_and_nothing_else_does() {
+        for &name in StrategyChoice::all_names() {
+            assert_eq!(StrategyChoice::parse(name, 5).unwrap().name(), name);
+        }
+        let names = StrategyChoice::all_names();
+        let mut sorted = names.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), names.len(), "duplicate names in {names:?}");
+        let e = StrategyChoice::parse("fulll", 5).unwrap_err().to_string();
+        for &name in names {
+            assert!(e.contains(name), "{e}");
+        }
     }
 
     #[test]
