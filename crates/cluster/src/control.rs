@@ -120,6 +120,14 @@ pub struct BatchTiming {
     pub txn_commit_failures: u64,
     #[serde(default)]
     pub txns: u64,
+    /// What the transactions' phase 1 sent the parity and replica holders (2PC only): row
+    /// deltas, dense gradients, payload bytes.
+    #[serde(default)]
+    pub txn_row_deltas: u64,
+    #[serde(default)]
+    pub txn_dense_deltas: u64,
+    #[serde(default)]
+    pub txn_delta_bytes: u64,
 }
 
 impl BatchTiming {
@@ -133,6 +141,9 @@ impl BatchTiming {
         self.txn_retries += o.txn_retries;
         self.txn_commit_failures += o.txn_commit_failures;
         self.txns += o.txns;
+        self.txn_row_deltas += o.txn_row_deltas;
+        self.txn_dense_deltas += o.txn_dense_deltas;
+        self.txn_delta_bytes += o.txn_delta_bytes;
     }
 }
 

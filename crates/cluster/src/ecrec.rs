@@ -456,7 +456,8 @@ pub struct EcReport {
     pub commit_s: f64,
     /// Mean commit cost of a step as the coordinator sees it (both phases).
     pub per_step_s: f64,
-    /// Row deltas and dense gradients sent server to server in phase 1, and their bytes.
+    /// Row deltas and dense gradients sent server to server in phase 1, and their bytes
+    /// (asynchronous training: counted with 2PC only, from the workers' transactions).
     pub row_deltas_sent: u64,
     pub dense_deltas_sent: u64,
     pub delta_bytes_sent: u64,

@@ -523,6 +523,9 @@ fn run_batch(
                     timing.txn_commit_s = r.commit_s;
                     timing.txn_retries = u64::from(r.retries);
                     timing.txn_commit_failures = u64::from(!r.commit_failures.is_empty());
+                    timing.txn_row_deltas = r.prepared.row_deltas_sent;
+                    timing.txn_dense_deltas = r.prepared.dense_deltas_sent;
+                    timing.txn_delta_bytes = r.prepared.bytes_sent;
                 }
                 (None, None) => {
                     c.push(&update).await?;

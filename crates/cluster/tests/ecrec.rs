@@ -333,6 +333,10 @@ fn async_run(servers: u32, steps: u64, strategy: StrategyChoice, kills: &[&str])
         // Every batch was one committed transaction (a batch retried after a phase-1 loss
         // commits once).
         assert!(ec.steps_committed >= steps * 2, "{ec:?}");
+        // Phase 1 sent the parity holders the rows' differences, as the workers counted.
+        if ec.two_phase {
+            assert!(ec.row_deltas_sent > 0 && ec.delta_bytes_sent > 0, "{ec:?}");
+        }
         assert_eq!(report.checkpoints, 0);
         assert_clean_audit(&report);
     }

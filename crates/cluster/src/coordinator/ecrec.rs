@@ -755,6 +755,9 @@ impl Coordinator {
             r.commit_s = timing.txn_commit_s;
             r.txn_retries = timing.txn_retries;
             r.txn_commit_failures = timing.txn_commit_failures;
+            r.row_deltas_sent = timing.txn_row_deltas;
+            r.dense_deltas_sent = timing.txn_dense_deltas;
+            r.delta_bytes_sent = timing.txn_delta_bytes;
             r.per_step_s = (r.prepare_s + r.commit_s) / timing.txns.max(1) as f64;
         }
         let deadline = Instant::now() + FINISH_REBUILD_TIMEOUT;
