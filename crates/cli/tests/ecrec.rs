@@ -93,6 +93,10 @@ fn bad_ecrec_settings_give_one_clear_error_line() {
         ),
         (ecrec(&["--recovery-locks", "0"]), vec!["lock range"]),
         (
+            ecrec(&["--rebuild-share", "1.5"]),
+            vec!["--rebuild-share 1.5", "out of range"],
+        ),
+        (
             vec![
                 "--strategy".into(),
                 "full".into(),
