@@ -33,6 +33,13 @@ pub struct JobFile {
     pub no_dense_replication: Option<bool>,
     pub no_2pc: Option<bool>,
     pub recovery_locks: Option<usize>,
+    pub cpr_priority: Option<String>,
+    pub target_pls: Option<f64>,
+    pub mtbf_s: Option<f64>,
+    pub cpr_r: Option<f64>,
+    pub cpr_saves_per_full: Option<u64>,
+    pub cpr_ssu_period: Option<u32>,
+    pub cpr_tables: Option<usize>,
     pub ckpt_every_steps: Option<u64>,
     pub ckpt_dir: Option<PathBuf>,
     pub work_dir: Option<PathBuf>,
@@ -107,6 +114,15 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
             no_2pc: a.ec.no_2pc || f.no_2pc.unwrap_or(false),
             recovery_locks: a.ec.recovery_locks.or(f.recovery_locks),
         },
+        cpr: crate::flags::CprRunArgs {
+            cpr_priority: a.cpr.cpr_priority.clone().or(f.cpr_priority),
+            target_pls: a.cpr.target_pls.or(f.target_pls),
+            mtbf_s: a.cpr.mtbf_s.or(f.mtbf_s),
+            cpr_r: a.cpr.cpr_r.or(f.cpr_r),
+            cpr_saves_per_full: a.cpr.cpr_saves_per_full.or(f.cpr_saves_per_full),
+            cpr_ssu_period: a.cpr.cpr_ssu_period.or(f.cpr_ssu_period),
+            cpr_tables: a.cpr.cpr_tables.or(f.cpr_tables),
+        },
         ckpt_every_steps: a.ckpt_every_steps.or(f.ckpt_every_steps),
         ckpt_dir: a.ckpt_dir.clone().or(f.ckpt_dir),
         work_dir: a.work_dir.clone().or(f.work_dir),
@@ -162,8 +178,18 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
             ec.given().join(", ")
         );
     }
-    if strategy != "full" && (a.ckpt_dir.is_some() || a.ckpt_every_steps.is_some()) {
-        bail!("--ckpt-dir and --ckpt-every-steps apply to --strategy full only");
+    let cpr = a.cpr.flags(a.ckpt_every_steps);
+    if strategy == "cpr" {
+        cfg.strategy = cpr.strategy()?;
+    } else if !cpr.given().is_empty() {
+        bail!(
+            "{} apply to --strategy cpr only (the strategy is {strategy})",
+            cpr.given().join(", ")
+        );
+    }
+    if !matches!(strategy, "full" | "cpr") && (a.ckpt_dir.is_some() || a.ckpt_every_steps.is_some())
+    {
+        bail!("--ckpt-dir and --ckpt-every-steps apply to --strategy full and cpr only");
     }
     let deck_flags = [
         ("--delta-every-steps", a.delta_every_steps.is_some()),
@@ -183,6 +209,15 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
             },
             merge_mib_per_s: a.merge_mib_per_s,
         };
+        cfg.store = a.store.clone();
+        if let Some(k) = a.ckpt_chunk_kib {
+            cfg.ckpt_chunk_kib = k;
+        }
+    } else if let StrategyChoice::Cpr { .. } = cfg.strategy {
+        // The merger is DECK's; everything else of the store applies.
+        if let Some((flag, _)) = deck_flags[..4].iter().find(|(_, set)| *set) {
+            bail!("{flag} applies to --strategy deck only");
+        }
         cfg.store = a.store.clone();
         if let Some(k) = a.ckpt_chunk_kib {
             cfg.ckpt_chunk_kib = k;
@@ -297,9 +332,11 @@ pub fn server(a: ServerArgs) -> Result<()> {
                 chunk_bytes: kib
                     .unwrap_or(ftrec_cluster::spec::DEFAULT_CHUNK_KIB)
                     .saturating_mul(1024),
+                priority: a.cpr.server_priority()?,
             })
         }
         (None, Some(_)) => bail!("--ckpt-chunk-kib needs --ckpt-staging"),
+        (None, None) if a.cpr.priority.is_some() => bail!("--cpr-priority needs --ckpt-staging"),
         (None, None) => {}
     }
     let mut ec = a.ec.flags();

@@ -101,6 +101,7 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
                 .map_err(|e| ClusterError::Config(e.to_string()))?,
         ),
         StrategyChoice::EcRec { .. } => ecrec::strategy(cfg)?,
+        StrategyChoice::Cpr { .. } => crate::cpr::strategy(cfg)?,
         StrategyChoice::Deck {
             delta_every_steps, ..
         } => Box::new(
@@ -522,6 +523,7 @@ impl Coordinator {
             recovered_s: None,
             steps_redone: 0,
             detected_by: None,
+            servers_restored: Vec::new(),
         });
         self.event(
             EventKind::FailureInjected,
@@ -553,6 +555,7 @@ impl Coordinator {
                     recovered_s: None,
                     steps_redone: 0,
                     detected_by: None,
+                    servers_restored: Vec::new(),
                 });
                 self.failures.len() - 1
             }
@@ -1388,6 +1391,10 @@ impl Coordinator {
             store,
             config: self.cfg,
             ec: self.ec.map(|e| e.report),
+            cpr: match self.strategy.report() {
+                Some(ftrec_strategy::StrategyReport::Cpr(c)) => Some(c),
+                _ => None,
+            },
         })
     }
 }

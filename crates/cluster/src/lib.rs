@@ -65,6 +65,7 @@
 
 pub mod control;
 pub mod coordinator;
+pub mod cpr;
 pub mod ecrec;
 pub mod image;
 pub mod launcher;
@@ -75,6 +76,7 @@ pub mod spec;
 pub mod worker;
 
 pub use coordinator::run;
+pub use cpr::{CprFlags, ServerPriority};
 pub use ecrec::{EcFlags, EcReport, EcServerSpec};
 pub use ftrec_ec::CodeKind;
 pub use launcher::ServerProcess;

@@ -61,6 +61,10 @@ pub struct FailureReport {
     pub recovered_s: Option<f64>,
     /// Steps lost (applied after the restored checkpoint) and redone.
     pub steps_redone: u64,
+    /// Servers whose state the recovery from this failure restored: every server for full
+    /// recovery, the lost one only for partial recovery (CPR §2.3), none for a rebuild.
+    #[serde(default)]
+    pub servers_restored: Vec<u32>,
     /// How it was detected: `worker_rpc`, `commit_rpc`, `heartbeat` or `control` (a
     /// worker's control connection); with ECRec also `prepare_rpc` (phase 1 of a step) and
     /// `rebuild` (while starting or running a rebuild).
@@ -196,6 +200,10 @@ pub struct RunReport {
     /// Strategy `ecrec`: code, 2PC cost, memory overhead, rebuilds, parity audit.
     #[serde(default)]
     pub ec: Option<crate::ecrec::EcReport>,
+    /// Strategy `cpr`: the save interval and its inputs, the §4.2 benefit analysis, and the
+    /// portion of lost samples per failure and in total (CPR Eq. 3).
+    #[serde(default)]
+    pub cpr: Option<ftrec_strategy::CprReport>,
 }
 
 /// What a `deck` run did with its store.
@@ -235,7 +243,7 @@ impl RunReport {
         for f in &self.failures {
             s += &format!(
                 "  {} {} lost after step {}: detected {}, replaced {}, resumed {}, recovered {} \
-                 after the kill; {} steps redone\n",
+                 after the kill; {} steps redone{}\n",
                 f.role,
                 f.id,
                 f.step,
@@ -243,7 +251,12 @@ impl RunReport {
                 secs(f.replaced_s),
                 secs(f.resumed_s),
                 secs(f.recovered_s),
-                f.steps_redone
+                f.steps_redone,
+                if f.servers_restored.is_empty() {
+                    String::new()
+                } else {
+                    format!("; servers restored {:?}", f.servers_restored)
+                }
             );
         }
         let w = &self.worker_time;
@@ -281,6 +294,22 @@ impl RunReport {
         }
         if let Some(ec) = &self.ec {
             s += &ec.summary();
+        }
+        if let Some(c) = &self.cpr {
+            let every = match (c.interval.full_every_steps, c.interval.full_every_s) {
+                (Some(n), _) => format!("{n} steps"),
+                (None, Some(t)) => format!("{t:.2}s"),
+                (None, None) => "-".into(),
+            };
+            s += &format!(
+                "  cpr: {} recovery, full saves every {every} ({} full + {} prioritized saves \
+                 committed), PLS {:.5} over {} failures\n",
+                c.recovery,
+                c.full_saves,
+                c.partial_saves,
+                c.pls.total,
+                c.pls.per_failure.len()
+            );
         }
         if let Some(r) = &self.aborted {
             s += &format!("  aborted: {r}\n");
