@@ -436,6 +436,24 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 2)]
         single_threads: usize,
     },
+    /// CPR's experiment (cpr.txt §6.1) on one workload and one seeded kill schedule,
+    /// asynchronous: the failure-free run, then `cpr` with no priority, MFU, SSU and SCAR
+    /// (full saves every 2 * PLS * servers * MTBF, Eq. 4), then `full` with Young's interval;
+    /// CPR Eq. 1/2's overhead terms, PLS, AUC and logloss of each, and the overhead reduction
+    /// and AUC delta of the best cpr variant against full. `--mtbf-s` [default: the
+    /// failure-free training time / --kills] and `--target-pls` [default: 0.1] are the
+    /// experiment's.
+    Cpr {
+        #[command(flatten)]
+        run: RunArgs,
+        /// Most kills in the schedule (exponential gaps of mean --mtbf-s; consecutive kills hit
+        /// different servers).
+        #[arg(long, default_value_t = 3)]
+        kills: usize,
+        /// Seed of the kill schedule.
+        #[arg(long, default_value_t = 1)]
+        kill_seed: u64,
+    },
     /// ECRec's costs on one cluster configuration (synchronous): `none`, then ECRec with k = 2
     /// and 4 with and without 2PC and dense replication (training-time and memory overhead),
     /// then ECRec and `full` each with a server killed (time to resume and to full recovery,

@@ -4,6 +4,7 @@
 //! errors to one clear line and a non-zero exit code.
 
 mod bench;
+mod bench_cpr;
 mod bench_ecrec;
 mod ckpt_cmd;
 mod cluster_cmd;
