@@ -21,6 +21,7 @@
 //! sequence number (`seq`), distinct from the training step it computes.
 
 mod ecrec;
+mod partial;
 mod store;
 
 use std::collections::{BTreeMap, HashMap};
@@ -165,6 +166,7 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
         phase_entries: HashMap::new(),
         upload_wait_s: 0.0,
         ec: None,
+        rewinds: 0,
     };
     c.rt.spawn(heartbeat(
         hb_rx,
@@ -240,6 +242,9 @@ struct Coordinator {
     upload_wait_s: f64,
     /// Strategy `ecrec`: the nodes' ECRec clients, rebuilds under way, the report's EC part.
     ec: Option<ecrec::EcRun>,
+    /// Recoveries that rewound the model to a saved data position (full recovery); a partial
+    /// recovery or a worker's replacement leaves the position where it was.
+    rewinds: u64,
 }
 
 impl Coordinator {
@@ -573,8 +578,13 @@ impl Coordinator {
 
     /// Mark the failures waiting for training to catch up as recovered.
     fn note_progress(&mut self) {
-        let batches = self.batches;
         let now = self.now();
+        self.note_progress_at(now);
+    }
+
+    /// [`Self::note_progress`] at `now` seconds into the run.
+    fn note_progress_at(&mut self, now: f64) {
+        let batches = self.batches;
         let mut done = Vec::new();
         self.recover_at.retain(|&(i, target)| {
             if batches >= target {
@@ -861,6 +871,9 @@ impl Coordinator {
         let mut losses: Vec<(u32, u32)> = Vec::new();
         let mut actions: Vec<Action> = Vec::new();
         let mut kills_after: Vec<u64> = Vec::new();
+        // Batches answered while a failure was being drained: counted once the recovery is
+        // known not to rewind the model (partial recovery, a worker's replacement).
+        let mut held: Vec<f64> = Vec::new();
         loop {
             let draining = pending.is_some() || !losses.is_empty() || !actions.is_empty();
             if !draining {
@@ -888,14 +901,18 @@ impl Coordinator {
                 }
             }
             if running.is_empty() {
+                let rewinds = self.rewinds;
                 if let Some(failure) = pending.take() {
                     if !self.handle_failure(failure, self.step() + 1, &mut unexplained)? {
                         return Ok(());
                     }
-                    if self.batches + 1 < next {
-                        // A server recovery rewound the model: hand out from its position.
+                    if self.rewinds != rewinds {
+                        // A full recovery rewound the model: hand out from its position.
                         next = self.batches + 1;
                         requeue.clear();
+                        held.clear();
+                    } else {
+                        self.count_held(&mut held, &mut actions, &mut kills_after);
                     }
                     continue;
                 }
@@ -908,8 +925,13 @@ impl Coordinator {
                     if !self.handle_server_losses(lost, "heartbeat")? {
                         return Ok(());
                     }
-                    next = self.batches + 1;
-                    requeue.clear();
+                    if self.rewinds != rewinds {
+                        next = self.batches + 1;
+                        requeue.clear();
+                        held.clear();
+                    } else {
+                        self.count_held(&mut held, &mut actions, &mut kills_after);
+                    }
                     continue;
                 }
                 if !actions.is_empty() {
@@ -920,9 +942,12 @@ impl Coordinator {
                     for step in std::mem::take(&mut kills_after) {
                         self.fire_step_kills(step);
                     }
-                    if self.batches + 1 < next {
+                    if self.rewinds != rewinds {
                         next = self.batches + 1;
                         requeue.clear();
+                        held.clear();
+                    } else {
+                        self.count_held(&mut held, &mut actions, &mut kills_after);
                     }
                     continue;
                 }
@@ -951,7 +976,9 @@ impl Coordinator {
                     self.worker_time.add(&timing);
                     unexplained = 0;
                     if pending.is_some() || !losses.is_empty() {
-                        // The model is about to be rewound or rebuilt; count nothing more.
+                        // The model may be about to be rewound: count it once it is known
+                        // not to be.
+                        held.push(loss);
                         continue;
                     }
                     if let Some((step, new)) = self.count_batch(loss) {
@@ -1007,6 +1034,26 @@ impl Coordinator {
         }
     }
 
+    /// Count the batches held while a failure was handled that did not rewind the model; the
+    /// strategy's reactions and the step kills they complete join `actions` / `kills_after`.
+    fn count_held(
+        &mut self,
+        held: &mut Vec<f64>,
+        actions: &mut Vec<Action>,
+        kills_after: &mut Vec<u64>,
+    ) {
+        for loss in held.drain(..) {
+            if let Some((step, new)) = self.count_batch(loss) {
+                if new.is_empty() {
+                    self.fire_step_kills(step);
+                } else {
+                    actions.extend(new);
+                    kills_after.push(step);
+                }
+            }
+        }
+    }
+
     /// Tell the strategy about every lost server and carry out what it decides. `Ok(false)`:
     /// the strategy ended the run.
     fn handle_server_losses(&mut self, lost: Vec<u32>, by: &str) -> Result<bool, ClusterError> {
@@ -1053,7 +1100,8 @@ impl Coordinator {
                             None,
                             format!("from step {}", self.step()),
                         );
-                        self.note_progress();
+                        // A failure with nothing to redo is recovered the moment it resumes.
+                        self.note_progress_at(now);
                     }
                 }
                 Action::SaveFull { step } => {
@@ -1079,6 +1127,42 @@ impl Coordinator {
                         now_s: self.now(),
                     });
                     if !self.execute(next)? {
+                        return Ok(false);
+                    }
+                }
+                Action::SavePartial { step } => {
+                    let next = self.store_save_prioritized(step);
+                    if !self.execute(next)? {
+                        return Ok(false);
+                    }
+                }
+                Action::AwaitSave => {
+                    let t0 = Instant::now();
+                    let next = self.poll_store(true);
+                    // Training waits for the commit: the wait is a pause.
+                    let waited = t0.elapsed().as_secs_f64();
+                    self.pause_s += waited;
+                    self.upload_wait_s += waited;
+                    if !self.execute(next)? {
+                        return Ok(false);
+                    }
+                }
+                Action::RestorePartial {
+                    servers,
+                    checkpoint,
+                } => {
+                    let ids: Vec<u32> = servers.iter().map(|s| s.0).collect();
+                    self.restore_partial(&ids, checkpoint)?;
+                    let next = self.strategy.on(&Event::RestoreFinished {
+                        step: self.step(),
+                        now_s: self.now(),
+                    });
+                    if !self.execute(next)? {
+                        return Ok(false);
+                    }
+                    // Servers lost meanwhile that were not part of this recovery.
+                    let others = self.probe_lost();
+                    if !others.is_empty() && !self.handle_server_losses(others, "recovery")? {
                         return Ok(false);
                     }
                 }
@@ -1258,6 +1342,10 @@ impl Coordinator {
         }
         self.samples_redone += redone * self.cfg.batch as u64;
         self.batches = restored;
+        self.rewinds += 1;
+        for &i in &open {
+            self.failures[i].servers_restored = (0..self.cfg.servers).collect();
+        }
         self.reconnect_workers().map_err(rec)?;
         // Reports about servers that have since been replaced are stale.
         let _ = self.heartbeat_losses();

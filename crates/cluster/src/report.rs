@@ -23,6 +23,8 @@ pub enum EventKind {
     FailureDetected,
     RecoveryStart,
     ServerReplaced,
+    /// One server loaded its shard (partial recovery restores the lost servers only).
+    ServerRestored,
     WorkerReplaced,
     TrainingResumed,
     /// The work lost to a failure has been redone (or the lost state rebuilt).
