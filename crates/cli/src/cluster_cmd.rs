@@ -25,6 +25,7 @@ pub struct JobFile {
     pub full_every: Option<u64>,
     pub merge_stride: Option<u64>,
     pub merge_mib_per_s: Option<f64>,
+    #[serde(alias = "ckpt_dir")]
     pub store: Option<String>,
     pub ckpt_chunk_kib: Option<usize>,
     pub ec_k: Option<usize>,
@@ -40,8 +41,8 @@ pub struct JobFile {
     pub cpr_saves_per_full: Option<u64>,
     pub cpr_ssu_period: Option<u32>,
     pub cpr_tables: Option<usize>,
+    pub rebuild_share: Option<f64>,
     pub ckpt_every_steps: Option<u64>,
-    pub ckpt_dir: Option<PathBuf>,
     pub work_dir: Option<PathBuf>,
     #[serde(default)]
     pub kill: Vec<String>,
@@ -113,6 +114,7 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
                 || f.no_dense_replication.unwrap_or(false),
             no_2pc: a.ec.no_2pc || f.no_2pc.unwrap_or(false),
             recovery_locks: a.ec.recovery_locks.or(f.recovery_locks),
+            rebuild_share: a.ec.rebuild_share.or(f.rebuild_share),
         },
         cpr: crate::flags::CprRunArgs {
             cpr_priority: a.cpr.cpr_priority.clone().or(f.cpr_priority),
@@ -124,7 +126,6 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
             cpr_tables: a.cpr.cpr_tables.or(f.cpr_tables),
         },
         ckpt_every_steps: a.ckpt_every_steps.or(f.ckpt_every_steps),
-        ckpt_dir: a.ckpt_dir.clone().or(f.ckpt_dir),
         work_dir: a.work_dir.clone().or(f.work_dir),
         kill: if a.kill.is_empty() {
             f.kill
@@ -187,17 +188,14 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
             cpr.given().join(", ")
         );
     }
-    if !matches!(strategy, "full" | "cpr") && (a.ckpt_dir.is_some() || a.ckpt_every_steps.is_some())
-    {
-        bail!("--ckpt-dir and --ckpt-every-steps apply to --strategy full and cpr only");
+    if !matches!(strategy, "full" | "cpr") && a.ckpt_every_steps.is_some() {
+        bail!("--ckpt-every-steps applies to --strategy full and cpr only");
     }
     let deck_flags = [
         ("--delta-every-steps", a.delta_every_steps.is_some()),
         ("--full-every", a.full_every.is_some()),
         ("--merge-stride", a.merge_stride.is_some()),
         ("--merge-mib-per-s", a.merge_mib_per_s.is_some()),
-        ("--store", a.store.is_some()),
-        ("--ckpt-chunk-kib", a.ckpt_chunk_kib.is_some()),
     ];
     if let StrategyChoice::Deck { .. } = cfg.strategy {
         cfg.strategy = StrategyChoice::Deck {
@@ -209,23 +207,23 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
             },
             merge_mib_per_s: a.merge_mib_per_s,
         };
-        cfg.store = a.store.clone();
-        if let Some(k) = a.ckpt_chunk_kib {
-            cfg.ckpt_chunk_kib = k;
-        }
-    } else if let StrategyChoice::Cpr { .. } = cfg.strategy {
-        // The merger is DECK's; everything else of the store applies.
-        if let Some((flag, _)) = deck_flags[..4].iter().find(|(_, set)| *set) {
-            bail!("{flag} applies to --strategy deck only");
-        }
-        cfg.store = a.store.clone();
-        if let Some(k) = a.ckpt_chunk_kib {
-            cfg.ckpt_chunk_kib = k;
-        }
     } else if let Some((flag, _)) = deck_flags.iter().find(|(_, set)| *set) {
         bail!("{flag} applies to --strategy deck only");
     }
-    cfg.ckpt_dir = a.ckpt_dir.clone();
+    if !cfg.strategy.uses_store() {
+        for (flag, set) in [
+            ("--store", a.store.is_some()),
+            ("--ckpt-chunk-kib", a.ckpt_chunk_kib.is_some()),
+        ] {
+            if set {
+                bail!("{flag} applies to strategies that save checkpoints, not to {strategy}");
+            }
+        }
+    }
+    cfg.store = a.store.clone();
+    if let Some(k) = a.ckpt_chunk_kib {
+        cfg.ckpt_chunk_kib = k;
+    }
     cfg.kills = a
         .kill
         .iter()

@@ -85,11 +85,12 @@ pub struct RunArgs {
     /// Cap on the merger's write rate in MiB/s (strategy deck) [default: none].
     #[arg(long, value_name = "R")]
     pub merge_mib_per_s: Option<f64>,
-    /// Checkpoint store of strategies deck and cpr: a directory or s3://bucket/prefix (S3
-    /// settings from the AWS environment variables) [default: WORK_DIR/ckpt].
-    #[arg(long, value_name = "LOCATION")]
+    /// Checkpoint store of a saving strategy (full, deck, ...): a directory or
+    /// s3://bucket/prefix (S3 settings from the AWS environment variables) [default:
+    /// WORK_DIR/ckpt]. `--ckpt-dir DIR` is the same.
+    #[arg(long, value_name = "LOCATION", alias = "ckpt-dir")]
     pub store: Option<String>,
-    /// Staging chunk size of the servers' checkpoint writes, in KiB (strategies deck and cpr)
+    /// Staging chunk size of the servers' checkpoint writes, in KiB (saving strategies)
     /// [default: 4096].
     #[arg(long, value_name = "KIB")]
     pub ckpt_chunk_kib: Option<usize>,
@@ -100,9 +101,6 @@ pub struct RunArgs {
     /// Full checkpoint interval, in steps (strategies full and cpr) [default: 100].
     #[arg(long, value_name = "N")]
     pub ckpt_every_steps: Option<u64>,
-    /// Checkpoint directory (default: WORK_DIR/ckpt).
-    #[arg(long, value_name = "DIR")]
-    pub ckpt_dir: Option<PathBuf>,
     /// Port files and default checkpoints (default: a new directory under the temp dir).
     #[arg(long, value_name = "DIR")]
     pub work_dir: Option<PathBuf>,
@@ -262,6 +260,11 @@ pub struct EcRunArgs {
     /// ECRec: lock ranges of a rebuild [default: 1].
     #[arg(long, value_name = "L")]
     pub recovery_locks: Option<usize>,
+    /// ECRec: share of the time a replacement's background rebuild may work, from 0 to 1
+    /// (it rests between batches so that training keeps its speed; 0 holds the rebuild until
+    /// training ends, serving lost rows by degraded reads meanwhile) [default: 1].
+    #[arg(long, value_name = "F")]
+    pub rebuild_share: Option<f64>,
 }
 
 impl EcRunArgs {
@@ -273,6 +276,7 @@ impl EcRunArgs {
             no_dense_replication: self.no_dense_replication,
             no_2pc: self.no_2pc,
             recovery_locks: self.recovery_locks,
+            rebuild_share: self.rebuild_share,
             replacement: false,
         }
     }
@@ -313,8 +317,8 @@ pub struct ServerArgs {
     /// input, or a signal; what `ftrec run` asks of the servers it starts).
     #[arg(long, default_value = "signal")]
     pub until: String,
-    /// Serve the checkpoint service too, staging chunks in this local directory (strategy
-    /// deck; store settings from the AWS environment variables).
+    /// Serve the checkpoint service too, staging chunks in this local directory (saving
+    /// strategies: full, deck, ...; store settings from the AWS environment variables).
     #[arg(long, value_name = "DIR")]
     pub ckpt_staging: Option<PathBuf>,
     /// Staging chunk size in KiB (with --ckpt-staging) [default: 4096].

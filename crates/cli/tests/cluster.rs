@@ -44,10 +44,12 @@ fn full_run_with_a_kill_recovers_and_matches_the_clean_run() {
     );
 
     let json = dir.path().join("killed.json");
+    let store = dir.path().join("store");
     let out = succeed(
         ftrec()
             .args(run_args(&dir.path().join("killed")))
-            .args(["--strategy", "full", "--ckpt-every-steps", "4"])
+            .args(["--strategy", "full", "--ckpt-every-steps", "4", "--store"])
+            .arg(&store)
             .args(["--kill", "server=0@step=6", "--json"])
             .arg(&json),
     );
@@ -67,6 +69,25 @@ fn full_run_with_a_kill_recovers_and_matches_the_clean_run() {
             "pid {pid} alive"
         );
     }
+    // `full` saves in the servers' checkpoint format: `ckpt` lists, verifies and restores
+    // its store. Superseded fulls are collected; the final model (step 10) is left.
+    let stdout = |o: std::process::Output| String::from_utf8_lossy(&o.stdout).into_owned();
+    let ls = stdout(succeed(ftrec().args(["ckpt", "ls"]).arg(&store)));
+    assert!(ls.contains(" full "), "{ls}");
+    let head = ls.lines().find(|l| l.starts_with("head ")).unwrap();
+    assert!(head.starts_with("head 00000000000000000010-full"), "{ls}");
+    let v = stdout(succeed(ftrec().args(["ckpt", "verify"]).arg(&store)));
+    assert!(v.starts_with("ok "), "{v}");
+    let restored = dir.path().join("restored");
+    let r = stdout(succeed(
+        ftrec()
+            .args(["ckpt", "restore"])
+            .arg(&store)
+            .args(["--out"])
+            .arg(&restored),
+    ));
+    assert!(r.contains("restored step 10"), "{r}");
+    succeed(ftrec().args(["ckpt", "verify"]).arg(&restored));
 }
 
 #[test]
@@ -96,6 +117,10 @@ fn bad_run_flags_give_one_clear_error_line() {
         (vec!["--kill", "worker=2@step=2"], "worker=2"),
         (vec!["--kill", "server=5@step=2"], "server=5"),
         (vec!["--servers", "0"], "--servers"),
+        (
+            vec!["--store", "/tmp/x"],
+            "strategies that save checkpoints",
+        ),
     ] {
         let out = ftrec()
             .args(run_args(dir.path()))

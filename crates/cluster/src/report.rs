@@ -114,7 +114,8 @@ pub struct IntervalPoint {
 /// The overhead terms of CPR Eq. 1, summed over the run, in seconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Overheads {
-    /// Training paused for checkpoint saves.
+    /// Training paused for checkpoint saves while it ran (the save of the last step at the
+    /// end is `RunReport::final_save_s`, not counted here).
     pub o_save: f64,
     /// Checkpoint loading during recoveries.
     pub o_load: f64,
@@ -175,6 +176,10 @@ pub struct RunReport {
     pub checkpoints: u64,
     /// Training paused for checkpoints (seconds, all saves).
     pub checkpoint_pause_s: f64,
+    /// Of which the save of the last step at the end of the run (no failure can cost it
+    /// anything, so CPR Eq. 1 / Eq. 2 leave it out).
+    #[serde(default)]
+    pub final_save_s: f64,
     /// CPR Eq. 1's overhead terms.
     pub overheads: Overheads,
     /// Samples per second per interval of `config.report_interval_s`, from training start.

@@ -224,6 +224,7 @@ impl ServerSpec {
                 "--ec-k",
                 "--ec-r",
                 "--recovery-locks",
+                "--rebuild-share",
             ];
             if !known.contains(&flag.as_str()) {
                 return Err(ClusterError::Config(format!(
@@ -506,6 +507,10 @@ pub enum StrategyChoice {
         two_phase: bool,
         /// Lock ranges of a rebuild (ECRec §3.4).
         lock_ranges: usize,
+        /// Share of the time a background rebuild may work, in millionths (rate control:
+        /// the rebuild yields to training; 0 holds the lock ranges until training ends).
+        #[serde(default = "crate::ecrec::default_rebuild_share_ppm")]
+        rebuild_share_ppm: u32,
     },
     /// DECK: a full base, then delta checkpoints of the touched rows every
     /// `delta_every_steps` steps, written by the servers through local staging while training
@@ -559,6 +564,7 @@ impl StrategyChoice {
             dense_replication: true,
             two_phase: true,
             lock_ranges: crate::ecrec::DEFAULT_LOCK_RANGES,
+            rebuild_share_ppm: crate::ecrec::DEFAULT_REBUILD_SHARE_PPM,
         }
     }
 
@@ -589,13 +595,40 @@ impl StrategyChoice {
         }
     }
 
-    /// Whether the servers run the checkpoint service.
+    /// Whether the strategy saves checkpoints: then the servers run the checkpoint service and
+    /// the run has a store. Every strategy but `none` and `ecrec` (which keeps its redundancy
+    /// in memory) saves.
     pub fn uses_store(&self) -> bool {
-        matches!(
-            self,
-            StrategyChoice::Deck { .. } | StrategyChoice::Cpr { .. }
-        )
+        !matches!(self, StrategyChoice::None | StrategyChoice::EcRec { .. })
     }
+
+    /// The merger the strategy runs after commits (DECK §3.3), if any.
+    pub fn merger(&self) -> Option<MergeSettings> {
+        match *self {
+            StrategyChoice::Deck {
+                full_every_deltas,
+                merge_stride: Some(stride),
+                merge_mib_per_s,
+                ..
+            } => Some(MergeSettings {
+                stride,
+                full_every_deltas,
+                mib_per_s: merge_mib_per_s,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// How a strategy's merger process merges (DECK §3.3).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MergeSettings {
+    /// Merge every `stride` consecutive checkpoints of one layer.
+    pub stride: u64,
+    /// Write a full once the active chain covers this many deltas.
+    pub full_every_deltas: Option<u64>,
+    /// Cap on the merger's write rate, in MiB/s.
+    pub mib_per_s: Option<f64>,
 }
 
 /// One multi-process run.
@@ -622,13 +655,11 @@ pub struct RunConfig {
     /// Executable started as `EXE server ...` for every server process and `EXE worker ...`
     /// for every worker process.
     pub exe: PathBuf,
-    /// Port files and the default checkpoint directory live here.
+    /// Port files, the servers' staging directories and the default store live here.
     pub work_dir: PathBuf,
-    /// Checkpoints (default `work_dir/ckpt`).
-    pub ckpt_dir: Option<PathBuf>,
-    /// `deck`'s checkpoint store: a directory, `file://` or `s3://bucket/prefix` URL (default:
-    /// the checkpoint directory). S3 endpoint and credentials come from the usual AWS
-    /// environment variables, which the servers and the merger inherit.
+    /// The checkpoint store of a saving strategy: a directory, `file://` or
+    /// `s3://bucket/prefix` URL (default: `work_dir/ckpt`). S3 endpoint and credentials come
+    /// from the usual AWS environment variables, which the servers and the merger inherit.
     #[serde(default)]
     pub store: Option<String>,
     /// Staging chunk size of the servers' checkpoint service, in KiB.
@@ -705,7 +736,6 @@ impl RunConfig {
             preset,
             exe,
             work_dir,
-            ckpt_dir: None,
             store: None,
             ckpt_chunk_kib: DEFAULT_CHUNK_KIB,
             heartbeat: Duration::from_millis(100),
@@ -768,17 +798,17 @@ impl RunConfig {
                 if merge_mib_per_s.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
                     return bad("--merge-mib-per-s must be a positive number".into());
                 }
-                if self.ckpt_chunk_kib == 0 {
-                    return bad("--ckpt-chunk-kib must be at least 1".into());
-                }
             }
             _ => {}
         }
         if self.store.is_some() && !self.strategy.uses_store() {
             return bad(format!(
-                "--store applies to --strategy deck or cpr, not {}",
+                "--store applies to strategies that save checkpoints, not {}",
                 self.strategy.name()
             ));
+        }
+        if self.strategy.uses_store() && self.ckpt_chunk_kib == 0 {
+            return bad("--ckpt-chunk-kib must be at least 1".into());
         }
         crate::ecrec::validate_run(self)?;
         crate::cpr::validate_run(self)?;
@@ -787,15 +817,10 @@ impl RunConfig {
                 Role::Server => self.servers,
                 Role::Worker => self.workers,
                 Role::Merger => {
-                    if !matches!(
-                        self.strategy,
-                        StrategyChoice::Deck {
-                            merge_stride: Some(_),
-                            ..
-                        }
-                    ) {
+                    if self.strategy.merger().is_none() {
                         return bad(format!(
-                            "--kill {k}: only --strategy deck with merging runs a merger"
+                            "--kill {k}: only a strategy that merges (deck with merging) runs \
+                             a merger"
                         ));
                     }
                     1
@@ -851,18 +876,11 @@ impl RunConfig {
         Ok(())
     }
 
-    /// The checkpoint directory in use.
-    pub fn ckpt_dir(&self) -> PathBuf {
-        self.ckpt_dir
-            .clone()
-            .unwrap_or_else(|| self.work_dir.join("ckpt"))
-    }
-
-    /// `deck`'s checkpoint store location.
+    /// The checkpoint store's location.
     pub fn store_location(&self) -> String {
         self.store
             .clone()
-            .unwrap_or_else(|| self.ckpt_dir().display().to_string())
+            .unwrap_or_else(|| self.work_dir.join("ckpt").display().to_string())
     }
 
     /// The spec of server `id` (listening on a free port of 127.0.0.1).

@@ -249,7 +249,7 @@ fn a_deck_run_against_a_real_s3_server_recovers_and_its_store_restores() {
     assert!(events(&report, EventKind::RecoveryStart)[0].contains("-delta-"));
     assert_eq!(restored_digest(&cfg, RestoreAt::Current), (steps, clean));
     // Nothing was written to the local disk but staging.
-    assert!(!cfg.ckpt_dir().exists());
+    assert!(!cfg.work_dir.join("ckpt").exists());
 }
 
 /// `cpr` (cpr.txt §2.3, §4) with real processes: the servers' checkpoint service writes full

@@ -28,7 +28,8 @@
 //!   head of the chain full + prioritized saves; a row comes from the newest save holding it).
 //!
 //! One save is in flight at a time; a save point reached while one uploads is taken at the
-//! first step after it commits. With [`CprConfig::await_commit`] (deterministic mode) every
+//! first step after it commits. The run ends with a full save of its last step
+//! ([`Event::TrainingDone`]), so the store holds the model the run ends with. With [`CprConfig::await_commit`] (deterministic mode) every
 //! save is followed by [`Action::AwaitSave`], so what a later loss restores never depends on
 //! how fast uploads ran.
 
@@ -515,6 +516,18 @@ impl Strategy for Cpr {
                 out
             }
             (Event::ServerLost { server, .. }, Phase::Recovering) => self.lost(server.0),
+            // The store ends at the model the run ends with (unless the last step was saved
+            // already), as every saving strategy's does.
+            (Event::TrainingDone { step, now_s }, Phase::Training)
+                if self.committed.as_ref().is_none_or(|c| c.step != *step) =>
+            {
+                let mut out = self.save(*step, *now_s, true);
+                // Whatever the mode, the run ends only once it is committed.
+                if !out.contains(&Action::AwaitSave) {
+                    out.insert(out.len() - 1, Action::AwaitSave);
+                }
+                out
+            }
             (Event::RestoreFinished { step, now_s }, Phase::Recovering) => {
                 self.phase = Phase::Training;
                 if self.fallback {
@@ -881,6 +894,36 @@ mod tests {
         done(&mut s, 1, 0.5);
         let b = s.report().benefit.unwrap();
         assert!((b.partial_overhead - 0.5 * 1.875 / 48.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_run_ends_with_a_full_save_of_its_last_step() {
+        let mut s = Cpr::new(steps_cfg(4, 1)).unwrap();
+        for n in 1..=4 {
+            if !step(&mut s, n).is_empty() {
+                done(&mut s, n, 0.1);
+            }
+        }
+        // The last step is saved already: nothing to do.
+        assert!(s
+            .on(&Event::TrainingDone {
+                step: 4,
+                now_s: 4.0
+            })
+            .is_empty());
+        step(&mut s, 5);
+        assert_eq!(
+            s.on(&Event::TrainingDone {
+                step: 5,
+                now_s: 5.0
+            }),
+            vec![
+                Action::PauseTraining,
+                Action::SaveFull { step: 5 },
+                Action::AwaitSave,
+                Action::ResumeTraining
+            ]
+        );
     }
 
     #[test]

@@ -32,6 +32,9 @@ pub enum Event {
     SaveFailed { step: u64, reason: String },
     /// Every server holds the restored state and a replacement is in place.
     RestoreFinished { step: u64, now_s: f64 },
+    /// The last step (`step`) is done and the run is about to end: a strategy that keeps its
+    /// store at the model the run ends with saves now.
+    TrainingDone { step: u64, now_s: f64 },
     /// The replacement of `server` rebuilt its whole state (ECRec §3.4) and serves it.
     RebuildFinished { server: ServerId, now_s: f64 },
     /// The rebuild of `server` failed (for example the replacement died too).
@@ -39,6 +42,12 @@ pub enum Event {
 }
 
 /// What the cluster must do.
+///
+/// Training stops while the cluster carries out actions; after a [`Action::PauseTraining`] it
+/// stays stopped until [`Action::ResumeTraining`], so a save between the two blocks training
+/// until it is committed (the strategy says resume when [`Event::SaveFinished`] arrives),
+/// while `[PauseTraining, Save.., ResumeTraining]` pauses only for the copy-out and lets the
+/// upload and commit run while training goes on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum Action {
@@ -57,9 +66,12 @@ pub enum Action {
     /// dense range; the coordinator commits one checkpoint at `step` whose parent is the
     /// previous save, so a restore takes each row from the newest save holding it.
     SavePartial { step: u64 },
-    /// Wait until the save in flight is committed (or failed), and carry out the strategy's
-    /// reaction, before going on (deterministic mode: what a later loss restores must not
-    /// depend on how fast uploads ran).
+    /// Wait until the save in flight is committed (or has failed) before training goes on;
+    /// its [`Event::SaveFinished`] or [`Event::SaveFailed`] arrives during the wait. A strategy
+    /// that allows one save at a time asks for this when its next save point comes while the
+    /// previous save still uploads, so that saves land on their steps whatever the upload speed;
+    /// in deterministic mode a strategy whose recovery depends on what is committed (partial
+    /// recovery) asks for it after every save.
     AwaitSave,
     /// Start a replacement for `server` and rebuild its rows, parities and dense replica
     /// from the survivors in the background while training goes on (ECRec §3.4).

@@ -1,22 +1,28 @@
-//! `deck` in the cluster (deck.txt §3–§4): the servers' checkpoint service writes and reads the
-//! shards, the coordinator only decides, commits and restores.
+//! The checkpoint store of every saving strategy (`full`, `deck`, and any strategy that
+//! saves): the servers' checkpoint service (`ftrec-ps::ckpt`) writes and reads the shards, the
+//! coordinator only decides, commits and restores. The strategy's actions say what to save
+//! ([`Action::SaveFull`], [`Action::SaveDelta`]) and whether training waits for the commit;
+//! nothing here depends on which strategy runs.
 //!
-//! - A save (`SaveFull` / `SaveDelta`) asks every server to copy its rows out (a delta: the rows
+//! - A save asks every server to copy its rows out (a full: the whole shard; a delta: the rows
 //!   its tracker saw touched since its last durable save, DECK §3.1) into its staging pipeline;
-//!   that copy-out is the only pause (DECK §3.2). Training resumes at once; a background task
-//!   waits until every server's files are durable, and the coordinator then commits one
-//!   manifest for the cluster (kind, step, parent, data position) and moves `CURRENT`. One
-//!   save is in flight at a time (the strategy's rule).
+//!   that copy-out is the only pause a strategy that resumes at once pays (DECK §3.2). A
+//!   background task waits until every server's files are durable, and the coordinator then
+//!   commits one manifest for the cluster (kind, step, parent, data position) and moves
+//!   `CURRENT`. A strategy that keeps training paused until [`Event::SaveFinished`] (`full`)
+//!   makes the coordinator wait for that commit, and the whole wait is its pause. One save is in
+//!   flight at a time; [`Action::AwaitSave`] waits for it.
 //! - A server lost before the commit: the save is dropped (its files are deleted once its
 //!   uploads end) and the strategy restores the newest *committed* point, so a kill during a
 //!   write never leaves a half-written checkpoint in the lineage.
-//! - The merger (DECK §3.3) is its own process (`EXE ckpt merge LOCATION --stride S ...
-//!   --gc`), started after a commit when none is running; it only adds manifests and then
-//!   collects what no live lineage needs. A recovery stops it first, so no garbage collection
-//!   runs while servers read a lineage. A merger killed mid-merge leaves files without a
-//!   manifest, which the next merge of the same run removes.
+//! - After a commit, what no live lineage needs is collected: by the merger (DECK §3.3) when the
+//!   strategy merges, which is its own process (`EXE ckpt merge LOCATION --stride S ... --gc`),
+//!   started after a commit when none is running, and otherwise by a background task here. A
+//!   recovery stops both first, so nothing is collected while servers read a lineage. A merger
+//!   killed mid-merge leaves files without a manifest, which the next merge of the run removes.
 //! - Recovery: every server loads the lineage of the committed checkpoint (full + merged +
-//!   deltas) in parallel, and the data position in its manifest rewinds the workers.
+//!   deltas) in parallel, and the data position in its manifest rewinds the workers; with
+//!   nothing committed, every server resets itself to the initial state.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -24,7 +30,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use ftrec_ckpt::cpr::PrioritizedMeta;
-use ftrec_ckpt::deck::{checkpoint_id, shard_manifest};
+use ftrec_ckpt::deck::{self, checkpoint_id, shard_manifest, GcOptions, Retention};
 use ftrec_ckpt::location::{self, LocationOptions};
 use ftrec_ckpt::snapshot::ShardReport;
 use ftrec_ckpt::{CheckpointId, CheckpointKind, Checkpoints, DataPosition, Manifest};
@@ -35,13 +41,14 @@ use ftrec_strategy::{Action, CheckpointRef, Event};
 use super::Coordinator;
 use crate::merger::MergerArgs;
 use crate::report::EventKind;
+use crate::spec::MergeSettings;
 use crate::worker::position_after;
 use crate::{ClusterError, Phase, Role, StrategyChoice};
 
 /// How long the end of a run waits for a save in flight and for the merger.
 const FINISH_WAIT: Duration = Duration::from_secs(60);
 
-/// The store side of a `deck` run.
+/// The store side of a run whose strategy saves.
 pub(super) struct StoreState {
     pub location: String,
     pub ckpts: Checkpoints,
@@ -51,10 +58,13 @@ pub(super) struct StoreState {
     pub inflight: Option<Inflight>,
     /// The newest committed checkpoint: the parent of the next delta.
     pub committed: Option<CheckpointId>,
-    /// The step of the newest committed or in-flight save.
-    pub saved_step: Option<u64>,
     pub merger: Option<MergerProc>,
-    pub merge: MergeSettings,
+    /// The strategy's merger, if it merges (then the merger collects garbage too).
+    pub merge: Option<MergeSettings>,
+    /// Garbage collection after a commit, when no merger does it.
+    pub gc: Option<tokio::task::JoinHandle<()>>,
+    /// A commit happened while a collection ran: collect again when it ends.
+    pub gc_pending: bool,
     /// Merger passes that ended normally, and the checkpoints they wrote.
     pub merges: u64,
     pub merged_written: u64,
@@ -63,13 +73,6 @@ pub(super) struct StoreState {
     pub fulls: u64,
     pub deltas: u64,
     pub copy_pause_s: f64,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub(super) struct MergeSettings {
-    pub stride: Option<u64>,
-    pub full_every_deltas: Option<u64>,
-    pub mib_per_s: Option<f64>,
 }
 
 /// A save whose rows are copied out and whose uploads are still running.
@@ -97,7 +100,7 @@ pub(super) struct MergerProc {
     entered: bool,
 }
 
-/// The batch count a `deck` manifest records in its data position.
+/// The batch count a manifest records in its data position.
 fn position_json(batch: usize, batches: u64) -> DataPosition {
     DataPosition::Json(serde_json::json!({
         "batches": batches,
@@ -128,32 +131,16 @@ impl StoreState {
         let store = rt
             .block_on(location::open(&location, &LocationOptions::from_env()))
             .map_err(|e| ClusterError::Checkpoint(format!("store {location}: {e}")))?;
-        let merge = match *strategy {
-            StrategyChoice::Deck {
-                full_every_deltas,
-                merge_stride,
-                merge_mib_per_s,
-                ..
-            } => MergeSettings {
-                stride: merge_stride,
-                full_every_deltas,
-                mib_per_s: merge_mib_per_s,
-            },
-            _ => MergeSettings {
-                stride: None,
-                full_every_deltas: None,
-                mib_per_s: None,
-            },
-        };
         Ok(StoreState {
             location,
             ckpts: Checkpoints::new(store),
             clients: Vec::new(),
             inflight: None,
             committed: None,
-            saved_step: None,
             merger: None,
-            merge,
+            merge: strategy.merger(),
+            gc: None,
+            gc_pending: false,
             merges: 0,
             merged_written: 0,
             merge_pending: false,
@@ -200,8 +187,9 @@ impl Coordinator {
                 if code == "Unimplemented" {
                     return Err(ClusterError::Config(format!(
                         "server {i} at {} does not serve checkpoints: start it with \
-                         --ckpt-staging DIR for --strategy deck",
-                        self.server_addrs[i]
+                         --ckpt-staging DIR for --strategy {}",
+                        self.server_addrs[i],
+                        self.cfg.strategy.name()
                     )));
                 }
             }
@@ -294,11 +282,15 @@ impl Coordinator {
                 "a save is still in flight (the strategy allows one at a time)".into(),
             ));
         }
+        // Every kind but a full applies to the newest committed checkpoint.
         let parent = match kind {
-            CheckpointKind::Delta => Some(st.committed.clone().ok_or_else(|| {
-                ClusterError::Checkpoint("a delta needs a committed checkpoint to apply to".into())
+            CheckpointKind::Full => None,
+            _ => Some(st.committed.clone().ok_or_else(|| {
+                ClusterError::Checkpoint(format!(
+                    "a {} checkpoint needs a committed checkpoint to apply to",
+                    kind.name()
+                ))
             })?),
-            _ => None,
         };
         let clients = st.clients.clone();
         let location = st.location.clone();
@@ -377,9 +369,7 @@ impl Coordinator {
                 copied.0, copied.1
             ),
         );
-        let st = self.store_mut()?;
-        st.inflight = Some(inflight);
-        st.saved_step = Some(step);
+        self.store_mut()?.inflight = Some(inflight);
         Ok(())
     }
 
@@ -396,10 +386,28 @@ impl Coordinator {
         });
     }
 
+    /// Whether a save is copied out and still uploading.
+    pub(super) fn save_in_flight(&self) -> bool {
+        self.store.as_ref().is_some_and(|s| s.inflight.is_some())
+    }
+
+    /// Training waits for the save in flight to commit: the wait is a pause (and part of the
+    /// save's cost the strategy hears of). Returns the strategy's reaction.
+    pub(super) fn wait_for_save(&mut self) -> Vec<Action> {
+        let t0 = Instant::now();
+        let actions = self.poll_store(true);
+        let waited = t0.elapsed().as_secs_f64();
+        self.pause_s += waited;
+        self.upload_wait_s += waited;
+        actions
+    }
+
     /// Commit the save in flight if its uploads are done (or, with `block`, once they are);
     /// returns the strategy's reaction.
     pub(super) fn poll_store(&mut self, block: bool) -> Vec<Action> {
+        let t0 = Instant::now();
         let mut actions = self.poll_merger();
+        self.poll_gc();
         let Some(st) = self.store.as_mut() else {
             return actions;
         };
@@ -420,6 +428,7 @@ impl Coordinator {
             prioritized,
             task,
         } = inflight;
+        let copy_pause_s = pause_s;
         let ckpts = st.ckpts.clone();
         let outcome = self.rt.block_on(async {
             let reports = match tokio::time::timeout(FINISH_WAIT, task).await {
@@ -438,19 +447,23 @@ impl Coordinator {
                 .map_err(|e| format!("commit: {e}"))?;
             Ok(manifest)
         });
+        // A wait for the commit is part of what the save cost training.
+        let pause_s = if block {
+            pause_s + t0.elapsed().as_secs_f64()
+        } else {
+            pause_s
+        };
         match outcome {
             Ok(manifest) => {
                 let bytes = manifest.data_bytes();
                 self.checkpoints += 1;
                 self.bytes_written += bytes;
-                self.committed = Some(id.to_string());
                 if let Some(st) = self.store.as_mut() {
                     st.committed = Some(id.clone());
-                    st.copy_pause_s += pause_s;
-                    if kind == CheckpointKind::Delta {
-                        st.deltas += 1;
-                    } else {
-                        st.fulls += 1;
+                    st.copy_pause_s += copy_pause_s;
+                    match kind {
+                        CheckpointKind::Full => st.fulls += 1,
+                        _ => st.deltas += 1,
                     }
                 }
                 self.event(
@@ -466,7 +479,7 @@ impl Coordinator {
                     cost_s: pause_s,
                     bytes,
                 }));
-                self.start_merger();
+                self.collect_garbage();
             }
             Err(e) => {
                 self.event(EventKind::CheckpointFailed, None, format!("{id}: {e}"));
@@ -477,29 +490,6 @@ impl Coordinator {
                 actions.extend(self.strategy.on(&Event::SaveFailed { step, reason: e }));
             }
         }
-        actions
-    }
-
-    /// At step `step`: if a save is due and the previous one is still uploading, wait for
-    /// its commit (counted as pause); returns the strategy's reaction to it.
-    pub(super) fn await_due_save(&mut self, step: u64) -> Vec<Action> {
-        let every = match self.cfg.strategy {
-            StrategyChoice::Deck {
-                delta_every_steps, ..
-            } => delta_every_steps,
-            _ => return Vec::new(),
-        };
-        let due = self.store.as_ref().is_some_and(|s| {
-            s.inflight.is_some() && s.saved_step.is_some_and(|last| step >= last + every)
-        });
-        if !due {
-            return Vec::new();
-        }
-        let t0 = Instant::now();
-        let actions = self.poll_store(true);
-        let waited = t0.elapsed().as_secs_f64();
-        self.pause_s += waited;
-        self.upload_wait_s += waited;
         actions
     }
 
@@ -527,6 +517,35 @@ impl Coordinator {
                 "stopped for the recovery".into(),
             );
         }
+        // A collection under way only deletes what no live lineage needs, manifest first:
+        // let it end rather than leave half-deleted checkpoints.
+        self.finish_gc();
+    }
+
+    /// Every server back to its initial state (a recovery with nothing committed).
+    pub(super) fn store_reset(&mut self) -> Result<u64, ClusterError> {
+        self.connect_store_clients()?;
+        let clients = self.store_mut()?.clients.clone();
+        let _ = self.hb_targets.send(Vec::new());
+        let reset = self.rt.block_on(async {
+            let mut set = tokio::task::JoinSet::new();
+            for (i, c) in clients.into_iter().enumerate() {
+                set.spawn(async move { c.reset().await.map_err(|e| format!("server {i}: {e}")) });
+            }
+            let mut first = None;
+            while let Some(r) = set.join_next().await {
+                let r = r.unwrap_or_else(|e| Err(format!("the reset task failed: {e}")));
+                if let Err(e) = r {
+                    first.get_or_insert(e);
+                }
+            }
+            first.map_or(Ok(()), Err)
+        });
+        self.update_heartbeat();
+        reset.map_err(|e| ClusterError::Checkpoint(format!("resetting the servers: {e}")))?;
+        let st = self.store_mut()?;
+        st.committed = None;
+        Ok(0)
     }
 
     /// Load checkpoint `id`'s lineage into every server; returns the batch count it holds.
@@ -554,9 +573,61 @@ impl Coordinator {
         restored.map_err(|e| ClusterError::Checkpoint(format!("restoring {id}: {e}")))?;
         if let Some(st) = self.store.as_mut() {
             st.committed = Some(id);
-            st.saved_step = Some(manifest.step);
         }
         batches_of(&manifest)
+    }
+
+    /// After a commit: start a merger pass (which collects garbage after merging) if the
+    /// strategy merges, else collect what no live lineage needs in the background (one pass at
+    /// a time; a commit during a pass starts another when it ends).
+    fn collect_garbage(&mut self) {
+        let Some(st) = self.store.as_mut() else {
+            return;
+        };
+        if st.merge.is_some() {
+            self.start_merger();
+            return;
+        }
+        if st.gc.is_some() {
+            st.gc_pending = true;
+            return;
+        }
+        st.gc_pending = false;
+        let ckpts = st.ckpts.clone();
+        st.gc = Some(self.rt.spawn(async move {
+            let opts = GcOptions {
+                retention: Retention {
+                    full_every_steps: 0,
+                    max_old_fulls: 0,
+                },
+                remove_orphans: false,
+            };
+            // Best effort: what one pass leaves, the next removes.
+            let _ = deck::gc(&ckpts, &opts).await;
+        }));
+    }
+
+    /// Reap a finished garbage collection; start the next if a commit asked for one.
+    fn poll_gc(&mut self) {
+        let Some(st) = self.store.as_mut() else {
+            return;
+        };
+        if st.gc.as_ref().is_some_and(|t| t.is_finished()) {
+            st.gc = None;
+            if st.gc_pending {
+                self.collect_garbage();
+            }
+        }
+    }
+
+    /// Wait for garbage collection, including a pass a commit asked for meanwhile.
+    fn finish_gc(&mut self) {
+        while let Some(gc) = self.store.as_mut().and_then(|s| s.gc.take()) {
+            let _ = self.rt.block_on(gc);
+            if self.store.as_ref().is_some_and(|s| s.gc_pending) {
+                self.collect_garbage();
+            }
+        }
     }
 
     /// Start a merger pass if merging is on and none is running.
@@ -565,7 +636,7 @@ impl Coordinator {
         let Some(st) = self.store.as_mut() else {
             return;
         };
-        let Some(stride) = st.merge.stride else {
+        let Some(merge) = st.merge else {
             return;
         };
         if st.merger.is_some() {
@@ -575,9 +646,9 @@ impl Coordinator {
         st.merge_pending = false;
         let args = MergerArgs::for_run(
             st.location.clone(),
-            stride as usize,
-            st.merge.full_every_deltas,
-            st.merge.mib_per_s,
+            merge.stride as usize,
+            merge.full_every_deltas,
+            merge.mib_per_s,
         );
         let mut cmd = Command::new(&exe);
         cmd.args(args.to_args());
@@ -713,22 +784,27 @@ impl Coordinator {
         Some(pid)
     }
 
-    /// The end of a run: commit the save in flight, save the final model if the last save
-    /// was before the last step (so the store's `CURRENT` is the model the run ends with),
-    /// then let the merger finish (bounded).
-    pub(super) fn store_finish(&mut self) -> Vec<Action> {
-        let mut actions = self.poll_store(true);
-        let step = self.step();
-        let last = self.store.as_ref().and_then(|s| s.saved_step);
-        if self.store.is_some() && last != Some(step) {
-            let kind = if self.store.as_ref().is_some_and(|s| s.committed.is_some()) {
-                CheckpointKind::Delta
-            } else {
-                CheckpointKind::Full
-            };
-            actions.extend(self.store_save(kind, step));
-            actions.extend(self.poll_store(true));
+    /// The end of a run: commit the save in flight, let the strategy save the final model
+    /// (so the store's `CURRENT` is the model the run ends with), commit that, then let the
+    /// merger or garbage collection finish (bounded).
+    pub(super) fn store_finish(&mut self) -> Result<bool, ClusterError> {
+        let done = self.poll_store(true);
+        if !self.execute(done)? {
+            return Ok(false);
         }
+        let before = self.pause_s;
+        let last = self.strategy.on(&Event::TrainingDone {
+            step: self.step(),
+            now_s: self.now(),
+        });
+        if !self.execute(last)? {
+            return Ok(false);
+        }
+        let done = self.poll_store(true);
+        if !self.execute(done)? {
+            return Ok(false);
+        }
+        self.final_save_s = self.pause_s - before;
         let deadline = Instant::now() + FINISH_WAIT;
         while self.store.as_ref().is_some_and(|s| s.merger.is_some()) {
             self.poll_merger();
@@ -741,6 +817,7 @@ impl Coordinator {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        actions
+        self.finish_gc();
+        Ok(true)
     }
 }

@@ -32,7 +32,7 @@ use ftrec_ckpt::deck::{
 use ftrec_ckpt::location::{self, LocationOptions};
 use ftrec_ckpt::snapshot::{RowIds, ShardReport};
 use ftrec_ckpt::{CheckpointId, CheckpointKind, Checkpoints, CkptError, DataPosition, Manifest};
-use ftrec_core::{RowId, RowLayout, ServerId, TableId};
+use ftrec_core::{RowId, RowLayout, ServerId, ShardMap, TableId};
 
 use crate::observer::{PushObserver, RowImages, UpdateOrigin};
 use crate::server::dense_block_range;
@@ -204,6 +204,10 @@ impl ShardWriter for ServerWriter<'_> {
             .map(|_| ())
             .map_err(ps_to_ckpt)
     }
+
+    fn shard_map(&self) -> Option<ShardMap> {
+        Some(self.server.config().shard_map)
+    }
 }
 
 /// The answer to a save: the pause is over; the upload goes on.
@@ -250,13 +254,21 @@ pub trait CkptApi: Send + Sync {
         id: CheckpointId,
     ) -> impl Future<Output = Result<ShardReport, CkptServiceError>> + Send;
 
-    /// Load the state `id` names at `location` (its lineage: full + merged + deltas).
+    /// Load the state `id` names at `location` (its lineage: full + merged + deltas). A
+    /// checkpoint saved by a different number of servers is re-sharded: the server keeps the
+    /// rows and dense blocks the shard map gives it.
     fn restore(
         &self,
         location: String,
         id: CheckpointId,
     ) -> impl Future<Output = Result<RestoreDone, CkptServiceError>> + Send;
+
+    /// Go back to the initial state (full recovery with nothing committed yet).
+    fn reset(&self) -> impl Future<Output = Result<(), CkptServiceError>> + Send;
 }
+
+/// Builds a server's initial state again (rows and dense values from the seed).
+pub type InitialState = Arc<dyn Fn() -> Result<Server, String> + Send + Sync>;
 
 enum Save {
     Running {
@@ -278,6 +290,7 @@ pub struct CkptNode {
     saves: Arc<Mutex<HashMap<CheckpointId, Save>>>,
     /// CPR's priority tracker and the tables it prioritizes ([`CkptNode::with_priority`]).
     priority: Option<(cpr::SharedPriority, Arc<Vec<ftrec_ckpt::cpr::TableSpec>>)>,
+    initial: Option<InitialState>,
 }
 
 impl std::fmt::Debug for CkptNode {
@@ -314,7 +327,14 @@ impl CkptNode {
             stores: Arc::default(),
             saves: Arc::default(),
             priority: None,
+            initial: None,
         })
+    }
+
+    /// How to build the server's initial state again, for [`CkptApi::reset`].
+    pub fn with_initial_state(mut self, initial: InitialState) -> Self {
+        self.initial = Some(initial);
+        self
     }
 
     pub fn tracker(&self) -> &SharedTracker {
@@ -470,6 +490,31 @@ impl CkptApi for CkptNode {
             files: stats.0.files_read,
             bytes: stats.0.bytes_read,
         })
+    }
+
+    async fn reset(&self) -> Result<(), CkptServiceError> {
+        let initial = self.initial.clone().ok_or_else(|| {
+            CkptServiceError::Internal(
+                "this server was started without a way to rebuild its initial state".into(),
+            )
+        })?;
+        let server = self.server.clone();
+        let tracker = self.tracker.clone();
+        let node = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let fresh = initial().map_err(CkptServiceError::Internal)?;
+            let mut guard = server.write()?;
+            guard.reset_from(fresh)?;
+            // Every row differs from any saved state now: the next delta must not be taken
+            // over an older base, so nothing tracked before counts.
+            tracker.lock().map_err(lock_err)?.reset();
+            // The initial state is what a restore with nothing saved falls back to: CPR's
+            // priorities start over from it.
+            node.reset_priority(&guard)?;
+            Ok::<_, CkptServiceError>(())
+        })
+        .await
+        .map_err(|e| CkptServiceError::Internal(format!("reset task failed: {e}")))?
     }
 }
 
