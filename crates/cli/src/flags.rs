@@ -45,6 +45,15 @@ pub enum Cmd {
     /// The coordinator alone: servers started elsewhere (`--server-addr`, one per server) and
     /// workers that connect to `--control-listen` (`ftrec worker --coordinator ADDR --id W`).
     Coordinator(RunArgs),
+    /// Every strategy on one workload with one failure schedule: report.json, report.md,
+    /// report.html and plots (PNG and SVG) in --out.
+    Compare(crate::compare::CompareArgs),
+    /// A short comparison on the tiny preset with two server kills; prints the summary and
+    /// where the report is.
+    Demo(crate::demo::DemoArgs),
+    /// Which strategy to run at production scale: costs simulated from coefficients calibrated
+    /// on a compare report.
+    Advise(crate::advise::AdviseArgs),
 }
 
 /// Flags of `ftrec run` and `ftrec coordinator`. Every value may also come from the job file

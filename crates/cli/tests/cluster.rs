@@ -4,6 +4,7 @@
 use std::path::Path;
 
 mod common;
+mod compare;
 use common::{ftrec, read_json, succeed};
 
 fn run_args(dir: &std::path::Path) -> Vec<String> {

@@ -568,6 +568,13 @@ impl StrategyChoice {
         }
     }
 
+    /// Every name [`StrategyChoice::parse`] accepts, in the order reports list them: the one
+    /// list of strategies (`ftrec compare` runs them all by default, so a strategy added here
+    /// is compared with no other change).
+    pub fn all_names() -> &'static [&'static str] {
+        &["none", "full", "deck", "ecrec", "cpr"]
+    }
+
     /// `none`, `full` (with the checkpoint interval `every_steps`), `deck` (a delta every
     /// `every_steps`, a merger with stride 2, no full from the trainer after the first) or
     /// `ecrec` (with [`StrategyChoice::ecrec_default`]'s code, to be adjusted by its flags) or
@@ -590,7 +597,8 @@ impl StrategyChoice {
             }
             .strategy(),
             other => Err(ClusterError::Config(format!(
-                "unknown strategy {other:?} (expected none, full, deck, ecrec or cpr)"
+                "unknown strategy {other:?} (expected one of {})",
+                StrategyChoice::all_names().join(", ")
             ))),
         }
     }
@@ -981,6 +989,22 @@ mod tests {
             ServerSpec::from_args(&args),
             Err(ClusterError::Config(m)) if m.contains("--bogus")
         ));
+    }
+
+    #[test]
+    fn every_listed_name_parses_to_itself_and_nothing_else_does() {
+        for &name in StrategyChoice::all_names() {
+            assert_eq!(StrategyChoice::parse(name, 5).unwrap().name(), name);
+        }
+        let names = StrategyChoice::all_names();
+        let mut sorted = names.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), names.len(), "duplicate names in {names:?}");
+        let e = StrategyChoice::parse("fulll", 5).unwrap_err().to_string();
+        for &name in names {
+            assert!(e.contains(name), "{e}");
+        }
     }
 
     #[test]
