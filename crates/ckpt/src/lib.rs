@@ -24,6 +24,9 @@
 //!   staging directory → store, at most four chunks in memory), the lineage graph
 //!   ([`deck::Lineage`]), the hierarchical [`deck::Merger`], retention and [`deck::gc`], and
 //!   restore of full + merged + deltas ([`deck::select_chain`], [`deck::restore_chain`]);
+//! - CPR's prioritized partial saves ([`cpr`], cpr.txt §4.2): which rows a partial save
+//!   writes, by access count (MFU), a sub-sampled list (SSU) or the size of each row's change
+//!   since it was saved (SCAR); the save itself is a delta-shaped checkpoint of those rows;
 //! - opening a store from a location string, a directory or `s3://bucket/prefix`
 //!   ([`location::open`]).
 //!
@@ -64,6 +67,7 @@
 pub mod bench;
 pub mod checkpoint;
 pub mod conformance;
+pub mod cpr;
 pub mod deck;
 pub mod error;
 pub mod format;

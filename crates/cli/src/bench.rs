@@ -127,6 +127,11 @@ fn cluster_bench(
 
 pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
+        BenchCmd::Cpr {
+            run,
+            kills,
+            kill_seed,
+        } => crate::bench_cpr::run(run, kills, kill_seed),
         BenchCmd::Ecrec {
             run,
             kill_server,

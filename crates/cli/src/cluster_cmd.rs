@@ -34,6 +34,13 @@ pub struct JobFile {
     pub no_dense_replication: Option<bool>,
     pub no_2pc: Option<bool>,
     pub recovery_locks: Option<usize>,
+    pub cpr_priority: Option<String>,
+    pub target_pls: Option<f64>,
+    pub mtbf_s: Option<f64>,
+    pub cpr_r: Option<f64>,
+    pub cpr_saves_per_full: Option<u64>,
+    pub cpr_ssu_period: Option<u32>,
+    pub cpr_tables: Option<usize>,
     pub rebuild_share: Option<f64>,
     pub ckpt_every_steps: Option<u64>,
     pub work_dir: Option<PathBuf>,
@@ -109,6 +116,15 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
             recovery_locks: a.ec.recovery_locks.or(f.recovery_locks),
             rebuild_share: a.ec.rebuild_share.or(f.rebuild_share),
         },
+        cpr: crate::flags::CprRunArgs {
+            cpr_priority: a.cpr.cpr_priority.clone().or(f.cpr_priority),
+            target_pls: a.cpr.target_pls.or(f.target_pls),
+            mtbf_s: a.cpr.mtbf_s.or(f.mtbf_s),
+            cpr_r: a.cpr.cpr_r.or(f.cpr_r),
+            cpr_saves_per_full: a.cpr.cpr_saves_per_full.or(f.cpr_saves_per_full),
+            cpr_ssu_period: a.cpr.cpr_ssu_period.or(f.cpr_ssu_period),
+            cpr_tables: a.cpr.cpr_tables.or(f.cpr_tables),
+        },
         ckpt_every_steps: a.ckpt_every_steps.or(f.ckpt_every_steps),
         work_dir: a.work_dir.clone().or(f.work_dir),
         kill: if a.kill.is_empty() {
@@ -163,8 +179,17 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
             ec.given().join(", ")
         );
     }
-    if strategy != "full" && a.ckpt_every_steps.is_some() {
-        bail!("--ckpt-every-steps applies to --strategy full only");
+    let cpr = a.cpr.flags(a.ckpt_every_steps);
+    if strategy == "cpr" {
+        cfg.strategy = cpr.strategy()?;
+    } else if !cpr.given().is_empty() {
+        bail!(
+            "{} apply to --strategy cpr only (the strategy is {strategy})",
+            cpr.given().join(", ")
+        );
+    }
+    if !matches!(strategy, "full" | "cpr") && a.ckpt_every_steps.is_some() {
+        bail!("--ckpt-every-steps applies to --strategy full and cpr only");
     }
     let deck_flags = [
         ("--delta-every-steps", a.delta_every_steps.is_some()),
@@ -305,9 +330,11 @@ pub fn server(a: ServerArgs) -> Result<()> {
                 chunk_bytes: kib
                     .unwrap_or(ftrec_cluster::spec::DEFAULT_CHUNK_KIB)
                     .saturating_mul(1024),
+                priority: a.cpr.server_priority()?,
             })
         }
         (None, Some(_)) => bail!("--ckpt-chunk-kib needs --ckpt-staging"),
+        (None, None) if a.cpr.priority.is_some() => bail!("--cpr-priority needs --ckpt-staging"),
         (None, None) => {}
     }
     let mut ec = a.ec.flags();

@@ -860,13 +860,24 @@ pub fn save_pauses(r: &RunReport) -> Vec<f64> {
     out
 }
 
-/// The save interval in steps a strategy's configuration names (any `*every_steps` field).
+/// The save interval in steps a strategy's configuration names (any `*every_steps` field, or
+/// an `interval` of `steps` shared by `saves_per_full` save points).
 fn every_steps(c: &StrategyChoice) -> Option<u64> {
     let v = serde_json::to_value(c).ok()?;
-    v.as_object()?
+    if let Some(n) = v
+        .as_object()?
         .iter()
         .find(|(k, _)| k.ends_with("every_steps"))
         .and_then(|(_, v)| v.as_u64())
+    {
+        return Some(n);
+    }
+    let n = v.pointer("/interval/steps")?.as_u64()?;
+    let k = v
+        .get("saves_per_full")
+        .and_then(|k| k.as_u64())
+        .unwrap_or(1);
+    Some((n / k.max(1)).max(1))
 }
 
 fn summarize(rep: &CompareReport) -> Vec<SummaryRow> {
@@ -1388,6 +1399,28 @@ mod tests {
             ..a
         };
         assert!(schedule(&both, &cfg).is_err());
+    }
+
+    #[test]
+    fn every_strategy_s_save_interval_is_read_from_its_configuration() {
+        assert_eq!(
+            every_steps(&StrategyChoice::parse("full", 6).unwrap()),
+            Some(6)
+        );
+        assert_eq!(
+            every_steps(&StrategyChoice::parse("cpr", 6).unwrap()),
+            Some(6)
+        );
+        assert_eq!(
+            every_steps(&StrategyChoice::parse("none", 6).unwrap()),
+            None
+        );
+        // Prioritized saves share the full interval: a save point every 16 / 8 steps.
+        let mut v = serde_json::to_value(StrategyChoice::parse("cpr", 16).unwrap()).unwrap();
+        v["saves_per_full"] = 8.into();
+        v["priority"] = "mfu".into();
+        let c: StrategyChoice = serde_json::from_value(v).unwrap();
+        assert_eq!(every_steps(&c), Some(2));
     }
 
     #[test]

@@ -77,7 +77,7 @@ pub struct RunArgs {
     /// before the next step (default: asynchronous).
     #[arg(long)]
     pub sync: bool,
-    /// Fault tolerance: none, full, deck or ecrec [default: none].
+    /// Fault tolerance: none, full, deck, ecrec or cpr [default: none].
     #[arg(long)]
     pub strategy: Option<String>,
     /// Delta checkpoint interval, in steps (strategy deck) [default: 10].
@@ -105,7 +105,9 @@ pub struct RunArgs {
     pub ckpt_chunk_kib: Option<usize>,
     #[command(flatten)]
     pub ec: EcRunArgs,
-    /// Full checkpoint interval, in steps (strategy full) [default: 100].
+    #[command(flatten)]
+    pub cpr: CprRunArgs,
+    /// Full checkpoint interval, in steps (strategies full and cpr) [default: 100].
     #[arg(long, value_name = "N")]
     pub ckpt_every_steps: Option<u64>,
     /// Port files and default checkpoints (default: a new directory under the temp dir).
@@ -154,6 +156,94 @@ pub struct RunArgs {
     /// Write the report as JSON here.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
+}
+
+/// CPR flags of `ftrec run` (strategy cpr only; cpr.txt §4).
+#[derive(Args, Debug, Default, Clone)]
+pub struct CprRunArgs {
+    /// CPR: prioritized partial saves between full saves, choosing rows by none, mfu (most
+    /// frequently used), ssu (sub-sampled used) or scar (largest change) [default: none].
+    #[arg(long, value_name = "RULE")]
+    pub cpr_priority: Option<String>,
+    /// CPR: target portion of lost samples; with --mtbf-s the full-save interval is
+    /// 2 * PLS * servers * MTBF seconds (CPR Eq. 4) [default: --ckpt-every-steps].
+    #[arg(long, value_name = "PLS")]
+    pub target_pls: Option<f64>,
+    /// CPR: mean time between failures in seconds, for --target-pls and the benefit
+    /// analysis that falls back to full recovery when partial recovery does not pay.
+    #[arg(long, value_name = "SECONDS")]
+    pub mtbf_s: Option<f64>,
+    /// CPR: share of each prioritized table's rows a prioritized save writes [default: 0.125].
+    #[arg(long, value_name = "R")]
+    pub cpr_r: Option<f64>,
+    /// CPR: save points per full-save interval, every one but the full a prioritized save
+    /// [default: 1/r, 8].
+    #[arg(long, value_name = "K")]
+    pub cpr_saves_per_full: Option<u64>,
+    /// CPR-SSU: look at every N-th update [default: 2].
+    #[arg(long, value_name = "N")]
+    pub cpr_ssu_period: Option<u32>,
+    /// CPR: prioritize the N largest tables, save the others whole [default: 7].
+    #[arg(long, value_name = "N")]
+    pub cpr_tables: Option<usize>,
+}
+
+impl CprRunArgs {
+    pub fn flags(&self, every_steps: Option<u64>) -> ftrec_cluster::CprFlags {
+        ftrec_cluster::CprFlags {
+            priority: self.cpr_priority.clone(),
+            target_pls: self.target_pls,
+            mtbf_s: self.mtbf_s,
+            every_steps,
+            r: self.cpr_r,
+            saves_per_full: self.cpr_saves_per_full,
+            ssu_period: self.cpr_ssu_period,
+            largest_tables: self.cpr_tables,
+        }
+    }
+}
+
+/// CPR flags of `ftrec server`: the priority rule of its checkpoint service.
+#[derive(Args, Debug, Default, Clone)]
+pub struct CprServerArgs {
+    /// CPR: track priorities for prioritized partial saves: mfu, ssu or scar (needs
+    /// --ckpt-staging).
+    #[arg(long = "cpr-priority", value_name = "RULE")]
+    pub priority: Option<String>,
+    /// CPR: share of each prioritized table's rows a prioritized save writes [default: 0.125].
+    #[arg(long = "cpr-r", value_name = "R")]
+    pub r: Option<f64>,
+    /// CPR-SSU: look at every N-th update [default: 2].
+    #[arg(long = "cpr-ssu-period", value_name = "N")]
+    pub ssu_period: Option<u32>,
+    /// CPR: prioritize the N largest tables [default: 7].
+    #[arg(long = "cpr-tables", value_name = "N")]
+    pub tables: Option<usize>,
+}
+
+impl CprServerArgs {
+    pub fn server_priority(&self) -> anyhow::Result<Option<ftrec_cluster::ServerPriority>> {
+        let Some(p) = &self.priority else {
+            if self.r.is_some() || self.ssu_period.is_some() || self.tables.is_some() {
+                anyhow::bail!("--cpr-r, --cpr-ssu-period and --cpr-tables need --cpr-priority");
+            }
+            return Ok(None);
+        };
+        let p = ftrec_cluster::ServerPriority {
+            priority: p
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--cpr-priority: {e}"))?,
+            r: self.r.unwrap_or(ftrec_cluster::cpr::DEFAULT_R),
+            ssu_period: self
+                .ssu_period
+                .unwrap_or(ftrec_cluster::cpr::DEFAULT_SSU_PERIOD),
+            largest_tables: self
+                .tables
+                .unwrap_or(ftrec_cluster::cpr::DEFAULT_LARGEST_TABLES),
+        };
+        p.validate()?;
+        Ok(Some(p))
+    }
 }
 
 /// ECRec flags of `ftrec run` (strategy ecrec only).
@@ -243,6 +333,8 @@ pub struct ServerArgs {
     /// Staging chunk size in KiB (with --ckpt-staging) [default: 4096].
     #[arg(long, value_name = "KIB")]
     pub ckpt_chunk_kib: Option<usize>,
+    #[command(flatten)]
+    pub cpr: CprServerArgs,
     /// ECRec node (strategy ecrec): the same `--ec-*` flags as `ftrec run` (`--ec-k` and
     /// `--ec-r` required).
     #[command(flatten)]
@@ -356,6 +448,24 @@ pub enum BenchCmd {
         /// Matrix-kernel threads of the single-process trainer (all cores by default).
         #[arg(long, default_value_t = 2)]
         single_threads: usize,
+    },
+    /// CPR's experiment (cpr.txt §6.1) on one workload and one seeded kill schedule,
+    /// asynchronous: the failure-free run, then `cpr` with no priority, MFU, SSU and SCAR
+    /// (full saves every 2 * PLS * servers * MTBF, Eq. 4), then `full` with Young's interval;
+    /// CPR Eq. 1/2's overhead terms, PLS, AUC and logloss of each, and the overhead reduction
+    /// and AUC delta of the best cpr variant against full. `--mtbf-s` [default: the
+    /// failure-free training time / --kills] and `--target-pls` [default: 0.1] are the
+    /// experiment's.
+    Cpr {
+        #[command(flatten)]
+        run: RunArgs,
+        /// Most kills in the schedule (exponential gaps of mean --mtbf-s; consecutive kills hit
+        /// different servers).
+        #[arg(long, default_value_t = 3)]
+        kills: usize,
+        /// Seed of the kill schedule.
+        #[arg(long, default_value_t = 1)]
+        kill_seed: u64,
     },
     /// ECRec's costs on one cluster configuration, asynchronous unless `--sync`: `none`, then
     /// ECRec all on (k = 2 and 4), without dense replication, and without dense replication

@@ -5,6 +5,7 @@
 
 mod advise;
 mod bench;
+mod bench_cpr;
 mod bench_ecrec;
 mod ckpt_cmd;
 mod cluster_cmd;

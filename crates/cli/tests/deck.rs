@@ -178,3 +178,148 @@ fn deck_with_servers_started_without_a_checkpoint_service_is_refused_by_name() {
         "{err}"
     );
 }
+
+/// `ftrec run --strategy cpr` (cpr.txt §2.3, §4): asynchronous training, a real SIGKILL, only
+/// the lost server restored, PLS in the report; its flags in `--help`; one clear error line for
+/// every bad combination.
+mod cpr {
+    use super::*;
+
+    #[test]
+    fn an_async_cpr_run_with_a_kill_restores_only_the_lost_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store");
+        let json = dir.path().join("report.json");
+        succeed(
+            ftrec()
+                .args([
+                    "run",
+                    "--preset",
+                    "tiny",
+                    "--servers",
+                    "2",
+                    "--workers",
+                    "2",
+                ])
+                .args(["--steps", "24", "--batch", "32", "--seed", "9"])
+                .args(["--eval-samples", "0", "--strategy", "cpr"])
+                .args(["--cpr-priority", "mfu", "--ckpt-every-steps", "8"])
+                .args(["--kill", "server=1@step=11", "--store"])
+                .arg(&store)
+                .arg("--work-dir")
+                .arg(dir.path().join("work"))
+                .arg("--json")
+                .arg(&json),
+        );
+        let r = read_json(&json);
+        assert_eq!(r["strategy"], "cpr");
+        assert_eq!(r["steps"], 24);
+        assert_eq!(r["samples_redone"], 0);
+        let f = r["failures"].as_array().unwrap();
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(f[0]["servers_restored"], serde_json::json!([1]));
+        assert_eq!(f[0]["steps_redone"], 0);
+        let c = &r["cpr"];
+        assert_eq!(c["recovery"], "partial");
+        assert_eq!(c["interval"]["full_every_steps"], 8);
+        assert_eq!(c["interval"]["saves_per_full"], 8);
+        assert!(c["pls"]["total"].as_f64().unwrap() > 0.0, "{c}");
+        assert_eq!(c["pls"]["per_failure"][0]["server"], 1);
+        // The store's lineage lists and verifies (which saves committed depends on how fast
+        // uploads ran: a save point reached while one uploads is skipped).
+        let ls = stdout(&succeed(ftrec().args(["ckpt", "ls"]).arg(&store)));
+        assert!(ls.contains("full"), "{ls}");
+        succeed(ftrec().args(["ckpt", "verify"]).arg(&store));
+    }
+
+    #[test]
+    fn help_documents_the_strategy_and_its_flags() {
+        let help = stdout(&succeed(ftrec().args(["run", "--help"])));
+        for flag in [
+            "cpr",
+            "--cpr-priority",
+            "--target-pls",
+            "--mtbf-s",
+            "--ckpt-every-steps",
+            "--cpr-r",
+            "--cpr-saves-per-full",
+            "--cpr-ssu-period",
+            "--cpr-tables",
+        ] {
+            assert!(help.contains(flag), "{flag} missing from ftrec run --help");
+        }
+        let bench = stdout(&succeed(ftrec().args(["bench", "cpr", "--help"])));
+        assert!(
+            bench.contains("--kills") && bench.contains("--kill-seed"),
+            "{bench}"
+        );
+        let server = stdout(&succeed(ftrec().args(["server", "--help"])));
+        assert!(server.contains("--cpr-priority"), "{server}");
+    }
+
+    #[test]
+    fn bad_cpr_combinations_give_one_clear_error_line() {
+        let dir = tempfile::tempdir().unwrap();
+        for (args, needle) in [
+            (
+                vec!["--strategy", "cpr", "--target-pls", "0.1"],
+                "--target-pls needs --mtbf-s",
+            ),
+            (
+                vec![
+                    "--strategy",
+                    "cpr",
+                    "--target-pls",
+                    "0.1",
+                    "--mtbf-s",
+                    "60",
+                    "--ckpt-every-steps",
+                    "5",
+                ],
+                "give one",
+            ),
+            (
+                vec!["--strategy", "cpr", "--cpr-priority", "lru"],
+                "--cpr-priority \"lru\"",
+            ),
+            (
+                vec!["--strategy", "cpr", "--cpr-r", "0.25"],
+                "add --cpr-priority",
+            ),
+            (
+                vec![
+                    "--strategy",
+                    "cpr",
+                    "--cpr-priority",
+                    "mfu",
+                    "--cpr-ssu-period",
+                    "3",
+                ],
+                "ssu only",
+            ),
+            (
+                vec!["--strategy", "full", "--cpr-priority", "mfu"],
+                "--strategy cpr only",
+            ),
+            (
+                vec!["--strategy", "cpr", "--merge-stride", "2"],
+                "--strategy deck only",
+            ),
+        ] {
+            let out = ftrec()
+                .args(["run", "--preset", "tiny", "--steps", "4", "--work-dir"])
+                .arg(dir.path())
+                .args(&args)
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), Some(2), "{args:?}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            let lines: Vec<&str> = err
+                .lines()
+                .filter(|l| l.starts_with("ftrec: error:"))
+                .collect();
+            assert_eq!(lines.len(), 1, "{args:?}: {err}");
+            assert!(lines[0].contains(needle), "{args:?}: {err}");
+        }
+    }
+}

@@ -21,6 +21,7 @@
 //! sequence number (`seq`), distinct from the training step it computes.
 
 mod ecrec;
+mod partial;
 mod store;
 
 use std::collections::{BTreeMap, HashMap};
@@ -95,6 +96,7 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
                 .map_err(|e| ClusterError::Config(e.to_string()))?,
         ),
         StrategyChoice::EcRec { .. } => ecrec::strategy(cfg)?,
+        StrategyChoice::Cpr { .. } => crate::cpr::strategy(cfg)?,
         StrategyChoice::Deck {
             delta_every_steps, ..
         } => Box::new(
@@ -159,6 +161,8 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
         upload_wait_s: 0.0,
         ec: None,
         cpu: CpuReport::default(),
+        rewinds: 0,
+        final_save_s: 0.0,
     };
     c.rt.spawn(heartbeat(
         hb_rx,
@@ -237,6 +241,11 @@ struct Coordinator {
     ec: Option<ecrec::EcRun>,
     /// CPU time of the processes stopped or killed so far.
     cpu: CpuReport,
+    /// Recoveries that rewound the model to a saved data position (full recovery); a partial
+    /// recovery or a worker's replacement leaves the position where it was.
+    rewinds: u64,
+    /// Pause of the save of the last step at the end of the run.
+    final_save_s: f64,
 }
 
 impl Coordinator {
@@ -527,6 +536,7 @@ impl Coordinator {
             recovered_s: None,
             steps_redone: 0,
             detected_by: None,
+            servers_restored: Vec::new(),
         });
         self.event(
             EventKind::FailureInjected,
@@ -558,6 +568,7 @@ impl Coordinator {
                     recovered_s: None,
                     steps_redone: 0,
                     detected_by: None,
+                    servers_restored: Vec::new(),
                 });
                 self.failures.len() - 1
             }
@@ -575,8 +586,13 @@ impl Coordinator {
 
     /// Mark the failures waiting for training to catch up as recovered.
     fn note_progress(&mut self) {
-        let batches = self.batches;
         let now = self.now();
+        self.note_progress_at(now);
+    }
+
+    /// [`Self::note_progress`] at `now` seconds into the run.
+    fn note_progress_at(&mut self, now: f64) {
+        let batches = self.batches;
         let mut done = Vec::new();
         self.recover_at.retain(|&(i, target)| {
             if batches >= target {
@@ -868,6 +884,9 @@ impl Coordinator {
         // Whether batches completed during a loss still count and training goes on from
         // where it was (no rollback), or a recovery rewinds the model.
         let keeps_model = self.strategy.keeps_model_on_loss();
+        // Batches answered while a failure was being drained: counted once the recovery is
+        // known not to rewind the model (partial recovery, a worker's replacement).
+        let mut held: Vec<f64> = Vec::new();
         loop {
             let draining =
                 pending.is_some() || !losses.is_empty() || !actions.is_empty() || rebuild_failed;
@@ -904,14 +923,18 @@ impl Coordinator {
                 }
             }
             if running.is_empty() {
+                let rewinds = self.rewinds;
                 if let Some(failure) = pending.take() {
                     if !self.handle_failure(failure, self.step() + 1, &mut unexplained)? {
                         return Ok(());
                     }
-                    if !keeps_model && self.batches + 1 < next {
-                        // A server recovery rewound the model: hand out from its position.
+                    if self.rewinds != rewinds {
+                        // A full recovery rewound the model: hand out from its position.
                         next = self.batches + 1;
                         requeue.clear();
+                        held.clear();
+                    } else {
+                        self.count_held(&mut held, &mut actions, &mut kills_after);
                     }
                     continue;
                 }
@@ -924,9 +947,12 @@ impl Coordinator {
                     if !self.handle_server_losses(lost, "heartbeat")? {
                         return Ok(());
                     }
-                    if !keeps_model {
+                    if self.rewinds != rewinds {
                         next = self.batches + 1;
                         requeue.clear();
+                        held.clear();
+                    } else {
+                        self.count_held(&mut held, &mut actions, &mut kills_after);
                     }
                     continue;
                 }
@@ -945,9 +971,12 @@ impl Coordinator {
                     for step in std::mem::take(&mut kills_after) {
                         self.fire_step_kills(step);
                     }
-                    if self.batches + 1 < next {
+                    if self.rewinds != rewinds {
                         next = self.batches + 1;
                         requeue.clear();
+                        held.clear();
+                    } else {
+                        self.count_held(&mut held, &mut actions, &mut kills_after);
                     }
                     continue;
                 }
@@ -988,7 +1017,9 @@ impl Coordinator {
                         ));
                     }
                     if (pending.is_some() || !losses.is_empty()) && !keeps_model {
-                        // The model is about to be rewound; count nothing more.
+                        // The model may be about to be rewound: count it once it is known
+                        // not to be.
+                        held.push(loss);
                         continue;
                     }
                     if let Some((step, new)) = self.count_batch(loss) {
@@ -1061,6 +1092,26 @@ impl Coordinator {
         }
     }
 
+    /// Count the batches held while a failure was handled that did not rewind the model; the
+    /// strategy's reactions and the step kills they complete join `actions` / `kills_after`.
+    fn count_held(
+        &mut self,
+        held: &mut Vec<f64>,
+        actions: &mut Vec<Action>,
+        kills_after: &mut Vec<u64>,
+    ) {
+        for loss in held.drain(..) {
+            if let Some((step, new)) = self.count_batch(loss) {
+                if new.is_empty() {
+                    self.fire_step_kills(step);
+                } else {
+                    actions.extend(new);
+                    kills_after.push(step);
+                }
+            }
+        }
+    }
+
     /// Tell the strategy about every lost server and carry out what it decides. `Ok(false)`:
     /// the strategy ended the run.
     fn handle_server_losses(&mut self, lost: Vec<u32>, by: &str) -> Result<bool, ClusterError> {
@@ -1109,7 +1160,8 @@ impl Coordinator {
                             None,
                             format!("from step {}", self.step()),
                         );
-                        self.note_progress();
+                        // A failure with nothing to redo is recovered the moment it resumes.
+                        self.note_progress_at(now);
                     }
                 }
                 Action::SaveFull { step } => {
@@ -1137,6 +1189,31 @@ impl Coordinator {
                         now_s: self.now(),
                     });
                     if !self.execute(next)? {
+                        return Ok(false);
+                    }
+                }
+                Action::SavePartial { step } => {
+                    let next = self.store_save_prioritized(step);
+                    if !self.execute(next)? {
+                        return Ok(false);
+                    }
+                }
+                Action::RestorePartial {
+                    servers,
+                    checkpoint,
+                } => {
+                    let ids: Vec<u32> = servers.iter().map(|s| s.0).collect();
+                    self.restore_partial(&ids, checkpoint)?;
+                    let next = self.strategy.on(&Event::RestoreFinished {
+                        step: self.step(),
+                        now_s: self.now(),
+                    });
+                    if !self.execute(next)? {
+                        return Ok(false);
+                    }
+                    // Servers lost meanwhile that were not part of this recovery.
+                    let others = self.probe_lost();
+                    if !others.is_empty() && !self.handle_server_losses(others, "recovery")? {
                         return Ok(false);
                     }
                 }
@@ -1269,6 +1346,10 @@ impl Coordinator {
         }
         self.samples_redone += redone * self.cfg.batch as u64;
         self.batches = restored;
+        self.rewinds += 1;
+        for &i in &open {
+            self.failures[i].servers_restored = (0..self.cfg.servers).collect();
+        }
         self.reconnect_workers().map_err(rec)?;
         // Reports about servers that have since been replaced are stale.
         let _ = self.heartbeat_losses();
@@ -1353,7 +1434,8 @@ impl Coordinator {
         outcome?;
         let samples = self.batches * self.cfg.batch as u64;
         let mut overheads = Overheads {
-            o_save: self.pause_s,
+            // Eq. 1 counts the saves that protect training, not the save of its result.
+            o_save: self.pause_s - self.final_save_s,
             ..Overheads::default()
         };
         for f in self.failures.iter().filter(|f| f.role == Role::Server) {
@@ -1381,6 +1463,7 @@ impl Coordinator {
             failures: self.failures,
             checkpoints: self.checkpoints,
             checkpoint_pause_s: self.pause_s,
+            final_save_s: self.final_save_s,
             overheads,
             throughput,
             worker_time: self.worker_time,
@@ -1398,6 +1481,10 @@ impl Coordinator {
             config: self.cfg,
             ec: self.ec.map(|e| e.report),
             cpu: self.cpu,
+            cpr: match self.strategy.report() {
+                Some(ftrec_strategy::StrategyReport::Cpr(c)) => Some(c),
+                _ => None,
+            },
         })
     }
 }

@@ -16,9 +16,10 @@
 //!   (every step's contributions staged and committed in worker order) or asynchronous mode
 //!   (each free worker gets the next batch and pushes when done); heartbeats, workers' RPC
 //!   errors and control connections feed failure detection; a strategy state machine of
-//!   `ftrec-strategy` (`none` | `full` | `deck` | `ecrec`) decides and the coordinator carries
-//!   out its actions (pause, save, wait for a save, replace the lost server and restore
-//!   everyone, rebuild a lost server from the survivors, resume, abort); servers and workers
+//!   `ftrec-strategy` (`none` | `full` | `deck` | `ecrec` | `cpr`) decides and the coordinator
+//!   carries out its actions (pause, save, save prioritized rows, wait for a save, replace the
+//!   lost server and restore everyone, replace the lost server and restore it alone, rebuild a
+//!   lost server from the survivors, resume, abort); servers and workers
 //!   may also be started elsewhere and reached by address;
 //! - ECRec ([`ecrec`], ecrec.txt §3, synchronous mode only): every server is an ECRec node
 //!   (parities, dense replicas, 2PC, rebuild; [`EcServerSpec`]), each step commits by two-phase
@@ -36,7 +37,11 @@
 //!   restores every server from the lineage of the newest committed checkpoint, collects
 //!   garbage, and runs the merger ([`merger`]) as its own process when the strategy merges
 //!   (`deck`, deck.txt §3–§4). Whether training waits for the commit is the strategy's call:
-//!   `full` pauses until its checkpoint is committed, `deck` only for the copy-out.
+//!   `full` pauses until its checkpoint is committed, `deck` only for the copy-out;
+//! - `cpr` ([`cpr`], cpr.txt §2.3, §4): partial recovery (a lost server is replaced and its
+//!   shard alone restored from the newest saves of each row; survivors and workers go on, no
+//!   step is redone), full saves every `T_save` from a target PLS or a step count, prioritized
+//!   saves (MFU, SSU, SCAR) in between, PLS per failure in the report.
 //!
 //! The data split: the training stream is cut into global batches of `batch` samples. In
 //! synchronous mode step `s` (from 1) is batches `(s-1)*M + 1 ..= s*M`, worker `w` taking the
@@ -64,6 +69,7 @@
 
 pub mod control;
 pub mod coordinator;
+pub mod cpr;
 pub mod ecrec;
 pub mod launcher;
 pub mod merger;
@@ -73,6 +79,7 @@ pub mod spec;
 pub mod worker;
 
 pub use coordinator::run;
+pub use cpr::{CprFlags, ServerPriority};
 pub use ecrec::{EcFlags, EcReport, EcServerSpec};
 pub use ftrec_ec::CodeKind;
 pub use launcher::ServerProcess;

@@ -23,6 +23,8 @@ pub enum EventKind {
     FailureDetected,
     RecoveryStart,
     ServerReplaced,
+    /// One server loaded its shard (partial recovery restores the lost servers only).
+    ServerRestored,
     WorkerReplaced,
     TrainingResumed,
     /// The work lost to a failure has been redone (or the lost state rebuilt).
@@ -63,6 +65,10 @@ pub struct FailureReport {
     pub recovered_s: Option<f64>,
     /// Steps lost (applied after the restored checkpoint) and redone.
     pub steps_redone: u64,
+    /// Servers whose state the recovery from this failure restored: every server for full
+    /// recovery, the lost one only for partial recovery (CPR §2.3), none for a rebuild.
+    #[serde(default)]
+    pub servers_restored: Vec<u32>,
     /// How it was detected: `worker_rpc`, `commit_rpc`, `heartbeat` or `control` (a
     /// worker's control connection); with ECRec also `prepare_rpc` (phase 1 of a step) and
     /// `rebuild` (while starting or running a rebuild).
@@ -110,7 +116,8 @@ pub struct IntervalPoint {
 /// The overhead terms of CPR Eq. 1, summed over the run, in seconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Overheads {
-    /// Training paused for checkpoint saves.
+    /// Training paused for checkpoint saves while it ran (the save of the last step at the
+    /// end is `RunReport::final_save_s`, not counted here).
     pub o_save: f64,
     /// Checkpoint loading during recoveries.
     pub o_load: f64,
@@ -171,6 +178,10 @@ pub struct RunReport {
     pub checkpoints: u64,
     /// Training paused for checkpoints (seconds, all saves).
     pub checkpoint_pause_s: f64,
+    /// Of which the save of the last step at the end of the run (no failure can cost it
+    /// anything, so CPR Eq. 1 / Eq. 2 leave it out).
+    #[serde(default)]
+    pub final_save_s: f64,
     /// CPR Eq. 1's overhead terms.
     pub overheads: Overheads,
     /// Samples per second per interval of `config.report_interval_s`, from training start.
@@ -201,6 +212,10 @@ pub struct RunReport {
     /// CPU time (user + system) of the run's processes.
     #[serde(default)]
     pub cpu: CpuReport,
+    /// Strategy `cpr`: the save interval and its inputs, the §4.2 benefit analysis, and the
+    /// portion of lost samples per failure and in total (CPR Eq. 3).
+    #[serde(default)]
+    pub cpr: Option<ftrec_strategy::CprReport>,
 }
 
 /// CPU time (user + system, seconds) the run's processes used, read from `/proc` just before
@@ -283,7 +298,7 @@ impl RunReport {
         for f in &self.failures {
             s += &format!(
                 "  {} {} lost after step {}: detected {}, replaced {}, resumed {}, recovered {} \
-                 after the kill; {} steps redone\n",
+                 after the kill; {} steps redone{}\n",
                 f.role,
                 f.id,
                 f.step,
@@ -291,7 +306,12 @@ impl RunReport {
                 secs(f.replaced_s),
                 secs(f.resumed_s),
                 secs(f.recovered_s),
-                f.steps_redone
+                f.steps_redone,
+                if f.servers_restored.is_empty() {
+                    String::new()
+                } else {
+                    format!("; servers restored {:?}", f.servers_restored)
+                }
             );
         }
         let w = &self.worker_time;
@@ -329,6 +349,22 @@ impl RunReport {
         }
         if let Some(ec) = &self.ec {
             s += &ec.summary();
+        }
+        if let Some(c) = &self.cpr {
+            let every = match (c.interval.full_every_steps, c.interval.full_every_s) {
+                (Some(n), _) => format!("{n} steps"),
+                (None, Some(t)) => format!("{t:.2}s"),
+                (None, None) => "-".into(),
+            };
+            s += &format!(
+                "  cpr: {} recovery, full saves every {every} ({} full + {} prioritized saves \
+                 committed), PLS {:.5} over {} failures\n",
+                c.recovery,
+                c.full_saves,
+                c.partial_saves,
+                c.pls.total,
+                c.pls.per_failure.len()
+            );
         }
         if let Some(r) = &self.aborted {
             s += &format!("  aborted: {r}\n");

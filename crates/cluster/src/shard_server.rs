@@ -116,11 +116,17 @@ pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
         };
         // A recovery with nothing committed resets every server to this initial state.
         let initial_spec = spec.clone();
-        let node = CkptNode::new(server, staging, LocationOptions::from_env())
+        let mut node = CkptNode::new(server, staging, LocationOptions::from_env())
             .map_err(|e| ClusterError::Checkpoint(e.to_string()))?
             .with_initial_state(std::sync::Arc::new(move || {
                 build_server(&initial_spec).map_err(|e| e.to_string())
             }));
+        if let Some(p) = &c.priority {
+            // CPR §4.2: the priority rule watches every update from now on.
+            node = node
+                .with_priority(p.options(spec.seed, spec.id))
+                .map_err(|e| ClusterError::Checkpoint(e.to_string()))?;
+        }
         routes = routes.add_service(ckpt_service(node));
     }
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -9,6 +9,7 @@ use std::time::Duration;
 use ftrec_core::{Optimizer, OptimizerKind, Preset};
 use serde::{Deserialize, Serialize};
 
+pub use crate::cpr::ServerPriority;
 pub use crate::ecrec::EcServerSpec;
 use crate::ClusterError;
 
@@ -41,10 +42,13 @@ pub struct ServerSpec {
 
 /// A server's checkpoint service: where it stages chunks on local disk (DECK §3.2's SSD layer)
 /// and how big a chunk is. Store credentials come from the usual AWS environment variables.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CkptSpec {
     pub staging_dir: PathBuf,
     pub chunk_bytes: usize,
+    /// CPR's priority rule for prioritized partial saves (strategy `cpr` with a priority).
+    #[serde(default)]
+    pub priority: Option<ServerPriority>,
 }
 
 /// What ends a server process.
@@ -132,6 +136,9 @@ impl ServerSpec {
                     c.chunk_bytes
                 )));
             }
+            if let Some(p) = &c.priority {
+                p.validate()?;
+            }
         }
         Ok(())
     }
@@ -173,6 +180,9 @@ impl ServerSpec {
             a.push(c.staging_dir.display().to_string());
             a.push("--ckpt-chunk-kib".into());
             a.push((c.chunk_bytes / 1024).to_string());
+            if let Some(p) = &c.priority {
+                a.extend(p.to_args());
+            }
         }
         a
     }
@@ -206,6 +216,10 @@ impl ServerSpec {
                 "--until",
                 "--ckpt-staging",
                 "--ckpt-chunk-kib",
+                "--cpr-priority",
+                "--cpr-r",
+                "--cpr-ssu-period",
+                "--cpr-tables",
                 "--ec-code",
                 "--ec-k",
                 "--ec-r",
@@ -268,14 +282,27 @@ impl ServerSpec {
             } else {
                 DEFAULT_CHUNK_KIB
             };
+            let priority = match get.get("--cpr-priority") {
+                None => None,
+                Some(p) => Some(ServerPriority {
+                    priority: p
+                        .parse()
+                        .map_err(|e| ClusterError::Config(format!("--cpr-priority: {e}")))?,
+                    r: need(&get, "--cpr-r")?,
+                    ssu_period: need(&get, "--cpr-ssu-period")?,
+                    largest_tables: need(&get, "--cpr-tables")?,
+                }),
+            };
             spec.ckpt = Some(CkptSpec {
                 staging_dir: PathBuf::from(dir),
                 chunk_bytes: kib.saturating_mul(1024),
+                priority,
             });
-        } else if get.contains_key("--ckpt-chunk-kib") {
-            return Err(ClusterError::Config(
-                "--ckpt-chunk-kib needs --ckpt-staging".into(),
-            ));
+        } else if let Some(flag) = ["--ckpt-chunk-kib", "--cpr-priority"]
+            .into_iter()
+            .find(|f| get.contains_key(f))
+        {
+            return Err(ClusterError::Config(format!("{flag} needs --ckpt-staging")));
         }
         spec.validate()?;
         Ok(spec)
@@ -498,6 +525,21 @@ pub enum StrategyChoice {
         /// compete with training for the disk.
         merge_mib_per_s: Option<f64>,
     },
+    /// CPR (cpr.txt §2.3, §4): full saves of every shard every `interval` (a step count, or
+    /// `2 * PLS * servers * MTBF` seconds for a target PLS, Eq. 4), written by the servers'
+    /// checkpoint service; with a `priority` rule, `saves_per_full - 1` prioritized saves of
+    /// `r` of each of the `largest_tables` largest tables' rows in between (MFU, SSU with
+    /// sampling period `ssu_period`, or SCAR, §4.2); a lost server is replaced and only its
+    /// shard restored, from the newest save of each row, while training goes on (partial
+    /// recovery: no rollback, no redo).
+    Cpr {
+        interval: ftrec_strategy::CprInterval,
+        priority: Option<ftrec_ckpt::cpr::Priority>,
+        r: f64,
+        saves_per_full: u64,
+        ssu_period: u32,
+        largest_tables: usize,
+    },
 }
 
 impl StrategyChoice {
@@ -508,6 +550,7 @@ impl StrategyChoice {
             StrategyChoice::Full { .. } => "full",
             StrategyChoice::Deck { .. } => "deck",
             StrategyChoice::EcRec { .. } => "ecrec",
+            StrategyChoice::Cpr { .. } => "cpr",
         }
     }
 
@@ -529,12 +572,14 @@ impl StrategyChoice {
     /// list of strategies (`ftrec compare` runs them all by default, so a strategy added here
     /// is compared with no other change).
     pub fn all_names() -> &'static [&'static str] {
-        &["none", "full", "deck", "ecrec"]
+        &["none", "full", "deck", "ecrec", "cpr"]
     }
 
     /// `none`, `full` (with the checkpoint interval `every_steps`), `deck` (a delta every
     /// `every_steps`, a merger with stride 2, no full from the trainer after the first) or
-    /// `ecrec` (with [`StrategyChoice::ecrec_default`]'s code, to be adjusted by its flags).
+    /// `ecrec` (with [`StrategyChoice::ecrec_default`]'s code, to be adjusted by its flags) or
+    /// `cpr` (CPR-vanilla, a full save every `every_steps`; [`crate::cpr::CprFlags`] for the
+    /// rest).
     pub fn parse(name: &str, every_steps: u64) -> Result<StrategyChoice, ClusterError> {
         match name {
             "none" => Ok(StrategyChoice::None),
@@ -546,6 +591,11 @@ impl StrategyChoice {
                 merge_mib_per_s: None,
             }),
             "ecrec" => Ok(StrategyChoice::ecrec_default()),
+            "cpr" => crate::cpr::CprFlags {
+                every_steps: Some(every_steps),
+                ..Default::default()
+            }
+            .strategy(),
             other => Err(ClusterError::Config(format!(
                 "unknown strategy {other:?} (expected one of {})",
                 StrategyChoice::all_names().join(", ")
@@ -769,6 +819,7 @@ impl RunConfig {
             return bad("--ckpt-chunk-kib must be at least 1".into());
         }
         crate::ecrec::validate_run(self)?;
+        crate::cpr::validate_run(self)?;
         for k in &self.kills {
             let count = match k.role {
                 Role::Server => self.servers,
@@ -855,6 +906,7 @@ impl RunConfig {
             ckpt: self.strategy.uses_store().then(|| CkptSpec {
                 staging_dir: self.work_dir.join(format!("staging-{id}")),
                 chunk_bytes: self.ckpt_chunk_kib.saturating_mul(1024),
+                priority: ServerPriority::of_strategy(&self.strategy),
             }),
             ec: EcServerSpec::of_strategy(&self.strategy),
         }
@@ -906,6 +958,17 @@ mod tests {
         let mut spec = ServerSpec::from_preset(&Preset::tiny(), 1, 3, 42).unwrap();
         spec.port_file = Some(PathBuf::from("/tmp/x.port"));
         spec.sparse_optimizer.lr = 0.125;
+        assert_eq!(ServerSpec::from_args(&spec.to_args()).unwrap(), spec);
+        spec.ckpt = Some(CkptSpec {
+            staging_dir: PathBuf::from("/tmp/staging"),
+            chunk_bytes: 64 << 10,
+            priority: Some(ServerPriority {
+                priority: ftrec_ckpt::cpr::Priority::Ssu,
+                r: 0.2,
+                ssu_period: 3,
+                largest_tables: 5,
+            }),
+        });
         assert_eq!(ServerSpec::from_args(&spec.to_args()).unwrap(), spec);
     }
 

@@ -251,3 +251,136 @@ fn a_deck_run_against_a_real_s3_server_recovers_and_its_store_restores() {
     // Nothing was written to the local disk but staging.
     assert!(!cfg.work_dir.join("ckpt").exists());
 }
+
+/// `cpr` (cpr.txt §2.3, §4) with real processes: the servers' checkpoint service writes full
+/// and prioritized saves, and a SIGKILLed server is replaced and restored alone while the
+/// survivors and the workers go on.
+mod cpr {
+    use super::*;
+    use ftrec_ckpt::cpr::Priority;
+    use ftrec_strategy::CprInterval;
+
+    fn cpr(every: u64, priority: Option<Priority>, saves_per_full: u64) -> StrategyChoice {
+        StrategyChoice::Cpr {
+            interval: CprInterval::Steps(every),
+            priority,
+            r: 0.125,
+            saves_per_full,
+            ssu_period: 2,
+            largest_tables: 7,
+        }
+    }
+
+    /// Synchronous mode: partial recovery is not the failure-free model, but it is a pure
+    /// function of the configuration and the kill: the same kill twice gives the same digest.
+    /// Without a kill, saving changes nothing.
+    #[test]
+    fn a_partial_recovery_is_reproducible_in_deterministic_mode() {
+        let steps = 20;
+        let clean = failure_free(steps);
+        let strategy = cpr(8, Some(Priority::Ssu), 4);
+        let run_with = |kills: &[&str]| {
+            let dir = tempfile::tempdir().unwrap();
+            let mut cfg = config(&dir, steps);
+            cfg.strategy = strategy;
+            cfg.kills = kills.iter().map(|k| k.parse().unwrap()).collect();
+            let report = run(&cfg).unwrap();
+            assert_no_children_left(&report);
+            assert!(report.aborted.is_none());
+            report
+        };
+        assert_eq!(run_with(&[]).model_digest, clean);
+        let a = run_with(&["server=1@step=13"]);
+        let b = run_with(&["server=1@step=13"]);
+        assert_eq!(a.model_digest, b.model_digest);
+        assert_ne!(
+            a.model_digest, clean,
+            "the lost shard went back to its saves"
+        );
+        assert_eq!(a.steps, steps);
+        assert_eq!(a.samples_redone, 0);
+        let f: Vec<_> = a
+            .failures
+            .iter()
+            .filter(|f| f.role == Role::Server)
+            .collect();
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].servers_restored, vec![1]);
+        assert_eq!(f[0].steps_redone, 0);
+        // Saves: a full at the first point (2, partial saves need a base), prioritized at
+        // 4, 6, 8, a full at 10, prioritized at 12. The loss after step 13 restores the chain
+        // of the full at 10 and the prioritized save of step 12; PLS (Eq. 3) counts from the
+        // full:
+        // 3 steps of 20, half the model: 0.075.
+        let from = events(&a, EventKind::RecoveryStart);
+        assert!(
+            from[0].contains("00000000000000000012-prioritized"),
+            "{from:?}"
+        );
+        let restored = events(&a, EventKind::ServerRestored);
+        assert!(restored[0].contains("2 checkpoints"), "{restored:?}");
+        let c = a.cpr.as_ref().unwrap();
+        let p = &c.pls.per_failure[0];
+        assert_eq!(
+            (p.server, p.step, p.full_step, p.steps_lost),
+            (1, 13, 10, 3)
+        );
+        assert_eq!(c.pls.total, 3.0 / 20.0 * 0.5);
+        assert_eq!(c.recovery, "partial");
+    }
+
+    /// Asynchronous mode, CPR's home: two servers killed at different points; each is
+    /// replaced and restored alone, nothing is redone, and the run trains all its steps.
+    #[test]
+    fn asynchronous_partial_recovery_restores_only_the_lost_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(&dir, 30);
+        cfg.servers = 3;
+        cfg.sync = false;
+        cfg.eval_samples = 1024;
+        cfg.strategy = cpr(10, Some(Priority::Scar), 8);
+        cfg.kills = vec![
+            "server=0@step=12".parse().unwrap(),
+            "server=2@step=22".parse().unwrap(),
+        ];
+        let report = run(&cfg).unwrap();
+        assert_no_children_left(&report);
+        assert!(report.aborted.is_none());
+        assert_eq!(report.steps, 30);
+        assert_eq!(report.samples_redone, 0);
+        let f: Vec<_> = report
+            .failures
+            .iter()
+            .filter(|f| f.role == Role::Server)
+            .collect();
+        assert_eq!(f.len(), 2, "{:#?}", report.failures);
+        assert_eq!(f[0].servers_restored, vec![0]);
+        assert_eq!(f[1].servers_restored, vec![2]);
+        assert!(f
+            .iter()
+            .all(|f| f.steps_redone == 0 && f.recovered_s.is_some()));
+        assert_eq!(report.overheads.o_lost, 0.0);
+        let c = report.cpr.as_ref().unwrap();
+        assert_eq!(c.pls.per_failure.len(), 2);
+        assert!(c.pls.total > 0.0 && c.pls.total <= 2.0 / 3.0);
+        assert!(c.full_saves >= 1);
+        assert!(report.auc.is_some());
+    }
+
+    #[test]
+    fn cpr_settings_are_validated() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(&dir, 10);
+        cfg.strategy = cpr(0, None, 1);
+        assert!(cfg.validate().unwrap_err().to_string().contains("0 steps"));
+        cfg.strategy = StrategyChoice::Cpr {
+            interval: CprInterval::Steps(5),
+            priority: Some(Priority::Mfu),
+            r: 1.5,
+            saves_per_full: 8,
+            ssu_period: 2,
+            largest_tables: 7,
+        };
+        assert!(cfg.validate().unwrap_err().to_string().contains("r = 1.5"));
+    }
+}

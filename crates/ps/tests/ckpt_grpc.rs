@@ -89,6 +89,19 @@ async fn save_and_restore_over_grpc_next_to_the_ps_service() {
         matches!(&e, CkptServiceError::Remote { message, .. } if message.contains("00000000000000000009-delta-a0")),
         "{e}"
     );
+    // A prioritized save (CPR §4.2) travels too; these servers track no priority and say so.
+    let e = clients[1]
+        .save_prioritized(
+            location.clone(),
+            checkpoint_id(4, CheckpointKind::Delta, 0),
+            4,
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, CkptServiceError::Remote { code, message } if code == "FailedPrecondition" && message.contains("priority")),
+        "{e}"
+    );
     for h in handles {
         h.shutdown().await.unwrap();
     }

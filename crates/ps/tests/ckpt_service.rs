@@ -207,3 +207,244 @@ async fn a_reset_brings_every_server_back_to_its_initial_state() {
     restore_cluster(&nodes, &location, &delta).await.unwrap();
     assert_eq!(digest(&servers), want);
 }
+
+/// CPR §2.3 and §4.2 in process: a full save, more training, a prioritized (MFU) save of
+/// `r` of the two largest tables' rows, more training; then server 1 is lost and its
+/// replacement restores its shard alone. Every row of the replacement comes from the newest
+/// save holding it: the prioritized save's rows at the step of that save, the other rows of the
+/// prioritized tables at the full's step, the tables saved whole and the dense range at the
+/// prioritized save's step. The survivor keeps its own, newer rows.
+mod partial {
+    use super::*;
+    use ftrec_ckpt::cpr::{PrioritizedMeta, Priority, PriorityConfig};
+    use ftrec_core::{OptimizerKind, TableId};
+    use ftrec_ps::ckpt::cpr::{self, PrioritizedPlan, PriorityOptions};
+    use ftrec_ps::ckpt::CkptNode;
+    use ftrec_ps::{Server, SharedServer};
+
+    use crate::common::{config, dense_init, TABLE_ROWS};
+
+    fn options(priority: Priority) -> PriorityOptions {
+        PriorityOptions {
+            config: PriorityConfig {
+                priority,
+                r: 0.25,
+                ssu_period: 1,
+                seed: 3,
+            },
+            largest_tables: 2,
+        }
+    }
+
+    fn node(dir: &std::path::Path, s: u32, priority: Priority) -> (SharedServer, CkptNode) {
+        let server = SharedServer::new(
+            Server::new(config(SERVERS, s, OptimizerKind::Adagrad), &dense_init()).unwrap(),
+        );
+        let mut opts = ftrec_ckpt::deck::StagingOptions::new(dir.join(format!("s{s}")));
+        opts.chunk_bytes = 1024;
+        let n = CkptNode::new(
+            server.clone(),
+            opts,
+            ftrec_ckpt::location::LocationOptions::default(),
+        )
+        .unwrap()
+        .with_priority(options(priority))
+        .unwrap();
+        (server, n)
+    }
+
+    /// Every row of every table of `server` (by local index), its dense values and the
+    /// words per row.
+    fn rows_of(server: &SharedServer) -> (Vec<Vec<f32>>, Vec<f32>, usize) {
+        let g = server.read().unwrap();
+        let tables = (0..TABLE_ROWS.len())
+            .map(|t| g.shard(TableId(t as u32)).unwrap().as_slice().to_vec())
+            .collect();
+        (tables, g.dense().values.clone(), g.layout().words())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_server_restores_each_row_from_the_newest_save_holding_it() {
+        for priority in [Priority::Mfu, Priority::Ssu, Priority::Scar] {
+            let dir = TempDir::new();
+            let location = dir.path().join("store").to_string_lossy().into_owned();
+            let ckpts = Checkpoints::new(std::sync::Arc::new(LocalStore::new(&location).unwrap()));
+            let staging = dir.path().join("staging");
+            let (mut servers, mut nodes) = (Vec::new(), Vec::new());
+            for s in 0..SERVERS {
+                let (server, n) = node(&staging, s, priority);
+                servers.push(server);
+                nodes.push(n);
+            }
+            // Only the two largest tables (3: 50 rows, 0: 23 rows) are prioritized.
+            {
+                let g = servers[1].read().unwrap();
+                let tables: Vec<u32> = cpr::prioritized_tables(&g, 2)
+                    .iter()
+                    .map(|t| t.table.0)
+                    .collect();
+                assert_eq!(tables, vec![0, 3]);
+            }
+            for s in 1..=3 {
+                step(&servers, s);
+            }
+            let full = checkpoint_id(3, CheckpointKind::Full, 0);
+            save_cluster(
+                &nodes,
+                &location,
+                &ckpts,
+                SavePlan {
+                    kind: CheckpointKind::Full,
+                    id: full.clone(),
+                    step: 3,
+                    parent: None,
+                    data_position: DataPosition::None,
+                },
+            )
+            .await
+            .unwrap();
+            let at_full = rows_of(&servers[1]);
+            for s in 4..=9 {
+                step(&servers, s);
+            }
+            // The rows the save will choose: the same rule on the same state, just before.
+            let chosen = {
+                let g = servers[1].read().unwrap();
+                let t = nodes[1].priority().unwrap().lock().unwrap();
+                cpr::select(&g, &t)
+            };
+            let prioritized = checkpoint_id(9, CheckpointKind::Delta, 0);
+            let (m, started) = cpr::save_cluster_prioritized(
+                &nodes,
+                &location,
+                &ckpts,
+                PrioritizedPlan {
+                    id: prioritized.clone(),
+                    step: 9,
+                    parent: full.clone(),
+                    data_position: DataPosition::None,
+                    meta: PrioritizedMeta { priority, r: 0.25 },
+                },
+            )
+            .await
+            .unwrap();
+            assert_eq!(m.parents, vec![full.clone()]);
+            assert_eq!(PrioritizedMeta::of(&m).unwrap().priority, priority);
+            let at_partial = rows_of(&servers[1]);
+            // A prioritized table holds at most ceil(r * rows) rows of the shard, and some
+            // rows changed since the full were left out (so the test can tell the saves apart).
+            let mut left_out = 0;
+            let w = at_full.2;
+            for (table, local, _) in &chosen.tables {
+                if let Some(local) = local {
+                    let shard_rows = at_full.0[table.0 as usize].len() / w;
+                    assert!(
+                        local.len() <= (0.25 * shard_rows as f64).ceil() as usize,
+                        "{priority}"
+                    );
+                    let changed = (0..shard_rows).filter(|&i| {
+                        at_full.0[table.0 as usize][i * w..(i + 1) * w]
+                            != at_partial.0[table.0 as usize][i * w..(i + 1) * w]
+                    });
+                    left_out += changed.filter(|&i| !local.contains(&(i as u64))).count();
+                }
+            }
+            assert!(left_out > 0, "{priority}: every changed row fit the budget");
+            let rows_saved: u64 = started.iter().map(|s| s.rows).sum();
+            assert!(rows_saved > 0);
+            for s in 10..=12 {
+                step(&servers, s);
+            }
+            let survivor = servers[0].read().unwrap().digest();
+            // Server 1 is lost: a fresh process starts from the seed and restores its shard.
+            let (fresh, fresh_node) = node(&staging.join("replacement"), 1, priority);
+            let done = fresh_node
+                .restore(location.clone(), prioritized.clone())
+                .await
+                .unwrap();
+            assert_eq!(done.checkpoints, 2, "full + prioritized");
+            servers[1] = fresh;
+            nodes[1] = fresh_node;
+            assert_eq!(servers[0].read().unwrap().digest(), survivor);
+            let got = rows_of(&servers[1]);
+            assert_eq!(got.1, at_partial.1, "dense from the newest save");
+            for (table, local, _) in &chosen.tables {
+                let t = table.0 as usize;
+                for i in 0..got.0[t].len() / w {
+                    let want = match local {
+                        None => &at_partial.0[t],
+                        Some(l) if l.contains(&(i as u64)) => &at_partial.0[t],
+                        Some(_) => &at_full.0[t],
+                    };
+                    assert_eq!(
+                        &got.0[t][i * w..(i + 1) * w],
+                        &want[i * w..(i + 1) * w],
+                        "{priority}: table {t} row {i}"
+                    );
+                }
+            }
+            // The restored rows count as saved: nothing is pending for the next save.
+            {
+                let g = servers[1].read().unwrap();
+                let t = nodes[1].priority().unwrap().lock().unwrap();
+                assert_eq!(cpr::select(&g, &t).prioritized_rows(), 0, "{priority}");
+            }
+            // Training goes on from the mixed state and the next prioritized save chains on.
+            step(&servers, 13);
+            let next = checkpoint_id(13, CheckpointKind::Delta, 0);
+            cpr::save_cluster_prioritized(
+                &nodes,
+                &location,
+                &ckpts,
+                PrioritizedPlan {
+                    id: next.clone(),
+                    step: 13,
+                    parent: prioritized.clone(),
+                    data_position: DataPosition::None,
+                    meta: PrioritizedMeta { priority, r: 0.25 },
+                },
+            )
+            .await
+            .unwrap();
+            let chain = deck::select_chain(&ckpts, &deck::RestoreAt::Current, false)
+                .await
+                .unwrap();
+            let ids: Vec<_> = chain.iter().map(|m| m.id.clone()).collect();
+            assert_eq!(ids, vec![full, prioritized, next]);
+        }
+    }
+
+    /// A server started without a priority rule refuses a prioritized save, and a full save
+    /// resets the priorities (every row is saved as it is).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn prioritized_saves_need_a_rule_and_a_full_resets_priorities() {
+        let dir = TempDir::new();
+        let location = dir.path().join("store").to_string_lossy().into_owned();
+        let (plain_servers, plain) = start(&dir.path().join("plain"));
+        step(&plain_servers, 1);
+        let e = plain[0]
+            .save_prioritized(
+                location.clone(),
+                checkpoint_id(1, CheckpointKind::Delta, 0),
+                1,
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(e, CkptServiceError::NoPriority), "{e}");
+
+        let (server, n) = node(&dir.path().join("mfu"), 0, Priority::Mfu);
+        step(std::slice::from_ref(&server), 1);
+        let pending = |server: &SharedServer, n: &CkptNode| {
+            let g = server.read().unwrap();
+            let t = n.priority().unwrap().lock().unwrap();
+            cpr::select(&g, &t).prioritized_rows()
+        };
+        assert!(pending(&server, &n) > 0);
+        let id = checkpoint_id(1, CheckpointKind::Full, 0);
+        n.save(location, id.clone(), CheckpointKind::Full, 1)
+            .await
+            .unwrap();
+        n.wait(id).await.unwrap();
+        assert_eq!(pending(&server, &n), 0);
+    }
+}

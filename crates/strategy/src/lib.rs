@@ -12,7 +12,12 @@
 //! - [`NoFaultTolerance`] (`none`): a server loss ends the run with a clear reason;
 //! - [`FullCheckpoint`] (`full`): periodic full checkpoints (every N steps, every T seconds, or
 //!   Young's interval from measured save cost and a configured MTBF) and full recovery: every
-//!   server reloads the last committed checkpoint and the lost steps are redone (CPR §2.2).
+//!   server reloads the last committed checkpoint and the lost steps are redone (CPR §2.2);
+//! - [`Cpr`] (`cpr`): partial recovery (only the lost server's shard is restored, no step is
+//!   redone), full saves every `T_save` from a target PLS (CPR Eq. 4) or a step count,
+//!   prioritized partial saves in between, the §4.2 benefit analysis that may fall back to full
+//!   recovery, and PLS per failure (Eq. 3);
+//! - [`Deck`] (`deck`) and [`EcRec`] (`ecrec`).
 //!
 //! ```
 //! use ftrec_strategy::{Action, Event, FullCheckpoint, Interval, Strategy};
@@ -22,16 +27,18 @@
 //! assert_eq!(actions, vec![Action::PauseTraining, Action::SaveFull { step: 10 }]);
 //! ```
 
+pub mod cpr;
 pub mod deck;
 pub mod ecrec;
 pub mod full;
 pub mod machine;
 pub mod policy;
 
+pub use cpr::{Cpr, CprConfig, CprInterval, CprReport};
 pub use deck::{Deck, DeckConfig};
 pub use ecrec::{EcRec, EcRecConfig};
 pub use full::{FullCheckpoint, Interval};
-pub use machine::{Action, CheckpointRef, Event, NoFaultTolerance, Strategy};
+pub use machine::{Action, CheckpointRef, Event, NoFaultTolerance, Strategy, StrategyReport};
 
 /// A strategy configuration that cannot work.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -39,6 +46,6 @@ pub use machine::{Action, CheckpointRef, Event, NoFaultTolerance, Strategy};
 pub enum StrategyError {
     #[error("invalid strategy configuration: {0}")]
     InvalidConfig(String),
-    #[error("unknown strategy {0:?} (expected none or full)")]
+    #[error("unknown strategy {0:?} (expected none, full, deck, ecrec or cpr)")]
     UnknownStrategy(String),
 }

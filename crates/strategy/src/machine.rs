@@ -61,10 +61,17 @@ pub enum Action {
     /// state), the dense part and the data position; the coordinator commits one delta
     /// checkpoint at `step` whose parent is the previous one (DECK §3.1).
     SaveDelta { step: u64 },
+    /// Every server writes the rows its priority rule values most (CPR §4.2: most frequently
+    /// used, sub-sampled used, or largest change since saved; `r` of each large table) and its
+    /// dense range; the coordinator commits one checkpoint at `step` whose parent is the
+    /// previous save, so a restore takes each row from the newest save holding it.
+    SavePartial { step: u64 },
     /// Wait until the save in flight is committed (or has failed) before training goes on;
     /// its [`Event::SaveFinished`] or [`Event::SaveFailed`] arrives during the wait. A strategy
     /// that allows one save at a time asks for this when its next save point comes while the
-    /// previous save still uploads, so that saves land on their steps whatever the upload speed.
+    /// previous save still uploads, so that saves land on their steps whatever the upload speed;
+    /// in deterministic mode a strategy whose recovery depends on what is committed (partial
+    /// recovery) asks for it after every save.
     AwaitSave,
     /// Start a replacement for `server` and rebuild its rows, parities and dense replica
     /// from the survivors in the background while training goes on (ECRec §3.4).
@@ -72,8 +79,25 @@ pub enum Action {
     /// Replace lost servers, then every server loads `checkpoint` (or, with `None`, the initial
     /// state from the seed) and the workers rewind the data to that step: full recovery.
     RestoreAll { checkpoint: Option<CheckpointRef> },
+    /// Partial recovery (CPR §2.3): replace `servers` and load only their shards from
+    /// `checkpoint` (the head of a chain of a full and later saves: each row from the newest
+    /// save holding it; `None`: the initial state from the seed). The surviving servers keep
+    /// their rows and the workers go on from where they are: no rewind, no redo.
+    RestorePartial {
+        servers: Vec<ServerId>,
+        checkpoint: Option<CheckpointRef>,
+    },
     /// End the run with this reason.
     Abort { reason: String },
+}
+
+/// What a strategy adds to the run report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum StrategyReport {
+    /// `cpr`: the interval and its inputs, the benefit analysis, PLS per failure and in total.
+    Cpr(crate::cpr::CprReport),
 }
 
 /// A fault-tolerance strategy: a pure function from events to actions plus its own state.
@@ -86,6 +110,11 @@ pub trait Strategy: Send {
     /// was. `false` (the default): a loss may rewind the model to a checkpoint.
     fn keeps_model_on_loss(&self) -> bool {
         false
+    }
+
+    /// The strategy's own part of the run report, if it has one.
+    fn report(&self) -> Option<StrategyReport> {
+        None
     }
 }
 

@@ -72,12 +72,35 @@ fn compare_writes_every_strategy_s_report_and_plots_and_advise_ranks_them() {
     assert_eq!(reference.len(), 32);
     for s in summary {
         assert_eq!(s["status"], "ok", "{s}");
-        // Every strategy but the reference met the kill; every one recovers exactly.
+        // Every strategy but the reference met the kill.
         let kills = if s["strategy"] == "none" { 0 } else { 1 };
         assert_eq!(s["failures"].as_array().unwrap().len(), kills, "{s}");
-        assert_eq!(s["model_digest"], reference, "{s}");
-        assert_eq!(s["digest_matches"], true, "{s}");
+        if s["strategy"] == "cpr" {
+            // Partial recovery is approximate: server 1 lost the two steps since its save at
+            // step 8, and the report gives the error against the failure-free run.
+            assert_ne!(s["model_digest"], reference, "{s}");
+            assert_eq!(s["digest_matches"], false, "{s}");
+            assert!(s["auc_delta"].as_f64().is_some(), "{s}");
+        } else {
+            // Every other strategy recovers exactly.
+            assert_eq!(s["model_digest"], reference, "{s}");
+            assert_eq!(s["digest_matches"], true, "{s}");
+        }
     }
+    let cpr = rep["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["strategy"] == "cpr")
+        .unwrap();
+    assert_eq!(
+        cpr["report"]["failures"][0]["servers_restored"],
+        serde_json::json!([1])
+    );
+    assert_eq!(cpr["report"]["failures"][0]["steps_redone"], 0);
+    let pls = cpr["report"]["cpr"]["pls"]["total"].as_f64().unwrap();
+    // Eq. 3: 2 of 24 steps lost on 1 of 3 servers.
+    assert!((pls - 2.0 / 24.0 / 3.0).abs() < 1e-12, "{pls}");
     // Each run's full report, its own parts included.
     let ecrec = rep["runs"]
         .as_array()
@@ -182,8 +205,25 @@ fn a_seeded_mtbf_schedule_reproduces_its_kills_and_digests() {
             .collect()
     };
     let (da, db) = (digests(&a), digests(&b));
+    // Partial recovery (cpr) included: the same kill gives the same model.
     assert_eq!(da, db);
-    assert!(da.iter().all(|d| d.1 == da[0].1), "{da:?}");
+    let pls = |r: &serde_json::Value, name: &str| -> f64 {
+        let run = r["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["strategy"] == name)
+            .unwrap();
+        run["report"]["cpr"]["pls"]["total"].as_f64().unwrap()
+    };
+    for d in &da {
+        if d.0 == "cpr" {
+            // Approximate: the failure-free model exactly when the lost shard lost nothing.
+            assert_eq!(d.1 == da[0].1, pls(&a, "cpr") == 0.0, "{da:?}");
+        } else {
+            assert_eq!(d.1, da[0].1, "{da:?}");
+        }
+    }
     // The kill fell inside training: every strategy but the reference met it.
     for s in a["summary"].as_array().unwrap().iter().skip(1) {
         assert_eq!(s["failures"].as_array().unwrap().len(), 1, "{s}");

@@ -29,6 +29,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use ftrec_ckpt::cpr::PrioritizedMeta;
 use ftrec_ckpt::deck::{self, checkpoint_id, shard_manifest, GcOptions, Retention};
 use ftrec_ckpt::location::{self, LocationOptions};
 use ftrec_ckpt::snapshot::ShardReport;
@@ -82,6 +83,8 @@ pub(super) struct Inflight {
     parent: Option<CheckpointId>,
     position: DataPosition,
     pause_s: f64,
+    /// A prioritized partial save (CPR §4.2): the manifest is marked with this.
+    prioritized: Option<PrioritizedMeta>,
     task: tokio::task::JoinHandle<Result<Vec<ShardReport>, String>>,
 }
 
@@ -218,16 +221,53 @@ impl Coordinator {
     /// pause), then the uploads go on in the background. Returns the strategy's reaction to a
     /// save that failed at once; a started save reports through [`Self::poll_store`].
     pub(super) fn store_save(&mut self, kind: CheckpointKind, step: u64) -> Vec<Action> {
+        self.store_save_as(kind, step, None)
+    }
+
+    /// A prioritized partial save (CPR §4.2) at strategy step `step`: every server copies out
+    /// the rows its priority rule values most; committed as a delta-shaped checkpoint over the
+    /// newest committed one, marked with the rule.
+    pub(super) fn store_save_prioritized(&mut self, step: u64) -> Vec<Action> {
+        let meta =
+            crate::cpr::ServerPriority::of_strategy(&self.cfg.strategy).map(|p| PrioritizedMeta {
+                priority: p.priority,
+                r: p.r,
+            });
+        if meta.is_none() {
+            let reason = format!(
+                "strategy {} asked for a prioritized save but its servers track no priority",
+                self.strategy.name()
+            );
+            self.event(EventKind::CheckpointFailed, None, reason.clone());
+            return self.strategy.on(&Event::SaveFailed { step, reason });
+        }
+        self.store_save_as(CheckpointKind::Delta, step, meta)
+    }
+
+    fn store_save_as(
+        &mut self,
+        kind: CheckpointKind,
+        step: u64,
+        prioritized: Option<PrioritizedMeta>,
+    ) -> Vec<Action> {
+        let what = match &prioritized {
+            Some(m) => format!("prioritized ({})", m.priority),
+            None => kind.name().to_string(),
+        };
         self.event(
             EventKind::CheckpointStart,
             None,
-            format!("{} at step {step}", kind.name()),
+            format!("{what} at step {step}"),
         );
         let t0 = Instant::now();
         let attempt = self.recoveries;
-        let id = checkpoint_id(step, kind, attempt);
+        let id = match prioritized {
+            Some(_) => CheckpointId::new(format!("{step:020}-prioritized-a{attempt}"))
+                .expect("a valid key segment"),
+            None => checkpoint_id(step, kind, attempt),
+        };
         let position = position_json(self.cfg.batch, self.batches);
-        let result = self.start_save(kind, step, id.clone(), position, t0);
+        let result = self.start_save(kind, step, id.clone(), position, t0, prioritized);
         let pause_s = t0.elapsed().as_secs_f64();
         self.pause_s += pause_s;
         // A kill "during the write" lands after the copy-out, while the uploads run.
@@ -251,6 +291,7 @@ impl Coordinator {
         id: CheckpointId,
         position: DataPosition,
         t0: Instant,
+        prioritized: Option<PrioritizedMeta>,
     ) -> Result<(), ClusterError> {
         let st = self.store.as_ref().ok_or_else(|| {
             ClusterError::Protocol("a save was asked for in a run without a store".into())
@@ -276,13 +317,14 @@ impl Coordinator {
             let mut set = tokio::task::JoinSet::new();
             for (i, c) in clients.iter().cloned().enumerate() {
                 let (loc, id) = (location.clone(), id.clone());
+                let prioritized = prioritized.is_some();
                 set.spawn(async move {
-                    (
-                        i,
-                        c.save(loc, id, kind, step)
-                            .await
-                            .map_err(|e| format!("server {i}: {e}")),
-                    )
+                    let r = if prioritized {
+                        c.save_prioritized(loc, id, step).await
+                    } else {
+                        c.save(loc, id, kind, step).await
+                    };
+                    (i, r.map_err(|e| format!("server {i}: {e}")))
                 });
             }
             let mut out: Vec<Option<Result<SaveStarted, String>>> =
@@ -331,6 +373,7 @@ impl Coordinator {
             parent,
             position,
             pause_s,
+            prioritized,
             task,
         };
         if let Some(e) = first_err {
@@ -401,6 +444,7 @@ impl Coordinator {
             parent,
             position,
             pause_s,
+            prioritized,
             task,
         } = inflight;
         let copy_pause_s = pause_s;
@@ -412,7 +456,10 @@ impl Coordinator {
                 Ok(Err(e)) => return Err(format!("the upload task failed: {e}")),
                 Err(_) => return Err("the uploads did not end in time".into()),
             };
-            let manifest = shard_manifest(id.clone(), kind, step, parent, position, reports);
+            let mut manifest = shard_manifest(id.clone(), kind, step, parent, position, reports);
+            if let Some(m) = &prioritized {
+                m.store_in(&mut manifest);
+            }
             ckpts
                 .commit(&manifest)
                 .await
@@ -764,6 +811,7 @@ impl Coordinator {
         if !self.execute(done)? {
             return Ok(false);
         }
+        let before = self.pause_s;
         let last = self.strategy.on(&Event::TrainingDone {
             step: self.step(),
             now_s: self.now(),
@@ -775,6 +823,7 @@ impl Coordinator {
         if !self.execute(done)? {
             return Ok(false);
         }
+        self.final_save_s = self.pause_s - before;
         let deadline = Instant::now() + FINISH_WAIT;
         while self.store.as_ref().is_some_and(|s| s.merger.is_some()) {
             self.poll_merger();

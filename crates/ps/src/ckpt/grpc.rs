@@ -37,6 +37,7 @@ pub fn ckpt_service(node: CkptNode) -> CheckpointerServer<CkptHandler> {
 fn status(e: CkptServiceError) -> Status {
     match &e {
         CkptServiceError::UnknownSave { .. } => Status::not_found(e.to_string()),
+        CkptServiceError::NoPriority => Status::failed_precondition(e.to_string()),
         CkptServiceError::Store(c) if c.is_corruption() => Status::data_loss(e.to_string()),
         CkptServiceError::Store(
             CkptError::InvalidArgument(_)
@@ -203,6 +204,24 @@ impl Checkpointer for CkptHandler {
         }))
     }
 
+    async fn save_prioritized(
+        &self,
+        req: Request<proto::SavePrioritizedRequest>,
+    ) -> Result<Response<proto::SaveReply>, Status> {
+        let r = req.into_inner();
+        let id = parse_id(&r.checkpoint_id)?;
+        let s = self
+            .node
+            .save_prioritized(r.location, id, r.step)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(proto::SaveReply {
+            rows: s.rows,
+            bytes: s.bytes,
+            pause_s: s.pause_s,
+        }))
+    }
+
     async fn wait(
         &self,
         req: Request<proto::WaitRequest>,
@@ -290,6 +309,30 @@ impl CkptApi for CkptGrpcClient {
                 checkpoint_id: id.to_string(),
                 step,
                 kind: kind as i32,
+            })
+            .await
+            .map_err(remote)?
+            .into_inner();
+        Ok(SaveStarted {
+            rows: r.rows,
+            bytes: r.bytes,
+            pause_s: r.pause_s,
+        })
+    }
+
+    async fn save_prioritized(
+        &self,
+        location: String,
+        id: CheckpointId,
+        step: u64,
+    ) -> Result<SaveStarted, CkptServiceError> {
+        let r = self
+            .client
+            .clone()
+            .save_prioritized(proto::SavePrioritizedRequest {
+                location,
+                checkpoint_id: id.to_string(),
+                step,
             })
             .await
             .map_err(remote)?

@@ -7,6 +7,8 @@
 //!   restore;
 //! - [`CkptNode`] is one server's checkpoint service (save full, save delta, wait, restore),
 //!   called in process; [`CkptApi`] is the trait a coordinator calls it through;
+//! - [`cpr`]: CPR's priority tracking on the update path and prioritized partial saves
+//!   (cpr.txt §4.2), installed with [`CkptNode::with_priority`];
 //! - [`grpc`]: the same calls over the wire ([`grpc::ckpt_service`], [`grpc::CkptGrpcClient`]);
 //! - [`save_cluster`] and [`restore_cluster`]: the coordinator's side, which drives every
 //!   server and commits one manifest for the whole cluster.
@@ -16,6 +18,7 @@
 //! is ever committed by the server: only [`save_cluster`] commits, after every server's files
 //! are durable, so a server killed mid-write leaves unreferenced files and no checkpoint.
 
+pub mod cpr;
 pub mod grpc;
 
 use std::collections::HashMap;
@@ -53,6 +56,9 @@ pub enum CkptServiceError {
     /// `wait` for a save this server never started (or already reported).
     #[error("no save of checkpoint {id} is known on this server")]
     UnknownSave { id: String },
+    /// A prioritized save asked of a server that tracks no priority (CPR §4.2).
+    #[error("this server tracks no priority: start it with a priority rule (mfu, ssu or scar) for prioritized saves")]
+    NoPriority,
     /// A remote checkpoint service refused or failed the call.
     #[error("checkpoint service replied {code}: {message}")]
     Remote { code: String, message: String },
@@ -232,6 +238,16 @@ pub trait CkptApi: Send + Sync {
         step: u64,
     ) -> impl Future<Output = Result<SaveStarted, CkptServiceError>> + Send;
 
+    /// Start a prioritized partial save into checkpoint `id` (CPR §4.2): the rows the
+    /// server's priority rule values most, every table it does not prioritize whole, and the
+    /// dense range. A server without a priority rule refuses.
+    fn save_prioritized(
+        &self,
+        location: String,
+        id: CheckpointId,
+        step: u64,
+    ) -> impl Future<Output = Result<SaveStarted, CkptServiceError>> + Send;
+
     /// Wait until the save of `id` is durable; its files and bytes, for the manifest.
     fn wait(
         &self,
@@ -257,7 +273,8 @@ pub type InitialState = Arc<dyn Fn() -> Result<Server, String> + Send + Sync>;
 enum Save {
     Running {
         upload: staging::PendingUpload,
-        upto: u64,
+        /// DECK's tracker segments this save covers (`None`: it acknowledges none).
+        upto: Option<u64>,
     },
 }
 
@@ -271,6 +288,8 @@ pub struct CkptNode {
     gauge: Arc<MemGauge>,
     stores: Arc<Mutex<HashMap<String, Checkpoints>>>,
     saves: Arc<Mutex<HashMap<CheckpointId, Save>>>,
+    /// CPR's priority tracker and the tables it prioritizes ([`CkptNode::with_priority`]).
+    priority: Option<(cpr::SharedPriority, Arc<Vec<ftrec_ckpt::cpr::TableSpec>>)>,
     initial: Option<InitialState>,
 }
 
@@ -307,6 +326,7 @@ impl CkptNode {
             gauge: MemGauge::new(),
             stores: Arc::default(),
             saves: Arc::default(),
+            priority: None,
             initial: None,
         })
     }
@@ -372,6 +392,7 @@ impl CkptApi for CkptNode {
         )?;
         let server = self.server.clone();
         let tracker = self.tracker.clone();
+        let node = self.clone();
         // The copy-out blocks (it hands chunks on with back-pressure), so it runs off the
         // async workers. The read guard keeps updates out while rows are copied: the pause.
         let copied = tokio::task::spawn_blocking(move || {
@@ -380,6 +401,10 @@ impl CkptApi for CkptNode {
             let tracked = tracker.lock().map_err(lock_err)?.take(CHECKPOINTER)?;
             let src = server_source(&guard, (kind == CheckpointKind::Delta).then_some(&tracked));
             let rep = sink.copy_out(&src)?;
+            if kind == CheckpointKind::Full {
+                // Every row is saved as it is now: CPR's priorities start over.
+                node.reset_priority(&guard)?;
+            }
             Ok::<_, CkptServiceError>((rep, tracked.upto, start.elapsed().as_secs_f64()))
         })
         .await
@@ -394,15 +419,27 @@ impl CkptApi for CkptNode {
                 });
             }
         };
-        self.saves
-            .lock()
-            .map_err(lock_err)?
-            .insert(id, Save::Running { upload, upto });
+        self.saves.lock().map_err(lock_err)?.insert(
+            id,
+            Save::Running {
+                upload,
+                upto: Some(upto),
+            },
+        );
         Ok(SaveStarted {
             rows: rep.rows,
             bytes: rep.bytes,
             pause_s,
         })
+    }
+
+    async fn save_prioritized(
+        &self,
+        location: String,
+        id: CheckpointId,
+        _step: u64,
+    ) -> Result<SaveStarted, CkptServiceError> {
+        self.save_prioritized_impl(location, id).await
     }
 
     async fn wait(&self, id: CheckpointId) -> Result<ShardReport, CkptServiceError> {
@@ -415,10 +452,12 @@ impl CkptApi for CkptNode {
         let Save::Running { upload, upto } = save;
         let report = upload.wait().await?;
         // Durable: the tracked rows up to this save need not be saved again.
-        self.tracker
-            .lock()
-            .map_err(lock_err)?
-            .ack(CHECKPOINTER, upto)?;
+        if let Some(upto) = upto {
+            self.tracker
+                .lock()
+                .map_err(lock_err)?
+                .ack(CHECKPOINTER, upto)?;
+        }
         Ok(report)
     }
 
@@ -433,12 +472,15 @@ impl CkptApi for CkptNode {
         // read, and a failed restore leaves the server to be restored again.
         let server = self.server.clone();
         let tracker = self.tracker.clone();
+        let node = self.clone();
         let handle = tokio::runtime::Handle::current();
         let stats = tokio::task::spawn_blocking(move || {
             let mut guard = server.write()?;
             let mut w = ServerWriter { server: &mut guard };
             let stats = handle.block_on(deck::restore_chain(&ckpts, &chain, &mut w))?;
             tracker.lock().map_err(lock_err)?.reset();
+            // The loaded rows count as saved: CPR's priorities start over.
+            node.reset_priority(&guard)?;
             Ok::<_, CkptServiceError>((stats, chain.len() as u64))
         })
         .await
@@ -458,12 +500,17 @@ impl CkptApi for CkptNode {
         })?;
         let server = self.server.clone();
         let tracker = self.tracker.clone();
+        let node = self.clone();
         tokio::task::spawn_blocking(move || {
             let fresh = initial().map_err(CkptServiceError::Internal)?;
-            server.write()?.reset_from(fresh)?;
+            let mut guard = server.write()?;
+            guard.reset_from(fresh)?;
             // Every row differs from any saved state now: the next delta must not be taken
             // over an older base, so nothing tracked before counts.
             tracker.lock().map_err(lock_err)?.reset();
+            // The initial state is what a restore with nothing saved falls back to: CPR's
+            // priorities start over from it.
+            node.reset_priority(&guard)?;
             Ok::<_, CkptServiceError>(())
         })
         .await

@@ -1,0 +1,976 @@
+//! `cpr`: checkpoints with partial recovery, steered by the portion of lost samples
+//! (cpr.txt §2.3, §4).
+//!
+//! A lost server gets a replacement that loads *its own shard only* from the newest saves of
+//! that shard; every survivor keeps its rows and the workers go on from where they are, so no
+//! step is redone (CPR §2.3, Eq. 2 has no lost-computation term). The price is model
+//! inconsistency, which CPR measures as the *portion of lost samples* (PLS, Eq. 3): per
+//! failure, the samples trained since the lost shard's restored save, over all samples of the
+//! run, times the share of the model that shard holds (`1 / N_emb`).
+//!
+//! The machine decides:
+//! - **when to save** (§4.1): a full save of every shard every `T_save`, either a fixed number
+//!   of steps or `T_save,part = 2 · PLS · N_emb · T_fail` for a target PLS and an MTBF
+//!   (Eq. 4 solved for the interval, [`crate::policy::interval_for_pls`]);
+//! - **prioritized partial saves** (§4.2, MFU / SSU / SCAR): with a priority rule on, a save
+//!   point comes `saves_per_full` times per full interval (the paper: `1/r = 8`) and every one
+//!   that is not a full saves only the servers' most valuable rows ([`Action::SavePartial`];
+//!   *which* rows is the servers' business: access counts, a sub-sampled list or the size of
+//!   each row's change). The first save is always a full: partial saves apply on top of it;
+//! - **whether partial recovery pays** (§4.2): with a target PLS, once the first save measured
+//!   `O_save`, the expected overheads of full recovery at Young's interval (Eq. 1) and of
+//!   partial recovery at the PLS interval (Eq. 2, with the prioritized saves' cost) are
+//!   compared. The load and rescheduling terms are the same in both and cancel. If partial
+//!   recovery does not save at least [`CprConfig::min_benefit`] of full recovery's overhead,
+//!   the machine falls back to full recovery (full saves at Young's interval,
+//!   [`Action::RestoreAll`]) for the rest of the run;
+//! - **what a loss restores**: [`Action::RestorePartial`] with the newest committed save (the
+//!   head of the chain full + prioritized saves; a row comes from the newest save holding it).
+//!
+//! One save is in flight at a time; a save point reached while one uploads is taken at the
+//! first step after it commits. The run ends with a full save of its last step
+//! ([`Event::TrainingDone`]), so the store holds the model the run ends with. With [`CprConfig::await_commit`] (deterministic mode) every
+//! save is followed by [`Action::AwaitSave`], so what a later loss restores never depends on
+//! how fast uploads ran.
+
+use serde::{Deserialize, Serialize};
+
+use crate::machine::{Action, CheckpointRef, Event, Strategy};
+use crate::policy::{
+    expected_pls, full_recovery_overhead, interval_for_pls, partial_recovery_overhead,
+    young_interval,
+};
+use crate::StrategyError;
+
+/// How often a full save of every shard is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CprInterval {
+    /// Every `n` steps.
+    Steps(u64),
+    /// Every `2 · pls · N_emb · mtbf_s` seconds of training (CPR §4.1, Eq. 4).
+    TargetPls { pls: f64, mtbf_s: f64 },
+}
+
+/// How `cpr` is configured.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CprConfig {
+    pub interval: CprInterval,
+    /// Save points per full interval when prioritized saves are on (CPR §5.1: 8 times as often
+    /// as full saves); 1 turns prioritized saves off (CPR-vanilla).
+    pub saves_per_full: u64,
+    /// Share of a shard's rows one prioritized save writes (`r`, CPR §4.2); only used here to
+    /// price prioritized saves in the benefit analysis.
+    pub r: f64,
+    /// Embedding servers (`N_emb`).
+    pub n_emb: u32,
+    /// Steps of the whole run (`S_total`, in steps: every step has the same samples).
+    pub total_steps: u64,
+    /// Follow every save with [`Action::AwaitSave`] (deterministic mode).
+    pub await_commit: bool,
+    /// Fall back to full recovery unless partial recovery's expected overhead is at least this
+    /// share below full recovery's (CPR §4.2 says "small or no benefit" without a number).
+    pub min_benefit: f64,
+}
+
+impl CprConfig {
+    /// CPR-vanilla (no prioritized saves) with `interval`.
+    pub fn vanilla(interval: CprInterval, n_emb: u32, total_steps: u64) -> CprConfig {
+        CprConfig {
+            interval,
+            saves_per_full: 1,
+            r: DEFAULT_R,
+            n_emb,
+            total_steps,
+            await_commit: false,
+            min_benefit: DEFAULT_MIN_BENEFIT,
+        }
+    }
+
+    /// The full-save interval in seconds (`None` for a fixed step count).
+    pub fn full_interval_s(&self) -> Option<f64> {
+        match self.interval {
+            CprInterval::Steps(_) => None,
+            CprInterval::TargetPls { pls, mtbf_s } => {
+                Some(interval_for_pls(pls, mtbf_s, self.n_emb))
+            }
+        }
+    }
+
+    fn prioritized(&self) -> bool {
+        self.saves_per_full > 1
+    }
+}
+
+/// The paper's share of rows per prioritized save (CPR §5.1, `r = 0.125`).
+pub const DEFAULT_R: f64 = 0.125;
+/// The default for [`CprConfig::min_benefit`].
+pub const DEFAULT_MIN_BENEFIT: f64 = 0.1;
+
+/// One failure's PLS increment (CPR Eq. 3).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlsFailure {
+    pub server: u32,
+    /// Steps applied when the loss was reported.
+    pub step: u64,
+    /// Step of the newest committed full save, which every row of the lost shard is at least
+    /// as new as (0: the initial state).
+    pub full_step: u64,
+    /// Step of the newest committed save of any kind (prioritized saves restore their rows
+    /// from up to here).
+    pub newest_save_step: u64,
+    /// `step - full_step`: the steps whose updates of the lost shard may be gone.
+    pub steps_lost: u64,
+    /// The lost share of each sample's effect: `1 / N_emb` (Eq. 3; the round-robin shard map
+    /// spreads every table's rows, hot ones included, evenly over the servers).
+    pub share: f64,
+    /// `steps_lost / total_steps * share`.
+    pub pls: f64,
+}
+
+/// The §4.2 benefit analysis, made once `O_save` is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BenefitAnalysis {
+    /// Measured seconds of one full save.
+    pub o_save_s: f64,
+    /// Young's interval for full recovery, `sqrt(2 O_save T_fail)`.
+    pub t_save_full_s: f64,
+    /// The PLS interval, `2 PLS N_emb T_fail`.
+    pub t_save_part_s: f64,
+    /// Eq. 1's save + lost terms per second of training at `t_save_full_s`.
+    pub full_overhead: f64,
+    /// Eq. 2's save term per second of training at `t_save_part_s` (prioritized saves
+    /// included); load and rescheduling are the same for both and left out.
+    pub partial_overhead: f64,
+    /// Partial recovery was not worth it: the run fell back to full recovery.
+    pub fallback: bool,
+}
+
+/// Interval and its inputs, for the report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IntervalReport {
+    /// `steps` or `target_pls`.
+    pub kind: String,
+    /// Full saves every this many steps (`kind = steps`).
+    pub full_every_steps: Option<u64>,
+    /// Full saves every this many seconds (`kind = target_pls`, or Young's after a fallback).
+    pub full_every_s: Option<f64>,
+    pub target_pls: Option<f64>,
+    pub mtbf_s: Option<f64>,
+    pub n_emb: u32,
+    pub saves_per_full: u64,
+    /// Eq. 4's expected PLS at the chosen interval (time-based intervals only).
+    pub expected_pls: Option<f64>,
+}
+
+/// PLS over the run (CPR Eq. 3).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlsReport {
+    pub total: f64,
+    pub per_failure: Vec<PlsFailure>,
+}
+
+/// What `cpr` reports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CprReport {
+    /// `partial`, or `full` after the benefit analysis fell back.
+    pub recovery: String,
+    pub interval: IntervalReport,
+    pub benefit: Option<BenefitAnalysis>,
+    pub pls: PlsReport,
+    pub full_saves: u64,
+    pub partial_saves: u64,
+    pub failed_saves: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Phase {
+    Training,
+    Saving {
+        step: u64,
+        full: bool,
+        /// The full-save clock before this save started (restored if a full fails).
+        prev_full: (u64, f64),
+    },
+    Recovering,
+}
+
+/// The `cpr` strategy's state.
+#[derive(Debug, Clone)]
+pub struct Cpr {
+    cfg: CprConfig,
+    phase: Phase,
+    /// Fell back to full recovery (§4.2).
+    fallback: bool,
+    benefit: Option<BenefitAnalysis>,
+    /// Newest committed save: what a loss restores.
+    committed: Option<CheckpointRef>,
+    /// Step of the newest committed full save.
+    full_step: Option<u64>,
+    /// Where the last full save started (step, seconds) and the last save of any kind.
+    last_full: (u64, f64),
+    last_save: (u64, f64),
+    last_step: u64,
+    full_costs: Vec<f64>,
+    failures: Vec<PlsFailure>,
+    full_saves: u64,
+    partial_saves: u64,
+    failed_saves: u64,
+}
+
+impl Cpr {
+    pub fn new(cfg: CprConfig) -> Result<Self, StrategyError> {
+        let bad = |m: String| Err(StrategyError::InvalidConfig(m));
+        match cfg.interval {
+            CprInterval::Steps(0) => return bad("cpr: a full save every 0 steps".into()),
+            CprInterval::Steps(_) => {}
+            CprInterval::TargetPls { pls, mtbf_s } => {
+                if !(pls.is_finite() && pls > 0.0 && pls <= 1.0) {
+                    return bad(format!("cpr: target PLS {pls} must be in (0, 1]"));
+                }
+                if !(mtbf_s.is_finite() && mtbf_s > 0.0) {
+                    return bad(format!(
+                        "cpr: MTBF {mtbf_s} must be a positive number of seconds"
+                    ));
+                }
+            }
+        }
+        if cfg.saves_per_full == 0 {
+            return bad("cpr: 0 save points per full interval (1 turns priority off)".into());
+        }
+        if !(cfg.r.is_finite() && cfg.r > 0.0 && cfg.r <= 1.0) {
+            return bad(format!("cpr: r = {} must be in (0, 1]", cfg.r));
+        }
+        if cfg.n_emb == 0 {
+            return bad("cpr: no embedding servers".into());
+        }
+        if cfg.total_steps == 0 {
+            return bad("cpr: a run of 0 steps".into());
+        }
+        if !(cfg.min_benefit.is_finite() && (0.0..1.0).contains(&cfg.min_benefit)) {
+            return bad(format!(
+                "cpr: minimum benefit {} must be in [0, 1)",
+                cfg.min_benefit
+            ));
+        }
+        Ok(Cpr {
+            cfg,
+            phase: Phase::Training,
+            fallback: false,
+            benefit: None,
+            committed: None,
+            full_step: None,
+            last_full: (0, 0.0),
+            last_save: (0, 0.0),
+            last_step: 0,
+            full_costs: Vec::new(),
+            failures: Vec::new(),
+            full_saves: 0,
+            partial_saves: 0,
+            failed_saves: 0,
+        })
+    }
+
+    pub fn config(&self) -> &CprConfig {
+        &self.cfg
+    }
+
+    /// The newest committed save.
+    pub fn committed(&self) -> Option<&CheckpointRef> {
+        self.committed.as_ref()
+    }
+
+    /// Whether the benefit analysis fell back to full recovery.
+    pub fn fell_back(&self) -> bool {
+        self.fallback
+    }
+
+    /// The PLS of every failure so far and their sum (Eq. 3).
+    pub fn pls(&self) -> PlsReport {
+        PlsReport {
+            total: self.failures.iter().map(|f| f.pls).sum(),
+            per_failure: self.failures.clone(),
+        }
+    }
+
+    /// Mean measured cost of a full save.
+    fn o_save(&self) -> Option<f64> {
+        (!self.full_costs.is_empty())
+            .then(|| self.full_costs.iter().sum::<f64>() / self.full_costs.len() as f64)
+    }
+
+    /// Whether a full save is due at `step`, `now_s`.
+    fn full_due(&self, step: u64, now_s: f64) -> bool {
+        if self.fallback {
+            let mtbf = match self.cfg.interval {
+                CprInterval::TargetPls { mtbf_s, .. } => mtbf_s,
+                CprInterval::Steps(_) => return false,
+            };
+            let t = young_interval(self.o_save().unwrap_or(0.0), mtbf);
+            return now_s - self.last_full.1 >= t;
+        }
+        match self.cfg.interval {
+            CprInterval::Steps(n) => step >= self.last_full.0 + n,
+            CprInterval::TargetPls { .. } => {
+                now_s - self.last_full.1 >= self.cfg.full_interval_s().unwrap_or(f64::INFINITY)
+            }
+        }
+    }
+
+    /// Whether a prioritized save point is due (partial recovery with priority only).
+    fn partial_due(&self, step: u64, now_s: f64) -> bool {
+        if self.fallback || !self.cfg.prioritized() {
+            return false;
+        }
+        let k = self.cfg.saves_per_full;
+        match self.cfg.interval {
+            CprInterval::Steps(n) => step >= self.last_save.0 + (n / k).max(1),
+            CprInterval::TargetPls { .. } => {
+                let t = self.cfg.full_interval_s().unwrap_or(f64::INFINITY) / k as f64;
+                now_s - self.last_save.1 >= t
+            }
+        }
+    }
+
+    fn save(&mut self, step: u64, now_s: f64, full: bool) -> Vec<Action> {
+        self.phase = Phase::Saving {
+            step,
+            full,
+            prev_full: self.last_full,
+        };
+        if full {
+            self.last_full = (step, now_s);
+        }
+        self.last_save = (step, now_s);
+        let save = if full {
+            Action::SaveFull { step }
+        } else {
+            Action::SavePartial { step }
+        };
+        let mut out = vec![Action::PauseTraining, save];
+        if self.cfg.await_commit {
+            out.push(Action::AwaitSave);
+        }
+        out.push(Action::ResumeTraining);
+        out
+    }
+
+    /// CPR §4.2: decide once, after the first full save measured `O_save`.
+    fn analyse(&mut self) {
+        let (pls, mtbf) = match self.cfg.interval {
+            CprInterval::TargetPls { pls, mtbf_s } => (pls, mtbf_s),
+            CprInterval::Steps(_) => return,
+        };
+        if self.benefit.is_some() {
+            return;
+        }
+        let Some(o_save) = self.o_save() else { return };
+        let t_part = interval_for_pls(pls, mtbf, self.cfg.n_emb);
+        let t_full = young_interval(o_save, mtbf);
+        // Per second of training (T_total = 1); load and rescheduling cancel.
+        let full = full_recovery_overhead(o_save, 0.0, 0.0, t_full, mtbf, 1.0);
+        let k = self.cfg.saves_per_full as f64;
+        let o_part = o_save * (1.0 + (k - 1.0) * self.cfg.r);
+        let part = partial_recovery_overhead(o_part, 0.0, 0.0, t_part, mtbf, 1.0);
+        // NaN (a degenerate measurement) counts as no benefit.
+        let pays = part.total() <= full.total() * (1.0 - self.cfg.min_benefit);
+        let fallback = !pays;
+        self.benefit = Some(BenefitAnalysis {
+            o_save_s: o_save,
+            t_save_full_s: t_full,
+            t_save_part_s: t_part,
+            full_overhead: full.total(),
+            partial_overhead: part.total(),
+            fallback,
+        });
+        self.fallback = fallback;
+    }
+
+    fn lost(&mut self, server: u32) -> Vec<Action> {
+        if self.fallback {
+            return vec![Action::RestoreAll {
+                checkpoint: self.committed.clone(),
+            }];
+        }
+        let full_step = self.full_step.unwrap_or(0);
+        let steps_lost = self.last_step.saturating_sub(full_step);
+        let share = 1.0 / self.cfg.n_emb as f64;
+        self.failures.push(PlsFailure {
+            server,
+            step: self.last_step,
+            full_step,
+            newest_save_step: self.committed.as_ref().map_or(0, |c| c.step),
+            steps_lost,
+            share,
+            pls: steps_lost as f64 / self.cfg.total_steps as f64 * share,
+        });
+        vec![Action::RestorePartial {
+            servers: vec![ftrec_core::ServerId(server)],
+            checkpoint: self.committed.clone(),
+        }]
+    }
+
+    /// What the run reports about `cpr`.
+    pub fn report(&self) -> CprReport {
+        let (kind, steps, target, mtbf) = match self.cfg.interval {
+            CprInterval::Steps(n) => ("steps", Some(n), None, None),
+            CprInterval::TargetPls { pls, mtbf_s } => ("target_pls", None, Some(pls), Some(mtbf_s)),
+        };
+        let every_s = match (self.fallback, mtbf) {
+            (true, Some(m)) => self.o_save().map(|o| young_interval(o, m)),
+            _ => self.cfg.full_interval_s(),
+        };
+        CprReport {
+            recovery: if self.fallback { "full" } else { "partial" }.into(),
+            interval: IntervalReport {
+                kind: kind.into(),
+                full_every_steps: steps,
+                full_every_s: every_s,
+                target_pls: target,
+                mtbf_s: mtbf,
+                n_emb: self.cfg.n_emb,
+                saves_per_full: if self.fallback {
+                    1
+                } else {
+                    self.cfg.saves_per_full
+                },
+                expected_pls: match (every_s, mtbf) {
+                    (Some(t), Some(m)) if !self.fallback => {
+                        Some(expected_pls(t, m, self.cfg.n_emb))
+                    }
+                    _ => None,
+                },
+            },
+            benefit: self.benefit,
+            pls: self.pls(),
+            full_saves: self.full_saves,
+            partial_saves: self.partial_saves,
+            failed_saves: self.failed_saves,
+        }
+    }
+}
+
+impl Strategy for Cpr {
+    fn name(&self) -> &'static str {
+        "cpr"
+    }
+
+    fn on(&mut self, event: &Event) -> Vec<Action> {
+        match (event, self.phase) {
+            (Event::StepDone { step, now_s }, Phase::Training) => {
+                self.last_step = *step;
+                // Partial saves apply on top of a full: the first save is always one.
+                let need_base = self.committed.is_none();
+                if self.full_due(*step, *now_s) {
+                    self.save(*step, *now_s, true)
+                } else if self.partial_due(*step, *now_s) {
+                    self.save(*step, *now_s, need_base)
+                } else {
+                    Vec::new()
+                }
+            }
+            (Event::StepDone { step, .. }, _) => {
+                self.last_step = *step;
+                Vec::new()
+            }
+            (
+                Event::SaveFinished {
+                    checkpoint, cost_s, ..
+                },
+                Phase::Saving { step, full, .. },
+            ) if checkpoint.step == step => {
+                self.committed = Some(checkpoint.clone());
+                self.phase = Phase::Training;
+                if full {
+                    self.full_step = Some(step);
+                    self.full_saves += 1;
+                    self.full_costs.push(*cost_s);
+                    self.analyse();
+                } else {
+                    self.partial_saves += 1;
+                }
+                Vec::new()
+            }
+            (
+                Event::SaveFailed { step: failed, .. },
+                Phase::Saving {
+                    step,
+                    full,
+                    prev_full,
+                },
+            ) if *failed == step => {
+                // Nothing committed; the chain so far stays what a loss restores. A failed full
+                // is due again at the next step.
+                self.failed_saves += 1;
+                if full {
+                    self.last_full = prev_full;
+                }
+                self.phase = Phase::Training;
+                Vec::new()
+            }
+            (Event::ServerLost { server, .. }, Phase::Training | Phase::Saving { .. }) => {
+                // A save in flight is abandoned: the lost server's part of it is gone.
+                self.phase = Phase::Recovering;
+                let mut out = vec![Action::PauseTraining];
+                out.extend(self.lost(server.0));
+                out
+            }
+            (Event::ServerLost { server, .. }, Phase::Recovering) => self.lost(server.0),
+            // The store ends at the model the run ends with (unless the last step was saved
+            // already), as every saving strategy's does.
+            (Event::TrainingDone { step, now_s }, Phase::Training)
+                if self.committed.as_ref().is_none_or(|c| c.step != *step) =>
+            {
+                let mut out = self.save(*step, *now_s, true);
+                // Whatever the mode, the run ends only once it is committed.
+                if !out.contains(&Action::AwaitSave) {
+                    out.insert(out.len() - 1, Action::AwaitSave);
+                }
+                out
+            }
+            (Event::RestoreFinished { step, now_s }, Phase::Recovering) => {
+                self.phase = Phase::Training;
+                if self.fallback {
+                    // Full recovery rewound the model: intervals restart from the restored step.
+                    self.last_step = *step;
+                    self.last_full = (*step, *now_s);
+                    self.last_save = (*step, *now_s);
+                }
+                vec![Action::ResumeTraining]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    fn report(&self) -> Option<crate::machine::StrategyReport> {
+        Some(crate::machine::StrategyReport::Cpr(Cpr::report(self)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ftrec_core::ServerId;
+
+    fn ckpt(step: u64) -> CheckpointRef {
+        CheckpointRef {
+            id: format!("c{step}"),
+            step,
+        }
+    }
+
+    fn step(s: &mut Cpr, n: u64) -> Vec<Action> {
+        s.on(&Event::StepDone {
+            step: n,
+            now_s: n as f64,
+        })
+    }
+
+    fn done(s: &mut Cpr, n: u64, cost_s: f64) -> Vec<Action> {
+        s.on(&Event::SaveFinished {
+            checkpoint: ckpt(n),
+            cost_s,
+            bytes: 1,
+        })
+    }
+
+    fn lose(s: &mut Cpr, server: u32) -> Vec<Action> {
+        s.on(&Event::ServerLost {
+            server: ServerId(server),
+            now_s: 0.0,
+        })
+    }
+
+    fn steps_cfg(n: u64, saves_per_full: u64) -> CprConfig {
+        CprConfig {
+            saves_per_full,
+            ..CprConfig::vanilla(CprInterval::Steps(n), 4, 1000)
+        }
+    }
+
+    /// CPR Eq. 3 by hand: 4 embedding servers, 1000 steps. Full saves every 100 steps; a loss
+    /// after step 180 lost 80 steps of a quarter of the model: 80 / 1000 / 4 = 0.02. A second
+    /// loss after step 350 (full at 300): 50 / 4000 = 0.0125. Total 0.0325.
+    #[test]
+    fn eq3_pls_per_failure_and_accumulated() {
+        let mut s = Cpr::new(steps_cfg(100, 1)).unwrap();
+        for n in 1..=180 {
+            let a = step(&mut s, n);
+            if n == 100 {
+                assert_eq!(
+                    a,
+                    vec![
+                        Action::PauseTraining,
+                        Action::SaveFull { step: 100 },
+                        Action::ResumeTraining
+                    ]
+                );
+                done(&mut s, 100, 0.5);
+            } else {
+                assert!(a.is_empty(), "step {n}: {a:?}");
+            }
+        }
+        assert_eq!(
+            lose(&mut s, 2),
+            vec![
+                Action::PauseTraining,
+                Action::RestorePartial {
+                    servers: vec![ServerId(2)],
+                    checkpoint: Some(ckpt(100))
+                }
+            ]
+        );
+        assert_eq!(
+            s.on(&Event::RestoreFinished {
+                step: 180,
+                now_s: 181.0
+            }),
+            vec![Action::ResumeTraining]
+        );
+        // No rewind: the interval runs on from the save at 100.
+        for n in 181..=350 {
+            if !step(&mut s, n).is_empty() {
+                assert!(n == 200 || n == 300, "save at {n}");
+                done(&mut s, n, 0.5);
+            }
+        }
+        lose(&mut s, 0);
+        let pls = s.pls();
+        assert_eq!(pls.per_failure.len(), 2);
+        assert_eq!(pls.per_failure[0].steps_lost, 80);
+        assert_eq!(pls.per_failure[0].share, 0.25);
+        assert!((pls.per_failure[0].pls - 0.02).abs() < 1e-15);
+        assert_eq!(pls.per_failure[1].full_step, 300);
+        assert!((pls.per_failure[1].pls - 0.0125).abs() < 1e-15);
+        assert!((pls.total - 0.0325).abs() < 1e-15);
+    }
+
+    /// A loss before any save restores the lost shard to its initial state; PLS counts from
+    /// step 0.
+    #[test]
+    fn a_loss_before_any_save_restores_the_initial_shard() {
+        let mut s = Cpr::new(steps_cfg(100, 1)).unwrap();
+        for n in 1..=40 {
+            step(&mut s, n);
+        }
+        assert_eq!(
+            lose(&mut s, 1)[1],
+            Action::RestorePartial {
+                servers: vec![ServerId(1)],
+                checkpoint: None
+            }
+        );
+        assert!((s.pls().total - 40.0 / 4000.0).abs() < 1e-15);
+    }
+
+    /// CPR Eq. 4 solved for the interval, by hand: PLS 0.1, 4 servers, MTBF 60 s:
+    /// 2 * 0.1 * 4 * 60 = 48 s, and Eq. 4 at 48 s gives back 0.1.
+    #[test]
+    fn eq4_interval_from_a_target_pls() {
+        let cfg = CprConfig::vanilla(
+            CprInterval::TargetPls {
+                pls: 0.1,
+                mtbf_s: 60.0,
+            },
+            4,
+            1000,
+        );
+        assert!((cfg.full_interval_s().unwrap() - 48.0).abs() < 1e-12);
+        let mut s = Cpr::new(cfg).unwrap();
+        let r = s.report();
+        assert_eq!(
+            r.interval.full_every_s,
+            Some(cfg.full_interval_s().unwrap())
+        );
+        assert!((r.interval.expected_pls.unwrap() - 0.1).abs() < 1e-12);
+        // Time-based: nothing before 48 s, a full at the first step after.
+        assert!(s
+            .on(&Event::StepDone {
+                step: 10,
+                now_s: 47.9
+            })
+            .is_empty());
+        assert_eq!(
+            s.on(&Event::StepDone {
+                step: 11,
+                now_s: 48.0
+            })[1],
+            Action::SaveFull { step: 11 }
+        );
+    }
+
+    /// Prioritized saves: a save point every `n / saves_per_full` steps; the first is a full
+    /// (partial saves need a base), then partial saves until the full interval comes round.
+    #[test]
+    fn prioritized_saves_between_fulls() {
+        let mut s = Cpr::new(steps_cfg(16, 8)).unwrap();
+        let mut kinds = Vec::new();
+        for n in 1..=40 {
+            let a = step(&mut s, n);
+            if let Some(save) = a.get(1) {
+                kinds.push(save.clone());
+                done(&mut s, n, 0.1);
+            }
+        }
+        let full = |step| Action::SaveFull { step };
+        let part = |step| Action::SavePartial { step };
+        assert_eq!(
+            kinds,
+            vec![
+                full(2),
+                part(4),
+                part(6),
+                part(8),
+                part(10),
+                part(12),
+                part(14),
+                part(16),
+                full(18),
+                part(20),
+                part(22),
+                part(24),
+                part(26),
+                part(28),
+                part(30),
+                part(32),
+                full(34),
+                part(36),
+                part(38),
+                part(40)
+            ]
+        );
+        // A loss restores the newest save (the head of full + partial saves), and PLS counts
+        // from the newest full.
+        assert_eq!(
+            lose(&mut s, 3)[1],
+            Action::RestorePartial {
+                servers: vec![ServerId(3)],
+                checkpoint: Some(ckpt(40))
+            }
+        );
+        let f = &s.pls().per_failure[0];
+        assert_eq!((f.full_step, f.newest_save_step, f.steps_lost), (34, 40, 6));
+    }
+
+    #[test]
+    fn one_save_in_flight_and_a_loss_abandons_it() {
+        let mut s = Cpr::new(steps_cfg(4, 2)).unwrap();
+        step(&mut s, 1);
+        assert_eq!(step(&mut s, 2)[1], Action::SaveFull { step: 2 });
+        // Still uploading at the next point: nothing.
+        assert!(step(&mut s, 3).is_empty());
+        assert!(step(&mut s, 4).is_empty());
+        done(&mut s, 2, 0.1);
+        assert_eq!(step(&mut s, 5)[1], Action::SavePartial { step: 5 });
+        // Lost while it uploads: the committed full is what the shard gets back.
+        assert_eq!(
+            lose(&mut s, 0)[1],
+            Action::RestorePartial {
+                servers: vec![ServerId(0)],
+                checkpoint: Some(ckpt(2))
+            }
+        );
+        // The abandoned save's late commit is ignored; a second loss meanwhile restores too.
+        assert!(done(&mut s, 5, 0.1).is_empty());
+        assert_eq!(s.committed(), Some(&ckpt(2)));
+        assert_eq!(
+            lose(&mut s, 1),
+            vec![Action::RestorePartial {
+                servers: vec![ServerId(1)],
+                checkpoint: Some(ckpt(2))
+            }]
+        );
+        assert_eq!(s.pls().per_failure.len(), 2);
+    }
+
+    #[test]
+    fn a_failed_full_is_retried_and_deterministic_mode_awaits_each_commit() {
+        let mut cfg = steps_cfg(3, 1);
+        cfg.await_commit = true;
+        let mut s = Cpr::new(cfg).unwrap();
+        step(&mut s, 1);
+        step(&mut s, 2);
+        assert_eq!(
+            step(&mut s, 3),
+            vec![
+                Action::PauseTraining,
+                Action::SaveFull { step: 3 },
+                Action::AwaitSave,
+                Action::ResumeTraining
+            ]
+        );
+        assert!(s
+            .on(&Event::SaveFailed {
+                step: 3,
+                reason: "disk".into()
+            })
+            .is_empty());
+        assert_eq!(step(&mut s, 4)[1], Action::SaveFull { step: 4 });
+        assert_eq!(s.report().failed_saves, 1);
+    }
+
+    /// CPR §4.2 benefit analysis by hand. O_save = 0.5 s, MTBF 60 s: Young's interval is
+    /// sqrt(60) = 7.746 s and Eq. 1's save + lost terms per second are 0.5 / 7.746 +
+    /// 7.746 / 120 = 0.1291. With PLS 0.1 and 4 servers the partial interval is 48 s and Eq. 2
+    /// costs 0.5 / 48 = 0.0104 per second: partial recovery. With PLS 0.0005 the interval is
+    /// 0.24 s, 0.5 / 0.24 = 2.08 per second: fall back to full recovery.
+    #[test]
+    fn benefit_analysis_picks_partial_or_falls_back() {
+        let cfg = |pls| CprConfig::vanilla(CprInterval::TargetPls { pls, mtbf_s: 60.0 }, 4, 1000);
+        let mut s = Cpr::new(cfg(0.1)).unwrap();
+        s.on(&Event::StepDone {
+            step: 1,
+            now_s: 48.0,
+        });
+        done(&mut s, 1, 0.5);
+        let b = s.report().benefit.unwrap();
+        assert!((b.t_save_full_s - 60f64.sqrt()).abs() < 1e-12);
+        assert!((b.full_overhead - (0.5 / 60f64.sqrt() + 60f64.sqrt() / 120.0)).abs() < 1e-12);
+        assert!((b.partial_overhead - 0.5 / 48.0).abs() < 1e-12);
+        assert!(!b.fallback && !s.fell_back());
+
+        let mut s = Cpr::new(cfg(0.0005)).unwrap();
+        s.on(&Event::StepDone {
+            step: 1,
+            now_s: 0.3,
+        });
+        done(&mut s, 1, 0.5);
+        let b = s.report().benefit.unwrap();
+        assert!((b.partial_overhead - 0.5 / 0.24).abs() < 1e-9);
+        assert!(b.fallback && s.fell_back());
+        assert_eq!(s.report().recovery, "full");
+        // Full recovery from now on: Young's interval (7.746 s after the save at 0.3 s) and
+        // RestoreAll on a loss, with no PLS counted.
+        assert!(s
+            .on(&Event::StepDone {
+                step: 2,
+                now_s: 8.0
+            })
+            .is_empty());
+        assert_eq!(
+            s.on(&Event::StepDone {
+                step: 3,
+                now_s: 8.1
+            })[1],
+            Action::SaveFull { step: 3 }
+        );
+        done(&mut s, 3, 0.5);
+        assert_eq!(
+            lose(&mut s, 2),
+            vec![
+                Action::PauseTraining,
+                Action::RestoreAll {
+                    checkpoint: Some(ckpt(3))
+                }
+            ]
+        );
+        assert!(s.pls().per_failure.is_empty());
+    }
+
+    /// Prioritized saves are priced into Eq. 2: with 8 save points per interval and r = 1/8,
+    /// one interval costs 1 + 7/8 full saves.
+    #[test]
+    fn benefit_analysis_prices_prioritized_saves() {
+        let cfg = CprConfig {
+            saves_per_full: 8,
+            ..CprConfig::vanilla(
+                CprInterval::TargetPls {
+                    pls: 0.1,
+                    mtbf_s: 60.0,
+                },
+                4,
+                1000,
+            )
+        };
+        let mut s = Cpr::new(cfg).unwrap();
+        // The first save point (48 / 8 = 6 s) takes a full.
+        assert_eq!(
+            s.on(&Event::StepDone {
+                step: 1,
+                now_s: 6.0
+            })[1],
+            Action::SaveFull { step: 1 }
+        );
+        done(&mut s, 1, 0.5);
+        let b = s.report().benefit.unwrap();
+        assert!((b.partial_overhead - 0.5 * 1.875 / 48.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_run_ends_with_a_full_save_of_its_last_step() {
+        let mut s = Cpr::new(steps_cfg(4, 1)).unwrap();
+        for n in 1..=4 {
+            if !step(&mut s, n).is_empty() {
+                done(&mut s, n, 0.1);
+            }
+        }
+        // The last step is saved already: nothing to do.
+        assert!(s
+            .on(&Event::TrainingDone {
+                step: 4,
+                now_s: 4.0
+            })
+            .is_empty());
+        step(&mut s, 5);
+        assert_eq!(
+            s.on(&Event::TrainingDone {
+                step: 5,
+                now_s: 5.0
+            }),
+            vec![
+                Action::PauseTraining,
+                Action::SaveFull { step: 5 },
+                Action::AwaitSave,
+                Action::ResumeTraining
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_configs_are_refused_with_the_reason() {
+        let base = CprConfig::vanilla(CprInterval::Steps(10), 2, 100);
+        for (cfg, what) in [
+            (
+                CprConfig {
+                    interval: CprInterval::Steps(0),
+                    ..base
+                },
+                "0 steps",
+            ),
+            (
+                CprConfig {
+                    interval: CprInterval::TargetPls {
+                        pls: 0.0,
+                        mtbf_s: 10.0,
+                    },
+                    ..base
+                },
+                "target PLS",
+            ),
+            (
+                CprConfig {
+                    interval: CprInterval::TargetPls {
+                        pls: 0.1,
+                        mtbf_s: f64::NAN,
+                    },
+                    ..base
+                },
+                "MTBF",
+            ),
+            (CprConfig { r: 0.0, ..base }, "r = 0"),
+            (
+                CprConfig {
+                    saves_per_full: 0,
+                    ..base
+                },
+                "0 save points",
+            ),
+            (CprConfig { n_emb: 0, ..base }, "no embedding servers"),
+        ] {
+            match Cpr::new(cfg) {
+                Err(StrategyError::InvalidConfig(m)) => assert!(m.contains(what), "{m}"),
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+    }
+}
