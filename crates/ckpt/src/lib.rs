@@ -67,6 +67,7 @@ pub mod conformance;
 pub mod deck;
 pub mod error;
 pub mod format;
+pub mod incr;
 pub mod key;
 pub mod location;
 pub mod snapshot;

@@ -12,7 +12,11 @@
 //! - [`NoFaultTolerance`] (`none`): a server loss ends the run with a clear reason;
 //! - [`FullCheckpoint`] (`full`): periodic full checkpoints (every N steps, every T seconds, or
 //!   Young's interval from measured save cost and a configured MTBF) and full recovery: every
-//!   server reloads the last committed checkpoint and the lost steps are redone (CPR §2.2).
+//!   server reloads the last committed checkpoint and the lost steps are redone (CPR §2.2);
+//! - incremental checkpoints over a full base ([`incremental`]): `incremental` (naive, every
+//!   piece since the base replayed on restore), [`IncrCp`] (`incrcp`: IncrCP's 2-D chunk list
+//!   and its baseline-reset rule, `T_incre` against `T_base`, incrcp.txt §4.5) and [`Cnr`]
+//!   (`cnr`: Check-N-Run's differentials, a new base past a size fraction).
 //!
 //! ```
 //! use ftrec_strategy::{Action, Event, FullCheckpoint, Interval, Strategy};
@@ -22,16 +26,24 @@
 //! assert_eq!(actions, vec![Action::PauseTraining, Action::SaveFull { step: 10 }]);
 //! ```
 
+pub mod cnr;
 pub mod deck;
 pub mod ecrec;
 pub mod full;
+pub mod incrcp;
+pub mod incremental;
 pub mod machine;
 pub mod policy;
 
+pub use cnr::{Cnr, CnrConfig};
 pub use deck::{Deck, DeckConfig};
 pub use ecrec::{EcRec, EcRecConfig};
 pub use full::{FullCheckpoint, Interval};
-pub use machine::{Action, CheckpointRef, Event, NoFaultTolerance, Strategy};
+pub use incrcp::{BaseReset, IncrCp, IncrCpConfig};
+pub use incremental::{Incremental, Pieces, ResetPolicy};
+pub use machine::{
+    Action, CheckpointRef, Decision, Event, NoFaultTolerance, PieceLayout, Strategy,
+};
 
 /// A strategy configuration that cannot work.
 #[derive(Debug, thiserror::Error, PartialEq)]
