@@ -127,6 +127,7 @@ fn cluster_bench(
 
 pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
+        BenchCmd::Incremental(args) => crate::bench_incr::run(args),
         BenchCmd::Ecrec {
             run,
             kill_server,

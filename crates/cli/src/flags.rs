@@ -344,6 +344,9 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 2)]
         single_threads: usize,
     },
+    /// IncrCP against naive incremental and Check-N-Run (and DECK) on one workload: bytes
+    /// stored after N checkpoints, pause and checkpoint time, restore time at chain depths.
+    Incremental(crate::bench_incr::IncrBenchArgs),
     /// ECRec's costs on one cluster configuration (synchronous): `none`, then ECRec with k = 2
     /// and 4 with and without 2PC and dense replication (training-time and memory overhead),
     /// then ECRec and `full` each with a server killed (time to resume and to full recovery,

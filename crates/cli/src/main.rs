@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_ecrec;
+mod bench_incr;
 mod ckpt_cmd;
 mod cluster_cmd;
 mod data;

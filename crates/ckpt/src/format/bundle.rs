@@ -295,11 +295,6 @@ impl<'a> SectionView<'a> {
         &self.rows[lo * b..hi * b]
     }
 
-    /// The ids as little-endian bytes.
-    pub(crate) fn ids_bytes(&self) -> &'a [u8] {
-        self.ids
-    }
-
     /// Copy row `i` into `dst` (`layout.words()` words).
     pub fn copy_row(&self, i: usize, dst: &mut [f32]) {
         copy_le_into_f32s(self.rows_bytes(i, i + 1), dst);

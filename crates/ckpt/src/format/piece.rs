@@ -42,33 +42,69 @@ pub enum ChunkOp {
     /// The rows extracted from an older column's row-0 chunk into the new row (superseded by the
     /// new column).
     Extracted,
+    /// An older column's row-0 chunk, unchanged, moved to a new file: compaction of a file
+    /// most of whose chunks were split away (replaces the column's row-0 chunk).
+    Moved,
 }
 
 /// Rows `lo..hi` of section `section` of file `file` (an index into [`PieceIndex::files`]).
-/// A row file has one section (0); a bundle has many.
+/// A row file has one section (0); a bundle has many. The part's bytes are the ids at
+/// `ids_at` and the rows at `rows_at` (absolute file offsets, `row_bytes` per row), and `crc`
+/// is the crc32c of those id bytes followed by those row bytes: a restore reads exactly the
+/// part's bytes and checks them, without reading (or trusting) the rest of the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(from = "(u32, u32, u64, u64)", into = "(u32, u32, u64, u64)")]
+#[serde(from = "PartWire", into = "PartWire")]
 pub struct Part {
     pub file: u32,
     pub section: u32,
     pub lo: u64,
     pub hi: u64,
+    pub ids_at: u64,
+    pub rows_at: u64,
+    pub row_bytes: u32,
+    pub crc: u32,
 }
 
-impl From<(u32, u32, u64, u64)> for Part {
-    fn from((file, section, lo, hi): (u32, u32, u64, u64)) -> Part {
+type PartWire = (u32, u32, u64, u64, u64, u64, u32, u32);
+
+impl From<PartWire> for Part {
+    fn from(w: PartWire) -> Part {
         Part {
-            file,
-            section,
-            lo,
-            hi,
+            file: w.0,
+            section: w.1,
+            lo: w.2,
+            hi: w.3,
+            ids_at: w.4,
+            rows_at: w.5,
+            row_bytes: w.6,
+            crc: w.7,
         }
     }
 }
 
-impl From<Part> for (u32, u32, u64, u64) {
+impl From<Part> for PartWire {
     fn from(p: Part) -> Self {
-        (p.file, p.section, p.lo, p.hi)
+        (
+            p.file,
+            p.section,
+            p.lo,
+            p.hi,
+            p.ids_at,
+            p.rows_at,
+            p.row_bytes,
+            p.crc,
+        )
+    }
+}
+
+impl Part {
+    pub fn rows(&self) -> u64 {
+        self.hi - self.lo
+    }
+
+    /// Bytes a read of the part fetches.
+    pub fn bytes(&self) -> u64 {
+        self.rows() * (8 + self.row_bytes as u64)
     }
 }
 
@@ -100,6 +136,7 @@ impl TryFrom<RecordWire> for ChunkRecord {
             0 => ChunkOp::Column,
             1 => ChunkOp::Remainder,
             2 => ChunkOp::Extracted,
+            3 => ChunkOp::Moved,
             x => return Err(format!("unknown chunk op {x}")),
         };
         Ok(ChunkRecord {
@@ -122,6 +159,7 @@ impl From<ChunkRecord> for RecordWire {
             ChunkOp::Column => 0,
             ChunkOp::Remainder => 1,
             ChunkOp::Extracted => 2,
+            ChunkOp::Moved => 3,
         };
         (
             op, r.table, r.range, r.col, r.round, r.rows, r.min, r.max, r.parts,
@@ -146,6 +184,11 @@ pub struct ExtractStats {
     pub rows_extracted: u64,
     /// Rows rewritten as remainders.
     pub rows_rewritten: u64,
+    /// Row-0 chunks moved out of mostly dead files (compaction), and their rows.
+    #[serde(default)]
+    pub moved: u64,
+    #[serde(default)]
+    pub rows_moved: u64,
     pub files_read: u64,
     pub bytes_read: u64,
     pub files_written: u64,
@@ -163,6 +206,8 @@ impl ExtractStats {
         self.extracted += o.extracted;
         self.rows_extracted += o.rows_extracted;
         self.rows_rewritten += o.rows_rewritten;
+        self.moved += o.moved;
+        self.rows_moved += o.rows_moved;
         self.files_read += o.files_read;
         self.bytes_read += o.bytes_read;
         self.files_written += o.files_written;
@@ -203,6 +248,10 @@ pub struct PieceIndex {
     pub files: Vec<FileRef>,
     #[serde(default)]
     pub chunks: Vec<ChunkRecord>,
+    /// The list's whole row 0 after this piece (one chunk per range and column): what
+    /// restoring this newest state reads, without folding every earlier piece.
+    #[serde(default)]
+    pub row0: Vec<ChunkRecord>,
 }
 
 impl PieceIndex {
@@ -229,6 +278,7 @@ impl PieceIndex {
                 ChunkOp::Column => c.round == 0 && c.col == self.column,
                 ChunkOp::Remainder => c.round == 0 && c.col < self.column && c.col >= 1,
                 ChunkOp::Extracted => c.round == self.column && c.col < self.column && c.col >= 1,
+                ChunkOp::Moved => c.round == 0 && c.col < self.column && c.col >= 1,
             };
             if !ok {
                 return Err(bad(format!(
@@ -236,25 +286,52 @@ impl PieceIndex {
                     c.op, c.col, c.round, self.column
                 )));
             }
-            if c.rows > 0 && c.min > c.max {
+            self.check_parts(c, &format!("chunk record {i}"), file)?;
+        }
+        if self.scheme != PieceScheme::ChunkList && !self.row0.is_empty() {
+            return Err(bad(format!("a {} piece has a row-0 list", self.scheme.name())));
+        }
+        for (i, c) in self.row0.iter().enumerate() {
+            if c.round != 0 || c.col > self.column || c.col == 0 {
                 return Err(bad(format!(
-                    "chunk record {i}: min {} above max {}",
-                    c.min, c.max
+                    "row-0 entry {i}: column {} round {} in piece column {}",
+                    c.col, c.round, self.column
                 )));
             }
-            let mut n = 0u64;
-            for p in &c.parts {
-                if p.file as usize >= self.files.len() || p.lo > p.hi {
-                    return Err(bad(format!("chunk record {i}: bad part {p:?}")));
-                }
-                n += p.hi - p.lo;
+            self.check_parts(c, &format!("row-0 entry {i}"), file)?;
+        }
+        Ok(())
+    }
+
+    fn check_parts(&self, c: &ChunkRecord, what: &str, file: &str) -> Result<()> {
+        let bad = |reason: String| CkptError::Corrupt {
+            file: file.to_string(),
+            reason,
+        };
+        if c.rows > 0 && c.min > c.max {
+            return Err(bad(format!("{what}: min {} above max {}", c.min, c.max)));
+        }
+        let mut n = 0u64;
+        for p in &c.parts {
+            let f = self.files.get(p.file as usize);
+            let fits = f.is_some_and(|f| {
+                p.lo <= p.hi
+                    && p.row_bytes > 0
+                    && p.ids_at.checked_add(8 * p.rows()).is_some_and(|e| e <= f.size)
+                    && p.rows_at
+                        .checked_add(p.rows() * p.row_bytes as u64)
+                        .is_some_and(|e| e <= f.size)
+            });
+            if !fits {
+                return Err(bad(format!("{what}: part {p:?} does not fit its file")));
             }
-            if n != c.rows {
-                return Err(bad(format!(
-                    "chunk record {i}: parts hold {n} rows, the record says {}",
-                    c.rows
-                )));
-            }
+            n += p.hi - p.lo;
+        }
+        if n != c.rows {
+            return Err(bad(format!(
+                "{what}: parts hold {n} rows, the record says {}",
+                c.rows
+            )));
         }
         Ok(())
     }
@@ -321,7 +398,7 @@ mod tests {
                 FileRef {
                     ckpt: CheckpointId::new("c3").unwrap(),
                     path: "s0001/t0000-000000.rows".into(),
-                    size: 100,
+                    size: 1000,
                     crc32c: FileChecksums {
                         header: 1,
                         payload: 2,
@@ -337,6 +414,7 @@ mod tests {
                     },
                 },
             ],
+            row0: vec![],
             chunks: vec![
                 ChunkRecord {
                     op: ChunkOp::Column,
@@ -352,6 +430,10 @@ mod tests {
                         section: 0,
                         lo: 10,
                         hi: 15,
+                        ids_at: 64 + 80,
+                        rows_at: 64 + 8 * 20 + 10 * 12,
+                        row_bytes: 12,
+                        crc: 7,
                     }],
                 },
                 ChunkRecord {
@@ -368,6 +450,10 @@ mod tests {
                         section: 4,
                         lo: 0,
                         hi: 2,
+                        ids_at: 100,
+                        rows_at: 116,
+                        row_bytes: 12,
+                        crc: 9,
                     }],
                 },
             ],
@@ -382,7 +468,14 @@ mod tests {
         assert_eq!(back, p);
         assert_eq!(crc, f.checksums);
         let json = String::from_utf8_lossy(&f.bytes);
-        assert!(json.contains("[0,0,2,3,0,5,3,40,[[0,0,10,15]]]"), "{json}");
+        assert!(
+            json.contains("[0,0,2,3,0,5,3,40,[[0,0,10,15,144,344,12,7]]]"),
+            "{json}"
+        );
+        let mut p = sample();
+        p.row0 = vec![p.chunks[0].clone()];
+        let (back, _) = PieceIndex::decode("PIDX", &p.encode().unwrap().bytes).unwrap();
+        assert_eq!(back, p);
     }
 
     #[test]
@@ -395,6 +488,13 @@ mod tests {
         assert!(matches!(p.validate("i"), Err(CkptError::Corrupt { .. })));
         let mut p = sample();
         p.chunks[1].parts[0].file = 9;
+        assert!(matches!(p.validate("i"), Err(CkptError::Corrupt { .. })));
+        // A part beyond its file's end.
+        let mut p = sample();
+        p.chunks[1].parts[0].rows_at = 190;
+        assert!(matches!(p.validate("i"), Err(CkptError::Corrupt { .. })));
+        let mut p = sample();
+        p.row0 = vec![p.chunks[1].clone()];
         assert!(matches!(p.validate("i"), Err(CkptError::Corrupt { .. })));
         let mut p = sample();
         p.scheme = PieceScheme::Incremental;

@@ -285,11 +285,6 @@ impl<'a> RowChunk<'a> {
             .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
     }
 
-    /// The ids as little-endian bytes.
-    pub(crate) fn ids_bytes(&self) -> &'a [u8] {
-        self.ids
-    }
-
     /// Raw little-endian bytes of row `i`.
     pub fn row_bytes(&self, i: usize) -> &'a [u8] {
         let b = self.header.layout.bytes();

@@ -9,8 +9,11 @@
 //! a piece that never commits is followed by a restore (which rebuilds this state from the
 //! store: [`ServerChain::restore`]) or by a new full ([`ServerChain::set_base`]).
 
-use ftrec_core::{RowId, ServerId, ShardMap, TableId};
+use std::collections::HashMap;
 
+use ftrec_core::{RowId, RowLayout, ServerId, ShardMap, TableId};
+
+use super::bloom::Bloom;
 use super::extract::{column_chunks, extract_round, ExtractConfig};
 use super::list::ChunkList;
 use super::restore::{restore_server, IncrChain, RestoreOutcome};
@@ -46,8 +49,12 @@ pub struct ServerChain {
     list: Option<ChunkList>,
     /// Bytes of every piece since the base (what a naive restore reads).
     chain_bytes: u64,
-    /// Store reads measured by extraction rounds: bytes and seconds (smoothed).
+    /// Store reads measured by extraction rounds, bytes per second (smoothed).
     read_rate: Option<f64>,
+    /// Row layout of every table (from the base).
+    layouts: HashMap<u32, RowLayout>,
+    /// Row-0 ids a restore read, whose Bloom filters the next round builds.
+    pending_blooms: Vec<((u32, u32, u32), Vec<RowId>)>,
 }
 
 impl ServerChain {
@@ -61,12 +68,21 @@ impl ServerChain {
             list: None,
             chain_bytes: 0,
             read_rate: None,
+            layouts: HashMap::new(),
+            pending_blooms: Vec::new(),
         }
     }
 
-    /// A full checkpoint of this server (`bytes` of it) is durable: pieces grow from it now.
-    pub fn set_base(&mut self, id: CheckpointId, bytes: u64) {
-        self.base = Some((id, bytes));
+    /// A full checkpoint of this server is durable (`report`: what it wrote): pieces grow
+    /// from it now.
+    pub fn set_base(&mut self, id: CheckpointId, report: &ShardReport) {
+        self.layouts = report
+            .shard
+            .tables
+            .iter()
+            .map(|t| (t.table.0, t.layout))
+            .collect();
+        self.base = Some((id, report.bytes));
         self.last = None;
         self.list = None;
         self.chain_bytes = 0;
@@ -79,6 +95,7 @@ impl ServerChain {
         self.last = None;
         self.list = None;
         self.chain_bytes = 0;
+        self.pending_blooms.clear();
     }
 
     pub fn base(&self) -> Option<&CheckpointId> {
@@ -148,6 +165,7 @@ impl ServerChain {
         let mut files = Vec::new();
         let mut records = Vec::new();
         let mut file_refs = Vec::new();
+        let mut row0 = Vec::new();
         let restore_bytes;
         match spec.scheme {
             PieceScheme::ChunkList => {
@@ -170,10 +188,27 @@ impl ServerChain {
                         ))
                     }
                 };
-                let new = column_chunks(&list, ckpt, tracked, &report.files)?;
-                let round = extract_round(ckpts, &list, column, ckpt, &new, cfg).await?;
-                if round.read_s > 0.0 && round.stats.bytes_read > 0 {
-                    let r = round.stats.bytes_read as f64 / round.read_s;
+                for ((t, r, c), ids) in std::mem::take(&mut self.pending_blooms) {
+                    list.set_bloom(t, r, c, Bloom::of(ids.into_iter(), cfg.bloom_bits_per_key));
+                }
+                let (new, new_files) =
+                    column_chunks(ckpts, &list, ckpt, tracked, &report.files).await?;
+                for t in &report.shard.tables {
+                    self.layouts.insert(t.table.0, t.layout);
+                }
+                let round = extract_round(
+                    ckpts,
+                    &list,
+                    column,
+                    ckpt,
+                    &new,
+                    &new_files,
+                    &self.layouts,
+                    cfg,
+                )
+                .await?;
+                if round.reads.seconds > 0.0 && round.reads.bytes > 0 {
+                    let r = round.reads.bytes as f64 / round.reads.seconds;
                     self.read_rate = Some(self.read_rate.map_or(r, |o| 0.5 * o + 0.5 * r));
                 }
                 stats = round.stats;
@@ -199,6 +234,16 @@ impl ServerChain {
                 for ((t, r, c), b) in round.blooms {
                     list.set_bloom(t, r, c, b);
                 }
+                // The whole row 0 after this piece, for restores of this newest state.
+                let mut local: HashMap<u32, u32> = file_refs
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, f)| list.file_index(&f.ckpt, &f.path).map(|g| (g, i as u32)))
+                    .collect();
+                row0 = list
+                    .row0_chunks()
+                    .map(|c| list.record(crate::format::ChunkOp::Column, c, &mut file_refs, &mut local))
+                    .collect();
                 let dense: u64 = report
                     .files
                     .iter()
@@ -215,7 +260,7 @@ impl ServerChain {
                 restore_bytes = piece_bytes;
             }
         }
-        let index = self.index(
+        let mut index = self.index(
             spec,
             column,
             &base,
@@ -226,6 +271,7 @@ impl ServerChain {
             file_refs,
             records,
         );
+        index.row0 = row0;
         let encoded = index.encode()?;
         let path = format!("s{:04}/piece.pidx", self.server.0);
         ckpts.put_file(ckpt, &path, &encoded).await?;
@@ -278,6 +324,7 @@ impl ServerChain {
             stats,
             files,
             chunks,
+            row0: Vec::new(),
         }
     }
 
@@ -298,6 +345,11 @@ impl ServerChain {
             .map(|f| f.size)
             .sum::<u64>();
         self.base = Some((chain.base.id.clone(), base_bytes));
+        self.layouts = chain
+            .base
+            .shard(self.server)
+            .map(|s| s.tables.iter().map(|t| (t.table.0, t.layout)).collect())
+            .unwrap_or_default();
         let Some(scheme) = chain.scheme else {
             return Ok(out);
         };
@@ -319,7 +371,10 @@ impl ServerChain {
             .sum();
         if scheme == PieceScheme::ChunkList {
             match out.list.take() {
-                Some(l) => self.list = Some(l),
+                Some(l) => {
+                    self.list = Some(l);
+                    self.pending_blooms = std::mem::take(&mut out.row0_ids);
+                }
                 None => {
                     self.clear();
                     return Ok(out);

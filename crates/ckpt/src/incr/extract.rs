@@ -16,26 +16,35 @@
 //! parts to one bundle of the new row, instead of one file per chunk (`concat: false` writes
 //! one file per chunk, the paper's "plain files"). A bundle is cut at `bundle_bytes`.
 //!
+//! Compaction (beyond the paper): a row-0 bundle lives as long as one of its chunks does, so
+//! after rounds that split most of its chunks it is mostly dead bytes that cost storage (and, for
+//! whole-file reads, restore time). Once the live share of a row-0 file falls below
+//! `compact_below`, the round moves its remaining chunks, unchanged, into its own row-0 bundle
+//! (records of [`ChunkOp::Moved`]) and the file's counter reaches 0.
+//!
 //! A round never changes the list itself: it reads, writes new files (create-only, under the
 //! new column's checkpoint) and returns the records; the caller applies them
 //! ([`ChunkList::apply`]), exactly as a restore folds them later.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
 
-use bytes::Bytes;
 use ftrec_core::{RowId, RowLayout, ServerId, TableId};
 
 use super::bloom::Bloom;
 use super::list::{Chunk, ChunkList};
-use crate::checkpoint::Checkpoints;
+use super::read::{part_crc, read_parts, PartData, ReadStats};
+use crate::checkpoint::{Checkpoints, VerifiedFile};
 use crate::error::{CkptError, Result};
-use crate::format::bundle::{encode_bundle, Bundle, SectionIn};
-use crate::format::rows::RowChunk;
+use crate::format::bundle::{encode_bundle, SectionIn};
 use crate::format::{
-    check_recorded, CheckpointId, ChunkOp, ChunkRecord, ExtractStats, FileContent, FileInfo,
-    FileRef, Part,
+    CheckpointId, ChunkOp, ChunkRecord, ExtractStats, FileContent, FileInfo, FileRef, Part,
 };
+
+/// Where a bundle's payload starts (its header body is 28 bytes).
+const BUNDLE_PAYLOAD: u64 = 48;
+/// Where a row file's payload starts (its header body is 44 bytes).
+const ROWS_PAYLOAD: u64 = 64;
 
 /// Which of the three filter stages run (IncrCP §4.3; all by default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -69,6 +78,13 @@ pub struct ExtractConfig {
     /// Largest bundle file, in bytes.
     pub bundle_bytes: usize,
     pub bloom_bits_per_key: u32,
+    /// Move the live chunks of a row-0 file whose live share fell below this (0: never).
+    #[serde(default = "default_compact")]
+    pub compact_below: f64,
+}
+
+fn default_compact() -> f64 {
+    0.5
 }
 
 impl Default for ExtractConfig {
@@ -80,6 +96,7 @@ impl Default for ExtractConfig {
             filters: Filters::default(),
             bundle_bytes: 16 << 20,
             bloom_bits_per_key: 10,
+            compact_below: default_compact(),
         }
     }
 }
@@ -98,6 +115,12 @@ impl ExtractConfig {
                 self.bundle_bytes
             )));
         }
+        if !(self.compact_below.is_finite() && (0.0..=1.0).contains(&self.compact_below)) {
+            return Err(CkptError::InvalidArgument(format!(
+                "compaction threshold {} is not in [0, 1]",
+                self.compact_below
+            )));
+        }
         if self.bloom_bits_per_key == 0 || self.bloom_bits_per_key > 64 {
             return Err(CkptError::InvalidArgument(format!(
                 "{} Bloom bits per key is not in 1..=64",
@@ -108,115 +131,31 @@ impl ExtractConfig {
     }
 }
 
-/// A row file or a bundle, read and checked against what the list recorded about it.
-pub(crate) enum ChunkFile<'a> {
-    Rows(RowChunk<'a>),
-    Bundle(Bundle<'a>),
-}
-
-/// One section's rows.
-#[derive(Clone, Copy)]
-pub(crate) struct Rows<'a> {
-    pub table: TableId,
-    pub layout: RowLayout,
-    ids: &'a [u8],
-    rows: &'a [u8],
-}
-
-impl<'a> Rows<'a> {
-    pub fn len(&self) -> usize {
-        self.ids.len() / 8
-    }
-    pub fn id(&self, i: usize) -> RowId {
-        u64::from_le_bytes(self.ids[i * 8..i * 8 + 8].try_into().expect("8 bytes"))
-    }
-    pub fn row(&self, i: usize) -> &'a [u8] {
-        let b = self.layout.bytes();
-        &self.rows[i * b..(i + 1) * b]
-    }
-    pub fn rows(&self, lo: usize, hi: usize) -> &'a [u8] {
-        let b = self.layout.bytes();
-        &self.rows[lo * b..hi * b]
-    }
-}
-
-impl<'a> ChunkFile<'a> {
-    /// Decode `data` read from `name`, checking it against `recorded`.
-    pub fn open(name: &str, data: &'a [u8], recorded: &FileRef) -> Result<ChunkFile<'a>> {
-        let tag = data.get(4..8).unwrap_or(&[]);
-        let (f, sums) = if tag == b"BNDL" {
-            let b = Bundle::decode(name, data)?;
-            let s = b.checksums;
-            (ChunkFile::Bundle(b), s)
-        } else {
-            let r = RowChunk::decode(name, data)?;
-            let s = r.checksums;
-            (ChunkFile::Rows(r), s)
-        };
-        check_recorded(
-            name,
-            "manifest",
-            data.len() as u64,
-            sums,
-            recorded.size,
-            recorded.crc32c,
-        )?;
-        Ok(f)
-    }
-
-    /// Section `section`'s rows; `name` names the file in errors.
-    pub fn section(&self, name: &str, section: u32) -> Result<Rows<'a>> {
-        let missing = || CkptError::Corrupt {
-            file: name.to_string(),
-            reason: format!("has no section {section}"),
-        };
-        match self {
-            ChunkFile::Rows(r) if section == 0 => {
-                let n = r.len();
-                Ok(Rows {
-                    table: r.header.table,
-                    layout: r.header.layout,
-                    ids: r.ids_bytes(),
-                    rows: r.rows_bytes(0, n),
-                })
-            }
-            ChunkFile::Rows(_) => Err(missing()),
-            ChunkFile::Bundle(b) => {
-                if section as usize >= b.sections().len() {
-                    return Err(missing());
-                }
-                let v = b.section(section as usize);
-                Ok(Rows {
-                    table: v.header.table,
-                    layout: v.header.layout,
-                    ids: v.ids_bytes(),
-                    rows: v.rows_bytes(0, v.len()),
-                })
-            }
-        }
-    }
-}
-
 /// A chunk of the new column: the rows one range saved, where the piece's files hold them.
 #[derive(Debug, Clone)]
 pub struct NewChunk {
     pub table: u32,
     pub range: u32,
     pub ids: Vec<RowId>,
-    /// `(file, rows lo..hi)` of the piece's row files, in id order.
-    pub parts: Vec<(FileRef, u64, u64)>,
+    /// The parts in the piece's row files (`file` fields index `files` of [`column_chunks`]'s
+    /// answer), in id order.
+    pub parts: Vec<Part>,
 }
 
 /// Cut the new column (`tracked`: sorted ids per table, as the piece saved them) into chunks
 /// per row range, locating each in the piece's row files `files` (this server's, as staging
-/// wrote them: each table's ids in order, cut in files).
-pub fn column_chunks(
+/// wrote them: each table's ids in order, cut in files). The files are read back once (they
+/// were just written) and verified against their entries, so every part gets its checksum.
+/// Returns the chunks and the file table their parts index.
+pub async fn column_chunks(
+    ckpts: &Checkpoints,
     list: &ChunkList,
     ckpt: &CheckpointId,
     tracked: &[(TableId, Vec<RowId>)],
     files: &[FileInfo],
-) -> Result<Vec<NewChunk>> {
+) -> Result<(Vec<NewChunk>, Vec<FileRef>)> {
     let mut out = Vec::new();
+    let mut refs = Vec::new();
     for (table, ids) in tracked {
         let mut tf: Vec<&FileInfo> = files
             .iter()
@@ -226,33 +165,38 @@ pub fn column_chunks(
             FileContent::Rows { first_row, .. } => first_row,
             _ => 0,
         });
-        // Position of each file's first id in `ids`.
-        let mut starts = Vec::with_capacity(tf.len());
-        let mut at = 0u64;
+        // Each file: its position in `ids`, its index in `refs`, its bytes.
+        let mut located = Vec::with_capacity(tf.len());
+        let mut at = 0usize;
         for f in &tf {
-            let FileContent::Rows {
-                rows,
-                first_row,
-                last_row,
-                ..
-            } = f.content
-            else {
-                continue;
+            let key = ckpts.file_key(ckpt, &f.path)?;
+            let data = ckpts.store().get(&key).await?;
+            let chunk = match Checkpoints::verify_file(&key, f, &data)? {
+                VerifiedFile::Rows(c) => c,
+                _ => {
+                    return Err(CkptError::Corrupt {
+                        file: key.to_string(),
+                        reason: "listed as rows, holds something else".into(),
+                    })
+                }
             };
-            let end = at + rows;
-            let ok = end as usize <= ids.len()
-                && (rows == 0
-                    || (ids[at as usize] == first_row && ids[end as usize - 1] == last_row));
-            if !ok {
+            let n = chunk.len();
+            if at + n > ids.len() || !chunk.ids().eq(ids[at..at + n].iter().copied()) {
                 return Err(CkptError::InvalidArgument(format!(
                     "piece file {} of table {} does not hold the rows the piece saved",
                     f.path, table.0
                 )));
             }
-            starts.push((at, end));
-            at = end;
+            refs.push(FileRef {
+                ckpt: ckpt.clone(),
+                path: f.path.clone(),
+                size: f.size,
+                crc32c: f.crc32c,
+            });
+            located.push((at, at + n, refs.len() as u32 - 1, chunk.header.layout, data));
+            at += n;
         }
-        if at as usize != ids.len() {
+        if at != ids.len() {
             return Err(CkptError::InvalidArgument(format!(
                 "the piece's files of table {} hold {at} rows, it saved {}",
                 table.0,
@@ -267,22 +211,30 @@ pub fn column_chunks(
                 j += 1;
             }
             let mut parts = Vec::new();
-            for (k, &(s, e)) in starts.iter().enumerate() {
-                let lo = (i as u64).max(s);
-                let hi = (j as u64).min(e);
-                if lo < hi {
-                    let f = tf[k];
-                    parts.push((
-                        FileRef {
-                            ckpt: ckpt.clone(),
-                            path: f.path.clone(),
-                            size: f.size,
-                            crc32c: f.crc32c,
-                        },
-                        lo - s,
-                        hi - s,
-                    ));
+            for (s, e, fi, layout, data) in &located {
+                let lo = i.max(*s);
+                let hi = j.min(*e);
+                if lo >= hi {
+                    continue;
                 }
+                let (lo, hi, n) = ((lo - s) as u64, (hi - s) as u64, (e - s) as u64);
+                let rb = layout.bytes() as u64;
+                let ids_at = ROWS_PAYLOAD + 8 * lo;
+                let rows_at = ROWS_PAYLOAD + 8 * n + rb * lo;
+                let crc = part_crc(
+                    &data[ids_at as usize..(ids_at + 8 * (hi - lo)) as usize],
+                    &data[rows_at as usize..(rows_at + rb * (hi - lo)) as usize],
+                );
+                parts.push(Part {
+                    file: *fi,
+                    section: 0,
+                    lo,
+                    hi,
+                    ids_at,
+                    rows_at,
+                    row_bytes: rb as u32,
+                    crc,
+                });
             }
             out.push(NewChunk {
                 table: table.0,
@@ -293,13 +245,13 @@ pub fn column_chunks(
             i = j;
         }
     }
-    Ok(out)
+    Ok((out, refs))
 }
 
 /// What a round produced.
 #[derive(Debug, Default)]
 pub struct RoundOutput {
-    /// The piece's file table and records (the new column's chunks, then the splits).
+    /// The piece's file table and records (the new column's chunks, then splits and moves).
     pub files: Vec<FileRef>,
     pub records: Vec<ChunkRecord>,
     /// Bloom filters of the new row-0 chunks: `(table, range, col)`.
@@ -307,8 +259,8 @@ pub struct RoundOutput {
     /// The bundles written, for the checkpoint's manifest.
     pub written: Vec<FileInfo>,
     pub stats: ExtractStats,
-    /// Seconds spent in store reads (for the read rate).
-    pub read_s: f64,
+    /// Store reads of the round (for the read rate).
+    pub reads: ReadStats,
 }
 
 /// A section waiting for its bundle file.
@@ -320,6 +272,13 @@ struct OutSection {
     rows: Vec<u8>,
 }
 
+/// A closed bundle: its ref, its manifest entry, and each section's part (file field unset).
+struct Closed {
+    file: FileRef,
+    info: FileInfo,
+    parts: Vec<Part>,
+}
+
 /// Sections waiting for a bundle file.
 struct BundleOut {
     server: ServerId,
@@ -327,20 +286,13 @@ struct BundleOut {
     prefix: &'static str,
     concat: bool,
     cap: usize,
-    /// Sections of the open file.
     open: Vec<OutSection>,
     open_bytes: usize,
-    /// Files closed so far, by number: their refs (and manifest entries).
-    closed: Vec<(FileRef, FileInfo)>,
+    closed: Vec<Closed>,
 }
 
 impl BundleOut {
-    fn new(
-        server: ServerId,
-        ckpt: CheckpointId,
-        prefix: &'static str,
-        cfg: &ExtractConfig,
-    ) -> Self {
+    fn new(server: ServerId, ckpt: CheckpointId, prefix: &'static str, cfg: &ExtractConfig) -> Self {
         BundleOut {
             server,
             ckpt,
@@ -353,7 +305,7 @@ impl BundleOut {
         }
     }
 
-    /// Queue a section; returns `(file number, section)` once known.
+    /// Queue a section; returns `(file number, section)`.
     async fn add(
         &mut self,
         ckpts: &Checkpoints,
@@ -373,6 +325,11 @@ impl BundleOut {
         if self.open.is_empty() {
             return Ok(());
         }
+        let id_bytes: Vec<Vec<u8>> = self
+            .open
+            .iter()
+            .map(|o| o.ids.iter().flat_map(|i| i.to_le_bytes()).collect())
+            .collect();
         let sections: Vec<SectionIn<'_>> = self
             .open
             .iter()
@@ -385,6 +342,23 @@ impl BundleOut {
             })
             .collect();
         let file = encode_bundle(self.server, &sections)?;
+        // The sections' places, as the bundle format lays them out.
+        let mut at = BUNDLE_PAYLOAD + 48 * self.open.len() as u64;
+        let mut parts = Vec::with_capacity(self.open.len());
+        for (o, ids) in self.open.iter().zip(&id_bytes) {
+            let n = o.ids.len() as u64;
+            parts.push(Part {
+                file: 0,
+                section: parts.len() as u32,
+                lo: 0,
+                hi: n,
+                ids_at: at,
+                rows_at: at + 8 * n,
+                row_bytes: o.layout.bytes() as u32,
+                crc: part_crc(ids, &o.rows),
+            });
+            at += (ids.len() + o.rows.len()).div_ceil(8) as u64 * 8;
+        }
         let rows: u64 = self.open.iter().map(|s| s.ids.len() as u64).sum();
         let path = format!(
             "s{:04}/{}-{:06}.bndl",
@@ -395,14 +369,14 @@ impl BundleOut {
         ckpts.put_file(&self.ckpt, &path, &file).await?;
         stats.files_written += 1;
         stats.bytes_written += file.size();
-        self.closed.push((
-            FileRef {
+        self.closed.push(Closed {
+            file: FileRef {
                 ckpt: self.ckpt.clone(),
                 path: path.clone(),
                 size: file.size(),
                 crc32c: file.checksums,
             },
-            FileInfo {
+            info: FileInfo {
                 path,
                 size: file.size(),
                 crc32c: file.checksums,
@@ -412,7 +386,8 @@ impl BundleOut {
                     rows,
                 },
             },
-        ));
+            parts,
+        });
         self.open.clear();
         self.open_bytes = 0;
         Ok(())
@@ -437,6 +412,54 @@ fn duplicates(ids: &[RowId], new: &[RowId]) -> Vec<bool> {
     out
 }
 
+/// The rows of chunks, read part by part (each file once, coalesced), in the order given.
+async fn read_chunks(
+    ckpts: &Checkpoints,
+    list: &ChunkList,
+    chunks: &[&Chunk],
+    stats: &mut ExtractStats,
+    reads: &mut ReadStats,
+) -> Result<Vec<(Vec<RowId>, Vec<u8>)>> {
+    let mut by_file: BTreeMap<u32, Vec<(usize, usize)>> = BTreeMap::new();
+    for (ci, c) in chunks.iter().enumerate() {
+        for (pi, p) in c.parts.iter().enumerate() {
+            by_file.entry(p.file).or_default().push((ci, pi));
+        }
+    }
+    let mut got: HashMap<(usize, usize), PartData> = HashMap::new();
+    for (f, which) in by_file {
+        let parts: Vec<Part> = which.iter().map(|&(c, p)| chunks[c].parts[p]).collect();
+        let before = reads.bytes;
+        let data = read_parts(ckpts, &list.file(f).file, &parts, reads).await?;
+        stats.files_read += 1;
+        stats.bytes_read += reads.bytes - before;
+        for (k, d) in which.into_iter().zip(data) {
+            got.insert(k, d);
+        }
+    }
+    let mut out = Vec::with_capacity(chunks.len());
+    for (ci, c) in chunks.iter().enumerate() {
+        let mut ids = Vec::with_capacity(c.rows as usize);
+        let mut rows = Vec::new();
+        let mut rb = None;
+        for (pi, p) in c.parts.iter().enumerate() {
+            let d = &got[&(ci, pi)];
+            if rb.is_some_and(|b| b != p.row_bytes) {
+                let f = &list.file(p.file).file;
+                return Err(CkptError::Corrupt {
+                    file: format!("{}/{}", f.ckpt, f.path),
+                    reason: "parts of one chunk with different row sizes".into(),
+                });
+            }
+            rb = Some(p.row_bytes);
+            ids.extend(d.ids());
+            rows.extend_from_slice(d.rows());
+        }
+        out.push((ids, rows));
+    }
+    Ok(out)
+}
+
 /// Where an output part will be: the row-0 or the new row's bundle `file`, `section`.
 #[derive(Clone, Copy)]
 struct Pending {
@@ -445,14 +468,25 @@ struct Pending {
     section: u32,
 }
 
+/// The layout of a table's rows in this list (from the writer of the chunk).
+fn layout_of(layouts: &HashMap<u32, RowLayout>, table: u32) -> Result<RowLayout> {
+    layouts.get(&table).copied().ok_or_else(|| {
+        CkptError::InvalidArgument(format!("no row layout known for table {table}"))
+    })
+}
+
 /// Run the extraction round of the new column `col` (checkpoint `ckpt`, whose chunks are
-/// `new`) against `list`, writing outputs under `ckpt` in `ckpts`.
+/// `new`, parts indexing `new_files`) against `list`, writing outputs under `ckpt`. `layouts`
+/// gives each table's row layout.
+#[allow(clippy::too_many_arguments)]
 pub async fn extract_round(
     ckpts: &Checkpoints,
     list: &ChunkList,
     col: u32,
     ckpt: &CheckpointId,
     new: &[NewChunk],
+    new_files: &[FileRef],
+    layouts: &HashMap<u32, RowLayout>,
     cfg: &ExtractConfig,
 ) -> Result<RoundOutput> {
     cfg.validate()?;
@@ -473,11 +507,9 @@ pub async fn extract_round(
         let parts = n
             .parts
             .iter()
-            .map(|(f, lo, hi)| Part {
-                file: local(&mut out.files, f),
-                section: 0,
-                lo: *lo,
-                hi: *hi,
+            .map(|p| Part {
+                file: local(&mut out.files, &new_files[p.file as usize]),
+                ..*p
             })
             .collect();
         out.records.push(ChunkRecord {
@@ -526,74 +558,15 @@ pub async fn extract_round(
             candidates.push((c, n));
         }
     }
-    // Stage 3 and the splits: load each candidate's files (each file once, released when no
-    // later candidate needs it).
-    candidates.sort_by_key(|(c, _)| (c.parts.first().map_or(0, |p| p.file), c.table, c.range));
-    let mut need: HashMap<u32, usize> = HashMap::new();
-    for (c, _) in &candidates {
-        for p in &c.parts {
-            *need.entry(p.file).or_default() += 1;
-        }
-    }
-    let mut loaded: HashMap<u32, Bytes> = HashMap::new();
+    // Stage 3 and the splits.
+    let cands: Vec<&Chunk> = candidates.iter().map(|(c, _)| *c).collect();
+    let loaded = read_chunks(ckpts, list, &cands, &mut out.stats, &mut out.reads).await?;
     let mut row0_out = BundleOut::new(server, ckpt.clone(), "row0", cfg);
     let mut xrow_out = BundleOut::new(server, ckpt.clone(), "xrow", cfg);
-    // (record without parts, pending parts)
-    let mut splits: Vec<(ChunkRecord, Pending)> = Vec::new();
-    for (c, n) in candidates {
-        for p in &c.parts {
-            if let std::collections::hash_map::Entry::Vacant(e) = loaded.entry(p.file) {
-                let f = &list.file(p.file).file;
-                let key = ckpts.file_key(&f.ckpt, &f.path)?;
-                let r0 = Instant::now();
-                let data = ckpts.store().get(&key).await?;
-                out.read_s += r0.elapsed().as_secs_f64();
-                out.stats.files_read += 1;
-                out.stats.bytes_read += data.len() as u64;
-                // Verified once here; later decodes of the same bytes only re-read headers.
-                ChunkFile::open(key.as_str(), &data, f)?;
-                e.insert(data);
-            }
-        }
-        // Gather the chunk's rows.
-        let mut ids: Vec<RowId> = Vec::with_capacity(c.rows as usize);
-        let mut rows: Vec<u8> = Vec::new();
-        let mut layout = None;
-        for p in &c.parts {
-            let f = &list.file(p.file).file;
-            let name = format!("{}/{}", f.ckpt, f.path);
-            let data = &loaded[&p.file];
-            let cf = ChunkFile::open_verified(&name, data)?;
-            let s = cf.section(&name, p.section)?;
-            if p.hi as usize > s.len() || s.table.0 != c.table {
-                return Err(CkptError::Corrupt {
-                    file: name,
-                    reason: format!(
-                        "section {} does not hold rows {}..{} of table {}",
-                        p.section, p.lo, p.hi, c.table
-                    ),
-                });
-            }
-            if layout.is_some_and(|l| l != s.layout) {
-                return Err(CkptError::Corrupt {
-                    file: name,
-                    reason: "parts of one chunk with different row layouts".into(),
-                });
-            }
-            layout = Some(s.layout);
-            for i in p.lo as usize..p.hi as usize {
-                ids.push(s.id(i));
-            }
-            rows.extend_from_slice(s.rows(p.lo as usize, p.hi as usize));
-        }
-        for p in &c.parts {
-            let left = need.get_mut(&p.file).expect("counted above");
-            *left -= 1;
-            if *left == 0 {
-                loaded.remove(&p.file);
-            }
-        }
-        let Some(layout) = layout else { continue };
+    let mut pending: Vec<(ChunkRecord, Pending)> = Vec::new();
+    let mut split: BTreeSet<(u32, u32, u32)> = BTreeSet::new();
+    for ((c, n), (ids, rows)) in candidates.iter().zip(loaded) {
+        let layout = layout_of(layouts, c.table)?;
         let dup = duplicates(&ids, &n.ids);
         let d = dup.iter().filter(|&&x| x).count();
         let ratio = d as f64 / ids.len().max(1) as f64;
@@ -602,6 +575,7 @@ pub async fn extract_round(
             continue;
         }
         out.stats.extracted += 1;
+        split.insert((c.table, c.range, c.col));
         let rb = layout.bytes();
         let (mut keep_ids, mut keep_rows, mut x_ids, mut x_rows) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -618,18 +592,7 @@ pub async fn extract_round(
         out.stats.rows_extracted += x_ids.len() as u64;
         out.stats.rows_rewritten += keep_ids.len() as u64;
         let table = TableId(c.table);
-        let record = |op, round, ids: &[RowId]| ChunkRecord {
-            op,
-            table: c.table,
-            range: c.range,
-            col: c.col,
-            round,
-            rows: ids.len() as u64,
-            min: ids.first().copied().unwrap_or(0),
-            max: ids.last().copied().unwrap_or(0),
-            parts: Vec::new(),
-        };
-        let xr = record(ChunkOp::Extracted, col, &x_ids);
+        let xr = record(c, ChunkOp::Extracted, col, &x_ids);
         let x_section = OutSection {
             table,
             layout,
@@ -638,7 +601,7 @@ pub async fn extract_round(
             rows: x_rows,
         };
         let (xf, xs) = xrow_out.add(ckpts, x_section, &mut out.stats).await?;
-        splits.push((
+        pending.push((
             xr,
             Pending {
                 row0: false,
@@ -647,7 +610,7 @@ pub async fn extract_round(
             },
         ));
         if !keep_ids.is_empty() {
-            let rr = record(ChunkOp::Remainder, 0, &keep_ids);
+            let rr = record(c, ChunkOp::Remainder, 0, &keep_ids);
             out.blooms.push((
                 (c.table, c.range, c.col),
                 Bloom::of(keep_ids.iter().copied(), cfg.bloom_bits_per_key),
@@ -660,7 +623,7 @@ pub async fn extract_round(
                 rows: keep_rows,
             };
             let (rf, rs) = row0_out.add(ckpts, r_section, &mut out.stats).await?;
-            splits.push((
+            pending.push((
                 rr,
                 Pending {
                     row0: true,
@@ -670,16 +633,63 @@ pub async fn extract_round(
             ));
         }
     }
+    // Compaction: row-0 files mostly dead once this round's splits are counted.
+    if cfg.compact_below > 0.0 {
+        let mut live: HashMap<u32, u64> = HashMap::new();
+        for c in list.row0_chunks() {
+            if split.contains(&(c.table, c.range, c.col)) {
+                continue;
+            }
+            for p in &c.parts {
+                *live.entry(p.file).or_default() += p.bytes();
+            }
+        }
+        let sparse: BTreeSet<u32> = live
+            .iter()
+            .filter(|(f, b)| {
+                let size = list.file(**f).file.size.max(1);
+                (**b as f64) < cfg.compact_below * size as f64
+            })
+            .map(|(f, _)| *f)
+            .collect();
+        let movers: Vec<&Chunk> = list
+            .row0_chunks()
+            .filter(|c| !split.contains(&(c.table, c.range, c.col)))
+            .filter(|c| c.parts.iter().any(|p| sparse.contains(&p.file)))
+            .collect();
+        let moved = read_chunks(ckpts, list, &movers, &mut out.stats, &mut out.reads).await?;
+        for (c, (ids, rows)) in movers.into_iter().zip(moved) {
+            let layout = layout_of(layouts, c.table)?;
+            out.stats.moved += 1;
+            out.stats.rows_moved += ids.len() as u64;
+            let mr = record(c, ChunkOp::Moved, 0, &ids);
+            let section = OutSection {
+                table: TableId(c.table),
+                layout,
+                column: c.col,
+                ids,
+                rows,
+            };
+            let (f, s) = row0_out.add(ckpts, section, &mut out.stats).await?;
+            pending.push((
+                mr,
+                Pending {
+                    row0: true,
+                    file: f,
+                    section: s,
+                },
+            ));
+        }
+    }
     row0_out.flush(ckpts, &mut out.stats).await?;
     xrow_out.flush(ckpts, &mut out.stats).await?;
-    for (mut r, p) in splits {
+    for (mut r, p) in pending {
         let bundle = if p.row0 { &row0_out } else { &xrow_out };
-        let f = &bundle.closed[p.file as usize].0;
+        let closed = &bundle.closed[p.file as usize];
+        let part = closed.parts[p.section as usize];
         r.parts.push(Part {
-            file: local(&mut out.files, f),
-            section: p.section,
-            lo: 0,
-            hi: r.rows,
+            file: local(&mut out.files, &closed.file),
+            ..part
         });
         out.records.push(r);
     }
@@ -687,19 +697,23 @@ pub async fn extract_round(
         .closed
         .into_iter()
         .chain(xrow_out.closed)
-        .map(|(_, info)| info)
+        .map(|c| c.info)
         .collect();
     out.stats.seconds = t0.elapsed().as_secs_f64();
     Ok(out)
 }
 
-impl<'a> ChunkFile<'a> {
-    /// Decode bytes [`ChunkFile::open`] already checked.
-    pub(crate) fn open_verified(name: &str, data: &'a [u8]) -> Result<ChunkFile<'a>> {
-        if data.get(4..8) == Some(b"BNDL") {
-            Ok(ChunkFile::Bundle(Bundle::decode_verified(name, data)?))
-        } else {
-            Ok(ChunkFile::Rows(RowChunk::decode_verified(name, data)?))
-        }
+/// A record of `c`'s range and column holding `ids` (parts added once written).
+fn record(c: &Chunk, op: ChunkOp, round: u32, ids: &[RowId]) -> ChunkRecord {
+    ChunkRecord {
+        op,
+        table: c.table,
+        range: c.range,
+        col: c.col,
+        round,
+        rows: ids.len() as u64,
+        min: ids.first().copied().unwrap_or(0),
+        max: ids.last().copied().unwrap_or(0),
+        parts: Vec::new(),
     }
 }

@@ -29,14 +29,8 @@ use super::bloom::Bloom;
 use crate::error::{CkptError, Result};
 use crate::format::{CheckpointId, ChunkOp, ChunkRecord, FileRef, Part, PieceIndex};
 
-/// A part of a chunk: rows `lo..hi` of section `section` of list file `file`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LivePart {
-    pub file: u32,
-    pub section: u32,
-    pub lo: u64,
-    pub hi: u64,
-}
+/// A part of a chunk: a [`Part`] whose file is an index into the list's own file table.
+pub type LivePart = Part;
 
 /// One chunk of the list.
 #[derive(Debug, Clone)]
@@ -61,6 +55,8 @@ pub struct ListFile {
     pub file: FileRef,
     /// Parts of live chunks in it (IncrCP §4.4's counter); 0: the file can go.
     pub live: u32,
+    /// Bytes of those parts.
+    pub live_bytes: u64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -154,6 +150,7 @@ impl ChunkList {
         self.files.push(ListFile {
             file: f.clone(),
             live: 0,
+            live_bytes: 0,
         });
         self.file_ix.insert(key, i);
         i
@@ -206,17 +203,18 @@ impl ChunkList {
         out
     }
 
-    /// Bytes of the distinct files the rectangle of `col` reads.
+    /// Bytes restoring column `col` reads (the parts of its rectangle).
     pub fn rectangle_bytes(&self, col: u32) -> u64 {
-        let files: BTreeSet<u32> = self
-            .rectangle(col)
+        self.rectangle(col)
             .iter()
-            .flat_map(|c| c.parts.iter().map(|p| p.file))
-            .collect();
-        files
-            .iter()
-            .map(|&f| self.files[f as usize].file.size)
+            .flat_map(|c| c.parts.iter())
+            .map(|p| p.bytes())
             .sum()
+    }
+
+    /// Every row-0 chunk.
+    pub fn row0_chunks(&self) -> impl Iterator<Item = &Chunk> {
+        self.ranges.values().flat_map(|r| r.row0.values())
     }
 
     /// Chunks in row 0, deeper rows, and files (live, all).
@@ -227,21 +225,20 @@ impl ChunkList {
         (row0, deeper, live, self.files.len())
     }
 
-    fn chunk_of(&mut self, r: &ChunkRecord, piece: &PieceIndex, map: &[u32]) -> Chunk {
+    fn chunk_of(&mut self, r: &ChunkRecord, map: &[u32]) -> Chunk {
         let parts: Vec<LivePart> = r
             .parts
             .iter()
-            .map(|p| LivePart {
+            .map(|p| Part {
                 file: map[p.file as usize],
-                section: p.section,
-                lo: p.lo,
-                hi: p.hi,
+                ..*p
             })
             .collect();
         for p in &parts {
-            self.files[p.file as usize].live += 1;
+            let f = &mut self.files[p.file as usize];
+            f.live += 1;
+            f.live_bytes += p.bytes();
         }
-        let _ = piece;
         Chunk {
             table: r.table,
             range: r.range,
@@ -259,7 +256,53 @@ impl ChunkList {
         for p in &c.parts {
             let f = &mut self.files[p.file as usize];
             f.live = f.live.saturating_sub(1);
+            f.live_bytes = f.live_bytes.saturating_sub(p.bytes());
         }
+    }
+
+    /// A list holding row 0 only, as `piece`'s snapshot gives it (restoring and continuing the
+    /// newest state needs nothing deeper): the piece of checkpoint `columns[len - 1]`.
+    pub fn from_row0(
+        base: CheckpointId,
+        server: ServerId,
+        map: ShardMap,
+        columns: Vec<CheckpointId>,
+        piece: &PieceIndex,
+        file: &str,
+    ) -> Result<ChunkList> {
+        let mut l = ChunkList::new(base, server, map, piece.range_rows);
+        if columns.len() as u32 != piece.column {
+            return Err(CkptError::Corrupt {
+                file: file.to_string(),
+                reason: format!(
+                    "piece of column {} at the end of a chain of {} pieces",
+                    piece.column,
+                    columns.len()
+                ),
+            });
+        }
+        let fmap: Vec<u32> = piece.files.iter().map(|f| l.intern(f)).collect();
+        for r in &piece.row0 {
+            let c = l.chunk_of(r, &fmap);
+            if l
+                .ranges
+                .entry((r.table, r.range))
+                .or_default()
+                .row0
+                .insert(r.col, c)
+                .is_some()
+            {
+                return Err(CkptError::Corrupt {
+                    file: file.to_string(),
+                    reason: format!(
+                        "two row-0 chunks of column {} in range {}/{}",
+                        r.col, r.table, r.range
+                    ),
+                });
+            }
+        }
+        l.columns = columns;
+        Ok(l)
     }
 
     /// Fold the records of `piece` (the piece of checkpoint `ckpt`, this list's next column):
@@ -302,32 +345,61 @@ impl ChunkList {
                     r.col, r.table, r.range
                 )));
             }
-            let old = self
-                .ranges
-                .get_mut(&(r.table, r.range))
-                .and_then(|l| l.row0.remove(&r.col))
-                .ok_or_else(|| {
-                    bad(format!(
-                        "extraction from column {} of range {}/{}, which has no row-0 chunk",
-                        r.col, r.table, r.range
-                    ))
-                })?;
+            let old = self.take_row0(r).ok_or_else(|| {
+                bad(format!(
+                    "extraction from column {} of range {}/{}, which has no row-0 chunk",
+                    r.col, r.table, r.range
+                ))
+            })?;
             self.release(&old);
-            let c = self.chunk_of(r, piece, &map);
+            let c = self.chunk_of(r, &map);
             self.ranges
                 .entry((r.table, r.range))
                 .or_default()
                 .deeper
                 .push(c);
         }
-        for r in piece.chunks.iter().filter(|r| r.op != ChunkOp::Extracted) {
+        // Compaction: the same rows, elsewhere.
+        for r in piece.chunks.iter().filter(|r| r.op == ChunkOp::Moved) {
+            if split.contains(&(r.table, r.range, r.col)) {
+                return Err(bad(format!(
+                    "column {} of range {}/{} both split and moved in one round",
+                    r.col, r.table, r.range
+                )));
+            }
+            let old = self.take_row0(r).ok_or_else(|| {
+                bad(format!(
+                    "move of column {} of range {}/{}, which has no row-0 chunk",
+                    r.col, r.table, r.range
+                ))
+            })?;
+            if old.rows != r.rows {
+                return Err(bad(format!(
+                    "move of column {} of range {}/{}: {} rows, the chunk has {}",
+                    r.col, r.table, r.range, r.rows, old.rows
+                )));
+            }
+            self.release(&old);
+            let mut c = self.chunk_of(r, &map);
+            c.bloom = old.bloom;
+            self.ranges
+                .entry((r.table, r.range))
+                .or_default()
+                .row0
+                .insert(r.col, c);
+        }
+        for r in piece
+            .chunks
+            .iter()
+            .filter(|r| matches!(r.op, ChunkOp::Column | ChunkOp::Remainder))
+        {
             if r.op == ChunkOp::Remainder && !split.contains(&(r.table, r.range, r.col)) {
                 return Err(bad(format!(
                     "remainder of column {} of range {}/{} without an extraction",
                     r.col, r.table, r.range
                 )));
             }
-            let c = self.chunk_of(r, piece, &map);
+            let c = self.chunk_of(r, &map);
             let prev = self
                 .ranges
                 .entry((r.table, r.range))
@@ -343,6 +415,12 @@ impl ChunkList {
         }
         self.columns.push(ckpt.clone());
         Ok(())
+    }
+
+    fn take_row0(&mut self, r: &ChunkRecord) -> Option<Chunk> {
+        self.ranges
+            .get_mut(&(r.table, r.range))
+            .and_then(|l| l.row0.remove(&r.col))
     }
 
     /// Records as a [`PieceIndex`] stores them: `parts` of list files become parts of the
@@ -362,12 +440,7 @@ impl ChunkList {
                     files.push(self.files[p.file as usize].file.clone());
                     (files.len() - 1) as u32
                 });
-                Part {
-                    file: f,
-                    section: p.section,
-                    lo: p.lo,
-                    hi: p.hi,
-                }
+                Part { file: f, ..*p }
             })
             .collect();
         ChunkRecord {
@@ -425,6 +498,10 @@ mod tests {
                 section: 0,
                 lo: 0,
                 hi: rows,
+                ids_at: 0,
+                rows_at: 8 * rows,
+                row_bytes: 4,
+                crc: 0,
             }],
         }
     }
@@ -444,6 +521,7 @@ mod tests {
             stats: Default::default(),
             files,
             chunks,
+            row0: vec![],
         }
     }
 

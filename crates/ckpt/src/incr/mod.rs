@@ -37,6 +37,7 @@ pub mod bloom;
 pub mod chain;
 pub mod extract;
 pub mod list;
+pub mod read;
 pub mod restore;
 pub mod store;
 #[cfg(test)]
@@ -50,7 +51,10 @@ pub use chain::{PieceDone, ServerChain};
 pub use extract::{ExtractConfig, Filters};
 pub use list::ChunkList;
 pub use restore::{is_incremental_store, restore_server, select, IncrChain, RestoreOutcome};
-pub use store::{gc, materialize_full, piece_summaries, remove_dead_files, verify, MemShard};
+pub use store::{
+    gc, materialize_full, piece_summaries, remove_dead_files, restore_all, verify, write_full,
+    MemShard,
+};
 
 /// What a server saves for one piece.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

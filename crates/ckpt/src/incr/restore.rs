@@ -17,9 +17,8 @@ use std::time::Instant;
 use ftrec_core::{RowId, ServerId, ShardMap, TableId};
 use futures_util::StreamExt;
 
-use super::bloom::Bloom;
-use super::extract::ChunkFile;
 use super::list::{ChunkList, LivePart};
+use super::read::{read_parts, ReadStats};
 use crate::checkpoint::{Checkpoints, VerifiedFile};
 use crate::deck::{self, Lineage, RestoreAt, ShardWriter};
 use crate::error::{CkptError, Result};
@@ -168,12 +167,17 @@ pub struct RestoreOutcome {
     pub bytes: u64,
     /// Rows written beyond the base.
     pub rows_written: u64,
+    /// Of `chain_s`: reading (and folding) the piece indexes.
+    pub index_s: f64,
     pub base_bytes: u64,
     /// A chunk list restored at its newest column: the list, Bloom filters rebuilt, ready to
     /// grow.
     pub list: Option<ChunkList>,
     /// A differential: the rows it holds (every row touched since the base), per table.
     pub since_base: Option<Vec<(TableId, Vec<RowId>)>>,
+    /// A chunk list restored at its newest column: the ids of each row-0 chunk
+    /// `(table, range, column)`, for its Bloom filter.
+    pub row0_ids: Vec<((u32, u32, u32), Vec<RowId>)>,
 }
 
 fn server_map(base: &Manifest) -> Result<ShardMap> {
@@ -398,13 +402,32 @@ async fn restore_list(
     out: &mut RestoreOutcome,
 ) -> Result<()> {
     let server = writer.server();
-    let mut list = fold_list(ckpts, chain, server).await?;
     let col = chain.target;
-    let newest = col == list.len();
     let map = server_map(&chain.base)?;
+    let newest = col as usize == chain.pieces.len();
+    let t_index = std::time::Instant::now();
+    // The newest state needs row 0 only, which its own piece index lists whole; an older one
+    // needs the list folded from every piece.
+    let list = if newest {
+        let last = &chain.pieces[chain.pieces.len() - 1..];
+        let (_, name, p) = read_piece_indexes(ckpts, last, server)
+            .await?
+            .pop()
+            .ok_or_else(|| CkptError::InvalidCheckpoint {
+                id: last[0].id.to_string(),
+                reason: format!("has no piece index of server {}", server.0),
+            })?;
+        out.files += 1;
+        let columns = chain.pieces.iter().map(|m| m.id.clone()).collect();
+        ChunkList::from_row0(chain.base.id.clone(), server, map, columns, &p, &name)?
+    } else {
+        out.files += chain.pieces.len() as u64;
+        fold_list(ckpts, chain, server).await?
+    };
+    out.index_s = t_index.elapsed().as_secs_f64();
     // Which parts of which files the rectangle reads, and each part's chunk (for Bloom
-    // filters of row-0 chunks when the list will grow again).
-    // Per file: (part, table, range, column, round).
+    // filters of row-0 chunks when the list will grow again): (part, table, range, column,
+    // round).
     type Read = (LivePart, u32, u32, u32, u32);
     let mut by_file: HashMap<u32, Vec<Read>> = HashMap::new();
     for c in list.rectangle(col) {
@@ -423,39 +446,32 @@ async fn restore_list(
     // Per table: the column each local row was last written from (0: the base).
     let mut version: HashMap<u32, Vec<u32>> = HashMap::new();
     let mut row0_ids: HashMap<(u32, u32, u32), Vec<RowId>> = HashMap::new();
-    let refs: Vec<_> = files
+    let jobs: Vec<_> = files
         .iter()
-        .map(|&f| (f, list.file(f).file.clone()))
+        .map(|&f| {
+            let parts: Vec<Read> = by_file[&f].clone();
+            (list.file(f).file.clone(), parts)
+        })
         .collect();
-    let mut stream = futures_util::stream::iter(refs)
-        .map(|(ix, f)| {
+    let mut stream = futures_util::stream::iter(jobs)
+        .map(|(f, reads)| {
             let ckpts = ckpts.clone();
             async move {
-                let key = ckpts.file_key(&f.ckpt, &f.path)?;
-                let data = ckpts.store().get(&key).await?;
-                ChunkFile::open(key.as_str(), &data, &f)?;
-                Ok::<_, CkptError>((ix, key, data))
+                let parts: Vec<LivePart> = reads.iter().map(|r| r.0).collect();
+                let mut st = ReadStats::default();
+                let data = read_parts(&ckpts, &f, &parts, &mut st).await?;
+                Ok::<_, CkptError>((f, reads, data, st))
             }
         })
         .buffered(4);
     let mut words: Vec<f32> = Vec::new();
     let mut ids: Vec<RowId> = Vec::new();
     while let Some(r) = stream.next().await {
-        let (ix, key, data) = r?;
+        let (f, reads, data, st) = r?;
         out.files += 1;
-        out.bytes += data.len() as u64;
-        let cf = ChunkFile::open_verified(key.as_str(), &data)?;
-        for &(p, table, range, ccol, round) in &by_file[&ix] {
-            let s = cf.section(key.as_str(), p.section)?;
-            if p.hi as usize > s.len() || s.table.0 != table {
-                return Err(CkptError::Corrupt {
-                    file: key.to_string(),
-                    reason: format!(
-                        "section {} does not hold rows {}..{} of table {table}",
-                        p.section, p.lo, p.hi
-                    ),
-                });
-            }
+        out.bytes += st.bytes;
+        let name = || format!("{}/{}", f.ckpt, f.path);
+        for ((p, table, range, ccol, round), d) in reads.into_iter().zip(data) {
             let tid = TableId(table);
             let v = match version.entry(table) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -466,12 +482,13 @@ async fn restore_list(
                             server.0
                         ))
                     })?;
-                    if layout != s.layout {
+                    if layout.bytes() != p.row_bytes as usize {
                         return Err(CkptError::InvalidCheckpoint {
                             id: chain.base.id.to_string(),
                             reason: format!(
-                                "table {table}: rows of {:?} saved, the target has {layout:?}",
-                                s.layout
+                                "table {table}: rows of {} bytes saved, the target's are {}",
+                                p.row_bytes,
+                                layout.bytes()
                             ),
                         });
                     }
@@ -480,18 +497,24 @@ async fn restore_list(
             };
             ids.clear();
             words.clear();
-            let w = s.layout.words();
-            for i in p.lo as usize..p.hi as usize {
-                let id = s.id(i);
+            let w = p.row_bytes as usize / 4;
+            words.reserve(d.len() * w);
+            let mut keep = (newest && round == 0)
+                .then(|| row0_ids.entry((table, range, ccol)).or_default());
+            if let Some(k) = keep.as_deref_mut() {
+                k.reserve(d.len());
+            }
+            for i in 0..d.len() {
+                let id = d.id(i);
                 if map.owner(tid, id) != server {
                     return Err(CkptError::Corrupt {
-                        file: key.to_string(),
+                        file: name(),
                         reason: format!("row {id} of table {table} is not server {}'s", server.0),
                     });
                 }
                 let local = map.local_index(tid, id) as usize;
                 let slot = v.get_mut(local).ok_or_else(|| CkptError::Corrupt {
-                    file: key.to_string(),
+                    file: name(),
                     reason: format!("row {id} of table {table} is outside the shard"),
                 })?;
                 // The newest column's copy wins, whatever order files arrive in.
@@ -500,10 +523,10 @@ async fn restore_list(
                     ids.push(id);
                     let at = words.len();
                     words.resize(at + w, 0.0);
-                    copy_le_into_f32s(s.row(i), &mut words[at..]);
+                    copy_le_into_f32s(d.row(i), &mut words[at..]);
                 }
-                if newest && round == 0 {
-                    row0_ids.entry((table, range, ccol)).or_default().push(id);
+                if let Some(k) = keep.as_deref_mut() {
+                    k.push(id);
                 }
             }
             if !ids.is_empty() {
@@ -513,10 +536,15 @@ async fn restore_list(
         }
     }
     if newest {
-        for ((t, r, c), mut v) in row0_ids {
-            v.sort_unstable();
-            list.set_bloom(t, r, c, Bloom::of(v.into_iter(), 10));
-        }
+        // The Bloom filters are built later, by the next extraction round that needs them
+        // (off the recovery's critical path): keep the ids.
+        out.row0_ids = row0_ids
+            .into_iter()
+            .map(|((t, r, c), mut v)| {
+                v.sort_unstable();
+                ((t, r, c), v)
+            })
+            .collect();
         out.list = Some(list);
     }
     Ok(())

@@ -23,21 +23,28 @@ use crate::format::{
 use crate::key::Key;
 use crate::snapshot::{full_manifest, ShardReport};
 
-/// Keys of the files the head's chunk lists no longer point into (one list per server).
+/// Keys of the files no live chunk points into any more, in every chunk list of the store
+/// (one per base and server): IncrCP §4.4's bundles whose counter reached 0.
 pub async fn dead_files(ckpts: &Checkpoints) -> Result<BTreeSet<Key>> {
     let mut out = BTreeSet::new();
-    let chain = match super::restore::select(ckpts, &RestoreAt::Current).await {
-        Ok(c) => c,
-        Err(CkptError::NoCheckpoint { .. }) => return Ok(out),
-        Err(e) => return Err(e),
-    };
-    if chain.scheme != Some(PieceScheme::ChunkList) {
-        return Ok(out);
+    let lineage = Lineage::load(ckpts).await?;
+    // The newest piece of every list: a chunk-list piece no other chunk-list piece grows from.
+    let mut lists = Vec::new();
+    let mut parents = BTreeSet::new();
+    for n in lineage.nodes() {
+        let m = ckpts.read_manifest(&n.id, None).await?;
+        if m.piece_scheme() == Some(PieceScheme::ChunkList) {
+            parents.extend(m.parents.iter().cloned());
+            lists.push(m.id.clone());
+        }
     }
-    for s in &chain.base.shards {
-        let list = fold_list(ckpts, &chain, s.server).await?;
-        for f in list.dead_files() {
-            out.insert(ckpts.file_key(&f.ckpt, &f.path)?);
+    for head in lists.into_iter().filter(|id| !parents.contains(id)) {
+        let chain = super::restore::select(ckpts, &RestoreAt::Id(head)).await?;
+        for s in &chain.base.shards {
+            let list = fold_list(ckpts, &chain, s.server).await?;
+            for f in list.dead_files() {
+                out.insert(ckpts.file_key(&f.ckpt, &f.path)?);
+            }
         }
     }
     Ok(out)
@@ -53,7 +60,7 @@ pub struct IncrGcReport {
 }
 
 /// Delete every checkpoint no live lineage needs (older lists, and differentials older than the
-/// newest of their base), then every chunk-list file of the head's lists with no live chunk.
+/// newest of their base), then every chunk-list file with no live chunk.
 pub async fn gc(ckpts: &Checkpoints, opts: &GcOptions) -> Result<IncrGcReport> {
     let lineage = deck::gc(ckpts, opts).await?;
     let mut rep = remove_dead_files(ckpts).await?;
@@ -61,8 +68,8 @@ pub async fn gc(ckpts: &Checkpoints, opts: &GcOptions) -> Result<IncrGcReport> {
     Ok(rep)
 }
 
-/// Delete the chunk-list files of the head's lists that no live chunk points into, and only
-/// those (every checkpoint stays restorable).
+/// Delete the chunk-list files no live chunk points into, and only those (every checkpoint
+/// stays restorable).
 pub async fn remove_dead_files(ckpts: &Checkpoints) -> Result<IncrGcReport> {
     let mut rep = IncrGcReport::default();
     for key in dead_files(ckpts).await? {
@@ -91,8 +98,8 @@ pub struct Verified {
     pub problem: Option<String>,
 }
 
-/// Read and check every file of every checkpoint; files the head's chunk lists no longer need
-/// may be missing. Also folds the head's lists (their records must be consistent).
+/// Read and check every file of every checkpoint; files no chunk list needs any more may be
+/// missing. Also folds the head's lists (their records must be consistent).
 pub async fn verify(ckpts: &Checkpoints) -> Result<Vec<Verified>> {
     let lineage = Lineage::load(ckpts).await?;
     let dead = dead_files(ckpts).await.unwrap_or_default();
@@ -345,14 +352,8 @@ pub(crate) async fn write_mem_shards(
     Ok(reports)
 }
 
-/// Rebuild the state `chain` names for every server, in memory, and commit it into `dst` as
-/// one full checkpoint `<state>-full` (`CURRENT` moves). Holds the whole model in memory.
-pub async fn materialize_full(
-    src: &Checkpoints,
-    chain: &IncrChain,
-    dst: &Checkpoints,
-    chunk_bytes: usize,
-) -> Result<Manifest> {
+/// Rebuild the state `chain` names for every server, in memory (every file read is verified).
+pub async fn restore_all(src: &Checkpoints, chain: &IncrChain) -> Result<Vec<MemShard>> {
     let map = ShardMap::new(chain.base.shards.len().max(1) as u32).map_err(|e| {
         CkptError::InvalidCheckpoint {
             id: chain.base.id.to_string(),
@@ -365,9 +366,20 @@ pub async fn materialize_full(
         restore_server(src, chain, &mut s).await?;
         shards.push(s);
     }
+    Ok(shards)
+}
+
+/// Commit `shards` (the state `chain` names) into `dst` as one full checkpoint
+/// `<state>-full` (`CURRENT` moves).
+pub async fn write_full(
+    dst: &Checkpoints,
+    chain: &IncrChain,
+    shards: &[MemShard],
+    chunk_bytes: usize,
+) -> Result<Manifest> {
     let target = chain.target_manifest();
     let id = CheckpointId::new(format!("{}-full", target.id))?;
-    let reports = write_mem_shards(dst, &id, &shards, chunk_bytes).await?;
+    let reports = write_mem_shards(dst, &id, shards, chunk_bytes).await?;
     let mut m = full_manifest(id, target.step, target.data_position.clone(), reports);
     m.extra.insert(
         "restored_from".into(),
@@ -379,6 +391,18 @@ pub async fn materialize_full(
     );
     dst.commit(&m).await?;
     Ok(m)
+}
+
+/// Rebuild the state `chain` names for every server, in memory, and commit it into `dst` as
+/// one full checkpoint `<state>-full` (`CURRENT` moves). Holds the whole model in memory.
+pub async fn materialize_full(
+    src: &Checkpoints,
+    chain: &IncrChain,
+    dst: &Checkpoints,
+    chunk_bytes: usize,
+) -> Result<Manifest> {
+    let shards = restore_all(src, chain).await?;
+    write_full(dst, chain, &shards, chunk_bytes).await
 }
 
 /// Sizes of every object in the store, by checkpoint directory (`""` for `CURRENT` and

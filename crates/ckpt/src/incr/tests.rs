@@ -12,6 +12,7 @@ use proptest::prelude::*;
 use super::store::write_mem_shards;
 use super::*;
 use crate::checkpoint::Checkpoints;
+use crate::error::CkptError;
 use crate::deck::{self, RestoreAt};
 use crate::format::dense::encode_dense;
 use crate::format::rows::encode_rows;
@@ -255,7 +256,7 @@ impl Run {
             .await
             .unwrap();
         for (c, r) in self.chains.iter_mut().zip(&reports) {
-            c.set_base(id.clone(), r.bytes);
+            c.set_base(id.clone(), r);
         }
         let m = full_manifest(id.clone(), self.step, DataPosition::None, reports);
         self.ckpts.commit(&m).await.unwrap();
@@ -429,8 +430,9 @@ fn spec_strategy() -> impl Strategy<Value = PieceSpec> {
         prop_oneof![Just(0u64), Just(3), Just(16)],
         any::<bool>(),
         any::<(bool, bool, bool)>(),
+        prop_oneof![Just(0.0), Just(0.5), Just(0.95)],
     )
-        .prop_map(|(r, range_rows, concat, (a, b, c))| PieceSpec {
+        .prop_map(|(r, range_rows, concat, (a, b, c), compact)| PieceSpec {
             scheme: PieceScheme::ChunkList,
             quant: None,
             extract: ExtractConfig {
@@ -444,6 +446,7 @@ fn spec_strategy() -> impl Strategy<Value = PieceSpec> {
                 },
                 bundle_bytes: 1024,
                 bloom_bits_per_key: 4,
+                compact_below: compact,
             },
         });
     prop_oneof![
@@ -555,7 +558,7 @@ fn pieces_through_staging_quantized_and_exact() {
             .block_on(write_mem_shards(&ckpts, &base, &model.shards, 1024))
             .unwrap();
         let mut chain = ServerChain::new(ServerId(0), model.map);
-        chain.set_base(base.clone(), reports[0].bytes);
+        chain.set_base(base.clone(), &reports[0]);
         rt.block_on(ckpts.commit(&full_manifest(base.clone(), 0, DataPosition::None, reports)))
             .unwrap();
         let mut parent = base.clone();
@@ -671,4 +674,68 @@ fn pieces_through_staging_quantized_and_exact() {
             .unwrap();
         assert_eq!(bits_of(&back), bits_of(&target));
     }
+}
+
+/// A flipped byte in a chunk part, or a truncated file, fails the restore with an error naming
+/// the file; bytes outside every live part are never read, so damage there goes unnoticed by a
+/// restore (and `verify`, which reads whole files, names it).
+#[test]
+fn damaged_chunk_files_are_errors_naming_them() {
+    use crate::store::PutMode;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let model = Model::new(1, 11);
+        let mut run = Run {
+            ckpts: Checkpoints::new(Arc::new(MemoryStore::new())),
+            spec: PieceSpec::chunk_list(0.0),
+            chunk_rows: 1000,
+            chains: vec![ServerChain::new(ServerId(0), model.map)],
+            model,
+            committed: Vec::new(),
+            base: None,
+            prev: None,
+            step: 0,
+        };
+        run.full().await;
+        for _ in 0..6 {
+            run.model.update(60);
+            run.piece().await;
+        }
+        let list = run.chains[0].list().unwrap().clone();
+        // A live part of the newest state, in a file of an extraction round or a piece.
+        let c = list.rectangle(list.len())[0];
+        let p = c.parts[0];
+        let f = list.file(p.file).file.clone();
+        let key = run.ckpts.file_key(&f.ckpt, &f.path).unwrap();
+        let good = run.ckpts.store().get(&key).await.unwrap();
+        let chain = select(&run.ckpts, &RestoreAt::Current).await.unwrap();
+        for damage in [0usize, 1] {
+            let mut bad = good.to_vec();
+            if damage == 0 {
+                bad[p.rows_at as usize] ^= 0x40;
+            } else {
+                bad.truncate(p.rows_at as usize);
+            }
+            run.ckpts
+                .store()
+                .put(&key, bad.into(), PutMode::Overwrite)
+                .await
+                .unwrap();
+            let mut target = MemShard::of(&chain.base.shards[0], run.model.map);
+            let e = restore_server(&run.ckpts, &chain, &mut target)
+                .await
+                .unwrap_err();
+            let named = e.file() == Some(key.as_str())
+                || matches!(&e, CkptError::InvalidRange { key: k, .. } if k == key.as_str());
+            assert!(named, "damage {damage}: {e}");
+            let v = verify(&run.ckpts).await.unwrap();
+            assert!(
+                v.iter().any(|v| v.problem.as_deref().is_some_and(|m| m.contains(&f.path))),
+                "verify names {}: {v:?}",
+                f.path
+            );
+        }
+    });
 }

@@ -95,6 +95,7 @@ fn piece_to_wire(p: &PieceSpec) -> proto::PieceSpec {
         actual_filter: p.extract.filters.actual,
         bundle_bytes: p.extract.bundle_bytes as u64,
         bloom_bits_per_key: p.extract.bloom_bits_per_key,
+        compact_below: p.extract.compact_below,
     }
 }
 
@@ -121,6 +122,7 @@ fn piece_from_wire(p: proto::PieceSpec) -> Result<PieceSpec, String> {
             },
             bundle_bytes: usize::try_from(p.bundle_bytes).unwrap_or(usize::MAX),
             bloom_bits_per_key: p.bloom_bits_per_key,
+            compact_below: p.compact_below,
         },
     };
     spec.validate().map_err(|e| e.to_string())?;

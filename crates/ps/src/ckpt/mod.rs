@@ -506,7 +506,7 @@ impl CkptApi for CkptNode {
                 let mut chain = self.chain.lock().await;
                 if full {
                     // A full is the base incremental pieces grow from.
-                    chain.set_base(id.clone(), report.bytes);
+                    chain.set_base(id.clone(), &report);
                 } else {
                     // A DECK delta is no incremental piece: pieces need a new full.
                     chain.clear();
