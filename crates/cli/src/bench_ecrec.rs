@@ -115,6 +115,7 @@ fn ecrec(k: usize, r: usize, two_phase: bool, dense_replication: bool) -> Strate
         dense_replication,
         two_phase,
         lock_ranges: 4,
+        rebuild_share_ppm: ftrec_cluster::ecrec::DEFAULT_REBUILD_SHARE_PPM,
     }
 }
 

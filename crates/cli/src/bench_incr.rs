@@ -575,7 +575,15 @@ fn timed_restore(
 ) -> Result<DepthRestore> {
     let mut reps = Vec::new();
     for _ in 0..env.args.restore_reps.max(1) {
-        reps.push(restore_once(env, ckpts, dir, model, depth, incremental, exact_run)?);
+        reps.push(restore_once(
+            env,
+            ckpts,
+            dir,
+            model,
+            depth,
+            incremental,
+            exact_run,
+        )?);
     }
     let med = |f: &dyn Fn(&DepthRestore) -> f64| {
         let mut v: Vec<f64> = reps.iter().map(f).collect();
@@ -629,7 +637,15 @@ fn restore_once(
             .rt
             .block_on(deck::restore_chain(ckpts, &chain, &mut target))?;
         let s = t0.elapsed().as_secs_f64();
-        (target, None, s, st.files_read, st.bytes_read, st.rows_out, 0.0)
+        (
+            target,
+            None,
+            s,
+            st.files_read,
+            st.bytes_read,
+            st.rows_out,
+            0.0,
+        )
     };
     let total_s = t0.elapsed().as_secs_f64();
     let exact = shard_bits(&target) == model.bits();

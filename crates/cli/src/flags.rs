@@ -45,6 +45,15 @@ pub enum Cmd {
     /// The coordinator alone: servers started elsewhere (`--server-addr`, one per server) and
     /// workers that connect to `--control-listen` (`ftrec worker --coordinator ADDR --id W`).
     Coordinator(RunArgs),
+    /// Every strategy on one workload with one failure schedule: report.json, report.md,
+    /// report.html and plots (PNG and SVG) in --out.
+    Compare(crate::compare::CompareArgs),
+    /// A short comparison on the tiny preset with two server kills; prints the summary and
+    /// where the report is.
+    Demo(crate::demo::DemoArgs),
+    /// Which strategy to run at production scale: costs simulated from coefficients calibrated
+    /// on a compare report.
+    Advise(crate::advise::AdviseArgs),
 }
 
 /// Flags of `ftrec run` and `ftrec coordinator`. Every value may also come from the job file
@@ -68,7 +77,7 @@ pub struct RunArgs {
     /// before the next step (default: asynchronous).
     #[arg(long)]
     pub sync: bool,
-    /// Fault tolerance: none, full, deck or ecrec [default: none].
+    /// Fault tolerance: none, full, deck, ecrec, incrcp, incremental or cnr [default: none].
     #[arg(long)]
     pub strategy: Option<String>,
     /// Delta checkpoint interval, in steps (strategy deck) [default: 10].
@@ -85,29 +94,31 @@ pub struct RunArgs {
     /// Cap on the merger's write rate in MiB/s (strategy deck) [default: none].
     #[arg(long, value_name = "R")]
     pub merge_mib_per_s: Option<f64>,
-    /// Checkpoint store of strategy deck: a directory or s3://bucket/prefix (S3 settings from
-    /// the AWS environment variables) [default: WORK_DIR/ckpt].
-    #[arg(long, value_name = "LOCATION")]
+    /// Checkpoint store of a saving strategy (full, deck, ...): a directory or
+    /// s3://bucket/prefix (S3 settings from the AWS environment variables) [default:
+    /// WORK_DIR/ckpt]. `--ckpt-dir DIR` is the same.
+    #[arg(long, value_name = "LOCATION", alias = "ckpt-dir")]
     pub store: Option<String>,
-    /// Staging chunk size of the servers' checkpoint writes, in KiB (strategy deck)
+    /// Staging chunk size of the servers' checkpoint writes, in KiB (saving strategies)
     /// [default: 4096].
     #[arg(long, value_name = "KIB")]
     pub ckpt_chunk_kib: Option<usize>,
     #[command(flatten)]
     pub ec: EcRunArgs,
-    /// Full checkpoint interval, in steps (strategy full) [default: 100].
+    #[command(flatten)]
+    pub incr: IncrRunArgs,
+    /// Checkpoint interval, in steps (strategies full, incrcp, incremental, cnr)
+    /// [default: 100].
     #[arg(long, value_name = "N")]
     pub ckpt_every_steps: Option<u64>,
-    /// Checkpoint directory (default: WORK_DIR/ckpt).
-    #[arg(long, value_name = "DIR")]
-    pub ckpt_dir: Option<PathBuf>,
     /// Port files and default checkpoints (default: a new directory under the temp dir).
     #[arg(long, value_name = "DIR")]
     pub work_dir: Option<PathBuf>,
     /// SIGKILL a process: ROLE=I@step=S, ROLE=I@time=T (seconds) or
-    /// ROLE=I@phase=checkpoint-write|recovery|merge|prepare|commit|rebuild[#N] (merge with
-    /// deck; prepare, commit, rebuild with ecrec: phase 1 or 2 of a step's commit, during a
-    /// rebuild; #N: the N-th time), ROLE server, worker or merger
+    /// ROLE=I@phase=checkpoint-write|piece-write|recovery|merge|prepare|commit|rebuild[#N]
+    /// (piece-write with incrcp, incremental, cnr: while a piece uploads and is extracted;
+    /// merge with deck; prepare, commit, rebuild with ecrec: phase 1 or 2 of a step's commit,
+    /// during a rebuild; #N: the N-th time), ROLE server, worker or merger
     /// (repeatable).
     #[arg(long, value_name = "ROLE=I@POINT")]
     pub kill: Vec<String>,
@@ -149,6 +160,49 @@ pub struct RunArgs {
     pub json: Option<PathBuf>,
 }
 
+/// Flags of the incremental strategies of `ftrec run` (incrcp, incremental, cnr).
+#[derive(Args, Debug, Default, Clone)]
+pub struct IncrRunArgs {
+    /// incrcp: when to write a new full instead of a piece: auto (IncrCP §4.5: when T_base
+    /// < T_incre), never, or N (every N pieces); incremental: never or N [default: auto for
+    /// incrcp, never for incremental].
+    #[arg(long, value_name = "auto|never|N")]
+    pub base_reset: Option<String>,
+    /// incrcp: extraction threshold R, the share of an old chunk's rows a new piece must
+    /// save again for them to be extracted (IncrCP §4.3) [default: 0.02].
+    #[arg(long, value_name = "R")]
+    pub extract_threshold: Option<f64>,
+    /// incrcp: local rows per row range, each with its own chunk list (0: one list per table
+    /// shard) [default: 0].
+    #[arg(long, value_name = "N")]
+    pub range_rows: Option<u64>,
+    /// incrcp: one file per chunk instead of concatenation bundles (IncrCP §4.4).
+    #[arg(long)]
+    pub no_concat: bool,
+    /// cnr: a new full once a differential passes this share of the full's bytes, 0 never
+    /// [default: 0.5].
+    #[arg(long, value_name = "F")]
+    pub cnr_reset_fraction: Option<f64>,
+    /// cnr: store the differentials' values quantized to 8 or 4 bits (Check-N-Run); restores
+    /// are then approximate [default: off].
+    #[arg(long, value_name = "BITS")]
+    pub quantize: Option<u8>,
+}
+
+impl IncrRunArgs {
+    /// The flags given, by name.
+    pub fn given(&self) -> Vec<(&'static str, bool)> {
+        vec![
+            ("--base-reset", self.base_reset.is_some()),
+            ("--extract-threshold", self.extract_threshold.is_some()),
+            ("--range-rows", self.range_rows.is_some()),
+            ("--no-concat", self.no_concat),
+            ("--cnr-reset-fraction", self.cnr_reset_fraction.is_some()),
+            ("--quantize", self.quantize.is_some()),
+        ]
+    }
+}
+
 /// ECRec flags of `ftrec run` (strategy ecrec only).
 #[derive(Args, Debug, Default, Clone)]
 pub struct EcRunArgs {
@@ -172,6 +226,11 @@ pub struct EcRunArgs {
     /// ECRec: lock ranges of a rebuild [default: 1].
     #[arg(long, value_name = "L")]
     pub recovery_locks: Option<usize>,
+    /// ECRec: share of the time a replacement's background rebuild may work, from 0 to 1
+    /// (it rests between batches so that training keeps its speed; 0 holds the rebuild until
+    /// training ends, serving lost rows by degraded reads meanwhile) [default: 1].
+    #[arg(long, value_name = "F")]
+    pub rebuild_share: Option<f64>,
 }
 
 impl EcRunArgs {
@@ -183,6 +242,7 @@ impl EcRunArgs {
             no_dense_replication: self.no_dense_replication,
             no_2pc: self.no_2pc,
             recovery_locks: self.recovery_locks,
+            rebuild_share: self.rebuild_share,
             replacement: false,
         }
     }
@@ -223,8 +283,8 @@ pub struct ServerArgs {
     /// input, or a signal; what `ftrec run` asks of the servers it starts).
     #[arg(long, default_value = "signal")]
     pub until: String,
-    /// Serve the checkpoint service too, staging chunks in this local directory (strategy
-    /// deck; store settings from the AWS environment variables).
+    /// Serve the checkpoint service too, staging chunks in this local directory (saving
+    /// strategies: full, deck, ...; store settings from the AWS environment variables).
     #[arg(long, value_name = "DIR")]
     pub ckpt_staging: Option<PathBuf>,
     /// Staging chunk size in KiB (with --ckpt-staging) [default: 4096].

@@ -3,13 +3,17 @@
 //! The binary only parses flags into validated configurations, calls the library crates and maps
 //! errors to one clear line and a non-zero exit code.
 
+mod advise;
 mod bench;
 mod bench_ecrec;
 mod bench_incr;
 mod ckpt_cmd;
 mod cluster_cmd;
+mod compare;
 mod data;
+mod demo;
 mod flags;
+mod plot;
 mod train;
 
 use std::process::ExitCode;
@@ -32,6 +36,9 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         flags::Cmd::Coordinator(args) => cluster_cmd::coordinator(args),
+        flags::Cmd::Compare(args) => compare::run(args),
+        flags::Cmd::Demo(args) => demo::run(args),
+        flags::Cmd::Advise(args) => advise::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 mod common;
+mod compare;
 use common::{ftrec, read_json, succeed};
 
 fn run_args(dir: &std::path::Path) -> Vec<String> {
@@ -44,10 +45,12 @@ fn full_run_with_a_kill_recovers_and_matches_the_clean_run() {
     );
 
     let json = dir.path().join("killed.json");
+    let store = dir.path().join("store");
     let out = succeed(
         ftrec()
             .args(run_args(&dir.path().join("killed")))
-            .args(["--strategy", "full", "--ckpt-every-steps", "4"])
+            .args(["--strategy", "full", "--ckpt-every-steps", "4", "--store"])
+            .arg(&store)
             .args(["--kill", "server=0@step=6", "--json"])
             .arg(&json),
     );
@@ -67,6 +70,25 @@ fn full_run_with_a_kill_recovers_and_matches_the_clean_run() {
             "pid {pid} alive"
         );
     }
+    // `full` saves in the servers' checkpoint format: `ckpt` lists, verifies and restores
+    // its store. Superseded fulls are collected; the final model (step 10) is left.
+    let stdout = |o: std::process::Output| String::from_utf8_lossy(&o.stdout).into_owned();
+    let ls = stdout(succeed(ftrec().args(["ckpt", "ls"]).arg(&store)));
+    assert!(ls.contains(" full "), "{ls}");
+    let head = ls.lines().find(|l| l.starts_with("head ")).unwrap();
+    assert!(head.starts_with("head 00000000000000000010-full"), "{ls}");
+    let v = stdout(succeed(ftrec().args(["ckpt", "verify"]).arg(&store)));
+    assert!(v.starts_with("ok "), "{v}");
+    let restored = dir.path().join("restored");
+    let r = stdout(succeed(
+        ftrec()
+            .args(["ckpt", "restore"])
+            .arg(&store)
+            .args(["--out"])
+            .arg(&restored),
+    ));
+    assert!(r.contains("restored step 10"), "{r}");
+    succeed(ftrec().args(["ckpt", "verify"]).arg(&restored));
 }
 
 #[test]
@@ -96,6 +118,30 @@ fn bad_run_flags_give_one_clear_error_line() {
         (vec!["--kill", "worker=2@step=2"], "worker=2"),
         (vec!["--kill", "server=5@step=2"], "server=5"),
         (vec!["--servers", "0"], "--servers"),
+        (
+            vec!["--store", "/tmp/x"],
+            "strategies that save checkpoints",
+        ),
+        (
+            vec!["--strategy", "incrcp", "--quantize", "8"],
+            "--quantize does not apply to --strategy incrcp",
+        ),
+        (
+            vec!["--strategy", "cnr", "--quantize", "5"],
+            "--quantize must be 8 or 4",
+        ),
+        (
+            vec!["--strategy", "incremental", "--base-reset", "auto"],
+            "--base-reset auto",
+        ),
+        (
+            vec!["--strategy", "incrcp", "--extract-threshold", "2"],
+            "--extract-threshold",
+        ),
+        (
+            vec!["--strategy", "deck", "--kill", "server=0@phase=piece-write"],
+            "piece-write",
+        ),
     ] {
         let out = ftrec()
             .args(run_args(dir.path()))
@@ -462,4 +508,63 @@ fn a_killed_coordinator_takes_its_servers_and_workers_with_it() {
         left.is_empty(),
         "still running after the coordinator died: {left:?}"
     );
+}
+
+/// `ftrec ckpt ls|verify|restore|gc` on a store of IncrCP pieces: the pieces and their
+/// extraction are listed, every file verifies, the newest state restores to a full checkpoint
+/// of the final step, and a damaged piece file is named by `verify`.
+#[test]
+fn ckpt_commands_understand_an_incrcp_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let json = dir.path().join("run.json");
+    let mut cmd = ftrec();
+    cmd.args(run_args(&dir.path().join("work")))
+        .args(["--strategy", "incrcp", "--ckpt-every-steps", "2"])
+        .args(["--base-reset", "never", "--store"])
+        .arg(&store)
+        .arg("--json")
+        .arg(&json);
+    succeed(&mut cmd);
+    let rep = read_json(&json);
+    assert_eq!(rep["store"]["fulls"], 1, "{}", rep["store"]);
+    assert_eq!(rep["store"]["pieces"], 4, "{}", rep["store"]);
+    let ls = String::from_utf8(succeed(ftrec().args(["ckpt", "ls"]).arg(&store)).stdout).unwrap();
+    assert!(ls.contains("chunk_list") || ls.contains("chunk-list"), "{ls}");
+    assert!(ls.contains("extraction:"), "{ls}");
+    succeed(ftrec().args(["ckpt", "verify"]).arg(&store));
+    let out = dir.path().join("restored");
+    let restored = String::from_utf8(
+        succeed(ftrec().args(["ckpt", "restore"]).arg(&store).arg("--out").arg(&out)).stdout,
+    )
+    .unwrap();
+    assert!(restored.contains("restored step 10"), "{restored}");
+    succeed(ftrec().args(["ckpt", "gc"]).arg(&store));
+    succeed(ftrec().args(["ckpt", "verify"]).arg(&store));
+    // Flip one byte of a piece index: verify names it and fails.
+    let pidx = walk(&store)
+        .into_iter()
+        .find(|p| p.extension().is_some_and(|e| e == "pidx"))
+        .expect("a piece index");
+    let mut b = std::fs::read(&pidx).unwrap();
+    let i = b.len() / 2;
+    b[i] ^= 0x40;
+    std::fs::write(&pidx, b).unwrap();
+    let v = ftrec().args(["ckpt", "verify"]).arg(&store).output().unwrap();
+    assert_eq!(v.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&v.stdout);
+    assert!(stdout.contains("DAMAGED") && stdout.contains("piece.pidx"), "{stdout}");
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
 }

@@ -34,19 +34,18 @@ use ftrec_ps::grpc::{GrpcClient, GrpcConfig};
 use ftrec_ps::{PsService, ShardedClient};
 use ftrec_strategy::deck::{Deck, DeckConfig};
 use ftrec_strategy::{
-    Action, CheckpointRef, Event, FullCheckpoint, Interval, NoFaultTolerance, Strategy,
+    Action, CheckpointRef, Cnr, CnrConfig, Event, FullCheckpoint, IncrCp, IncrCpConfig,
+    Incremental, Interval, NoFaultTolerance, Strategy,
 };
 use tokio::sync::{mpsc as tmpsc, watch};
 
 use crate::control::{BatchTiming, FromWorker, PoolEvent, ToWorker, WorkerPool};
-use crate::image::{checkpoint_path, load_full, save_full, Manifest, ShardImage};
 use crate::report::{
     intervals, EventKind, FailureReport, Overheads, RunReport, StepPoint, TimedEvent,
 };
-use crate::worker::{connect_all, position_after, Compute, WorkerSetup};
+use crate::worker::{connect_all, Compute, WorkerSetup};
 use crate::{
-    build_server, ClusterError, KillAt, KillSpec, Phase, Role, RunConfig, ServerProcess,
-    StrategyChoice,
+    ClusterError, KillAt, KillSpec, Phase, Role, RunConfig, ServerProcess, StrategyChoice,
 };
 
 /// Longest a worker may take for one batch (pull, compute, stage or push) before it counts as
@@ -71,17 +70,11 @@ const POLL: Duration = Duration::from_millis(10);
 pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
     cfg.validate()?;
     let start = Instant::now();
-    let mut dirs = vec![cfg.work_dir.clone()];
-    if let StrategyChoice::Full { .. } = cfg.strategy {
-        // `deck`'s store creates its own directory (and may not be local at all).
-        dirs.push(cfg.ckpt_dir());
-    }
-    for dir in dirs {
-        std::fs::create_dir_all(&dir).map_err(|e| ClusterError::Io {
-            what: format!("creating {}", dir.display()),
-            source: e,
-        })?;
-    }
+    // The store creates its own directory (and may not be local at all).
+    std::fs::create_dir_all(&cfg.work_dir).map_err(|e| ClusterError::Io {
+        what: format!("creating {}", cfg.work_dir.display()),
+        source: e,
+    })?;
     // The coordinator's own matrix work is the final evaluation only; results do not depend
     // on the thread count, so a process that fixed it already (a benchmark that also ran the
     // single-process trainer) keeps its setting.
@@ -108,6 +101,41 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
             Deck::new(DeckConfig {
                 delta_every: Interval::Steps(delta_every_steps),
                 full_every_deltas: None,
+            })
+            .map_err(|e| ClusterError::Config(e.to_string()))?,
+        ),
+        StrategyChoice::Incremental {
+            every_steps,
+            full_every_pieces,
+        } => Box::new(
+            Incremental::new(Interval::Steps(every_steps), full_every_pieces)
+                .map_err(|e| ClusterError::Config(e.to_string()))?,
+        ),
+        StrategyChoice::Cnr {
+            every_steps,
+            reset_fraction,
+            quant_bits,
+        } => Box::new(
+            Cnr::new(CnrConfig {
+                every: Interval::Steps(every_steps),
+                reset_fraction,
+                quant_bits,
+            })
+            .map_err(|e| ClusterError::Config(e.to_string()))?,
+        ),
+        StrategyChoice::IncrCp {
+            every_steps,
+            reset,
+            threshold,
+            range_rows,
+            concat,
+        } => Box::new(
+            IncrCp::new(IncrCpConfig {
+                every: Interval::Steps(every_steps),
+                reset,
+                threshold,
+                range_rows,
+                concat,
             })
             .map_err(|e| ClusterError::Config(e.to_string()))?,
         ),
@@ -150,9 +178,9 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
         checkpoints: 0,
         bytes_written: 0,
         pause_s: 0.0,
+        paused: false,
         samples_redone: 0,
         recoveries: 0,
-        committed: None,
         aborted: None,
         last_loss: f64::NAN,
         timeline: Vec::new(),
@@ -217,10 +245,10 @@ struct Coordinator {
     checkpoints: u64,
     bytes_written: u64,
     pause_s: f64,
+    /// The strategy paused training and has not resumed it: a save in flight is waited for.
+    paused: bool,
     samples_redone: u64,
     recoveries: u32,
-    /// The newest committed checkpoint's id.
-    committed: Option<String>,
     aborted: Option<String>,
     last_loss: f64,
     timeline: Vec<StepPoint>,
@@ -231,11 +259,12 @@ struct Coordinator {
     worker_time: BatchTiming,
     /// Failures (by index) that are recovered once `batches` reaches the given count again.
     recover_at: Vec<(usize, u64)>,
-    /// `deck`: the checkpoint store, the save in flight and the merger.
+    /// A saving strategy's checkpoint store, the save in flight, the merger.
     store: Option<store::StoreState>,
     /// How often each phase was entered (for `phase=NAME#N` kills).
     phase_entries: HashMap<Phase, u32>,
-    /// `deck`: time training waited at a save point for the previous save's upload.
+    /// Time training waited for saves to commit (a blocking strategy's whole upload, or a
+    /// save point reached while the previous save still uploaded).
     upload_wait_s: f64,
     /// Strategy `ecrec`: the nodes' ECRec clients, rebuilds under way, the report's EC part.
     ec: Option<ecrec::EcRun>,
@@ -616,10 +645,7 @@ impl Coordinator {
             t_s: now_s,
             loss,
         });
-        // A save point reached while the previous save still uploads waits for its commit
-        // (the wait counts as pause), so saves land on their steps whatever the upload speed.
-        let mut actions = self.await_due_save(step);
-        actions.extend(self.strategy.on(&Event::StepDone { step, now_s }));
+        let actions = self.strategy.on(&Event::StepDone { step, now_s });
         Some((step, actions))
     }
 
@@ -1033,9 +1059,11 @@ impl Coordinator {
         for action in actions {
             match action {
                 // Batches are handed out by the training loop, which has stopped before it
-                // executes actions: pausing needs no message.
-                Action::PauseTraining => {}
+                // executes actions: pausing needs no message, only to be remembered (a save
+                // while paused is waited for).
+                Action::PauseTraining => self.paused = true,
                 Action::ResumeTraining => {
+                    self.paused = false;
                     let now = self.now();
                     let mut resumed = false;
                     for f in self.failures.iter_mut().filter(|f| {
@@ -1054,17 +1082,25 @@ impl Coordinator {
                     }
                 }
                 Action::SaveFull { step } => {
-                    let next = if self.store.is_some() {
-                        self.store_save(CheckpointKind::Full, step)
-                    } else {
-                        self.save(step)
-                    };
+                    let next = self.store_save(CheckpointKind::Full, step);
                     if !self.execute(next)? {
                         return Ok(false);
                     }
                 }
                 Action::SaveDelta { step } => {
                     let next = self.store_save(CheckpointKind::Delta, step);
+                    if !self.execute(next)? {
+                        return Ok(false);
+                    }
+                }
+                Action::SavePiece { step, layout } => {
+                    let next = self.store_save_piece(layout, step);
+                    if !self.execute(next)? {
+                        return Ok(false);
+                    }
+                }
+                Action::AwaitSave => {
+                    let next = self.wait_for_save();
                     if !self.execute(next)? {
                         return Ok(false);
                     }
@@ -1097,62 +1133,15 @@ impl Coordinator {
                 }
             }
         }
-        Ok(true)
-    }
-
-    /// A full checkpoint of the model as it is now (`step` as the strategy counts it); returns
-    /// the strategy's reaction.
-    fn save(&mut self, step: u64) -> Vec<Action> {
-        self.event(EventKind::CheckpointStart, None, format!("step {step}"));
-        let t0 = Instant::now();
-        self.fire_phase_kills(Phase::CheckpointWrite);
-        let manifest = Manifest {
-            format: 2,
-            step: self.step(),
-            batches: self.batches,
-            servers: self.cfg.servers,
-            preset: self.cfg.preset.name.clone(),
-            seed: self.cfg.seed,
-            position: position_after(self.cfg.batch, self.batches),
-            files: Vec::new(),
-        };
-        let root = self.cfg.ckpt_dir();
-        let result = match self.client() {
-            Ok(c) => self.rt.block_on(save_full(c.servers(), &root, manifest)),
-            Err(e) => Err(e),
-        };
-        let cost_s = t0.elapsed().as_secs_f64();
-        self.pause_s += cost_s;
-        match result {
-            Ok(out) => {
-                // Full recovery only ever restores the newest committed checkpoint, so the
-                // older ones are dropped once a newer one is committed.
-                if let Some(old) = self.committed.replace(out.id.clone()) {
-                    if old != out.id {
-                        let _ = std::fs::remove_dir_all(checkpoint_path(&root, &old));
-                    }
-                }
-                self.checkpoints += 1;
-                self.bytes_written += out.bytes;
-                self.event(
-                    EventKind::CheckpointEnd,
-                    None,
-                    format!("{} ({} bytes, {cost_s:.3}s)", out.id, out.bytes),
-                );
-                self.strategy.on(&Event::SaveFinished {
-                    checkpoint: CheckpointRef { id: out.id, step },
-                    cost_s,
-                    bytes: out.bytes,
-                })
-            }
-            Err(e) => {
-                self.event(EventKind::CheckpointFailed, None, e.to_string());
-                self.strategy.on(&Event::SaveFailed {
-                    step,
-                    reason: e.to_string(),
-                })
+        // Paused with a save in flight: training waits for its commit, and the strategy's
+        // reaction to it says what comes next (typically resume).
+        while self.paused && self.save_in_flight() {
+            let next = self.wait_for_save();
+            if !self.execute(next)? {
+                return Ok(false);
             }
         }
+        Ok(true)
     }
 
     /// Replace lost server `id`: start a new process (or, for a server started elsewhere, wait
@@ -1266,26 +1255,9 @@ impl Coordinator {
     fn load(&mut self, checkpoint: &Option<CheckpointRef>) -> Result<u64, ClusterError> {
         let addrs = self.server_addrs.clone();
         self.clients = Some(self.rt.block_on(connect_all(&addrs))?);
-        let servers = self.client()?.servers().to_vec();
         match checkpoint {
-            Some(c) if self.store.is_some() => self.store_restore(&c.id),
-            Some(c) => {
-                let root = self.cfg.ckpt_dir();
-                Ok(self.rt.block_on(load_full(&servers, &root, &c.id))?.batches)
-            }
-            None => {
-                for (id, s) in servers.iter().enumerate() {
-                    let image =
-                        ShardImage::of_server(&build_server(&self.cfg.server_spec(id as u32))?)?;
-                    self.rt.block_on(image.import(s))?;
-                }
-                self.connect_store_clients()?;
-                if let Some(st) = self.store.as_mut() {
-                    st.committed = None;
-                    st.saved_step = None;
-                }
-                Ok(0)
-            }
+            Some(c) => self.store_restore(&c.id),
+            None => self.store_reset(),
         }
     }
 
@@ -1321,7 +1293,9 @@ impl Coordinator {
         let (mut auc, mut logloss, mut eval_samples) = (None, None, 0);
         if outcome.is_ok() && self.aborted.is_none() {
             // The last save commits and the merger ends before the servers stop.
-            let _ = self.store_finish();
+            if let Err(e) = self.store_finish() {
+                outcome = Err(e);
+            }
         }
         if outcome.is_ok() && self.aborted.is_none() {
             let d = self
@@ -1452,7 +1426,7 @@ async fn heartbeat(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ServerSpec;
+    use crate::{build_server, ServerSpec};
     use ftrec_core::Preset;
     use ftrec_ps::SharedServer;
 

@@ -27,6 +27,22 @@ pub const DEFAULT_K: usize = 2;
 pub const DEFAULT_R: usize = 1;
 /// Lock ranges of a rebuild when `--recovery-locks` is not given.
 pub const DEFAULT_LOCK_RANGES: usize = 1;
+/// Rebuild share when `--rebuild-share` is not given: the whole time.
+pub const DEFAULT_REBUILD_SHARE_PPM: u32 = ftrec_ps::ec::FULL_SHARE_PPM;
+
+pub(crate) fn default_rebuild_share_ppm() -> u32 {
+    DEFAULT_REBUILD_SHARE_PPM
+}
+
+/// `--rebuild-share F` (a fraction from 0 to 1) in millionths, or an error naming the flag.
+pub fn rebuild_share_ppm(share: f64) -> Result<u32, ClusterError> {
+    if !(0.0..=1.0).contains(&share) {
+        return Err(ClusterError::Config(format!(
+            "--rebuild-share {share} is out of range (a fraction of the time from 0 to 1)"
+        )));
+    }
+    Ok((share * f64::from(ftrec_ps::ec::FULL_SHARE_PPM)).round() as u32)
+}
 
 /// Serde of a [`CodeKind`] as its name (`sum`, `gf256`).
 pub(crate) mod code_serde {
@@ -54,6 +70,9 @@ pub struct EcServerSpec {
     pub dense_replication: bool,
     pub two_phase: bool,
     pub lock_ranges: usize,
+    /// Share of the time the background rebuild may work, in millionths.
+    #[serde(default = "default_rebuild_share_ppm")]
+    pub rebuild_share_ppm: u32,
     /// Start as the replacement of a lost server: every row, parity and dense block is
     /// missing until the coordinator starts its rebuild.
     pub replacement: bool,
@@ -74,6 +93,7 @@ impl EcServerSpec {
                 dense_replication,
                 two_phase,
                 lock_ranges,
+                rebuild_share_ppm,
             } => Some(EcServerSpec {
                 code,
                 k,
@@ -81,6 +101,7 @@ impl EcServerSpec {
                 dense_replication,
                 two_phase,
                 lock_ranges,
+                rebuild_share_ppm,
                 replacement: false,
             }),
             _ => None,
@@ -94,6 +115,7 @@ impl EcServerSpec {
         c.dense_replicas = if self.dense_replication { self.r } else { 0 };
         c.two_phase = self.two_phase;
         c.lock_ranges = self.lock_ranges;
+        c.rebuild_share_ppm = self.rebuild_share_ppm;
         c
     }
 
@@ -113,6 +135,9 @@ impl EcServerSpec {
             self.r.to_string(),
             "--recovery-locks".into(),
             self.lock_ranges.to_string(),
+            "--rebuild-share".into(),
+            (f64::from(self.rebuild_share_ppm) / f64::from(ftrec_ps::ec::FULL_SHARE_PPM))
+                .to_string(),
         ];
         for (on, flag) in [
             (!self.dense_replication, "--no-dense-replication"),
@@ -139,6 +164,16 @@ impl EcServerSpec {
                 })
                 .transpose()
         };
+        let share = get
+            .get("--rebuild-share")
+            .map(|v| {
+                v.parse::<f64>().map_err(|e| {
+                    ClusterError::Config(format!(
+                        "--rebuild-share {v:?}: {e} (expected a fraction from 0 to 1)"
+                    ))
+                })
+            })
+            .transpose()?;
         EcFlags {
             code: get.get("--ec-code").cloned(),
             k: num("--ec-k")?,
@@ -146,6 +181,7 @@ impl EcServerSpec {
             no_dense_replication: get.contains_key("--no-dense-replication"),
             no_2pc: get.contains_key("--no-2pc"),
             recovery_locks: num("--recovery-locks")?,
+            rebuild_share: share,
             replacement: get.contains_key("--ec-replacement"),
         }
         .server_spec()
@@ -153,7 +189,7 @@ impl EcServerSpec {
 }
 
 /// The ECRec flags as given (`ftrec run`, `ftrec server`, job files), before validation.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct EcFlags {
     /// `--ec-code` (sum or gf256).
     pub code: Option<String>,
@@ -165,6 +201,8 @@ pub struct EcFlags {
     pub no_2pc: bool,
     /// `--recovery-locks`.
     pub recovery_locks: Option<usize>,
+    /// `--rebuild-share` (a fraction from 0 to 1).
+    pub rebuild_share: Option<f64>,
     /// `--ec-replacement` (server processes only).
     pub replacement: bool,
 }
@@ -184,6 +222,7 @@ impl EcFlags {
             (self.no_dense_replication, "--no-dense-replication"),
             (self.no_2pc, "--no-2pc"),
             (self.recovery_locks.is_some(), "--recovery-locks"),
+            (self.rebuild_share.is_some(), "--rebuild-share"),
             (self.replacement, "--ec-replacement"),
         ]
         .into_iter()
@@ -213,8 +252,14 @@ impl EcFlags {
             dense_replication: !self.no_dense_replication,
             two_phase: !self.no_2pc,
             lock_ranges: self.recovery_locks.unwrap_or(1),
+            rebuild_share_ppm: self.share_ppm()?,
             replacement: self.replacement,
         }))
+    }
+
+    fn share_ppm(&self) -> Result<u32, ClusterError> {
+        self.rebuild_share
+            .map_or(Ok(DEFAULT_REBUILD_SHARE_PPM), rebuild_share_ppm)
     }
 
     /// Strategy `ecrec` with these flags (gf256 and [`DEFAULT_K`], [`DEFAULT_R`],
@@ -237,6 +282,7 @@ impl EcFlags {
             dense_replication: !self.no_dense_replication,
             two_phase: !self.no_2pc,
             lock_ranges: self.recovery_locks.unwrap_or(DEFAULT_LOCK_RANGES),
+            rebuild_share_ppm: self.share_ppm()?,
         })
     }
 }
@@ -275,6 +321,12 @@ pub(crate) fn validate_run(cfg: &RunConfig) -> Result<(), ClusterError> {
                 if matches!(p, Phase::Prepare | Phase::Commit | Phase::Rebuild) {
                     return bad(format!(
                         "--kill {k}: phase {p} exists with --strategy ecrec only"
+                    ));
+                }
+                if p == Phase::PieceWrite && !cfg.strategy.saves_pieces() {
+                    return bad(format!(
+                        "--kill {k}: phase piece-write exists with --strategy incrcp, \
+                         incremental or cnr only"
                     ));
                 }
                 if p == Phase::Merge && !matches!(cfg.strategy, StrategyChoice::Deck { .. }) {
@@ -362,6 +414,13 @@ pub struct RebuildReport {
     pub ranges: u64,
     pub rows_decoded_on_demand: u64,
     pub cut_retries: u64,
+    /// The node's rebuild generation this entry ran as (1: first start; one more per restart).
+    pub generation: u64,
+    /// Stopped and started again on the same node against a new lost set (a later entry of
+    /// the same server carries on).
+    pub restarted: bool,
+    /// Commits the node applied while a rebuild batch held its lock.
+    pub commits_in_lock: u64,
 }
 
 /// [`ftrec_ps::ec::ParityAudit`] at the end of the run.
@@ -492,6 +551,7 @@ mod tests {
             dense_replication: false,
             two_phase: false,
             lock_ranges: 4,
+            rebuild_share_ppm: 250_000,
             replacement: true,
         }
     }

@@ -17,7 +17,7 @@
 //!   (each free worker gets the next batch and pushes when done); heartbeats, workers' RPC
 //!   errors and control connections feed failure detection; a strategy state machine of
 //!   `ftrec-strategy` (`none` | `full` | `deck` | `ecrec`) decides and the coordinator carries
-//!   out its actions (pause, full or delta checkpoint, replace the lost server and restore
+//!   out its actions (pause, save, wait for a save, replace the lost server and restore
 //!   everyone, rebuild a lost server from the survivors, resume, abort); servers and workers
 //!   may also be started elsewhere and reached by address;
 //! - ECRec ([`ecrec`], ecrec.txt §3, synchronous mode only): every server is an ECRec node
@@ -28,16 +28,15 @@
 //!   a named [`Phase`], ECRec's 2PC phases and rebuilds included) and the run's report with its event timeline, per-failure detect /
 //!   replace / resume / recover times, CPR Eq. 1's overhead terms and a throughput timeline
 //!   ([`RunReport`]);
-//! - `deck` (deck.txt §3–§4): the servers run the checkpoint service of `ftrec-ps::ckpt`
-//!   (tracking, staging, save, restore), the coordinator commits one manifest per save after
-//!   every server's files are durable while training goes on, restores every server from the
-//!   lineage of the newest committed checkpoint, and runs the merger ([`merger`]) as its own
-//!   process after commits;
-//! - full checkpoints as files ([`image`]): every server's shard exported concurrently through
-//!   the parameter server's export RPCs, one file per server, committed by a manifest renamed
-//!   into place last; superseded checkpoints are deleted once a newer one commits. (The
-//!   servers need no file system access and no second service this way; the price is that
-//!   the bytes cross the coordinator, which matters for large shards on several hosts.)
+//! - checkpoints of every saving strategy (`full`, `deck`, ...) through one path
+//!   ([`coordinator`]'s store): the servers run the checkpoint service of `ftrec-ps::ckpt`
+//!   (tracking, staging, save, restore, reset) and write their shards straight to the store
+//!   in parallel; the coordinator carries out the strategy's save actions, commits one manifest
+//!   per save (kind, step, parent, data position) once every server's files are durable,
+//!   restores every server from the lineage of the newest committed checkpoint, collects
+//!   garbage, and runs the merger ([`merger`]) as its own process when the strategy merges
+//!   (`deck`, deck.txt §3–§4). Whether training waits for the commit is the strategy's call:
+//!   `full` pauses until its checkpoint is committed, `deck` only for the copy-out.
 //!
 //! The data split: the training stream is cut into global batches of `batch` samples. In
 //! synchronous mode step `s` (from 1) is batches `(s-1)*M + 1 ..= s*M`, worker `w` taking the
@@ -66,7 +65,6 @@
 pub mod control;
 pub mod coordinator;
 pub mod ecrec;
-pub mod image;
 pub mod launcher;
 pub mod merger;
 pub mod report;
@@ -83,7 +81,8 @@ pub use report::{
 };
 pub use shard_server::{build_server, serve_shard};
 pub use spec::{
-    CkptSpec, KillAt, KillSpec, Lifetime, Phase, Role, RunConfig, ServerSpec, StrategyChoice,
+    CkptSpec, KillAt, KillSpec, Lifetime, MergeSettings, Phase, Role, RunConfig, ServerSpec,
+    StrategyChoice,
 };
 pub use worker::{worker_process, WorkerLifetime};
 

@@ -114,8 +114,13 @@ pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
             chunk_bytes: c.chunk_bytes,
             staging_dir: c.staging_dir.clone(),
         };
+        // A recovery with nothing committed resets every server to this initial state.
+        let initial_spec = spec.clone();
         let node = CkptNode::new(server, staging, LocationOptions::from_env())
-            .map_err(|e| ClusterError::Checkpoint(e.to_string()))?;
+            .map_err(|e| ClusterError::Checkpoint(e.to_string()))?
+            .with_initial_state(std::sync::Arc::new(move || {
+                build_server(&initial_spec).map_err(|e| e.to_string())
+            }));
         routes = routes.add_service(ckpt_service(node));
     }
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -210,6 +210,7 @@ impl ServerSpec {
                 "--ec-k",
                 "--ec-r",
                 "--recovery-locks",
+                "--rebuild-share",
             ];
             if !known.contains(&flag.as_str()) {
                 return Err(ClusterError::Config(format!(
@@ -318,6 +319,9 @@ pub enum Phase {
     Commit,
     /// ECRec: right after a replacement joined, while its background rebuild runs.
     Rebuild,
+    /// `incrcp`, `incremental`, `cnr`: after an incremental piece's rows are copied out, while
+    /// the servers upload it and (IncrCP) run its extraction round, before its commit.
+    PieceWrite,
 }
 
 impl FromStr for Phase {
@@ -330,6 +334,7 @@ impl FromStr for Phase {
             "prepare" => Ok(Phase::Prepare),
             "commit" => Ok(Phase::Commit),
             "rebuild" => Ok(Phase::Rebuild),
+            "piece-write" => Ok(Phase::PieceWrite),
             _ => Err(()),
         }
     }
@@ -344,6 +349,7 @@ impl std::fmt::Display for Phase {
             Phase::Prepare => "prepare",
             Phase::Commit => "commit",
             Phase::Rebuild => "rebuild",
+            Phase::PieceWrite => "piece-write",
         })
     }
 }
@@ -457,6 +463,11 @@ impl FromStr for KillSpec {
     }
 }
 
+/// Check-N-Run's default base reset: a new full once a differential passes half the full.
+pub const DEFAULT_CNR_RESET_FRACTION: f64 = 0.5;
+/// IncrCP's extraction threshold `R` (incrcp.txt §4.3, 0.02 in the paper's runs).
+pub const DEFAULT_EXTRACT_THRESHOLD: f64 = 0.02;
+
 /// Which fault-tolerance strategy the coordinator runs.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "name", rename_all = "snake_case")]
@@ -479,6 +490,10 @@ pub enum StrategyChoice {
         two_phase: bool,
         /// Lock ranges of a rebuild (ECRec §3.4).
         lock_ranges: usize,
+        /// Share of the time a background rebuild may work, in millionths (rate control:
+        /// the rebuild yields to training; 0 holds the lock ranges until training ends).
+        #[serde(default = "crate::ecrec::default_rebuild_share_ppm")]
+        rebuild_share_ppm: u32,
     },
     /// DECK: a full base, then delta checkpoints of the touched rows every
     /// `delta_every_steps` steps, written by the servers through local staging while training
@@ -493,6 +508,34 @@ pub enum StrategyChoice {
         /// compete with training for the disk.
         merge_mib_per_s: Option<f64>,
     },
+    /// Naive incremental checkpoints (incrcp.txt §2.2): a full, then every `every_steps` steps
+    /// a piece of the rows touched since the previous save, written by the servers while
+    /// training goes on; a restore replays every piece since the full, oldest first. A new
+    /// full every `full_every_pieces` pieces (none: never).
+    Incremental {
+        every_steps: u64,
+        full_every_pieces: Option<u64>,
+    },
+    /// Check-N-Run's differential checkpoints: every piece holds every row touched since the
+    /// last full, so a restore reads the full and the newest piece; a new full once a piece
+    /// passes `reset_fraction` of the full's bytes (none: never). `quant_bits` 8 or 4 stores
+    /// the pieces' values quantized (restores are then approximate).
+    Cnr {
+        every_steps: u64,
+        reset_fraction: Option<f64>,
+        quant_bits: Option<u8>,
+    },
+    /// IncrCP (incrcp.txt §4): pieces of the rows touched since the previous save in a 2-D
+    /// chunk list per row range (`range_rows` local rows, 0: a table shard), selective
+    /// extraction with threshold `threshold` on the servers in the background, bundles if
+    /// `concat`; a new full when the §4.5 rule says so (`reset`).
+    IncrCp {
+        every_steps: u64,
+        reset: ftrec_strategy::BaseReset,
+        threshold: f64,
+        range_rows: u64,
+        concat: bool,
+    },
 }
 
 impl StrategyChoice {
@@ -503,6 +546,9 @@ impl StrategyChoice {
             StrategyChoice::Full { .. } => "full",
             StrategyChoice::Deck { .. } => "deck",
             StrategyChoice::EcRec { .. } => "ecrec",
+            StrategyChoice::Incremental { .. } => "incremental",
+            StrategyChoice::Cnr { .. } => "cnr",
+            StrategyChoice::IncrCp { .. } => "incrcp",
         }
     }
 
@@ -516,12 +562,29 @@ impl StrategyChoice {
             dense_replication: true,
             two_phase: true,
             lock_ranges: crate::ecrec::DEFAULT_LOCK_RANGES,
+            rebuild_share_ppm: crate::ecrec::DEFAULT_REBUILD_SHARE_PPM,
         }
     }
 
+    /// Every name [`StrategyChoice::parse`] accepts, in the order reports list them: the one
+    /// list of strategies (`ftrec compare` runs them all by default, so a strategy added here
+    /// is compared with no other change).
+    pub fn all_names() -> &'static [&'static str] {
+        &[
+            "none",
+            "full",
+            "deck",
+            "ecrec",
+            "incrcp",
+            "incremental",
+            "cnr",
+        ]
+    }
+
     /// `none`, `full` (with the checkpoint interval `every_steps`), `deck` (a delta every
-    /// `every_steps`, a merger with stride 2, no full from the trainer after the first) or
-    /// `ecrec` (with [`StrategyChoice::ecrec_default`]'s code, to be adjusted by its flags).
+    /// `every_steps`, a merger with stride 2, no full from the trainer after the first),
+    /// `ecrec` (with [`StrategyChoice::ecrec_default`]'s code, to be adjusted by its flags), or
+    /// `incrcp`, `incremental`, `cnr` (a piece every `every_steps`, the papers' defaults).
     pub fn parse(name: &str, every_steps: u64) -> Result<StrategyChoice, ClusterError> {
         match name {
             "none" => Ok(StrategyChoice::None),
@@ -533,16 +596,74 @@ impl StrategyChoice {
                 merge_mib_per_s: None,
             }),
             "ecrec" => Ok(StrategyChoice::ecrec_default()),
+            "incremental" => Ok(StrategyChoice::Incremental {
+                every_steps,
+                full_every_pieces: None,
+            }),
+            "cnr" => Ok(StrategyChoice::Cnr {
+                every_steps,
+                reset_fraction: Some(DEFAULT_CNR_RESET_FRACTION),
+                quant_bits: None,
+            }),
+            "incrcp" => Ok(StrategyChoice::IncrCp {
+                every_steps,
+                reset: ftrec_strategy::BaseReset::Auto,
+                threshold: DEFAULT_EXTRACT_THRESHOLD,
+                range_rows: 0,
+                concat: true,
+            }),
             other => Err(ClusterError::Config(format!(
-                "unknown strategy {other:?} (expected none, full, deck or ecrec)"
+                "unknown strategy {other:?} (expected one of {})",
+                StrategyChoice::all_names().join(", ")
             ))),
         }
     }
 
-    /// Whether the servers run the checkpoint service.
+    /// Whether the strategy saves checkpoints: then the servers run the checkpoint service and
+    /// the run has a store. Every strategy but `none` and `ecrec` (which keeps its redundancy
+    /// in memory) saves.
     pub fn uses_store(&self) -> bool {
-        matches!(self, StrategyChoice::Deck { .. })
+        !matches!(self, StrategyChoice::None | StrategyChoice::EcRec { .. })
     }
+
+    /// Whether the strategy saves incremental pieces over a full (`incrcp`, `incremental`,
+    /// `cnr`).
+    pub fn saves_pieces(&self) -> bool {
+        matches!(
+            self,
+            StrategyChoice::Incremental { .. }
+                | StrategyChoice::Cnr { .. }
+                | StrategyChoice::IncrCp { .. }
+        )
+    }
+
+    /// The merger the strategy runs after commits (DECK §3.3), if any.
+    pub fn merger(&self) -> Option<MergeSettings> {
+        match *self {
+            StrategyChoice::Deck {
+                full_every_deltas,
+                merge_stride: Some(stride),
+                merge_mib_per_s,
+                ..
+            } => Some(MergeSettings {
+                stride,
+                full_every_deltas,
+                mib_per_s: merge_mib_per_s,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// How a strategy's merger process merges (DECK §3.3).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MergeSettings {
+    /// Merge every `stride` consecutive checkpoints of one layer.
+    pub stride: u64,
+    /// Write a full once the active chain covers this many deltas.
+    pub full_every_deltas: Option<u64>,
+    /// Cap on the merger's write rate, in MiB/s.
+    pub mib_per_s: Option<f64>,
 }
 
 /// One multi-process run.
@@ -569,13 +690,11 @@ pub struct RunConfig {
     /// Executable started as `EXE server ...` for every server process and `EXE worker ...`
     /// for every worker process.
     pub exe: PathBuf,
-    /// Port files and the default checkpoint directory live here.
+    /// Port files, the servers' staging directories and the default store live here.
     pub work_dir: PathBuf,
-    /// Checkpoints (default `work_dir/ckpt`).
-    pub ckpt_dir: Option<PathBuf>,
-    /// `deck`'s checkpoint store: a directory, `file://` or `s3://bucket/prefix` URL (default:
-    /// the checkpoint directory). S3 endpoint and credentials come from the usual AWS
-    /// environment variables, which the servers and the merger inherit.
+    /// The checkpoint store of a saving strategy: a directory, `file://` or
+    /// `s3://bucket/prefix` URL (default: `work_dir/ckpt`). S3 endpoint and credentials come
+    /// from the usual AWS environment variables, which the servers and the merger inherit.
     #[serde(default)]
     pub store: Option<String>,
     /// Staging chunk size of the servers' checkpoint service, in KiB.
@@ -652,7 +771,6 @@ impl RunConfig {
             preset,
             exe,
             work_dir,
-            ckpt_dir: None,
             store: None,
             ckpt_chunk_kib: DEFAULT_CHUNK_KIB,
             heartbeat: Duration::from_millis(100),
@@ -694,8 +812,42 @@ impl RunConfig {
             return bad("--threads must be between 1 and 256".into());
         }
         match self.strategy {
-            StrategyChoice::Full { every_steps: 0 } => {
+            StrategyChoice::Full { every_steps: 0 }
+            | StrategyChoice::Incremental { every_steps: 0, .. }
+            | StrategyChoice::Cnr { every_steps: 0, .. }
+            | StrategyChoice::IncrCp { every_steps: 0, .. } => {
                 return bad("--ckpt-every-steps must be at least 1".into());
+            }
+            StrategyChoice::Incremental {
+                full_every_pieces: Some(0),
+                ..
+            }
+            | StrategyChoice::IncrCp {
+                reset: ftrec_strategy::BaseReset::EveryPieces(0),
+                ..
+            } => return bad("--base-reset must be at least 1 piece".into()),
+            StrategyChoice::Cnr {
+                reset_fraction,
+                quant_bits,
+                ..
+            } => {
+                if reset_fraction.is_some_and(|f| !(f.is_finite() && f > 0.0)) {
+                    return bad(
+                        "--cnr-reset-fraction must be a positive share of the full (0 turns \
+                         resets off)"
+                            .into(),
+                    );
+                }
+                if quant_bits.is_some_and(|b| b != 8 && b != 4) {
+                    return bad("--quantize must be 8 or 4".into());
+                }
+            }
+            StrategyChoice::IncrCp { threshold, .. }
+                if !(threshold.is_finite() && (0.0..=1.0).contains(&threshold)) =>
+            {
+                return bad(format!(
+                    "--extract-threshold {threshold} must be between 0 and 1"
+                ));
             }
             StrategyChoice::Deck {
                 delta_every_steps,
@@ -715,17 +867,17 @@ impl RunConfig {
                 if merge_mib_per_s.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
                     return bad("--merge-mib-per-s must be a positive number".into());
                 }
-                if self.ckpt_chunk_kib == 0 {
-                    return bad("--ckpt-chunk-kib must be at least 1".into());
-                }
             }
             _ => {}
         }
         if self.store.is_some() && !self.strategy.uses_store() {
             return bad(format!(
-                "--store applies to --strategy deck, not {}",
+                "--store applies to strategies that save checkpoints, not {}",
                 self.strategy.name()
             ));
+        }
+        if self.strategy.uses_store() && self.ckpt_chunk_kib == 0 {
+            return bad("--ckpt-chunk-kib must be at least 1".into());
         }
         crate::ecrec::validate_run(self)?;
         for k in &self.kills {
@@ -733,15 +885,10 @@ impl RunConfig {
                 Role::Server => self.servers,
                 Role::Worker => self.workers,
                 Role::Merger => {
-                    if !matches!(
-                        self.strategy,
-                        StrategyChoice::Deck {
-                            merge_stride: Some(_),
-                            ..
-                        }
-                    ) {
+                    if self.strategy.merger().is_none() {
                         return bad(format!(
-                            "--kill {k}: only --strategy deck with merging runs a merger"
+                            "--kill {k}: only a strategy that merges (deck with merging) runs \
+                             a merger"
                         ));
                     }
                     1
@@ -797,18 +944,11 @@ impl RunConfig {
         Ok(())
     }
 
-    /// The checkpoint directory in use.
-    pub fn ckpt_dir(&self) -> PathBuf {
-        self.ckpt_dir
-            .clone()
-            .unwrap_or_else(|| self.work_dir.join("ckpt"))
-    }
-
-    /// `deck`'s checkpoint store location.
+    /// The checkpoint store's location.
     pub fn store_location(&self) -> String {
         self.store
             .clone()
-            .unwrap_or_else(|| self.ckpt_dir().display().to_string())
+            .unwrap_or_else(|| self.work_dir.join("ckpt").display().to_string())
     }
 
     /// The spec of server `id` (listening on a free port of 127.0.0.1).
@@ -897,6 +1037,22 @@ mod tests {
             ServerSpec::from_args(&args),
             Err(ClusterError::Config(m)) if m.contains("--bogus")
         ));
+    }
+
+    #[test]
+    fn every_listed_name_parses_to_itself_and_nothing_else_does() {
+        for &name in StrategyChoice::all_names() {
+            assert_eq!(StrategyChoice::parse(name, 5).unwrap().name(), name);
+        }
+        let names = StrategyChoice::all_names();
+        let mut sorted = names.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), names.len(), "duplicate names in {names:?}");
+        let e = StrategyChoice::parse("fulll", 5).unwrap_err().to_string();
+        for &name in names {
+            assert!(e.contains(name), "{e}");
+        }
     }
 
     #[test]

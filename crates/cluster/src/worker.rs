@@ -78,8 +78,13 @@ impl Compute {
                 rows: f.ids.clone(),
             })
             .collect();
-        let (rows, dense) = tokio::join!(client.pull_rows(&requests), client.pull_dense());
-        let (rows, dense) = (rows?, dense?);
+        // Pulls change nothing, so one refused as not ready yet (an ECRec replacement
+        // that is still joining) is simply sent again.
+        let (rows, dense) = retrying(|| async {
+            let (rows, dense) = tokio::join!(client.pull_rows(&requests), client.pull_dense());
+            Ok((rows?, dense?))
+        })
+        .await?;
         let mut by_table: Vec<Option<&PulledRows>> = vec![None; self.tables];
         for p in &rows {
             if let Some(slot) = by_table.get_mut(p.table.0 as usize) {
@@ -176,6 +181,26 @@ impl Compute {
         self.model
             .predict(&mut self.ws, &batch.dense, &self.pooled, out)?;
         Ok(())
+    }
+}
+
+/// Run `call` again while it fails with a retryable error ([`ftrec_ps::PsError::is_retryable`]),
+/// backing off from 2 ms to 100 ms between tries; the caller's timeout bounds the whole.
+/// Only for calls that change nothing on the servers.
+async fn retrying<T, F, Fut>(mut call: F) -> Result<T, ftrec_ps::PsError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ftrec_ps::PsError>>,
+{
+    let mut wait = Duration::from_millis(2);
+    loop {
+        match call().await {
+            Err(e) if e.is_retryable() => {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_millis(100));
+            }
+            r => return r,
+        }
     }
 }
 

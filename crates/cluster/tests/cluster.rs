@@ -3,8 +3,15 @@
 
 use std::path::PathBuf;
 
-use ftrec_cluster::{run, EventKind, KillSpec, Role, RunConfig, RunReport, StrategyChoice};
-use ftrec_core::Preset;
+use ftrec_ckpt::deck::{Lineage, StagingOptions};
+use ftrec_ckpt::location::{self, LocationOptions};
+use ftrec_ckpt::{CheckpointKind, Checkpoints, DataPosition};
+use ftrec_cluster::{
+    build_server, run, EventKind, KillSpec, Role, RunConfig, RunReport, StrategyChoice,
+};
+use ftrec_core::{ModelDigest, Preset};
+use ftrec_ps::ckpt::{CkptApi, CkptNode};
+use ftrec_ps::SharedServer;
 
 fn config(dir: &tempfile::TempDir, servers: u32, workers: u32, steps: u64) -> RunConfig {
     let mut cfg = RunConfig::new(
@@ -125,13 +132,90 @@ fn full_recovery_after_a_kill_gives_the_failure_free_model() {
         assert!(kinds.contains(&k), "no {k:?} event in {kinds:?}");
     }
     assert!(report.bytes_written > 0);
-    // Named by global batches: step 20 of 2 workers is batch 40.
-    assert!(cfg
-        .ckpt_dir()
-        .join("ckpt-0000000040/MANIFEST.json")
-        .exists());
-    // Superseded checkpoints are dropped once a newer one is committed.
-    assert!(!cfg.ckpt_dir().join("ckpt-0000000030").exists());
+    // The store holds full checkpoints in the servers' checkpoint format; superseded ones are
+    // collected once a newer one is committed, so what is left is the final model, step 20
+    // (global batch 40 of 2 workers), which restores to the run's digest.
+    let l = lineage(&cfg);
+    let nodes: Vec<_> = l.nodes().collect();
+    assert_eq!(nodes.len(), 1, "{}", l.render());
+    assert_eq!((nodes[0].kind, nodes[0].step), (CheckpointKind::Full, 20));
+    let m = manifest(&cfg, &nodes[0].id);
+    assert_eq!(
+        m.data_position,
+        DataPosition::Json(serde_json::json!({
+            "batches": 40,
+            "position": {"kind": "synthetic", "sample": 40 * 64},
+        }))
+    );
+    assert_eq!(restored_digest(&cfg, cfg.servers), report.model_digest);
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+fn checkpoints(cfg: &RunConfig) -> Checkpoints {
+    block_on(async {
+        Checkpoints::new(
+            location::open(&cfg.store_location(), &LocationOptions::from_env())
+                .await
+                .unwrap(),
+        )
+    })
+}
+
+fn lineage(cfg: &RunConfig) -> Lineage {
+    let c = checkpoints(cfg);
+    block_on(async { Lineage::load(&c).await.unwrap() })
+}
+
+fn manifest(cfg: &RunConfig, id: &ftrec_ckpt::CheckpointId) -> ftrec_ckpt::Manifest {
+    let c = checkpoints(cfg);
+    block_on(async { c.read_manifest(id, None).await.unwrap() })
+}
+
+/// Restore the store's `CURRENT` into `servers` fresh in-process servers (through the
+/// checkpoint service the server processes run) and digest the model.
+fn restored_digest(cfg: &RunConfig, servers: u32) -> String {
+    let loc = cfg.store_location();
+    let mut cfg = cfg.clone();
+    cfg.servers = servers;
+    let tip = lineage(&cfg).head().unwrap();
+    block_on(async {
+        let staging = tempfile::tempdir().unwrap();
+        let mut digest = ModelDigest::default();
+        for id in 0..servers {
+            let server = SharedServer::new(build_server(&cfg.server_spec(id)).unwrap());
+            let node = CkptNode::new(
+                server.clone(),
+                StagingOptions::new(staging.path()),
+                LocationOptions::from_env(),
+            )
+            .unwrap();
+            node.restore(loc.clone(), tip.clone()).await.unwrap();
+            digest.merge(&server.read().unwrap().digest());
+        }
+        digest.hex()
+    })
+}
+
+#[test]
+fn a_checkpoint_of_3_servers_restores_onto_2_and_onto_5_with_the_same_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 3, 2, 6);
+    cfg.strategy = StrategyChoice::Full { every_steps: 3 };
+    cfg.eval_samples = 0;
+    let report = run(&cfg).unwrap();
+    assert_eq!(restored_digest(&cfg, 3), report.model_digest);
+    // Rows carry their global ids: each new server keeps what the new shard map gives it.
+    assert_eq!(restored_digest(&cfg, 2), report.model_digest);
+    assert_eq!(restored_digest(&cfg, 5), report.model_digest);
+    assert_eq!(restored_digest(&cfg, 1), report.model_digest);
 }
 
 #[test]
@@ -148,9 +232,11 @@ fn a_kill_before_the_first_checkpoint_restarts_from_the_seed() {
     cfg.eval_samples = 0;
     let report = run(&cfg).unwrap();
     assert_no_children_left(&report);
-    assert_eq!(report.checkpoints, 0);
+    // Every server reset itself to the seed's state; the one checkpoint is the final save.
+    assert_eq!(report.checkpoints, 1);
     assert_eq!(report.failures[0].steps_redone, 3);
     assert_eq!(report.model_digest, clean.model_digest);
+    assert_eq!(lineage(&cfg).newest_state().map(|n| n.step), Some(6));
 }
 
 #[test]
@@ -198,7 +284,7 @@ fn clean_digest(cfg: &RunConfig) -> String {
     let dir = tempfile::tempdir().unwrap();
     let mut clean = cfg.clone();
     clean.work_dir = dir.path().to_path_buf();
-    clean.ckpt_dir = None;
+    clean.store = None;
     clean.kills.clear();
     let report = run(&clean).unwrap();
     assert!(report.failures.is_empty());

@@ -89,6 +89,22 @@ pub enum PsError {
     /// A commit or parity operation named a step this server has not prepared.
     #[error("step {step} is not prepared on this server (prepare it first, or it was aborted)")]
     NotPrepared { step: u64 },
+    /// The server cannot serve this request yet (an ECRec replacement that has not joined or
+    /// not finished its rebuild); the same request succeeds later, so callers retry it.
+    #[error("server {server} is not ready: {reason} (retry later)")]
+    NotReady { server: u32, reason: String },
+    /// The request is well formed but this server does not take it: a write that would
+    /// bypass what a fault-tolerance strategy keeps in step with the model (ECRec's parities
+    /// and dense replicas). `reason` says which path to use instead.
+    #[error("{what} refused: {reason}")]
+    Refused { what: String, reason: String },
+}
+
+impl PsError {
+    /// Whether the same request may succeed if sent again later, unchanged.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, PsError::NotReady { .. })
+    }
 }
 
 impl From<ftrec_ec::EcError> for PsError {

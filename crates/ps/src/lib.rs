@@ -67,7 +67,9 @@ pub use server::{
     dense_block_range, dense_value_range, Limits, PreparedDense, PreparedRows, PreparedStep,
     Server, ServerConfig,
 };
-pub use service::{InProcessClient, PsClient, PsService, RowSource, SharedServer};
+pub use service::{
+    InProcessClient, PsClient, PsService, RowSource, ServiceGate, ServiceOp, SharedServer,
+};
 pub use sharded::ShardedClient;
 pub use update::{
     dedup_requests, ApplyReport, DenseBlock, DenseGrads, PulledRows, RowBlock, RowRequest,

@@ -279,6 +279,21 @@ impl Server {
         })
     }
 
+    /// Take over `fresh`'s whole state (tables, dense part, staged contributions, committed
+    /// step) and keep this server's observers: a server reset to its initial state without
+    /// restarting the process. `fresh` must be the same server of the same cluster.
+    pub fn reset_from(&mut self, fresh: Server) -> Result<(), PsError> {
+        if fresh.config != self.config || fresh.dense_len != self.dense_len {
+            return Err(PsError::InvalidConfig(format!(
+                "a reset of server {} needs the same server of the same model",
+                self.config.server.0
+            )));
+        }
+        let observers = std::mem::take(&mut self.observers);
+        *self = Server { observers, ..fresh };
+        Ok(())
+    }
+
     /// Attach an observer of every later update.
     pub fn add_observer(&mut self, observer: Box<dyn PushObserver>) {
         self.observers.push(observer);

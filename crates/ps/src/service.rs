@@ -96,12 +96,61 @@ pub trait RowSource: Send + Sync {
 
 type RowSourceSlot = Arc<RwLock<Option<Arc<dyn RowSource>>>>;
 
+/// The requests of [`PsService`], as a [`ServiceGate`] sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ServiceOp {
+    Info,
+    PullRows,
+    PullDense,
+    Push,
+    StageStep,
+    CommitStep,
+    AbortStep,
+    Digest,
+    ExportRows,
+    ImportRows,
+    ExportDense,
+    ImportDense,
+}
+
+impl ServiceOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            ServiceOp::Info => "info",
+            ServiceOp::PullRows => "pull_rows",
+            ServiceOp::PullDense => "pull_dense",
+            ServiceOp::Push => "push",
+            ServiceOp::StageStep => "stage_step",
+            ServiceOp::CommitStep => "commit_step",
+            ServiceOp::AbortStep => "abort_step",
+            ServiceOp::Digest => "digest",
+            ServiceOp::ExportRows => "export_rows",
+            ServiceOp::ImportRows => "import_rows",
+            ServiceOp::ExportDense => "export_dense",
+            ServiceOp::ImportDense => "import_dense",
+        }
+    }
+}
+
+/// Decides which requests of the plain service a server takes, before either transport
+/// touches the state: a strategy that keeps state in step with the model (ECRec's parities
+/// and replicas) refuses writes that would go around it, and a server that cannot serve yet
+/// (an ECRec replacement before its rebuild) answers with a retryable error rather than with
+/// state that is not the model's. Installed with [`SharedServer::set_gate`].
+pub trait ServiceGate: Send + Sync {
+    fn check(&self, op: ServiceOp) -> Result<(), PsError>;
+}
+
+type GateSlot = Arc<RwLock<Option<Arc<dyn ServiceGate>>>>;
+
 /// A [`Server`] shared between request handlers: reads (pulls, exports, digests) run
 /// concurrently, updates one at a time.
 #[derive(Clone)]
 pub struct SharedServer {
     inner: Arc<RwLock<Server>>,
     row_source: RowSourceSlot,
+    gate: GateSlot,
 }
 
 impl std::fmt::Debug for SharedServer {
@@ -117,6 +166,22 @@ impl SharedServer {
         SharedServer {
             inner: Arc::new(RwLock::new(server)),
             row_source: Arc::new(RwLock::new(None)),
+            gate: Arc::new(RwLock::new(None)),
+        }
+    }
+
+    /// Install (or with `None` remove) the gate every service request passes first.
+    pub fn set_gate(&self, gate: Option<Arc<dyn ServiceGate>>) -> Result<(), PsError> {
+        *self.gate.write().map_err(|_| poisoned())? = gate;
+        Ok(())
+    }
+
+    /// Whether the installed [`ServiceGate`] lets `op` through (always, without a gate).
+    pub fn check(&self, op: ServiceOp) -> Result<(), PsError> {
+        let gate = self.gate.read().map_err(|_| poisoned())?.clone();
+        match gate {
+            Some(g) => g.check(op),
+            None => Ok(()),
         }
     }
 
@@ -184,51 +249,63 @@ impl InProcessClient {
 
 impl PsService for InProcessClient {
     async fn info(&self) -> Result<ServerInfo, PsError> {
+        self.server.check(ServiceOp::Info)?;
         Ok(self.server.read()?.info())
     }
 
     async fn pull_rows(&self, requests: Vec<RowRequest>) -> Result<Vec<PulledRows>, PsError> {
+        self.server.check(ServiceOp::PullRows)?;
         self.server.ensure_rows(&requests).await?;
         self.server.pull_rows_dedup(&requests)
     }
 
     async fn pull_dense(&self, range: Range<u64>) -> Result<Vec<f32>, PsError> {
+        self.server.check(ServiceOp::PullDense)?;
         self.server.read()?.pull_dense(range)
     }
 
     async fn push(&self, update: Update) -> Result<ApplyReport, PsError> {
+        self.server.check(ServiceOp::Push)?;
         self.server.write()?.push(&update)
     }
 
     async fn stage_step(&self, step: u64, worker: u32, update: Update) -> Result<(), PsError> {
+        self.server.check(ServiceOp::StageStep)?;
         self.server.write()?.stage_step(step, worker, update)
     }
 
     async fn commit_step(&self, step: u64, workers: Vec<u32>) -> Result<ApplyReport, PsError> {
+        self.server.check(ServiceOp::CommitStep)?;
         self.server.write()?.commit_step(step, &workers)
     }
 
     async fn abort_step(&self, step: u64) -> Result<usize, PsError> {
+        self.server.check(ServiceOp::AbortStep)?;
         Ok(self.server.write()?.abort_step(step))
     }
 
     async fn digest(&self) -> Result<ModelDigest, PsError> {
+        self.server.check(ServiceOp::Digest)?;
         Ok(self.server.read()?.digest())
     }
 
     async fn export_rows(&self, table: TableId, local: Range<u64>) -> Result<RowBlock, PsError> {
+        self.server.check(ServiceOp::ExportRows)?;
         self.server.read()?.export_rows(table, local)
     }
 
     async fn import_rows(&self, block: RowBlock) -> Result<u64, PsError> {
+        self.server.check(ServiceOp::ImportRows)?;
         self.server.write()?.import_rows(&block)
     }
 
     async fn export_dense(&self, blocks: Range<u64>) -> Result<DenseBlock, PsError> {
+        self.server.check(ServiceOp::ExportDense)?;
         self.server.read()?.export_dense(blocks)
     }
 
     async fn import_dense(&self, block: DenseBlock) -> Result<u64, PsError> {
+        self.server.check(ServiceOp::ImportDense)?;
         self.server.write()?.import_dense(&block)
     }
 }

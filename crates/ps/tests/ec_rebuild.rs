@@ -4,11 +4,15 @@
 
 mod ec_common;
 
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
 use ec_common::{EcCluster, Reference};
 use ftrec_core::{OptimizerKind, ServerId};
 use ftrec_ec::CodeKind;
-use ftrec_ps::ec::{EcClient, EcConfig, EcService};
+use ftrec_ps::ec::{EcClient, EcConfig, EcNode, EcService, RebuildHook, RebuildPoint};
 use ftrec_ps::PsError;
+use tokio::sync::Notify;
 
 fn lost(v: &[u32]) -> Vec<ServerId> {
     v.iter().map(|&s| ServerId(s)).collect()
@@ -18,6 +22,38 @@ async fn train(c: &EcCluster, reference: &mut Reference, steps: std::ops::RangeI
     for s in steps {
         c.step(s).await.unwrap();
         reference.step(s);
+    }
+}
+
+/// Holds the first rebuild batch after its lock (its missing parity slots zeroed, its cut
+/// decoded) until the test lets it go: steps committed meanwhile land inside a lock range.
+struct HoldFirstBatch {
+    calls: AtomicUsize,
+    held: Notify,
+    go: Notify,
+}
+
+impl HoldFirstBatch {
+    fn install(node: &EcNode) -> Arc<Self> {
+        let s = Arc::new(HoldFirstBatch {
+            calls: AtomicUsize::new(0),
+            held: Notify::new(),
+            go: Notify::new(),
+        });
+        let h = s.clone();
+        let hook: RebuildHook = Arc::new(move |p| {
+            let h = h.clone();
+            Box::pin(async move {
+                if matches!(p, RebuildPoint::Decoded { .. })
+                    && h.calls.fetch_add(1, Ordering::SeqCst) == 0
+                {
+                    h.held.notify_one();
+                    h.go.notified().await;
+                }
+            })
+        });
+        node.set_rebuild_hook(Some(hook)).unwrap();
+        s
     }
 }
 
@@ -91,13 +127,20 @@ async fn rebuild_in_ten_lock_ranges_while_training_goes_on() {
     train(&c, &mut reference, 1..=4).await;
     c.kill(3);
     let node = c.replace(3, &[3]);
+    let hold = HoldFirstBatch::install(&node);
     node.start_rebuild(&lost(&[3]), true).await.unwrap();
     assert!(node.rebuild_status().unwrap().joined);
-    train(&c, &mut reference, 5..=12).await;
+    // Steps commit while the first batch holds its lock: their deltas reach parity slots
+    // that were zeroed at the lock and must be merged with the decoded parity.
+    hold.held.notified().await;
+    train(&c, &mut reference, 5..=7).await;
+    hold.go.notify_one();
+    train(&c, &mut reference, 8..=12).await;
     c.wait_rebuilt(3).await;
     let st = node.rebuild_status().unwrap();
     assert_eq!(st.ranges_total, 10, "{st:?}");
     assert_eq!(st.ranges_done, 10, "{st:?}");
+    assert!(st.commits_in_lock >= 3, "{st:?}");
     assert_whole(&c, &reference).await;
 }
 
@@ -141,9 +184,14 @@ fn rebuild_on_a_multi_thread_runtime_with_concurrent_steps() {
         train(&c, &mut reference, 1..=3).await;
         c.kill(0);
         let node = c.replace(0, &[0]);
+        let hold = HoldFirstBatch::install(&node);
         node.start_rebuild(&lost(&[0]), true).await.unwrap();
-        train(&c, &mut reference, 4..=15).await;
+        hold.held.notified().await;
+        train(&c, &mut reference, 4..=6).await;
+        hold.go.notify_one();
+        train(&c, &mut reference, 7..=15).await;
         c.wait_rebuilt(0).await;
+        assert!(node.rebuild_status().unwrap().commits_in_lock >= 3);
         assert_whole(&c, &reference).await;
     });
 }
@@ -278,5 +326,148 @@ async fn a_second_loss_during_a_rebuild_with_r2() {
     train(&c, &mut reference, 6..=7).await;
     assert!(a.rebuild_ranges(usize::MAX).await.unwrap());
     assert!(b.rebuild_ranges(usize::MAX).await.unwrap());
+    assert_whole(&c, &reference).await;
+}
+
+/// The interleaving of two rebuild drivers that loses a step from a parity: the first driver
+/// (A) zeroed its parity slots and decoded its cut; steps commit into the zeroed slots; the
+/// rebuild is restarted and a second driver (B) zeroes the slots again (dropping those
+/// steps' deltas) and decodes; then A merges its older decode into B's slots. The hook holds
+/// B until A merged or was cancelled, so the interleaving does not depend on scheduling.
+struct TwoDrivers {
+    calls: AtomicUsize,
+    a_generation: AtomicU64,
+    a_done_sent: AtomicBool,
+    a_held: Notify,
+    release_a: Notify,
+    a_done: Notify,
+}
+
+/// Tells B that A is done when A's held future is dropped (A cancelled) rather than resumed.
+struct DoneOnDrop(Arc<TwoDrivers>, bool);
+
+impl Drop for DoneOnDrop {
+    fn drop(&mut self) {
+        if self.1 && !self.0.a_done_sent.swap(true, Ordering::SeqCst) {
+            self.0.a_done.notify_one();
+        }
+    }
+}
+
+impl TwoDrivers {
+    fn install(node: &EcNode) -> Arc<Self> {
+        let s = Arc::new(TwoDrivers {
+            calls: AtomicUsize::new(0),
+            a_generation: AtomicU64::new(u64::MAX),
+            a_done_sent: AtomicBool::new(false),
+            a_held: Notify::new(),
+            release_a: Notify::new(),
+            a_done: Notify::new(),
+        });
+        let h = s.clone();
+        let hook: RebuildHook = Arc::new(move |p| {
+            let h = h.clone();
+            Box::pin(async move {
+                match p {
+                    RebuildPoint::Decoded { generation } => {
+                        match h.calls.fetch_add(1, Ordering::SeqCst) {
+                            0 => {
+                                h.a_generation.store(generation, Ordering::SeqCst);
+                                let mut guard = DoneOnDrop(h.clone(), true);
+                                h.a_held.notify_one();
+                                h.release_a.notified().await;
+                                guard.1 = false;
+                            }
+                            1 => {
+                                h.release_a.notify_one();
+                                h.a_done.notified().await;
+                            }
+                            _ => {}
+                        }
+                    }
+                    RebuildPoint::Merged { generation } => {
+                        if generation == h.a_generation.load(Ordering::SeqCst)
+                            && !h.a_done_sent.swap(true, Ordering::SeqCst)
+                        {
+                            h.a_done.notify_one();
+                        }
+                    }
+                }
+            })
+        });
+        node.set_rebuild_hook(Some(hook)).unwrap();
+        s
+    }
+}
+
+#[tokio::test]
+async fn a_restarted_rebuild_never_runs_two_drivers() {
+    // ECRec §3.4: a lost parity is zeroed at its batch's lock, collects the deltas committed
+    // after it and is merged with the decode of the lock's cut. A restart must stop the
+    // driver under way before a new one zeroes anything.
+    let mut c = EcCluster::new(4, EcConfig::new(CodeKind::Gf256, 2, 1), OptimizerKind::Adam);
+    let mut reference = Reference::new(4, OptimizerKind::Adam);
+    train(&c, &mut reference, 1..=3).await;
+    c.kill(1);
+    let node = c.replace(1, &[1]);
+    let script = TwoDrivers::install(&node);
+    node.start_rebuild(&lost(&[1]), true).await.unwrap();
+    script.a_held.notified().await;
+    train(&c, &mut reference, 4..=7).await;
+    node.start_rebuild(&lost(&[1]), true).await.unwrap();
+    c.wait_rebuilt(1).await;
+    let st = node.rebuild_status().unwrap();
+    assert_eq!(st.generation, 2, "{st:?}");
+    assert!(st.commits_in_lock >= 4, "{st:?}");
+    assert_whole(&c, &reference).await;
+    train(&c, &mut reference, 8..=9).await;
+    assert_whole(&c, &reference).await;
+}
+
+#[tokio::test]
+async fn restarting_a_rebuild_that_already_finished_changes_nothing() {
+    // The coordinator may ask a replacement to restart against a new lost set just after its
+    // rebuild finished: it is whole, so there is nothing to do.
+    let mut c = EcCluster::new(5, EcConfig::new(CodeKind::Gf256, 2, 2), OptimizerKind::Adam);
+    let mut reference = Reference::new(5, OptimizerKind::Adam);
+    train(&c, &mut reference, 1..=3).await;
+    c.kill(2);
+    let node = c.replace(2, &[2]);
+    node.start_rebuild(&lost(&[2]), false).await.unwrap();
+    c.kill(4);
+    let other = c.replace(4, &[2, 4]);
+    node.start_rebuild(&lost(&[2, 4]), true).await.unwrap();
+    let st = node.rebuild_status().unwrap();
+    assert!(
+        st.finished && st.error.is_none() && st.generation == 1,
+        "{st:?}"
+    );
+    other.start_rebuild(&lost(&[2, 4]), false).await.unwrap();
+    assert_whole(&c, &reference).await;
+}
+
+#[tokio::test]
+async fn a_rebuild_share_of_zero_holds_the_lock_ranges_until_it_is_raised() {
+    // Rebuild rate control: at share 0 the replacement joins and serves (decoding on
+    // demand) but runs no lock range; raising the share lets the ranges run.
+    let mut ec = EcConfig::new(CodeKind::Gf256, 2, 1);
+    ec.lock_ranges = 4;
+    ec.rebuild_share_ppm = 0;
+    let mut c = EcCluster::new(4, ec, OptimizerKind::Adagrad);
+    let mut reference = Reference::new(4, OptimizerKind::Adagrad);
+    train(&c, &mut reference, 1..=3).await;
+    c.kill(2);
+    let node = c.replace(2, &[2]);
+    node.start_rebuild(&lost(&[2]), true).await.unwrap();
+    train(&c, &mut reference, 4..=6).await;
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    let st = node.rebuild_status().unwrap();
+    assert!(st.joined && !st.finished && st.ranges_done == 0, "{st:?}");
+    assert!(st.rows_decoded_on_demand > 0, "{st:?}");
+    node.set_rebuild_share(ftrec_ps::ec::FULL_SHARE_PPM);
+    c.wait_rebuilt(2).await;
+    assert_eq!(node.rebuild_status().unwrap().ranges_done, 4);
     assert_whole(&c, &reference).await;
 }

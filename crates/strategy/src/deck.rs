@@ -10,7 +10,9 @@
 //!   as DECK restores one consistent model, and the workers rewind the data to it.
 //!
 //! One save is in flight at a time: a delta point reached while the previous save is still
-//! uploading is taken at the first step after it commits. The first save is a full (deltas need
+//! uploading asks the cluster to wait for that save ([`Action::AwaitSave`]) and is taken as soon
+//! as it commits, so saves land on their steps whatever the upload speed. The end of training
+//! ([`Event::TrainingDone`]) saves the last step, so the store ends at the final model. The first save is a full (deltas need
 //! a base); later fulls come from the merger (DECK §3.3) or, if configured, every `N` deltas.
 //!
 //! The policy math of DECK §3.3 is here too: [`merge_stride`] (Inequality 1) and
@@ -111,6 +113,9 @@ pub struct Deck {
     deltas_since_full: u64,
     last_save_step: u64,
     last_save_s: f64,
+    /// A save point (step, time) reached while the previous save still uploaded: taken as
+    /// soon as that one is committed or has failed.
+    due_while_saving: Option<(u64, f64)>,
     pauses: Vec<f64>,
 }
 
@@ -138,6 +143,7 @@ impl Deck {
             deltas_since_full: 0,
             last_save_step: 0,
             last_save_s: 0.0,
+            due_while_saving: None,
             pauses: Vec::new(),
         })
     }
@@ -176,6 +182,14 @@ impl Deck {
         };
         vec![Action::PauseTraining, save, Action::ResumeTraining]
     }
+
+    /// The save point that waited for the previous save, if any.
+    fn save_if_due(&mut self) -> Vec<Action> {
+        match self.due_while_saving.take() {
+            Some((step, now_s)) => self.save(step, now_s),
+            None => Vec::new(),
+        }
+    }
 }
 
 impl Strategy for Deck {
@@ -187,6 +201,24 @@ impl Strategy for Deck {
         match (event, self.phase) {
             (Event::StepDone { step, now_s }, Phase::Training) if self.due(*step, *now_s) => {
                 self.save(*step, *now_s)
+            }
+            (Event::StepDone { step, now_s }, Phase::Saving { .. }) if self.due(*step, *now_s) => {
+                // One save at a time: this point waits for the previous save's commit, then
+                // saves (the wait is a pause; DECK §3.2's back-pressure).
+                self.due_while_saving = Some((*step, *now_s));
+                vec![Action::AwaitSave]
+            }
+            (Event::TrainingDone { step, now_s }, Phase::Training)
+                if self.last_save_step != *step =>
+            {
+                // The store ends at the model the run ends with.
+                self.save(*step, *now_s)
+            }
+            (Event::TrainingDone { step, now_s }, Phase::Saving { step: saving, .. })
+                if saving != *step =>
+            {
+                self.due_while_saving = Some((*step, *now_s));
+                vec![Action::AwaitSave]
             }
             (
                 Event::SaveFinished {
@@ -203,7 +235,7 @@ impl Strategy for Deck {
                     self.deltas_since_full += 1;
                 }
                 self.phase = Phase::Training;
-                Vec::new()
+                self.save_if_due()
             }
             (Event::SaveFailed { step: failed, .. }, Phase::Saving { step, .. })
                 if *failed == step =>
@@ -214,11 +246,12 @@ impl Strategy for Deck {
                 // The committed lineage stays valid for recovery meanwhile.
                 self.phase = Phase::Training;
                 self.have_base = false;
-                Vec::new()
+                self.save_if_due()
             }
             (Event::ServerLost { .. }, Phase::Training | Phase::Saving { .. }) => {
                 // A save in flight is abandoned: it never committed.
                 self.phase = Phase::Recovering;
+                self.due_while_saving = None;
                 vec![
                     Action::PauseTraining,
                     Action::RestoreAll {
@@ -293,15 +326,80 @@ mod tests {
         );
         // Training goes on while the full uploads; no second save overlaps it.
         assert!(step(&mut s, 3).is_empty());
-        assert!(step(&mut s, 4).is_empty());
         assert!(done(&mut s, 2).is_empty());
-        assert_eq!(step(&mut s, 5)[1], Action::SaveDelta { step: 5 });
-        done(&mut s, 5);
-        assert!(step(&mut s, 6).is_empty());
-        assert_eq!(step(&mut s, 7)[1], Action::SaveDelta { step: 7 });
-        done(&mut s, 7);
-        assert_eq!(s.committed(), Some(&ckpt(7)));
+        assert_eq!(step(&mut s, 4)[1], Action::SaveDelta { step: 4 });
+        done(&mut s, 4);
+        assert!(step(&mut s, 5).is_empty());
+        assert_eq!(step(&mut s, 6)[1], Action::SaveDelta { step: 6 });
+        done(&mut s, 6);
+        assert_eq!(s.committed(), Some(&ckpt(6)));
         assert_eq!(s.pauses().len(), 3);
+    }
+
+    #[test]
+    fn a_save_point_during_an_upload_waits_for_its_commit_then_saves_on_its_step() {
+        let mut s = deck(2, None);
+        step(&mut s, 1);
+        step(&mut s, 2); // full of step 2 uploading
+        step(&mut s, 3);
+        // Due at 4 while the full still uploads: wait for it.
+        assert_eq!(step(&mut s, 4), vec![Action::AwaitSave]);
+        // Its commit arrives during the wait and the delta of step 4 follows at once.
+        assert_eq!(
+            done(&mut s, 2),
+            vec![
+                Action::PauseTraining,
+                Action::SaveDelta { step: 4 },
+                Action::ResumeTraining
+            ]
+        );
+        // A failed save during a wait: the point is still taken, as a full (no safe base).
+        assert_eq!(step(&mut s, 6), vec![Action::AwaitSave]);
+        assert_eq!(
+            s.on(&Event::SaveFailed {
+                step: 4,
+                reason: "upload".into()
+            })[1],
+            Action::SaveFull { step: 6 }
+        );
+    }
+
+    #[test]
+    fn the_end_of_training_saves_the_last_step_after_the_save_in_flight() {
+        let mut s = deck(3, None);
+        for n in 1..=3 {
+            step(&mut s, n);
+        }
+        done(&mut s, 3);
+        step(&mut s, 4);
+        assert_eq!(
+            s.on(&Event::TrainingDone {
+                step: 4,
+                now_s: 4.0
+            })[1],
+            Action::SaveDelta { step: 4 }
+        );
+        done(&mut s, 4);
+        // Nothing new to save.
+        assert!(s
+            .on(&Event::TrainingDone {
+                step: 4,
+                now_s: 4.1
+            })
+            .is_empty());
+        // Ending while a save uploads: wait for it, then save the last step.
+        let mut s = deck(2, None);
+        step(&mut s, 1);
+        step(&mut s, 2);
+        step(&mut s, 3);
+        assert_eq!(
+            s.on(&Event::TrainingDone {
+                step: 3,
+                now_s: 3.0
+            }),
+            vec![Action::AwaitSave]
+        );
+        assert_eq!(done(&mut s, 2)[1], Action::SaveDelta { step: 3 });
     }
 
     #[test]

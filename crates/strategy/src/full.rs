@@ -162,6 +162,17 @@ impl Strategy for FullCheckpoint {
                 self.last_save_s = *now_s;
                 vec![Action::ResumeTraining]
             }
+            // The store ends at the model the run ends with (unless the last step was saved
+            // already), so the job can be resumed, evaluated or exported from it.
+            (Event::TrainingDone { step, now_s }, Phase::Training)
+                if self.committed.as_ref().is_none_or(|c| c.step != *step) =>
+            {
+                self.phase = Phase::Saving {
+                    step: *step,
+                    started_s: *now_s,
+                };
+                vec![Action::PauseTraining, Action::SaveFull { step: *step }]
+            }
             _ => Vec::new(),
         }
     }
@@ -337,6 +348,49 @@ mod tests {
             vec![Action::ResumeTraining]
         );
         assert_eq!(s.committed(), Some(&ckpt(1)));
+    }
+
+    #[test]
+    fn the_end_of_training_saves_the_last_step_unless_it_is_saved() {
+        let mut s = FullCheckpoint::new(Interval::Steps(4)).unwrap();
+        for step in 1..=4 {
+            s.on(&Event::StepDone {
+                step,
+                now_s: step as f64,
+            });
+        }
+        s.on(&Event::SaveFinished {
+            checkpoint: ckpt(4),
+            cost_s: 0.1,
+            bytes: 1,
+        });
+        // Ending right at a committed save point: nothing more to save.
+        assert!(s
+            .on(&Event::TrainingDone {
+                step: 4,
+                now_s: 4.5
+            })
+            .is_empty());
+        s.on(&Event::StepDone {
+            step: 5,
+            now_s: 5.0,
+        });
+        assert_eq!(
+            s.on(&Event::TrainingDone {
+                step: 5,
+                now_s: 5.5
+            }),
+            vec![Action::PauseTraining, Action::SaveFull { step: 5 }]
+        );
+        assert_eq!(
+            s.on(&Event::SaveFinished {
+                checkpoint: ckpt(5),
+                cost_s: 0.1,
+                bytes: 1
+            }),
+            vec![Action::ResumeTraining]
+        );
+        assert_eq!(s.committed(), Some(&ckpt(5)));
     }
 
     #[test]

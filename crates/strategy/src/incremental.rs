@@ -9,8 +9,11 @@
 //! The cluster carries the actions out as for `deck`: `[PauseTraining, SaveFull | SavePiece,
 //! ResumeTraining]`, the save returning once every server copied its rows out; upload and (for
 //! the chunk list) extraction go on while training resumes, and [`Event::SaveFinished`] arrives
-//! once the checkpoint is committed. One save is in flight at a time; a save point reached
-//! while the previous save is still in flight is taken at the first step after it commits.
+//! once the checkpoint is committed. One save is in flight at a time: a save point reached
+//! while the previous save is still in flight asks the cluster to wait for it
+//! ([`Action::AwaitSave`]) and is taken as soon as it commits, so saves land on their steps
+//! whatever the upload speed. The end of training ([`Event::TrainingDone`]) saves the last step,
+//! so the store ends at the final model.
 //! A failed save makes the next one a full (a server may have forgotten rows it tracked, or
 //! its chunk list may be ahead of the store). A lost server: every server restores the newest
 //! committed checkpoint (a piece restores through its base) and pieces continue from it.
@@ -61,6 +64,8 @@ pub struct Pieces<P> {
     last_save_s: f64,
     pauses: Vec<f64>,
     decisions: Vec<Decision>,
+    /// A save point reached while a save was in flight: taken once that save ends.
+    due_while_saving: Option<(u64, f64)>,
 }
 
 impl<P: ResetPolicy> Pieces<P> {
@@ -88,6 +93,7 @@ impl<P: ResetPolicy> Pieces<P> {
             last_save_s: 0.0,
             pauses: Vec::new(),
             decisions: Vec::new(),
+            due_while_saving: None,
         })
     }
 
@@ -138,6 +144,14 @@ impl<P: ResetPolicy> Pieces<P> {
         };
         vec![Action::PauseTraining, save, Action::ResumeTraining]
     }
+
+    /// The save point that waited for the previous save, if any.
+    fn save_if_due(&mut self) -> Vec<Action> {
+        match self.due_while_saving.take() {
+            Some((step, now_s)) => self.save(step, now_s),
+            None => Vec::new(),
+        }
+    }
 }
 
 impl<P: ResetPolicy> Strategy for Pieces<P> {
@@ -149,6 +163,23 @@ impl<P: ResetPolicy> Strategy for Pieces<P> {
         match (event, self.phase) {
             (Event::StepDone { step, now_s }, Phase::Training) if self.due(*step, *now_s) => {
                 self.save(*step, *now_s)
+            }
+            (Event::StepDone { step, now_s }, Phase::Saving { .. }) if self.due(*step, *now_s) => {
+                // One save at a time: this point waits for the previous save's commit.
+                self.due_while_saving = Some((*step, *now_s));
+                vec![Action::AwaitSave]
+            }
+            (Event::TrainingDone { step, now_s }, Phase::Training)
+                if self.last_save_step != *step =>
+            {
+                // The store ends at the model the run ends with.
+                self.save(*step, *now_s)
+            }
+            (Event::TrainingDone { step, now_s }, Phase::Saving { step: saving, .. })
+                if saving != *step =>
+            {
+                self.due_while_saving = Some((*step, *now_s));
+                vec![Action::AwaitSave]
             }
             (
                 Event::SaveFinished {
@@ -168,14 +199,14 @@ impl<P: ResetPolicy> Strategy for Pieces<P> {
                     self.pieces += 1;
                 }
                 self.phase = Phase::Training;
-                Vec::new()
+                self.save_if_due()
             }
             (Event::SaveFailed { step: failed, .. }, Phase::Saving { step, .. })
                 if *failed == step =>
             {
                 self.phase = Phase::Training;
                 self.have_base = false;
-                Vec::new()
+                self.save_if_due()
             }
             (Event::RestoreEstimate { base_s, chain_s }, _) => {
                 self.policy.estimate(*base_s, *chain_s);
@@ -184,6 +215,7 @@ impl<P: ResetPolicy> Strategy for Pieces<P> {
             (Event::ServerLost { .. }, Phase::Training | Phase::Saving { .. }) => {
                 // A save in flight is abandoned: it never committed.
                 self.phase = Phase::Recovering;
+                self.due_while_saving = None;
                 vec![
                     Action::PauseTraining,
                     Action::RestoreAll {
@@ -298,20 +330,52 @@ pub(crate) mod tests {
                 Action::ResumeTraining
             ]
         );
-        // One save in flight at a time.
-        assert!(step(&mut s, 4).is_empty());
-        done(&mut s, 2, 0.1, 1000);
+        // One save in flight at a time: a point due meanwhile waits for the commit.
+        assert!(step(&mut s, 3).is_empty());
+        assert_eq!(step(&mut s, 4), vec![Action::AwaitSave]);
         assert_eq!(
-            step(&mut s, 5)[1],
-            Action::SavePiece {
-                step: 5,
-                layout: PieceLayout::Incremental
-            }
+            done(&mut s, 2, 0.1, 1000),
+            vec![
+                Action::PauseTraining,
+                Action::SavePiece {
+                    step: 4,
+                    layout: PieceLayout::Incremental
+                },
+                Action::ResumeTraining
+            ]
         );
-        done(&mut s, 5, 0.01, 10);
-        assert_eq!(s.committed(), Some(&ckpt(5)));
+        done(&mut s, 4, 0.01, 10);
+        assert_eq!(s.committed(), Some(&ckpt(4)));
         assert_eq!(s.decisions().len(), 1);
         assert!(!s.decisions()[0].full);
+    }
+
+    #[test]
+    fn the_end_of_training_saves_the_last_step() {
+        let mut s = Incremental::new(Interval::Steps(3), None).unwrap();
+        step(&mut s, 3);
+        done(&mut s, 3, 0.0, 1);
+        step(&mut s, 4);
+        let end = |s: &mut Incremental, n: u64| {
+            s.on(&Event::TrainingDone {
+                step: n,
+                now_s: n as f64,
+            })
+        };
+        assert!(matches!(
+            end(&mut s, 4)[1],
+            Action::SavePiece { step: 4, .. }
+        ));
+        done(&mut s, 4, 0.0, 1);
+        // Nothing new to save.
+        assert!(end(&mut s, 4).is_empty());
+        // Ending while a save uploads: wait for it, then save the last step.
+        step(&mut s, 7);
+        assert_eq!(end(&mut s, 8), vec![Action::AwaitSave]);
+        assert!(matches!(
+            done(&mut s, 7, 0.0, 1)[1],
+            Action::SavePiece { step: 8, .. }
+        ));
     }
 
     #[test]

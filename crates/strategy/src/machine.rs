@@ -32,18 +32,28 @@ pub enum Event {
     SaveFailed { step: u64, reason: String },
     /// Every server holds the restored state and a replacement is in place.
     RestoreFinished { step: u64, now_s: f64 },
+    /// The last step (`step`) is done and the run is about to end: a strategy that keeps its
+    /// store at the model the run ends with saves now.
+    TrainingDone { step: u64, now_s: f64 },
     /// The replacement of `server` rebuilt its whole state (ECRec §3.4) and serves it.
     RebuildFinished { server: ServerId, now_s: f64 },
     /// Restoring the newest committed point would take `base_s` seconds for its full and
     /// `chain_s` for the pieces over it (IncrCP §4.5's `R_base` and `R_i`), estimated from the
-    /// bytes a restore reads and the store's measured read rate. Follows the
-    /// [`Event::SaveFinished`] of a piece, when the servers measured a read rate.
+    /// bytes a restore reads and the store's measured read rate. Arrives just before the
+    /// [`Event::SaveFinished`] of a piece (so the next save point's decision sees it), when
+    /// the servers measured a read rate.
     RestoreEstimate { base_s: f64, chain_s: f64 },
     /// The rebuild of `server` failed (for example the replacement died too).
     RebuildFailed { server: ServerId, reason: String },
 }
 
 /// What the cluster must do.
+///
+/// Training stops while the cluster carries out actions; after a [`Action::PauseTraining`] it
+/// stays stopped until [`Action::ResumeTraining`], so a save between the two blocks training
+/// until it is committed (the strategy says resume when [`Event::SaveFinished`] arrives),
+/// while `[PauseTraining, Save.., ResumeTraining]` pauses only for the copy-out and lets the
+/// upload and commit run while training goes on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum Action {
@@ -62,6 +72,11 @@ pub enum Action {
     /// plus the dense part); the coordinator commits one checkpoint at `step` whose parent is
     /// the newest committed checkpoint (the newest committed full for a differential).
     SavePiece { step: u64, layout: PieceLayout },
+    /// Wait until the save in flight is committed (or has failed) before training goes on;
+    /// its [`Event::SaveFinished`] or [`Event::SaveFailed`] arrives during the wait. A strategy
+    /// that allows one save at a time asks for this when its next save point comes while the
+    /// previous save still uploads, so that saves land on their steps whatever the upload speed.
+    AwaitSave,
     /// Start a replacement for `server` and rebuild its rows, parities and dense replica
     /// from the survivors in the background while training goes on (ECRec §3.4).
     Rebuild { server: ServerId },

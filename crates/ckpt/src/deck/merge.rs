@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use ftrec_core::{RowId, RowLayout, ServerId, TableId};
+use ftrec_core::{RowId, RowLayout, ServerId, ShardMap, TableId, DENSE_BLOCK};
 
 use crate::checkpoint::{Checkpoints, VerifiedFile};
 use crate::error::{CkptError, Result};
@@ -462,6 +462,11 @@ pub trait ShardWriter: Send {
     fn dense_shape(&self) -> Option<(u64, u64, u32)>;
     /// Overwrite dense blocks from `first_block` on.
     fn write_dense(&mut self, first_block: u64, values: &[f32], state: &[f32]) -> Result<()>;
+    /// The shard map this server is part of, if it has one: then a checkpoint saved by a
+    /// different number of servers can be restored into it (re-sharded by global row id).
+    fn shard_map(&self) -> Option<ShardMap> {
+        None
+    }
 }
 
 /// A [`MergeSink`] that writes into a [`ShardWriter`].
@@ -508,6 +513,119 @@ impl MergeSink for WriterSink<'_> {
         c.copy_state(&mut state);
         self.writer
             .write_dense(c.header.first_block, &values, &state)
+    }
+}
+
+/// A [`MergeSink`] for a restore onto a different number of servers: of each saved server's
+/// merged rows it keeps those the writer's shard map gives the writer's server, and of its
+/// dense blocks those in the writer's range; it counts what it kept, so the caller can check
+/// that the restore covered the whole shard.
+pub(crate) struct ReshardSink<'a> {
+    writer: &'a mut dyn ShardWriter,
+    map: ShardMap,
+    me: ServerId,
+    ids: Vec<RowId>,
+    words: Vec<f32>,
+    row: Vec<f32>,
+    /// Rows written per table.
+    pub rows: BTreeMap<TableId, u64>,
+    /// Dense blocks written.
+    pub dense_blocks: u64,
+}
+
+impl<'a> ReshardSink<'a> {
+    pub(crate) fn new(writer: &'a mut dyn ShardWriter, map: ShardMap) -> Self {
+        let me = writer.server();
+        ReshardSink {
+            writer,
+            map,
+            me,
+            ids: Vec::new(),
+            words: Vec::new(),
+            row: Vec::new(),
+            rows: BTreeMap::new(),
+            dense_blocks: 0,
+        }
+    }
+}
+
+impl ReshardSink<'_> {
+    /// Dense blocks in the writer's range.
+    pub(crate) fn writer_dense_blocks(&self) -> Option<u64> {
+        self.writer
+            .dense_shape()
+            .map(|(_, values, _)| (values as usize).div_ceil(DENSE_BLOCK) as u64)
+    }
+}
+
+#[async_trait]
+impl MergeSink for ReshardSink<'_> {
+    async fn rows(
+        &mut self,
+        _server: ServerId,
+        table: TableId,
+        layout: RowLayout,
+        ids: &[RowId],
+        bytes: &[u8],
+    ) -> Result<()> {
+        let rb = layout.bytes();
+        self.ids.clear();
+        self.words.clear();
+        self.row.resize(layout.words(), 0.0);
+        for (i, &id) in ids.iter().enumerate() {
+            if self.map.owner(table, id) != self.me {
+                continue;
+            }
+            crate::format::copy_le_into_f32s(&bytes[i * rb..(i + 1) * rb], &mut self.row);
+            self.ids.push(id);
+            self.words.extend_from_slice(&self.row);
+        }
+        if self.ids.is_empty() {
+            return Ok(());
+        }
+        self.writer.write_rows(table, &self.ids, &self.words)?;
+        *self.rows.entry(table).or_default() += self.ids.len() as u64;
+        Ok(())
+    }
+
+    async fn dense(
+        &mut self,
+        _server: ServerId,
+        _from: &CheckpointId,
+        info: &FileInfo,
+        data: Bytes,
+    ) -> Result<()> {
+        let Some((t_first, t_values, t_spb)) = self.writer.dense_shape() else {
+            return Ok(());
+        };
+        let c = DenseChunk::decode(&info.path, &data)?;
+        let h = c.header;
+        if h.state_per_block != t_spb {
+            return Err(CkptError::InvalidArgument(format!(
+                "dense file {}: {} state words per block, the target has {t_spb}",
+                info.path, h.state_per_block
+            )));
+        }
+        let t_end = t_first + (t_values as usize).div_ceil(DENSE_BLOCK) as u64;
+        let (lo, hi) = (
+            h.first_block.max(t_first),
+            (h.first_block + h.blocks).min(t_end),
+        );
+        if lo >= hi {
+            return Ok(());
+        }
+        let mut values = vec![0.0; h.values as usize];
+        let mut state = vec![0.0; (h.blocks * h.state_per_block as u64) as usize];
+        c.copy_values(&mut values);
+        c.copy_state(&mut state);
+        let (b0, b1) = ((lo - h.first_block) as usize, (hi - h.first_block) as usize);
+        let v1 = (b1 * DENSE_BLOCK).min(values.len());
+        let v0 = (b0 * DENSE_BLOCK).min(v1);
+        let spb = h.state_per_block as usize;
+        self.writer
+            .write_dense(lo, &values[v0..v1], &state[b0 * spb..b1 * spb])?;
+        self.dense_blocks += hi - lo;
+        Ok(())
     }
 }
 

@@ -20,7 +20,9 @@ pub mod tracker;
 
 use std::collections::BTreeMap;
 
-use ftrec_core::{DenseParams, EmbeddingTable, RowId, RowLayout, ServerId, TableId, DENSE_BLOCK};
+use ftrec_core::{
+    DenseParams, EmbeddingTable, RowId, RowLayout, ServerId, ShardMap, TableId, DENSE_BLOCK,
+};
 
 use crate::checkpoint::Checkpoints;
 use crate::error::{CkptError, Result};
@@ -179,6 +181,12 @@ async fn read_chain(ckpts: &Checkpoints, ids: &[CheckpointId]) -> Result<Vec<Man
 }
 
 /// Restore `writer`'s server from `chain` (full first): every row once, newest wins.
+///
+/// A chain saved by as many servers as the writer's shard map has is read server for server.
+/// One saved by a different number of servers (an elastic restore) is re-sharded: rows carry
+/// their global ids, so the writer reads every saved server's merged rows and keeps those its
+/// shard map gives it, and the dense blocks of its range; it must end up with every row and
+/// block of its shard, or the restore is an error.
 pub async fn restore_chain(
     ckpts: &Checkpoints,
     chain: &[Manifest],
@@ -193,10 +201,96 @@ pub async fn restore_chain(
             reason: "a restore chain must start with a full checkpoint".into(),
         });
     }
+    let saved_servers = full.shards.len() as u32;
+    if let Some(map) = writer.shard_map() {
+        if map.servers() != saved_servers {
+            return restore_resharded(ckpts, chain, writer, map).await;
+        }
+    }
     merge::check_shapes(full, writer)?;
     let server = writer.server();
     let mut sink = merge::WriterSink::new(writer);
     let (_, stats) = merge_chain(ckpts, chain, Some(&[server]), 4 << 20, &mut sink).await?;
+    Ok(stats)
+}
+
+/// [`restore_chain`] from a chain saved by a different number of servers than `map` has.
+async fn restore_resharded(
+    ckpts: &Checkpoints,
+    chain: &[Manifest],
+    writer: &mut dyn ShardWriter,
+    map: ShardMap,
+) -> Result<MergeStats> {
+    let full = &chain[0];
+    let me = writer.server();
+    let invalid = |reason: String| CkptError::InvalidCheckpoint {
+        id: full.id.to_string(),
+        reason,
+    };
+    // Every saved table must exist on the target with the same layout and the same number
+    // of rows in all (the saved shards of a full hold every row once).
+    let mut totals: BTreeMap<TableId, (u64, RowLayout)> = BTreeMap::new();
+    for shard in &full.shards {
+        for t in &shard.tables {
+            let e = totals.entry(t.table).or_insert((0, t.layout));
+            if e.1 != t.layout {
+                return Err(invalid(format!(
+                    "table {} is saved with layouts {:?} and {:?}",
+                    t.table.0, e.1, t.layout
+                )));
+            }
+            e.0 += t.rows;
+        }
+    }
+    let mut want: BTreeMap<TableId, u64> = BTreeMap::new();
+    for (&table, &(rows, layout)) in &totals {
+        match writer.table_shape(table) {
+            Some((local, l)) if l == layout && local == map.rows_on(table, rows, me) => {
+                want.insert(table, local);
+            }
+            Some((local, l)) => {
+                return Err(invalid(format!(
+                    "table {}: saved {rows} rows of {layout:?} over {} servers, server {} of {} \
+                     holds {local} rows of {l:?}",
+                    table.0,
+                    full.shards.len(),
+                    me.0,
+                    map.servers()
+                )))
+            }
+            None => {
+                return Err(invalid(format!(
+                    "table {} is saved, server {} does not hold it",
+                    table.0, me.0
+                )))
+            }
+        }
+    }
+    let saved: Vec<ServerId> = full.shards.iter().map(|s| s.server).collect();
+    let mut sink = merge::ReshardSink::new(writer, map);
+    let mut stats = MergeStats::default();
+    for server in saved {
+        let (_, s) = merge_chain(ckpts, chain, Some(&[server]), 4 << 20, &mut sink).await?;
+        stats.files_read += s.files_read;
+        stats.bytes_read += s.bytes_read;
+        stats.rows_out += s.rows_out;
+    }
+    for (table, local) in want {
+        let got = sink.rows.get(&table).copied().unwrap_or(0);
+        if got != local {
+            return Err(invalid(format!(
+                "re-sharding gave server {} {got} rows of table {}, its shard has {local}",
+                me.0, table.0
+            )));
+        }
+    }
+    let dense_want = sink.writer_dense_blocks().unwrap_or(0);
+    if sink.dense_blocks != dense_want {
+        return Err(invalid(format!(
+            "re-sharding gave server {} {} dense blocks, its range has {dense_want}",
+            me.0, sink.dense_blocks
+        )));
+    }
     Ok(stats)
 }
 

@@ -289,7 +289,10 @@ impl PieceIndex {
             self.check_parts(c, &format!("chunk record {i}"), file)?;
         }
         if self.scheme != PieceScheme::ChunkList && !self.row0.is_empty() {
-            return Err(bad(format!("a {} piece has a row-0 list", self.scheme.name())));
+            return Err(bad(format!(
+                "a {} piece has a row-0 list",
+                self.scheme.name()
+            )));
         }
         for (i, c) in self.row0.iter().enumerate() {
             if c.round != 0 || c.col > self.column || c.col == 0 {
@@ -317,7 +320,9 @@ impl PieceIndex {
             let fits = f.is_some_and(|f| {
                 p.lo <= p.hi
                     && p.row_bytes > 0
-                    && p.ids_at.checked_add(8 * p.rows()).is_some_and(|e| e <= f.size)
+                    && p.ids_at
+                        .checked_add(8 * p.rows())
+                        .is_some_and(|e| e <= f.size)
                     && p.rows_at
                         .checked_add(p.rows() * p.row_bytes as u64)
                         .is_some_and(|e| e <= f.size)

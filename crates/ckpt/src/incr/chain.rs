@@ -242,7 +242,14 @@ impl ServerChain {
                     .collect();
                 row0 = list
                     .row0_chunks()
-                    .map(|c| list.record(crate::format::ChunkOp::Column, c, &mut file_refs, &mut local))
+                    .map(|c| {
+                        list.record(
+                            crate::format::ChunkOp::Column,
+                            c,
+                            &mut file_refs,
+                            &mut local,
+                        )
+                    })
                     .collect();
                 let dense: u64 = report
                     .files

@@ -292,7 +292,12 @@ struct BundleOut {
 }
 
 impl BundleOut {
-    fn new(server: ServerId, ckpt: CheckpointId, prefix: &'static str, cfg: &ExtractConfig) -> Self {
+    fn new(
+        server: ServerId,
+        ckpt: CheckpointId,
+        prefix: &'static str,
+        cfg: &ExtractConfig,
+    ) -> Self {
         BundleOut {
             server,
             ckpt,
@@ -470,9 +475,10 @@ struct Pending {
 
 /// The layout of a table's rows in this list (from the writer of the chunk).
 fn layout_of(layouts: &HashMap<u32, RowLayout>, table: u32) -> Result<RowLayout> {
-    layouts.get(&table).copied().ok_or_else(|| {
-        CkptError::InvalidArgument(format!("no row layout known for table {table}"))
-    })
+    layouts
+        .get(&table)
+        .copied()
+        .ok_or_else(|| CkptError::InvalidArgument(format!("no row layout known for table {table}")))
 }
 
 /// Run the extraction round of the new column `col` (checkpoint `ckpt`, whose chunks are

@@ -284,8 +284,7 @@ impl ChunkList {
         let fmap: Vec<u32> = piece.files.iter().map(|f| l.intern(f)).collect();
         for r in &piece.row0 {
             let c = l.chunk_of(r, &fmap);
-            if l
-                .ranges
+            if l.ranges
                 .entry((r.table, r.range))
                 .or_default()
                 .row0

@@ -499,8 +499,8 @@ async fn restore_list(
             words.clear();
             let w = p.row_bytes as usize / 4;
             words.reserve(d.len() * w);
-            let mut keep = (newest && round == 0)
-                .then(|| row0_ids.entry((table, range, ccol)).or_default());
+            let mut keep =
+                (newest && round == 0).then(|| row0_ids.entry((table, range, ccol)).or_default());
             if let Some(k) = keep.as_deref_mut() {
                 k.reserve(d.len());
             }

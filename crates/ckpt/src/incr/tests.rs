@@ -12,8 +12,8 @@ use proptest::prelude::*;
 use super::store::write_mem_shards;
 use super::*;
 use crate::checkpoint::Checkpoints;
-use crate::error::CkptError;
 use crate::deck::{self, RestoreAt};
+use crate::error::CkptError;
 use crate::format::dense::encode_dense;
 use crate::format::rows::encode_rows;
 use crate::format::{
@@ -732,7 +732,8 @@ fn damaged_chunk_files_are_errors_naming_them() {
             assert!(named, "damage {damage}: {e}");
             let v = verify(&run.ckpts).await.unwrap();
             assert!(
-                v.iter().any(|v| v.problem.as_deref().is_some_and(|m| m.contains(&f.path))),
+                v.iter()
+                    .any(|v| v.problem.as_deref().is_some_and(|m| m.contains(&f.path))),
                 "verify names {}: {v:?}",
                 f.path
             );

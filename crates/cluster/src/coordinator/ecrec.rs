@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use ftrec_core::ServerId;
 use ftrec_ec::{Code, StripeLayout};
 use ftrec_model::{Dlrm, DlrmConfig};
-use ftrec_ps::ec::{audit_parities, EcGrpcClient, EcService};
+use ftrec_ps::ec::{audit_parities, EcGrpcClient, EcService, FULL_SHARE_PPM};
 use ftrec_ps::PsError;
 use ftrec_strategy::{Action, EcRec, EcRecConfig, Event, Strategy};
 
@@ -50,6 +50,8 @@ pub(super) struct EcRun {
     /// Servers whose phase 2 (or one-phase apply) failed, with the error: the step counted as
     /// done and the loss is handled before the next one.
     commit_failed: Vec<(u32, String)>,
+    /// Training is over: rebuilds run at full speed (also those started from now on).
+    finishing: bool,
     pub(super) report: EcReport,
 }
 
@@ -149,6 +151,7 @@ impl Coordinator {
                 clients: Vec::new(),
                 rebuilding: Vec::new(),
                 commit_failed: Vec::new(),
+                finishing: false,
                 report: EcReport::new(&spec, mem),
             });
         }
@@ -416,6 +419,15 @@ impl Coordinator {
         self.server_addrs[id as usize] = p.addr;
         self.procs[id as usize] = p;
         self.event(EventKind::ServerReplaced, Some(id), detail);
+        if let Some(ec) = self.ec.as_mut() {
+            // A replacement lost during its rebuild: that rebuild ends with the process.
+            for &(s, i) in ec.rebuilding.iter().filter(|&&(s, _)| s == id) {
+                let b = &mut ec.report.rebuilds[i];
+                b.error
+                    .get_or_insert_with(|| format!("server {s} was lost during its rebuild"));
+            }
+            ec.rebuilding.retain(|&(s, _)| s != id);
+        }
         let now = self.now();
         for f in self
             .failures
@@ -436,23 +448,23 @@ impl Coordinator {
         let lost_ids: Vec<ServerId> = lost.iter().map(|&s| ServerId(s)).collect();
         let timeout = self.rpc_timeout();
         for &s in servers {
-            let now = self.now();
-            let Some(ec) = self.ec.as_mut() else {
+            let Some(ec) = self.ec.as_ref() else {
                 return Ok(());
             };
             let client = ec.clients[s as usize].clone();
-            ec.report.rebuilds.push(RebuildReport {
-                server: s,
-                lost: lost.to_vec(),
-                started_s: now,
-                ..RebuildReport::default()
-            });
-            let idx = ec.report.rebuilds.len() - 1;
-            ec.rebuilding.retain(|&(x, _)| x != s);
-            ec.rebuilding.push((s, idx));
+            let previous = ec
+                .rebuilding
+                .iter()
+                .find(|&&(x, _)| x == s)
+                .map(|&(_, i)| i);
+            let started_s = self.now();
             let ids = lost_ids.clone();
             let r = self.rt.block_on(async move {
-                tokio::time::timeout(timeout, client.start_rebuild(ids, true)).await
+                tokio::time::timeout(timeout, async {
+                    client.start_rebuild(ids, true).await?;
+                    client.rebuild_status().await
+                })
+                .await
             });
             let r = match r {
                 Ok(r) => r.map_err(|e| e.to_string()),
@@ -462,10 +474,32 @@ impl Coordinator {
             let Some(ec) = self.ec.as_mut() else {
                 return Ok(());
             };
+            let mut entry = RebuildReport {
+                server: s,
+                lost: lost.to_vec(),
+                started_s,
+                ..RebuildReport::default()
+            };
             match r {
-                Ok(()) => ec.report.rebuilds[idx].joined_s = Some(now),
+                Ok(st) => {
+                    if let Some(p) = previous {
+                        if st.generation <= ec.report.rebuilds[p].generation {
+                            // The node finished its rebuild before the restart reached it:
+                            // nothing was restarted; the next poll reports the end.
+                            continue;
+                        }
+                        ec.report.rebuilds[p].restarted = true;
+                    }
+                    entry.joined_s = Some(now);
+                    entry.generation = st.generation;
+                    ec.report.rebuilds.push(entry);
+                    let idx = ec.report.rebuilds.len() - 1;
+                    ec.rebuilding.retain(|&(x, _)| x != s);
+                    ec.rebuilding.push((s, idx));
+                }
                 Err(e) => {
-                    ec.report.rebuilds[idx].error = Some(e.clone());
+                    entry.error = Some(e.clone());
+                    ec.report.rebuilds.push(entry);
                     ec.rebuilding.retain(|&(x, _)| x != s);
                     return Err(ClusterError::Recovery(format!(
                         "starting the rebuild of server {s}: {e}"
@@ -473,7 +507,27 @@ impl Coordinator {
                 }
             }
         }
+        if self.ec.as_ref().is_some_and(|e| e.finishing) {
+            self.ec_lift_rebuild_share();
+        }
         Ok(())
+    }
+
+    /// Training is over: let every rebuild under way work at full speed.
+    fn ec_lift_rebuild_share(&mut self) {
+        let Some(ec) = &self.ec else { return };
+        let clients: Vec<EcGrpcClient> = ec
+            .rebuilding
+            .iter()
+            .map(|&(s, _)| ec.clients[s as usize].clone())
+            .collect();
+        let timeout = self.rpc_timeout();
+        for c in clients {
+            // A node that does not answer is lost: the finish loop's probes find it.
+            let _ = self.rt.block_on(async move {
+                tokio::time::timeout(timeout, c.set_rebuild_share(FULL_SHARE_PPM)).await
+            });
+        }
     }
 
     /// Look at every rebuild under way; tell the strategy about finished and failed ones.
@@ -500,6 +554,7 @@ impl Coordinator {
             b.ranges = st.ranges_total;
             b.rows_decoded_on_demand = st.rows_decoded_on_demand;
             b.cut_retries = st.cut_retries;
+            b.commits_in_lock = st.commits_in_lock;
             if st.finished {
                 b.finished_s = Some(now);
                 ec.rebuilding.retain(|&(x, _)| x != server);
@@ -550,6 +605,11 @@ impl Coordinator {
             return Ok(());
         }
         let deadline = Instant::now() + FINISH_REBUILD_TIMEOUT;
+        // The rebuilds yielded to training (their share); now nothing else runs.
+        if let Some(ec) = self.ec.as_mut() {
+            ec.finishing = true;
+        }
+        self.ec_lift_rebuild_share();
         while self.ec.as_ref().is_some_and(|e| !e.rebuilding.is_empty()) {
             if !self.ec_poll()? {
                 return Ok(());

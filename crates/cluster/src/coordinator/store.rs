@@ -1,46 +1,55 @@
-//! `deck` in the cluster (deck.txt §3–§4): the servers' checkpoint service writes and reads the
-//! shards, the coordinator only decides, commits and restores.
+//! The checkpoint store of every saving strategy (`full`, `deck`, and any strategy that
+//! saves): the servers' checkpoint service (`ftrec-ps::ckpt`) writes and reads the shards, the
+//! coordinator only decides, commits and restores. The strategy's actions say what to save
+//! ([`Action::SaveFull`], [`Action::SaveDelta`]) and whether training waits for the commit;
+//! nothing here depends on which strategy runs.
 //!
-//! - A save (`SaveFull` / `SaveDelta`) asks every server to copy its rows out (a delta: the rows
+//! - A save asks every server to copy its rows out (a full: the whole shard; a delta: the rows
 //!   its tracker saw touched since its last durable save, DECK §3.1) into its staging pipeline;
-//!   that copy-out is the only pause (DECK §3.2). Training resumes at once; a background task
-//!   waits until every server's files are durable, and the coordinator then commits one
-//!   manifest for the cluster (kind, step, parent, data position) and moves `CURRENT`. One
-//!   save is in flight at a time (the strategy's rule).
+//!   that copy-out is the only pause a strategy that resumes at once pays (DECK §3.2). A
+//!   background task waits until every server's files are durable, and the coordinator then
+//!   commits one manifest for the cluster (kind, step, parent, data position) and moves
+//!   `CURRENT`. A strategy that keeps training paused until [`Event::SaveFinished`] (`full`)
+//!   makes the coordinator wait for that commit, and the whole wait is its pause. One save is in
+//!   flight at a time; [`Action::AwaitSave`] waits for it.
 //! - A server lost before the commit: the save is dropped (its files are deleted once its
 //!   uploads end) and the strategy restores the newest *committed* point, so a kill during a
 //!   write never leaves a half-written checkpoint in the lineage.
-//! - The merger (DECK §3.3) is its own process (`EXE ckpt merge LOCATION --stride S ...
-//!   --gc`), started after a commit when none is running; it only adds manifests and then
-//!   collects what no live lineage needs. A recovery stops it first, so no garbage collection
-//!   runs while servers read a lineage. A merger killed mid-merge leaves files without a
-//!   manifest, which the next merge of the same run removes.
+//! - After a commit, what no live lineage needs is collected: by the merger (DECK §3.3) when the
+//!   strategy merges, which is its own process (`EXE ckpt merge LOCATION --stride S ... --gc`),
+//!   started after a commit when none is running, and otherwise by a background task here. A
+//!   recovery stops both first, so nothing is collected while servers read a lineage. A merger
+//!   killed mid-merge leaves files without a manifest, which the next merge of the run removes.
 //! - Recovery: every server loads the lineage of the committed checkpoint (full + merged +
-//!   deltas) in parallel, and the data position in its manifest rewinds the workers.
+//!   deltas) in parallel, and the data position in its manifest rewinds the workers; with
+//!   nothing committed, every server resets itself to the initial state.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use ftrec_ckpt::deck::{checkpoint_id, shard_manifest};
+use ftrec_ckpt::deck::{self, checkpoint_id, shard_manifest, GcOptions, Retention};
+use ftrec_ckpt::format::ExtractStats;
+use ftrec_ckpt::incr::{self, ExtractConfig, PieceScheme, PieceSpec, QuantBits};
 use ftrec_ckpt::location::{self, LocationOptions};
 use ftrec_ckpt::snapshot::ShardReport;
 use ftrec_ckpt::{CheckpointId, CheckpointKind, Checkpoints, DataPosition, Manifest};
 use ftrec_ps::ckpt::grpc::CkptGrpcClient;
 use ftrec_ps::ckpt::{restore_cluster, CkptApi, CkptServiceError, SaveStarted};
-use ftrec_strategy::{Action, CheckpointRef, Event};
+use ftrec_strategy::{Action, CheckpointRef, Event, PieceLayout};
 
 use super::Coordinator;
 use crate::merger::MergerArgs;
 use crate::report::EventKind;
+use crate::spec::MergeSettings;
 use crate::worker::position_after;
 use crate::{ClusterError, Phase, Role, StrategyChoice};
 
 /// How long the end of a run waits for a save in flight and for the merger.
 const FINISH_WAIT: Duration = Duration::from_secs(60);
 
-/// The store side of a `deck` run.
+/// The store side of a run whose strategy saves.
 pub(super) struct StoreState {
     pub location: String,
     pub ckpts: Checkpoints,
@@ -48,12 +57,25 @@ pub(super) struct StoreState {
     /// replacement).
     pub clients: Vec<CkptGrpcClient>,
     pub inflight: Option<Inflight>,
-    /// The newest committed checkpoint: the parent of the next delta.
+    /// The newest committed checkpoint: the parent of the next delta or piece.
     pub committed: Option<CheckpointId>,
-    /// The step of the newest committed or in-flight save.
-    pub saved_step: Option<u64>,
+    /// The full the newest committed state grows from: the parent of a differential piece.
+    pub base: Option<CheckpointId>,
+    /// Incremental pieces committed, what their extraction rounds did (IncrCP §4.3) and the
+    /// largest quantization error of their rows (Check-N-Run).
+    pub pieces: u64,
+    pub extraction: Option<ExtractStats>,
+    pub quant_max_abs_error: Option<f64>,
+    /// A chunk-list piece committed: garbage collection also removes the files no live chunk
+    /// points into (IncrCP §4.4).
+    pub chunk_lists: bool,
     pub merger: Option<MergerProc>,
-    pub merge: MergeSettings,
+    /// The strategy's merger, if it merges (then the merger collects garbage too).
+    pub merge: Option<MergeSettings>,
+    /// Garbage collection after a commit, when no merger does it.
+    pub gc: Option<tokio::task::JoinHandle<()>>,
+    /// A commit happened while a collection ran: collect again when it ends.
+    pub gc_pending: bool,
     /// Merger passes that ended normally, and the checkpoints they wrote.
     pub merges: u64,
     pub merged_written: u64,
@@ -64,17 +86,12 @@ pub(super) struct StoreState {
     pub copy_pause_s: f64,
 }
 
-#[derive(Debug, Clone, Copy)]
-pub(super) struct MergeSettings {
-    pub stride: Option<u64>,
-    pub full_every_deltas: Option<u64>,
-    pub mib_per_s: Option<f64>,
-}
-
 /// A save whose rows are copied out and whose uploads are still running.
 pub(super) struct Inflight {
     id: CheckpointId,
     kind: CheckpointKind,
+    /// An incremental piece: how it is laid out.
+    piece: Option<PieceSpec>,
     step: u64,
     parent: Option<CheckpointId>,
     position: DataPosition,
@@ -94,7 +111,7 @@ pub(super) struct MergerProc {
     entered: bool,
 }
 
-/// The batch count a `deck` manifest records in its data position.
+/// The batch count a manifest records in its data position.
 fn position_json(batch: usize, batches: u64) -> DataPosition {
     DataPosition::Json(serde_json::json!({
         "batches": batches,
@@ -125,32 +142,21 @@ impl StoreState {
         let store = rt
             .block_on(location::open(&location, &LocationOptions::from_env()))
             .map_err(|e| ClusterError::Checkpoint(format!("store {location}: {e}")))?;
-        let merge = match *strategy {
-            StrategyChoice::Deck {
-                full_every_deltas,
-                merge_stride,
-                merge_mib_per_s,
-                ..
-            } => MergeSettings {
-                stride: merge_stride,
-                full_every_deltas,
-                mib_per_s: merge_mib_per_s,
-            },
-            _ => MergeSettings {
-                stride: None,
-                full_every_deltas: None,
-                mib_per_s: None,
-            },
-        };
         Ok(StoreState {
             location,
             ckpts: Checkpoints::new(store),
             clients: Vec::new(),
             inflight: None,
             committed: None,
-            saved_step: None,
+            base: None,
+            pieces: 0,
+            extraction: None,
+            quant_max_abs_error: None,
+            chunk_lists: false,
             merger: None,
-            merge,
+            merge: strategy.merger(),
+            gc: None,
+            gc_pending: false,
             merges: 0,
             merged_written: 0,
             merge_pending: false,
@@ -197,8 +203,9 @@ impl Coordinator {
                 if code == "Unimplemented" {
                     return Err(ClusterError::Config(format!(
                         "server {i} at {} does not serve checkpoints: start it with \
-                         --ckpt-staging DIR for --strategy deck",
-                        self.server_addrs[i]
+                         --ckpt-staging DIR for --strategy {}",
+                        self.server_addrs[i],
+                        self.cfg.strategy.name()
                     )));
                 }
             }
@@ -211,20 +218,51 @@ impl Coordinator {
     /// pause), then the uploads go on in the background. Returns the strategy's reaction to a
     /// save that failed at once; a started save reports through [`Self::poll_store`].
     pub(super) fn store_save(&mut self, kind: CheckpointKind, step: u64) -> Vec<Action> {
+        self.save_what(kind, None, step)
+    }
+
+    /// [`Self::store_save`] of an incremental piece laid out as `layout` says.
+    pub(super) fn store_save_piece(&mut self, layout: PieceLayout, step: u64) -> Vec<Action> {
+        match piece_spec(layout) {
+            Ok(spec) => self.save_what(CheckpointKind::Delta, Some(spec), step),
+            Err(e) => {
+                self.event(EventKind::CheckpointFailed, None, e.to_string());
+                self.strategy.on(&Event::SaveFailed {
+                    step,
+                    reason: e.to_string(),
+                })
+            }
+        }
+    }
+
+    fn save_what(
+        &mut self,
+        kind: CheckpointKind,
+        piece: Option<PieceSpec>,
+        step: u64,
+    ) -> Vec<Action> {
+        let what = match &piece {
+            Some(p) => format!("{} piece", p.scheme.name()),
+            None => kind.name().to_string(),
+        };
         self.event(
             EventKind::CheckpointStart,
             None,
-            format!("{} at step {step}", kind.name()),
+            format!("{what} at step {step}"),
         );
         let t0 = Instant::now();
         let attempt = self.recoveries;
         let id = checkpoint_id(step, kind, attempt);
         let position = position_json(self.cfg.batch, self.batches);
-        let result = self.start_save(kind, step, id.clone(), position, t0);
+        let result = self.start_save(kind, piece, step, id.clone(), position, t0);
         let pause_s = t0.elapsed().as_secs_f64();
         self.pause_s += pause_s;
-        // A kill "during the write" lands after the copy-out, while the uploads run.
+        // A kill "during the write" lands after the copy-out, while the uploads (and a
+        // piece's extraction round) run.
         self.fire_phase_kills(Phase::CheckpointWrite);
+        if piece.is_some() {
+            self.fire_phase_kills(Phase::PieceWrite);
+        }
         match result {
             Ok(()) => Vec::new(),
             Err(e) => {
@@ -240,6 +278,7 @@ impl Coordinator {
     fn start_save(
         &mut self,
         kind: CheckpointKind,
+        piece: Option<PieceSpec>,
         step: u64,
         id: CheckpointId,
         position: DataPosition,
@@ -253,11 +292,22 @@ impl Coordinator {
                 "a save is still in flight (the strategy allows one at a time)".into(),
             ));
         }
-        let parent = match kind {
-            CheckpointKind::Delta => Some(st.committed.clone().ok_or_else(|| {
-                ClusterError::Checkpoint("a delta needs a committed checkpoint to apply to".into())
+        // Every kind but a full applies to the newest committed checkpoint; a differential
+        // piece to the full it grows from.
+        let parent = match (kind, &piece) {
+            (CheckpointKind::Full, _) => None,
+            (_, Some(p)) if p.since_base() => Some(st.base.clone().ok_or_else(|| {
+                ClusterError::Checkpoint(format!(
+                    "a {} piece needs a committed full to apply to",
+                    p.scheme.name()
+                ))
             })?),
-            _ => None,
+            _ => Some(st.committed.clone().ok_or_else(|| {
+                ClusterError::Checkpoint(format!(
+                    "a {} checkpoint needs a committed checkpoint to apply to",
+                    kind.name()
+                ))
+            })?),
         };
         let clients = st.clients.clone();
         let location = st.location.clone();
@@ -266,12 +316,11 @@ impl Coordinator {
             for (i, c) in clients.iter().cloned().enumerate() {
                 let (loc, id) = (location.clone(), id.clone());
                 set.spawn(async move {
-                    (
-                        i,
-                        c.save(loc, id, kind, step)
-                            .await
-                            .map_err(|e| format!("server {i}: {e}")),
-                    )
+                    let r = match piece {
+                        Some(spec) => c.save_piece(loc, id, step, spec).await,
+                        None => c.save(loc, id, kind, step).await,
+                    };
+                    (i, r.map_err(|e| format!("server {i}: {e}")))
                 });
             }
             let mut out: Vec<Option<Result<SaveStarted, String>>> =
@@ -316,6 +365,7 @@ impl Coordinator {
         let inflight = Inflight {
             id: id.clone(),
             kind,
+            piece,
             step,
             parent,
             position,
@@ -334,9 +384,7 @@ impl Coordinator {
                 copied.0, copied.1
             ),
         );
-        let st = self.store_mut()?;
-        st.inflight = Some(inflight);
-        st.saved_step = Some(step);
+        self.store_mut()?.inflight = Some(inflight);
         Ok(())
     }
 
@@ -353,10 +401,28 @@ impl Coordinator {
         });
     }
 
+    /// Whether a save is copied out and still uploading.
+    pub(super) fn save_in_flight(&self) -> bool {
+        self.store.as_ref().is_some_and(|s| s.inflight.is_some())
+    }
+
+    /// Training waits for the save in flight to commit: the wait is a pause (and part of the
+    /// save's cost the strategy hears of). Returns the strategy's reaction.
+    pub(super) fn wait_for_save(&mut self) -> Vec<Action> {
+        let t0 = Instant::now();
+        let actions = self.poll_store(true);
+        let waited = t0.elapsed().as_secs_f64();
+        self.pause_s += waited;
+        self.upload_wait_s += waited;
+        actions
+    }
+
     /// Commit the save in flight if its uploads are done (or, with `block`, once they are);
     /// returns the strategy's reaction.
     pub(super) fn poll_store(&mut self, block: bool) -> Vec<Action> {
+        let t0 = Instant::now();
         let mut actions = self.poll_merger();
+        self.poll_gc();
         let Some(st) = self.store.as_mut() else {
             return actions;
         };
@@ -370,12 +436,14 @@ impl Coordinator {
         let Inflight {
             id,
             kind,
+            piece,
             step,
             parent,
             position,
             pause_s,
             task,
         } = inflight;
+        let copy_pause_s = pause_s;
         let ckpts = st.ckpts.clone();
         let outcome = self.rt.block_on(async {
             let reports = match tokio::time::timeout(FINISH_WAIT, task).await {
@@ -389,21 +457,41 @@ impl Coordinator {
                 .commit(&manifest)
                 .await
                 .map_err(|e| format!("commit: {e}"))?;
-            Ok(manifest)
+            // What the servers' piece indexes say (IncrCP §4.5's restore estimate, extraction,
+            // quantization error); a piece whose indexes cannot be read is still committed.
+            let sums = if piece.is_some() {
+                incr::piece_summaries(&ckpts, &manifest).await.ok()
+            } else {
+                None
+            };
+            Ok((manifest, sums))
         });
+        // A wait for the commit is part of what the save cost training.
+        let pause_s = if block {
+            pause_s + t0.elapsed().as_secs_f64()
+        } else {
+            pause_s
+        };
         match outcome {
-            Ok(manifest) => {
+            Ok((manifest, sums)) => {
                 let bytes = manifest.data_bytes();
                 self.checkpoints += 1;
                 self.bytes_written += bytes;
-                self.committed = Some(id.to_string());
+                let mut estimate = None;
                 if let Some(st) = self.store.as_mut() {
                     st.committed = Some(id.clone());
-                    st.copy_pause_s += pause_s;
-                    if kind == CheckpointKind::Delta {
-                        st.deltas += 1;
-                    } else {
-                        st.fulls += 1;
+                    st.copy_pause_s += copy_pause_s;
+                    match (kind, &piece) {
+                        (CheckpointKind::Full, _) => {
+                            st.fulls += 1;
+                            st.base = Some(id.clone());
+                        }
+                        (_, Some(p)) => {
+                            st.pieces += 1;
+                            st.chunk_lists |= p.scheme == PieceScheme::ChunkList;
+                            estimate = st.note_piece(p, sums.as_deref().unwrap_or(&[]));
+                        }
+                        _ => st.deltas += 1,
                     }
                 }
                 self.event(
@@ -411,6 +499,14 @@ impl Coordinator {
                     None,
                     format!("{id} committed ({bytes} bytes)"),
                 );
+                // The restore estimate first: the strategy's next decision (possibly taken
+                // on this very commit) sees it.
+                if let Some((base_s, chain_s)) = estimate {
+                    actions.extend(
+                        self.strategy
+                            .on(&Event::RestoreEstimate { base_s, chain_s }),
+                    );
+                }
                 actions.extend(self.strategy.on(&Event::SaveFinished {
                     checkpoint: CheckpointRef {
                         id: id.to_string(),
@@ -419,7 +515,7 @@ impl Coordinator {
                     cost_s: pause_s,
                     bytes,
                 }));
-                self.start_merger();
+                self.collect_garbage();
             }
             Err(e) => {
                 self.event(EventKind::CheckpointFailed, None, format!("{id}: {e}"));
@@ -430,29 +526,6 @@ impl Coordinator {
                 actions.extend(self.strategy.on(&Event::SaveFailed { step, reason: e }));
             }
         }
-        actions
-    }
-
-    /// At step `step`: if a save is due and the previous one is still uploading, wait for
-    /// its commit (counted as pause); returns the strategy's reaction to it.
-    pub(super) fn await_due_save(&mut self, step: u64) -> Vec<Action> {
-        let every = match self.cfg.strategy {
-            StrategyChoice::Deck {
-                delta_every_steps, ..
-            } => delta_every_steps,
-            _ => return Vec::new(),
-        };
-        let due = self.store.as_ref().is_some_and(|s| {
-            s.inflight.is_some() && s.saved_step.is_some_and(|last| step >= last + every)
-        });
-        if !due {
-            return Vec::new();
-        }
-        let t0 = Instant::now();
-        let actions = self.poll_store(true);
-        let waited = t0.elapsed().as_secs_f64();
-        self.pause_s += waited;
-        self.upload_wait_s += waited;
         actions
     }
 
@@ -480,6 +553,36 @@ impl Coordinator {
                 "stopped for the recovery".into(),
             );
         }
+        // A collection under way only deletes what no live lineage needs, manifest first:
+        // let it end rather than leave half-deleted checkpoints.
+        self.finish_gc();
+    }
+
+    /// Every server back to its initial state (a recovery with nothing committed).
+    pub(super) fn store_reset(&mut self) -> Result<u64, ClusterError> {
+        self.connect_store_clients()?;
+        let clients = self.store_mut()?.clients.clone();
+        let _ = self.hb_targets.send(Vec::new());
+        let reset = self.rt.block_on(async {
+            let mut set = tokio::task::JoinSet::new();
+            for (i, c) in clients.into_iter().enumerate() {
+                set.spawn(async move { c.reset().await.map_err(|e| format!("server {i}: {e}")) });
+            }
+            let mut first = None;
+            while let Some(r) = set.join_next().await {
+                let r = r.unwrap_or_else(|e| Err(format!("the reset task failed: {e}")));
+                if let Err(e) = r {
+                    first.get_or_insert(e);
+                }
+            }
+            first.map_or(Ok(()), Err)
+        });
+        self.update_heartbeat();
+        reset.map_err(|e| ClusterError::Checkpoint(format!("resetting the servers: {e}")))?;
+        let st = self.store_mut()?;
+        st.committed = None;
+        st.base = None;
+        Ok(0)
     }
 
     /// Load checkpoint `id`'s lineage into every server; returns the batch count it holds.
@@ -505,11 +608,84 @@ impl Coordinator {
         let restored = self.rt.block_on(restore_cluster(&clients, &location, &id));
         self.update_heartbeat();
         restored.map_err(|e| ClusterError::Checkpoint(format!("restoring {id}: {e}")))?;
+        // The full the restored state grows from: pieces continue over it.
+        let base = if manifest.kind == CheckpointKind::Full {
+            Some(id.clone())
+        } else if manifest.piece_scheme().is_some() {
+            self.rt
+                .block_on(incr::select(
+                    &ckpts,
+                    &ftrec_ckpt::deck::RestoreAt::Id(id.clone()),
+                ))
+                .ok()
+                .map(|c| c.base.id.clone())
+        } else {
+            None
+        };
         if let Some(st) = self.store.as_mut() {
             st.committed = Some(id);
-            st.saved_step = Some(manifest.step);
+            st.base = base;
         }
         batches_of(&manifest)
+    }
+
+    /// After a commit: start a merger pass (which collects garbage after merging) if the
+    /// strategy merges, else collect what no live lineage needs in the background (one pass at
+    /// a time; a commit during a pass starts another when it ends).
+    fn collect_garbage(&mut self) {
+        let Some(st) = self.store.as_mut() else {
+            return;
+        };
+        if st.merge.is_some() {
+            self.start_merger();
+            return;
+        }
+        if st.gc.is_some() {
+            st.gc_pending = true;
+            return;
+        }
+        st.gc_pending = false;
+        let ckpts = st.ckpts.clone();
+        let chunk_lists = st.chunk_lists;
+        st.gc = Some(self.rt.spawn(async move {
+            let opts = GcOptions {
+                retention: Retention {
+                    full_every_steps: 0,
+                    max_old_fulls: 0,
+                },
+                remove_orphans: false,
+            };
+            // Best effort: what one pass leaves, the next removes. With chunk lists, also the
+            // files no live chunk points into any more.
+            if chunk_lists {
+                let _ = incr::gc(&ckpts, &opts).await;
+            } else {
+                let _ = deck::gc(&ckpts, &opts).await;
+            }
+        }));
+    }
+
+    /// Reap a finished garbage collection; start the next if a commit asked for one.
+    fn poll_gc(&mut self) {
+        let Some(st) = self.store.as_mut() else {
+            return;
+        };
+        if st.gc.as_ref().is_some_and(|t| t.is_finished()) {
+            st.gc = None;
+            if st.gc_pending {
+                self.collect_garbage();
+            }
+        }
+    }
+
+    /// Wait for garbage collection, including a pass a commit asked for meanwhile.
+    fn finish_gc(&mut self) {
+        while let Some(gc) = self.store.as_mut().and_then(|s| s.gc.take()) {
+            let _ = self.rt.block_on(gc);
+            if self.store.as_ref().is_some_and(|s| s.gc_pending) {
+                self.collect_garbage();
+            }
+        }
     }
 
     /// Start a merger pass if merging is on and none is running.
@@ -518,7 +694,7 @@ impl Coordinator {
         let Some(st) = self.store.as_mut() else {
             return;
         };
-        let Some(stride) = st.merge.stride else {
+        let Some(merge) = st.merge else {
             return;
         };
         if st.merger.is_some() {
@@ -528,9 +704,9 @@ impl Coordinator {
         st.merge_pending = false;
         let args = MergerArgs::for_run(
             st.location.clone(),
-            stride as usize,
-            st.merge.full_every_deltas,
-            st.merge.mib_per_s,
+            merge.stride as usize,
+            merge.full_every_deltas,
+            merge.mib_per_s,
         );
         let mut cmd = Command::new(&exe);
         cmd.args(args.to_args());
@@ -655,6 +831,10 @@ impl Coordinator {
             upload_wait_s: self.upload_wait_s,
             merger_passes: s.merges,
             merged_written: s.merged_written,
+            pieces: s.pieces,
+            decisions: self.strategy.decisions(),
+            extraction: s.extraction,
+            quant_max_abs_error: s.quant_max_abs_error,
         })
     }
 
@@ -666,21 +846,24 @@ impl Coordinator {
         Some(pid)
     }
 
-    /// The end of a run: commit the save in flight, save the final model if the last save
-    /// was before the last step (so the store's `CURRENT` is the model the run ends with),
-    /// then let the merger finish (bounded).
-    pub(super) fn store_finish(&mut self) -> Vec<Action> {
-        let mut actions = self.poll_store(true);
-        let step = self.step();
-        let last = self.store.as_ref().and_then(|s| s.saved_step);
-        if self.store.is_some() && last != Some(step) {
-            let kind = if self.store.as_ref().is_some_and(|s| s.committed.is_some()) {
-                CheckpointKind::Delta
-            } else {
-                CheckpointKind::Full
-            };
-            actions.extend(self.store_save(kind, step));
-            actions.extend(self.poll_store(true));
+    /// The end of a run: commit the save in flight, let the strategy save the final model
+    /// (so the store's `CURRENT` is the model the run ends with), commit that, then let the
+    /// merger or garbage collection finish (bounded).
+    pub(super) fn store_finish(&mut self) -> Result<bool, ClusterError> {
+        let done = self.poll_store(true);
+        if !self.execute(done)? {
+            return Ok(false);
+        }
+        let last = self.strategy.on(&Event::TrainingDone {
+            step: self.step(),
+            now_s: self.now(),
+        });
+        if !self.execute(last)? {
+            return Ok(false);
+        }
+        let done = self.poll_store(true);
+        if !self.execute(done)? {
+            return Ok(false);
         }
         let deadline = Instant::now() + FINISH_WAIT;
         while self.store.as_ref().is_some_and(|s| s.merger.is_some()) {
@@ -694,6 +877,84 @@ impl Coordinator {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        actions
+        self.finish_gc();
+        Ok(true)
     }
+}
+
+impl StoreState {
+    /// A piece committed with these per-server summaries: add up what they report; returns
+    /// IncrCP §4.5's restore estimate of the new state (the slowest server's seconds for the
+    /// base and for what lies over it), when the servers measured a read rate.
+    fn note_piece(
+        &mut self,
+        spec: &PieceSpec,
+        sums: &[ftrec_ckpt::format::PieceIndex],
+    ) -> Option<(f64, f64)> {
+        if spec.scheme == PieceScheme::ChunkList {
+            let st = self.extraction.get_or_insert_with(ExtractStats::default);
+            for p in sums {
+                st.add(&p.stats);
+            }
+        }
+        if spec.quant.is_some() {
+            let e = sums
+                .iter()
+                .map(|p| p.quant_max_abs_error as f64)
+                .fold(self.quant_max_abs_error.unwrap_or(0.0), f64::max);
+            self.quant_max_abs_error = Some(e);
+        }
+        let rated: Vec<&ftrec_ckpt::format::PieceIndex> =
+            sums.iter().filter(|p| p.read_bytes_per_s > 0.0).collect();
+        if rated.is_empty() {
+            return None;
+        }
+        let base_s = rated
+            .iter()
+            .map(|p| p.base_bytes as f64 / p.read_bytes_per_s)
+            .fold(0.0, f64::max);
+        let chain_s = rated
+            .iter()
+            .map(|p| p.restore_bytes as f64 / p.read_bytes_per_s)
+            .fold(0.0, f64::max);
+        Some((base_s, chain_s))
+    }
+}
+
+/// The storage side of a strategy's piece layout (the servers' [`PieceSpec`]).
+pub fn piece_spec(layout: PieceLayout) -> Result<PieceSpec, ClusterError> {
+    let spec = match layout {
+        PieceLayout::Incremental => PieceSpec::incremental(),
+        PieceLayout::Differential { quant_bits } => {
+            let quant = match quant_bits {
+                None => None,
+                Some(b) => Some(QuantBits::from_bits(b as u32).ok_or_else(|| {
+                    ClusterError::Config(format!("{b}-bit quantization (8 or 4 bits)"))
+                })?),
+            };
+            PieceSpec::differential(quant)
+        }
+        PieceLayout::ChunkList {
+            threshold,
+            range_rows,
+            concat,
+        } => PieceSpec {
+            scheme: PieceScheme::ChunkList,
+            quant: None,
+            extract: ExtractConfig {
+                threshold,
+                range_rows,
+                concat,
+                ..ExtractConfig::default()
+            },
+        },
+        other => {
+            return Err(ClusterError::Config(format!(
+                "piece layout {other:?} has no storage scheme"
+            )))
+        }
+    };
+    spec.validate()
+        .map_err(|e| ClusterError::Config(format!("piece layout {layout:?}: {e}")))?;
+    Ok(spec)
 }

@@ -353,6 +353,14 @@ impl Checkpointer for CkptHandler {
             bytes: d.bytes,
         }))
     }
+
+    async fn reset(
+        &self,
+        _req: Request<proto::ResetRequest>,
+    ) -> Result<Response<proto::ResetReply>, Status> {
+        self.node.reset().await.map_err(status)?;
+        Ok(Response::new(proto::ResetReply {}))
+    }
 }
 
 /// A connection to one server's checkpoint service.
@@ -482,6 +490,15 @@ impl CkptApi for CkptGrpcClient {
             files: r.files,
             bytes: r.bytes,
         })
+    }
+
+    async fn reset(&self) -> Result<(), CkptServiceError> {
+        self.client
+            .clone()
+            .reset(proto::ResetRequest {})
+            .await
+            .map_err(remote)?;
+        Ok(())
     }
 }
 

@@ -36,7 +36,7 @@ use ftrec_ckpt::incr::{self, PieceSpec, ServerChain};
 use ftrec_ckpt::location::{self, LocationOptions};
 use ftrec_ckpt::snapshot::{RowIds, ShardReport};
 use ftrec_ckpt::{CheckpointId, CheckpointKind, Checkpoints, CkptError, DataPosition, Manifest};
-use ftrec_core::{RowId, RowLayout, ServerId, TableId};
+use ftrec_core::{RowId, RowLayout, ServerId, ShardMap, TableId};
 
 use crate::observer::{PushObserver, RowImages, UpdateOrigin};
 use crate::server::dense_block_range;
@@ -205,6 +205,10 @@ impl ShardWriter for ServerWriter<'_> {
             .map(|_| ())
             .map_err(ps_to_ckpt)
     }
+
+    fn shard_map(&self) -> Option<ShardMap> {
+        Some(self.server.config().shard_map)
+    }
 }
 
 /// The answer to a save: the pause is over; the upload goes on.
@@ -251,13 +255,21 @@ pub trait CkptApi: Send + Sync {
         id: CheckpointId,
     ) -> impl Future<Output = Result<ShardReport, CkptServiceError>> + Send;
 
-    /// Load the state `id` names at `location` (its lineage: full + merged + deltas).
+    /// Load the state `id` names at `location` (its lineage: full + merged + deltas). A
+    /// checkpoint saved by a different number of servers is re-sharded: the server keeps the
+    /// rows and dense blocks the shard map gives it.
     fn restore(
         &self,
         location: String,
         id: CheckpointId,
     ) -> impl Future<Output = Result<RestoreDone, CkptServiceError>> + Send;
+
+    /// Go back to the initial state (full recovery with nothing committed yet).
+    fn reset(&self) -> impl Future<Output = Result<(), CkptServiceError>> + Send;
 }
+
+/// Builds a server's initial state again (rows and dense values from the seed).
+pub type InitialState = Arc<dyn Fn() -> Result<Server, String> + Send + Sync>;
 
 enum Save {
     Running {
@@ -287,6 +299,7 @@ pub struct CkptNode {
     saves: Arc<Mutex<HashMap<CheckpointId, Save>>>,
     /// The incremental state (base, column, chunk list) of this server's pieces.
     chain: Arc<tokio::sync::Mutex<ServerChain>>,
+    initial: Option<InitialState>,
 }
 
 impl std::fmt::Debug for CkptNode {
@@ -325,7 +338,14 @@ impl CkptNode {
             gauge: MemGauge::new(),
             stores: Arc::default(),
             saves: Arc::default(),
+            initial: None,
         })
+    }
+
+    /// How to build the server's initial state again, for [`CkptApi::reset`].
+    pub fn with_initial_state(mut self, initial: InitialState) -> Self {
+        self.initial = Some(initial);
+        self
     }
 
     pub fn tracker(&self) -> &SharedTracker {
@@ -537,7 +557,13 @@ impl CkptApi for CkptNode {
     ) -> Result<RestoreDone, CkptServiceError> {
         let ckpts = self.ckpts(&location).await?;
         let manifest = ckpts.read_manifest(&id, None).await?;
-        if manifest.kind == CheckpointKind::Full || manifest.piece_scheme().is_some() {
+        // A full saved by as many servers as this cluster has is also the base incremental
+        // pieces grow from; one saved by a different number is re-sharded below.
+        let servers = self.server.read()?.config().shard_map.servers();
+        let same_shape = manifest.shards.len() as u32 == servers;
+        if manifest.piece_scheme().is_some()
+            || (manifest.kind == CheckpointKind::Full && same_shape)
+        {
             return self.restore_incremental(ckpts, id).await;
         }
         self.chain.lock().await.clear();
@@ -561,6 +587,29 @@ impl CkptApi for CkptNode {
             files: stats.0.files_read,
             bytes: stats.0.bytes_read,
         })
+    }
+
+    async fn reset(&self) -> Result<(), CkptServiceError> {
+        let initial = self.initial.clone().ok_or_else(|| {
+            CkptServiceError::Internal(
+                "this server was started without a way to rebuild its initial state".into(),
+            )
+        })?;
+        let server = self.server.clone();
+        let tracker = self.tracker.clone();
+        let chain = self.chain.clone();
+        tokio::task::spawn_blocking(move || {
+            let fresh = initial().map_err(CkptServiceError::Internal)?;
+            server.write()?.reset_from(fresh)?;
+            // Nothing saved is this state's base any more.
+            chain.blocking_lock().clear();
+            // Every row differs from any saved state now: the next delta must not be taken
+            // over an older base, so nothing tracked before counts.
+            tracker.lock().map_err(lock_err)?.reset();
+            Ok::<_, CkptServiceError>(())
+        })
+        .await
+        .map_err(|e| CkptServiceError::Internal(format!("reset task failed: {e}")))?
     }
 }
 

@@ -2,6 +2,8 @@
 //! [`crate::grpc::serve_routes`], [`EcGrpcClient`] for coordinators and peers.
 
 use ftrec_core::{ServerId, TableId};
+use std::time::Duration;
+
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
@@ -293,6 +295,14 @@ impl EcNodeRpc for EcGrpcHandler {
         Ok(Response::new(proto::Empty {}))
     }
 
+    async fn set_rebuild_share(
+        &self,
+        req: Request<proto::RebuildShareRequest>,
+    ) -> Result<Response<proto::Empty>, Status> {
+        self.node.set_rebuild_share(req.into_inner().ppm);
+        Ok(Response::new(proto::Empty {}))
+    }
+
     async fn rebuild_status(
         &self,
         _req: Request<proto::Empty>,
@@ -309,6 +319,8 @@ impl EcNodeRpc for EcGrpcHandler {
             cut_retries: st.cut_retries,
             finished: st.finished,
             error: st.error,
+            generation: st.generation,
+            commits_in_lock: st.commits_in_lock,
         }))
     }
 }
@@ -318,6 +330,8 @@ impl EcNodeRpc for EcGrpcHandler {
 pub struct EcGrpcClient {
     client: EcNodeClient<Channel>,
     addr: String,
+    /// Longest one call may take (`None`: as long as it takes).
+    timeout: Option<Duration>,
 }
 
 impl EcGrpcClient {
@@ -336,20 +350,50 @@ impl EcGrpcClient {
                 .max_decoding_message_size(EC_MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(EC_MAX_MESSAGE_BYTES),
             addr: addr.to_string(),
+            timeout: None,
         })
+    }
+
+    /// The same client with every call bounded by `timeout`: a peer that does not answer in
+    /// time (a hung process, a lost network) fails the call with
+    /// [`PsError::Unavailable`] naming the call.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
     }
 
     pub fn addr(&self) -> &str {
         &self.addr
     }
 
+    /// Await one call under the client's timeout.
+    async fn call<T>(
+        &self,
+        rpc: &str,
+        fut: impl std::future::Future<Output = Result<Response<T>, Status>>,
+    ) -> Result<T, PsError> {
+        let r = match self.timeout {
+            None => fut.await,
+            Some(t) => match tokio::time::timeout(t, fut).await {
+                Ok(r) => r,
+                Err(_) => {
+                    return Err(PsError::Unavailable {
+                        addr: self.addr.clone(),
+                        reason: format!("no answer to {rpc} within {:.3}s", t.as_secs_f64()),
+                    })
+                }
+            },
+        };
+        r.map(Response::into_inner).map_err(|e| self.err(e))
+    }
+
     /// Send a step's deltas to the peer in the packed form.
     pub(crate) async fn stage_packed(&self, batch: PackedBatch) -> Result<(), PsError> {
-        self.client
-            .clone()
-            .stage_deltas(batch_to_proto(&batch))
-            .await
-            .map_err(|e| self.err(e))?;
+        self.call(
+            "stage_deltas",
+            self.client.clone().stage_deltas(batch_to_proto(&batch)),
+        )
+        .await?;
         Ok(())
     }
 
@@ -359,12 +403,11 @@ impl EcGrpcClient {
 
     async fn read_chunk(&self, keys: &[MemberKey]) -> Result<MemberRead, PsError> {
         let r = self
-            .client
-            .clone()
-            .read_members(keys_to_proto(keys))
-            .await
-            .map_err(|e| self.err(e))?
-            .into_inner();
+            .call(
+                "read_members",
+                self.client.clone().read_members(keys_to_proto(keys)),
+            )
+            .await?;
         Ok(MemberRead {
             step: r.step,
             words: r.words as usize,
@@ -375,22 +418,25 @@ impl EcGrpcClient {
 
 impl EcService for EcGrpcClient {
     async fn set_peers(&self, addrs: Vec<String>) -> Result<(), PsError> {
-        self.client
-            .clone()
-            .set_peers(proto::SetPeersRequest { addrs })
-            .await
-            .map_err(|e| self.err(e))?;
+        self.call(
+            "set_peers",
+            self.client
+                .clone()
+                .set_peers(proto::SetPeersRequest { addrs }),
+        )
+        .await?;
         Ok(())
     }
 
     async fn prepare(&self, step: u64, workers: Vec<u32>) -> Result<PrepareReport, PsError> {
         let p = self
-            .client
-            .clone()
-            .prepare(proto::StepRequest { step, workers })
-            .await
-            .map_err(|e| self.err(e))?
-            .into_inner();
+            .call(
+                "prepare",
+                self.client
+                    .clone()
+                    .prepare(proto::StepRequest { step, workers }),
+            )
+            .await?;
         Ok(PrepareReport {
             rows: p.rows,
             dense_blocks: p.dense_blocks,
@@ -403,12 +449,11 @@ impl EcService for EcGrpcClient {
 
     async fn commit(&self, step: u64) -> Result<ApplyReport, PsError> {
         let a = self
-            .client
-            .clone()
-            .commit(proto::SeqRequest { step })
-            .await
-            .map_err(|e| self.err(e))?
-            .into_inner();
+            .call(
+                "commit",
+                self.client.clone().commit(proto::SeqRequest { step }),
+            )
+            .await?;
         Ok(ApplyReport {
             rows_updated: a.rows_updated,
             dense_blocks_updated: a.dense_blocks_updated,
@@ -417,23 +462,23 @@ impl EcService for EcGrpcClient {
 
     async fn abort(&self, step: u64) -> Result<usize, PsError> {
         let a = self
-            .client
-            .clone()
-            .abort(proto::SeqRequest { step })
-            .await
-            .map_err(|e| self.err(e))?
-            .into_inner();
+            .call(
+                "abort",
+                self.client.clone().abort(proto::SeqRequest { step }),
+            )
+            .await?;
         Ok(a.dropped as usize)
     }
 
     async fn apply_step(&self, step: u64, workers: Vec<u32>) -> Result<ApplyReport, PsError> {
         let a = self
-            .client
-            .clone()
-            .apply_step(proto::StepRequest { step, workers })
-            .await
-            .map_err(|e| self.err(e))?
-            .into_inner();
+            .call(
+                "apply_step",
+                self.client
+                    .clone()
+                    .apply_step(proto::StepRequest { step, workers }),
+            )
+            .await?;
         Ok(ApplyReport {
             rows_updated: a.rows_updated,
             dense_blocks_updated: a.dense_blocks_updated,
@@ -476,12 +521,13 @@ impl EcService for EcGrpcClient {
 
     async fn read_dense(&self, primary: ServerId) -> Result<DenseRead, PsError> {
         let r = self
-            .client
-            .clone()
-            .read_dense(proto::ReadDenseRequest { primary: primary.0 })
-            .await
-            .map_err(|e| self.err(e))?
-            .into_inner();
+            .call(
+                "read_dense",
+                self.client
+                    .clone()
+                    .read_dense(proto::ReadDenseRequest { primary: primary.0 }),
+            )
+            .await?;
         Ok(DenseRead {
             step: r.step,
             block: DenseBlock {
@@ -499,16 +545,17 @@ impl EcService for EcGrpcClient {
         lost: Vec<ServerId>,
     ) -> Result<PulledRows, PsError> {
         let r = self
-            .client
-            .clone()
-            .degraded_read(proto::DegradedReadRequest {
-                table: table.0,
-                rows: u64s(&rows),
-                lost: lost.iter().map(|s| s.0).collect(),
-            })
-            .await
-            .map_err(|e| self.err(e))?
-            .into_inner();
+            .call(
+                "degraded_read",
+                self.client
+                    .clone()
+                    .degraded_read(proto::DegradedReadRequest {
+                        table: table.0,
+                        rows: u64s(&rows),
+                        lost: lost.iter().map(|s| s.0).collect(),
+                    }),
+            )
+            .await?;
         Ok(PulledRows {
             table,
             rows: bytes_to_u64s("degraded read rows", &r.rows)?,
@@ -518,25 +565,37 @@ impl EcService for EcGrpcClient {
     }
 
     async fn start_rebuild(&self, lost: Vec<ServerId>, background: bool) -> Result<(), PsError> {
-        self.client
-            .clone()
-            .start_rebuild(proto::StartRebuildRequest {
-                lost: lost.iter().map(|s| s.0).collect(),
-                background,
-            })
-            .await
-            .map_err(|e| self.err(e))?;
+        self.call(
+            "start_rebuild",
+            self.client
+                .clone()
+                .start_rebuild(proto::StartRebuildRequest {
+                    lost: lost.iter().map(|s| s.0).collect(),
+                    background,
+                }),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn set_rebuild_share(&self, ppm: u32) -> Result<(), PsError> {
+        self.call(
+            "set_rebuild_share",
+            self.client
+                .clone()
+                .set_rebuild_share(proto::RebuildShareRequest { ppm }),
+        )
+        .await?;
         Ok(())
     }
 
     async fn rebuild_status(&self) -> Result<RebuildStatus, PsError> {
         let r = self
-            .client
-            .clone()
-            .rebuild_status(proto::Empty {})
-            .await
-            .map_err(|e| self.err(e))?
-            .into_inner();
+            .call(
+                "rebuild_status",
+                self.client.clone().rebuild_status(proto::Empty {}),
+            )
+            .await?;
         Ok(RebuildStatus {
             started: r.started,
             joined: r.joined,
@@ -548,6 +607,8 @@ impl EcService for EcGrpcClient {
             cut_retries: r.cut_retries,
             finished: r.finished,
             error: r.error,
+            generation: r.generation,
+            commits_in_lock: r.commits_in_lock,
         })
     }
 }

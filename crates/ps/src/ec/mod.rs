@@ -64,6 +64,30 @@
 //! [`EcService::degraded_read`] answers reads of lost rows on any survivor before a
 //! replacement exists.
 //!
+//! One rebuild driver runs at a time. A restart against a new lost set (a second loss with
+//! `r >= 2`) opens a new *generation*: the driver of the old one is cancelled and awaited
+//! before anything is reset, every install, merge and progress update checks its generation,
+//! and a decoded parity is merged only into a slot that its own batch's lock zeroed (each
+//! lock stamps the slots it zeroes). Otherwise an old driver could merge its decode into a
+//! slot that a newer lock zeroed again, and the parity would silently miss the steps
+//! committed in between. A restart of a rebuild that already finished does nothing.
+//!
+//! Rate control: a background rebuild rests between batches so that its busy time stays
+//! within [`EcConfig::rebuild_share_ppm`] of the wall time (at 0, its lock ranges wait until
+//! the share is raised, [`EcNode::set_rebuild_share`]); degraded reads of the rows training
+//! touches are decoded on demand meanwhile, so training never waits for the ranges.
+//!
+//! # The plain service on an ECRec node
+//! The parameter-server service shares the node's shard, so it is gated
+//! ([`crate::ServiceGate`]): `push`, `commit_step`, `import_rows` and `import_dense` are
+//! refused ([`PsError::Refused`](crate::PsError::Refused)), since they would change rows or
+//! dense blocks without their parities and replicas; a replacement answers pulls and stages
+//! with [`PsError::NotReady`](crate::PsError::NotReady) (retryable) until it has joined, and
+//! digests and exports until its rebuild finished, rather than serve its seeded rows.
+//!
+//! Calls to peers over gRPC are bounded by [`EcConfig::peer_timeout`]: a hung peer fails the
+//! step or the rebuild with an error naming it (and the call) instead of stalling it.
+//!
 //! # Exactness
 //! With `gf256` every rebuilt word (values, optimizer state, parities, dense blocks) equals
 //! the lost word bit for bit, so the model digest after a loss and rebuild equals the
@@ -84,9 +108,11 @@ mod service;
 mod types;
 
 pub use grpc::{ec_service, EcGrpcClient, EcGrpcHandler};
-pub use node::{audit_parities, EcConfig, EcNode, ParityAudit};
+pub use node::{
+    audit_parities, EcConfig, EcNode, ParityAudit, DEFAULT_PEER_TIMEOUT, FULL_SHARE_PPM,
+};
 pub use service::{EcClient, EcService, WeakNode};
 pub use types::{
-    DeltaBatch, DenseDelta, DenseRead, MemberKey, MemberRead, PrepareReport, RebuildStatus,
-    RowDelta,
+    DeltaBatch, DenseDelta, DenseRead, MemberKey, MemberRead, PrepareReport, RebuildHook,
+    RebuildPoint, RebuildStatus, RowDelta,
 };

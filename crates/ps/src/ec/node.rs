@@ -10,11 +10,17 @@ use ftrec_ec::{Code, CodeKind, Location, StripeId, StripeLayout};
 
 use super::service::{EcClient, EcService};
 use super::types::{
-    DeltaBatch, DenseRead, MemberKey, MemberRead, PackedBatch, PrepareReport, RebuildStatus,
+    DeltaBatch, DenseRead, MemberKey, MemberRead, PackedBatch, PrepareReport, RebuildHook,
+    RebuildStatus,
 };
 use crate::server::{dense_block_range, dense_value_range, PreparedStep};
 use crate::update::{ApplyReport, DenseBlock, RowBlock};
-use crate::{PsError, Server, ServerConfig, SharedServer};
+use crate::{PsError, Server, ServerConfig, ServiceGate, ServiceOp, SharedServer};
+
+/// [`EcConfig::peer_timeout`] unless set.
+pub const DEFAULT_PEER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// [`EcConfig::rebuild_share_ppm`] of a rebuild that never rests.
+pub const FULL_SHARE_PPM: u32 = 1_000_000;
 
 /// How a deployment runs ECRec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +37,14 @@ pub struct EcConfig {
     pub two_phase: bool,
     /// Lock ranges of a rebuild (ECRec §3.4), at least 1.
     pub lock_ranges: usize,
+    /// Longest a call to a peer may take before it fails (server-to-server deltas, member
+    /// and dense reads of a rebuild): a hung peer must not stall a step or a rebuild.
+    pub peer_timeout: std::time::Duration,
+    /// Share of the time a background rebuild may spend working, in millionths: after each
+    /// batch it rests long enough that its busy time stays within the share (1,000,000: no
+    /// rest; 0: the lock ranges wait until the share is raised, while degraded reads still
+    /// decode on demand). Changed at run time with [`EcNode::set_rebuild_share`].
+    pub rebuild_share_ppm: u32,
 }
 
 impl EcConfig {
@@ -43,6 +57,8 @@ impl EcConfig {
             dense_replicas: r,
             two_phase: true,
             lock_ranges: 1,
+            peer_timeout: DEFAULT_PEER_TIMEOUT,
+            rebuild_share_ppm: FULL_SHARE_PPM,
         }
     }
 
@@ -114,6 +130,17 @@ pub(crate) struct Missing {
     pub dense_missing: bool,
     /// The plan of the rebuild under way, once started.
     pub plan: Option<Arc<ftrec_ec::RecoveryPlan>>,
+    /// Per missing parity slot, the stamp of the rebuild lock that last zeroed it (0: none);
+    /// a decode is merged only into slots its own lock zeroed.
+    pub stamps: Vec<Vec<u64>>,
+    pub next_stamp: u64,
+}
+
+/// The background driver of one rebuild generation.
+pub(crate) struct Driver {
+    #[allow(dead_code)]
+    pub generation: u64,
+    pub handle: tokio::task::JoinHandle<()>,
 }
 
 pub(crate) struct EcState {
@@ -126,6 +153,8 @@ pub(crate) struct EcState {
     pub committed: Option<u64>,
     pub missing: Option<Missing>,
     pub status: RebuildStatus,
+    /// Rebuild batches between their lock and their merge right now.
+    pub locks_open: u32,
 }
 
 pub(crate) struct EcInner {
@@ -141,6 +170,15 @@ pub(crate) struct EcInner {
     pub peers: RwLock<Vec<Option<EcClient>>>,
     /// Set by [`EcNode::kill`]: in-process peers see the node as gone.
     pub killed: std::sync::atomic::AtomicBool,
+    pub hook: RwLock<Option<RebuildHook>>,
+    /// The background rebuild driver under way.
+    pub driver: Mutex<Option<Driver>>,
+    /// Held while a rebuild is started or restarted (one start at a time).
+    pub control: tokio::sync::Mutex<()>,
+    /// Held by the rebuild driver running lock ranges (one driver at a time).
+    pub driving: tokio::sync::Mutex<()>,
+    /// The rebuild share in millionths ([`EcConfig::rebuild_share_ppm`]).
+    pub share: tokio::sync::watch::Sender<u32>,
 }
 
 /// One server with ECRec on. Cheap to clone (clones share the node).
@@ -200,8 +238,9 @@ impl EcNode {
             committed: None,
             missing: None,
             status: RebuildStatus::default(),
+            locks_open: 0,
         };
-        Ok(EcNode {
+        let node = EcNode {
             inner: Arc::new(EcInner {
                 me,
                 server: SharedServer::new(server),
@@ -214,8 +253,17 @@ impl EcNode {
                 state: Mutex::new(state),
                 peers: RwLock::new(vec![None; n as usize]),
                 killed: std::sync::atomic::AtomicBool::new(false),
+                hook: RwLock::new(None),
+                driver: Mutex::new(None),
+                control: tokio::sync::Mutex::new(()),
+                driving: tokio::sync::Mutex::new(()),
+                share: tokio::sync::watch::Sender::new(ec.rebuild_share_ppm.min(FULL_SHARE_PPM)),
             }),
-        })
+        };
+        node.inner
+            .server
+            .set_gate(Some(Arc::new(EcGate(downgrade(&node)))))?;
+        Ok(node)
     }
 
     /// A replacement for lost server `config.server`: everything it will hold is marked
@@ -253,7 +301,10 @@ impl EcNode {
             .collect();
         let rows_left = rows.iter().map(|r| r.len() as u64).sum();
         let parities_left = parities.iter().map(|p| p.len() as u64).sum();
+        let stamps = parities.iter().map(|p| vec![0; p.len()]).collect();
         st.missing = Some(Missing {
+            stamps,
+            next_stamp: 0,
             lost,
             rows,
             parities,
@@ -280,6 +331,15 @@ impl EcNode {
         self.inner
             .killed
             .store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(d) = self.inner.driver.lock().ok().and_then(|mut d| d.take()) {
+            d.handle.abort();
+        }
+    }
+
+    /// Run `hook` at every [`RebuildPoint`] of this node's rebuild batches (`None`: none).
+    pub fn set_rebuild_hook(&self, hook: Option<RebuildHook>) -> Result<(), PsError> {
+        *self.inner.hook.write().map_err(|_| poisoned())? = hook;
+        Ok(())
     }
 
     pub fn is_killed(&self) -> bool {
@@ -345,7 +405,8 @@ impl EcNode {
                 if a.is_empty() || i == self.inner.me.0 as usize {
                     Ok(None)
                 } else {
-                    super::grpc::EcGrpcClient::connect_lazy(a).map(|c| Some(EcClient::Grpc(c)))
+                    super::grpc::EcGrpcClient::connect_lazy(a)
+                        .map(|c| Some(EcClient::Grpc(c.with_timeout(self.inner.cfg.peer_timeout))))
                 }
             })
             .collect::<Result<Vec<_>, PsError>>()?;
@@ -535,6 +596,9 @@ impl EcNode {
             .get(&step)
             .ok_or(PsError::NotPrepared { step })?;
         let report = self.inner.server.write()?.commit_prepared(prepared)?;
+        if st.locks_open > 0 {
+            st.status.commits_in_lock += 1;
+        }
         st.prepared.remove(&step);
         let incoming = st.incoming.remove(&step).unwrap_or_default();
         for (_, inc) in incoming {
@@ -990,7 +1054,13 @@ pub async fn audit_parities<S: EcService>(
                     {
                         audit.parity_mismatches += 1;
                     }
-                    for (a, b) in stored.iter().zip(&enc[parity]) {
+                    // Equal bits are no error (a gf256 parity word may be any bit pattern,
+                    // NaN included, so the float difference says nothing then).
+                    for (a, b) in stored
+                        .iter()
+                        .zip(&enc[parity])
+                        .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    {
                         let e = (f64::from(*a) - f64::from(*b)).abs();
                         if e > audit.max_abs_error || e.is_nan() {
                             audit.max_abs_error = e;
@@ -1025,6 +1095,65 @@ pub async fn audit_parities<S: EcService>(
         }
     }
     Ok(audit)
+}
+
+/// What the plain parameter-server service may do on an ECRec node ([`ServiceGate`]).
+struct EcGate(Weak<EcInner>);
+
+impl ServiceGate for EcGate {
+    fn check(&self, op: ServiceOp) -> Result<(), PsError> {
+        match self.0.upgrade() {
+            Some(inner) => EcNode { inner }.check_service(op),
+            None => Ok(()),
+        }
+    }
+}
+
+impl EcNode {
+    /// Writes of the plain service are refused: they would change rows and dense blocks
+    /// without their parities and replicas (ECRec §3.2, §3.3). A replacement answers reads
+    /// and stages only once it has joined (its dense part copied, its rows decoded on
+    /// demand), and its shard as a whole (digest, exports) only once it is rebuilt: before,
+    /// it would serve seeded rows as if they were the model.
+    fn check_service(&self, op: ServiceOp) -> Result<(), PsError> {
+        let me = self.inner.me.0;
+        match op {
+            ServiceOp::Push
+            | ServiceOp::CommitStep
+            | ServiceOp::ImportRows
+            | ServiceOp::ImportDense => Err(PsError::Refused {
+                what: format!("{} on server {me}", op.name()),
+                reason: "the server runs ECRec, where rows and dense blocks change only \
+                         together with their parities and replicas: send updates through \
+                         the ECRec service (prepare and commit, or apply_step)"
+                    .into(),
+            }),
+            ServiceOp::PullRows | ServiceOp::PullDense | ServiceOp::StageStep => {
+                match &self.state()?.missing {
+                    Some(m) if m.dense_missing => Err(PsError::NotReady {
+                        server: me,
+                        reason: "a replacement that has not joined yet (its rows are seeded, \
+                                 not the model's, until its rebuild starts)"
+                            .into(),
+                    }),
+                    _ => Ok(()),
+                }
+            }
+            ServiceOp::Digest | ServiceOp::ExportRows | ServiceOp::ExportDense => {
+                match &self.state()?.missing {
+                    Some(m) => Err(PsError::NotReady {
+                        server: me,
+                        reason: format!(
+                            "rebuilding ({} rows and {} parity rows still missing)",
+                            m.rows_left, m.parities_left
+                        ),
+                    }),
+                    None => Ok(()),
+                }
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Weak handle used by in-process peers, so that dropping every strong handle of a node

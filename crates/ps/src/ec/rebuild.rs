@@ -10,16 +10,16 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ftrec_core::{RowId, ServerId, TableId};
 use ftrec_ec::{
     degraded_read, Decoder, Location, RecoveryOptions, RecoveryPlan, RecoveryTask, StripeMember,
 };
 
-use super::node::{EcInner, EcNode};
+use super::node::{Driver, EcInner, EcNode, EcState, FULL_SHARE_PPM};
 use super::service::EcService;
-use super::types::{MemberKey, MemberRead, RebuildStatus};
+use super::types::{MemberKey, MemberRead, RebuildPoint, RebuildStatus};
 use crate::update::{PulledRows, RowRequest};
 use crate::{PsError, RowSource};
 
@@ -46,6 +46,25 @@ fn normalise(lost: &[ServerId], me: Option<ServerId>) -> Vec<ServerId> {
     l.sort_unstable();
     l.dedup();
     l
+}
+
+/// A rebuild batch between its lock and its merge, counted in [`super::node::EcState::locks_open`]
+/// for as long as it lives (also when the batch's future is dropped half way).
+struct LockWindow<'a>(&'a EcNode);
+
+impl<'a> LockWindow<'a> {
+    fn open(node: &'a EcNode) -> Result<Self, PsError> {
+        node.state()?.locks_open += 1;
+        Ok(LockWindow(node))
+    }
+}
+
+impl Drop for LockWindow<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut st) = self.0.state() {
+            st.locks_open = st.locks_open.saturating_sub(1);
+        }
+    }
 }
 
 struct NodeRowSource(Weak<EcInner>);
@@ -136,6 +155,19 @@ impl EcNode {
             out.push(outs);
         }
         Ok(Some(out))
+    }
+
+    async fn run_hook(&self, point: RebuildPoint) -> Result<(), PsError> {
+        let hook = self
+            .inner
+            .hook
+            .read()
+            .map_err(|_| PsError::Internal("rebuild hook lock poisoned".into()))?
+            .clone();
+        if let Some(h) = hook {
+            h(point).await;
+        }
+        Ok(())
     }
 
     async fn pause_before_retry(&self) -> Result<(), PsError> {
@@ -257,25 +289,58 @@ impl EcNode {
     }
 
     /// Start (or restart, with a new lost set after a further loss) the rebuild of this
-    /// replacement: see [`EcService::start_rebuild`].
+    /// replacement: see [`EcService::start_rebuild`]. A rebuild that already finished is left
+    /// as it is (the node is whole; there is nothing to restart).
     pub async fn start_rebuild(&self, lost: &[ServerId], background: bool) -> Result<(), PsError> {
-        self.begin_rebuild(lost).await?;
-        if background {
-            let node = self.clone();
-            tokio::spawn(async move {
-                let _ = node.rebuild_ranges(usize::MAX).await;
-            });
-            Ok(())
-        } else {
-            self.rebuild_ranges(usize::MAX).await.map(|_| ())
-        }
+        let generation = {
+            let _one_at_a_time = self.inner.control.lock().await;
+            let Some(generation) = self.begin(lost).await? else {
+                return Ok(());
+            };
+            if background {
+                let node = self.clone();
+                let handle = tokio::spawn(async move {
+                    let _ = node.drive(generation, usize::MAX).await;
+                });
+                *self.driver_slot()? = Some(Driver { generation, handle });
+                return Ok(());
+            }
+            generation
+        };
+        self.drive(generation, usize::MAX).await.map(|_| ())
     }
 
     /// The first half of [`EcNode::start_rebuild`]: plan the rebuild for the lost set `lost`,
     /// copy the dense part and join the steps. From here on the node serves every pull and
     /// step, decoding the rows they touch on demand (degraded mode); the lock ranges are run
-    /// by [`EcNode::rebuild_ranges`].
+    /// by [`EcNode::rebuild_ranges`]. A driver of an earlier start is stopped first.
     pub async fn begin_rebuild(&self, lost: &[ServerId]) -> Result<(), PsError> {
+        let _one_at_a_time = self.inner.control.lock().await;
+        self.begin(lost).await.map(|_| ())
+    }
+
+    fn driver_slot(&self) -> Result<std::sync::MutexGuard<'_, Option<Driver>>, PsError> {
+        self.inner
+            .driver
+            .lock()
+            .map_err(|_| PsError::Internal("rebuild driver lock poisoned".into()))
+    }
+
+    /// Stop the background driver under way, if any, and wait until it is gone: once this
+    /// returns no batch of an earlier generation can install or merge anything.
+    pub(crate) async fn stop_driver(&self) -> Result<(), PsError> {
+        let old = self.driver_slot()?.take();
+        if let Some(d) = old {
+            // Its batches hold no lock across an await that matters: a batch cancelled
+            // between its lock and its merge leaves its slots missing, to be zeroed again.
+            d.handle.abort();
+            let _ = d.handle.await;
+        }
+        Ok(())
+    }
+
+    /// [`EcNode::begin_rebuild`] under the control lock; `None`: the rebuild already finished.
+    async fn begin(&self, lost: &[ServerId]) -> Result<Option<u64>, PsError> {
         let me = self.inner.me;
         let lost = normalise(lost, Some(me));
         let plan = Arc::new(RecoveryPlan::new(
@@ -286,15 +351,28 @@ impl EcNode {
                 lock_ranges: self.inner.cfg.lock_ranges,
             },
         )?);
-        let dense_missing = {
+        // A new generation first, so that a driver of the old one, wherever it is, can no
+        // longer change anything; then stop it.
+        {
             let mut st = self.state()?;
-            let Some(m) = st.missing.as_mut() else {
+            if st.missing.is_none() {
+                if st.status.started && st.status.finished {
+                    return Ok(None);
+                }
                 return Err(PsError::InvalidConfig(format!(
-                    "server {} has nothing to rebuild (it is not a replacement, or its \
-                     rebuild already finished)",
+                    "server {} has nothing to rebuild (it is not a replacement)",
                     me.0
                 )));
-            };
+            }
+            st.status.generation += 1;
+        }
+        self.stop_driver().await?;
+        let (generation, dense_missing) = {
+            let mut st = self.state()?;
+            let generation = st.status.generation;
+            let m = st.missing.as_mut().ok_or(PsError::Internal(
+                "rebuild state vanished during a restart".into(),
+            ))?;
             m.lost = lost.clone();
             m.plan = Some(plan.clone());
             let dense_missing = m.dense_missing;
@@ -302,26 +380,104 @@ impl EcNode {
             st.status.error = None;
             st.status.ranges_total = plan.ranges().len() as u64;
             st.status.ranges_done = 0;
-            dense_missing
+            (generation, dense_missing)
         };
         if dense_missing {
             if let Err(e) = self.join(&lost).await {
-                self.state()?.status.error = Some(e.to_string());
+                self.note_error(generation, &e)?;
                 return Err(e);
             }
         }
         let source: Arc<dyn RowSource> = Arc::new(NodeRowSource(super::node::downgrade(self)));
         self.inner.server.set_row_source(Some(source))?;
+        Ok(Some(generation))
+    }
+
+    /// Record why generation `generation` stopped, unless a newer one replaced it.
+    fn note_error(&self, generation: u64, e: &PsError) -> Result<(), PsError> {
+        let mut st = self.state()?;
+        if st.status.generation == generation {
+            st.status.error = Some(e.to_string());
+        }
         Ok(())
     }
 
+    /// The error a driver of generation `generation` stops with once a restart replaced it.
+    fn superseded(&self, generation: u64, now: u64) -> PsError {
+        PsError::Coding(format!(
+            "rebuild generation {generation} of server {} was superseded by generation {now}",
+            self.inner.me.0
+        ))
+    }
+
+    /// Fail unless `generation` is still the current rebuild generation.
+    fn check_generation(&self, st: &EcState, generation: u64) -> Result<(), PsError> {
+        if st.status.generation == generation {
+            Ok(())
+        } else {
+            Err(self.superseded(generation, st.status.generation))
+        }
+    }
+
     /// Rebuild up to `max` further lock ranges of the rebuild begun with
-    /// [`EcNode::begin_rebuild`]; returns whether the rebuild finished. Run one driver at a
-    /// time (a background rebuild is one).
+    /// [`EcNode::begin_rebuild`]; returns whether the rebuild finished. Drivers run one at a
+    /// time: a call made while another driver runs waits for it, and a driver whose
+    /// generation was replaced by a restart stops at its next step.
     pub async fn rebuild_ranges(&self, max: usize) -> Result<bool, PsError> {
+        let generation = self.state()?.status.generation;
+        self.drive(generation, max).await
+    }
+
+    /// Set the share of the time a background rebuild may work (see
+    /// [`EcConfig::rebuild_share_ppm`](super::EcConfig::rebuild_share_ppm)); a rebuild
+    /// resting or waiting picks the new share up at once.
+    pub fn set_rebuild_share(&self, ppm: u32) {
+        self.inner.share.send_replace(ppm.min(FULL_SHARE_PPM));
+    }
+
+    /// Wait before a batch as the rebuild share asks: nothing at the full share, `busy`
+    /// (the previous batch's time) scaled to keep the work within the share, and until the
+    /// share is raised at a share of 0.
+    async fn pace(&self, busy: Duration) {
+        let mut rx = self.inner.share.subscribe();
+        loop {
+            let ppm = *rx.borrow_and_update();
+            if ppm >= FULL_SHARE_PPM {
+                return;
+            }
+            if ppm > 0 {
+                let rest = busy.mul_f64(f64::from(FULL_SHARE_PPM) / f64::from(ppm) - 1.0);
+                tokio::select! {
+                    _ = tokio::time::sleep(rest) => return,
+                    changed = rx.changed() => if changed.is_err() { return },
+                }
+                // The share changed while resting: rest again under the new one.
+                continue;
+            }
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// The rebuild driver of generation `generation`: up to `max` lock ranges, then, if they
+    /// were the last, the end of the rebuild.
+    async fn drive(&self, generation: u64, max: usize) -> Result<bool, PsError> {
+        let _one_driver = self.inner.driving.lock().await;
+        let r = self.drive_locked(generation, max).await;
+        if let Err(e) = &r {
+            self.note_error(generation, e)?;
+        }
+        r
+    }
+
+    async fn drive_locked(&self, generation: u64, max: usize) -> Result<bool, PsError> {
         let (plan, first) = {
             let st = self.state()?;
             match st.missing.as_ref().and_then(|m| m.plan.clone()) {
+                _ if st.status.generation != generation => {
+                    return Err(self.superseded(generation, st.status.generation))
+                }
                 Some(p) => (p, st.status.ranges_done as usize),
                 None if st.status.finished => return Ok(true),
                 None => {
@@ -333,36 +489,33 @@ impl EcNode {
             }
         };
         let last = plan.ranges().len().min(first.saturating_add(max));
+        let mut busy = Duration::ZERO;
         for i in first..last {
-            let r = if self.is_killed() {
-                Err(PsError::Unavailable {
+            if self.is_killed() {
+                return Err(PsError::Unavailable {
                     addr: format!("server {}", self.inner.me.0),
                     reason: "killed during its rebuild".into(),
-                })
-            } else {
-                self.rebuild_range(&plan, i).await
-            };
-            if let Err(e) = r {
-                self.state()?.status.error = Some(e.to_string());
-                return Err(e);
+                });
             }
-            self.state()?.status.ranges_done += 1;
+            self.rebuild_range(generation, &plan, i, &mut busy).await?;
+            let mut st = self.state()?;
+            self.check_generation(&st, generation)?;
+            st.status.ranges_done += 1;
         }
         if last < plan.ranges().len() {
             return Ok(false);
         }
         let mut st = self.state()?;
+        self.check_generation(&st, generation)?;
         let done = st
             .missing
             .as_ref()
             .is_some_and(|m| m.rows_left == 0 && m.parities_left == 0 && !m.dense_missing);
         if !done {
-            let e = PsError::Internal(format!(
+            return Err(PsError::Internal(format!(
                 "server {}: every lock range ran but {} rows and {} parities are still missing",
                 self.inner.me.0, st.status.rows_missing, st.status.parities_missing
-            ));
-            st.status.error = Some(e.to_string());
-            return Err(e);
+            )));
         }
         st.missing = None;
         st.status.finished = true;
@@ -372,10 +525,17 @@ impl EcNode {
     }
 
     /// Rebuild what lock range `range` of `plan` holds for this node (ECRec §3.4).
-    async fn rebuild_range(&self, plan: &RecoveryPlan, range: usize) -> Result<(), PsError> {
+    async fn rebuild_range(
+        &self,
+        generation: u64,
+        plan: &RecoveryPlan,
+        range: usize,
+        busy: &mut Duration,
+    ) -> Result<(), PsError> {
         let me = self.inner.me;
         let tasks: Vec<RecoveryTask> = {
             let st = self.state()?;
+            self.check_generation(&st, generation)?;
             let Some(m) = st.missing.as_ref() else {
                 return Ok(());
             };
@@ -399,76 +559,108 @@ impl EcNode {
         // A decode needs one consistent cut per stripe only, so the range is read in small
         // batches, each under its own cut: a batch's reads fit between two commits even while
         // training runs at full speed, where one cut over a whole server would be retried
-        // forever.
+        // forever. Between batches the driver rests as the rebuild share asks, so that the
+        // rebuild yields to training.
         for batch in tasks.chunks(CUT_BATCH_STRIPES) {
-            self.rebuild_batch(batch).await?;
+            self.pace(*busy).await;
+            let t0 = Instant::now();
+            self.rebuild_batch(generation, batch).await?;
+            *busy = t0.elapsed();
         }
         Ok(())
     }
 
-    async fn rebuild_batch(&self, tasks: &[RecoveryTask]) -> Result<(), PsError> {
+    async fn rebuild_batch(&self, generation: u64, tasks: &[RecoveryTask]) -> Result<(), PsError> {
         let me = self.inner.me;
         let w = self.inner.words;
         for _ in 0..CUT_ATTEMPTS {
             // The lock: note the step and start collecting the deltas committed after it in
-            // the missing parity rows of the range.
-            let committed = {
+            // the missing parity rows of the batch, stamped so that only this lock's decode
+            // is merged into them.
+            let window = LockWindow::open(self)?;
+            let (committed, stamp) = {
                 let mut st = self.state()?;
+                self.check_generation(&st, generation)?;
                 let st = &mut *st;
-                let m = st.missing.as_ref().ok_or(PsError::Internal(
+                let m = st.missing.as_mut().ok_or(PsError::Internal(
                     "rebuild state vanished during a range".into(),
                 ))?;
+                m.next_stamp += 1;
+                let stamp = m.next_stamp;
                 for t in tasks {
                     for x in &t.rebuild {
                         if let (true, Location::Parity { slot, .. }) = (x.server == me, x.location)
                         {
-                            if m.parities[slot.table.0 as usize][slot.index as usize] {
-                                let at = slot.index as usize * w;
-                                st.parity[slot.table.0 as usize][at..at + w].fill(0.0);
+                            let (tt, si) = (slot.table.0 as usize, slot.index as usize);
+                            if m.parities[tt][si] {
+                                st.parity[tt][si * w..(si + 1) * w].fill(0.0);
+                                m.stamps[tt][si] = stamp;
                             }
                         }
                     }
                 }
-                st.committed
+                (st.committed, stamp)
             };
             let Some(outs) = self.decode_cut(tasks, Some(committed)).await? else {
+                drop(window);
                 self.pause_before_retry().await?;
                 continue;
             };
-            let mut st = self.state()?;
-            let mut rows = Vec::new();
-            for (t, o) in tasks.iter().zip(outs) {
-                for (x, words) in t.rebuild.iter().zip(o) {
-                    if x.server != me {
-                        continue;
-                    }
-                    match x.location {
-                        Location::Row { table, local, .. } => rows.push((table, local, words)),
-                        Location::Parity { slot, .. } => {
-                            let (tt, si) = (slot.table.0 as usize, slot.index as usize);
-                            let missing = st.missing.as_ref().is_some_and(|m| m.parities[tt][si]);
-                            if missing {
-                                let mut words = words;
-                                let acc = &st.parity[tt][si * w..(si + 1) * w];
-                                self.inner.code.merge_parity(acc, &mut words)?;
-                                st.parity[tt][si * w..(si + 1) * w].copy_from_slice(&words);
-                                if let Some(m) = st.missing.as_mut() {
-                                    m.parities[tt][si] = false;
-                                    m.parities_left -= 1;
-                                }
-                            }
-                        }
-                        Location::Absent => {}
-                    }
-                }
-            }
-            // A missing row cannot have changed since the cut: only this node updates it, and
-            // only after installing it.
-            self.install_rows(&mut st, &rows)?;
-            st.status.parities_missing = st.missing.as_ref().map_or(0, |m| m.parities_left);
+            self.run_hook(RebuildPoint::Decoded { generation }).await?;
+            self.merge_batch(generation, stamp, tasks, outs)?;
+            drop(window);
+            self.run_hook(RebuildPoint::Merged { generation }).await?;
             return Ok(());
         }
         Err(self.no_cut())
+    }
+
+    /// Install the decoded rows of a batch and merge its decoded parities into the slots its
+    /// lock zeroed (stamp `stamp`): a slot zeroed again since, by another batch, collects
+    /// deltas from that later lock on, and only that batch's decode fits it.
+    fn merge_batch(
+        &self,
+        generation: u64,
+        stamp: u64,
+        tasks: &[RecoveryTask],
+        outs: Vec<Vec<Vec<f32>>>,
+    ) -> Result<(), PsError> {
+        let me = self.inner.me;
+        let w = self.inner.words;
+        let mut st = self.state()?;
+        self.check_generation(&st, generation)?;
+        let mut rows = Vec::new();
+        let st = &mut *st;
+        for (t, o) in tasks.iter().zip(outs) {
+            for (x, words) in t.rebuild.iter().zip(o) {
+                if x.server != me {
+                    continue;
+                }
+                match x.location {
+                    Location::Row { table, local, .. } => rows.push((table, local, words)),
+                    Location::Parity { slot, .. } => {
+                        let (tt, si) = (slot.table.0 as usize, slot.index as usize);
+                        let Some(m) = st.missing.as_mut() else {
+                            continue;
+                        };
+                        if m.parities[tt][si] && m.stamps[tt][si] == stamp {
+                            let mut words = words;
+                            let acc = &st.parity[tt][si * w..(si + 1) * w];
+                            self.inner.code.merge_parity(acc, &mut words)?;
+                            st.parity[tt][si * w..(si + 1) * w].copy_from_slice(&words);
+                            m.parities[tt][si] = false;
+                            m.parities_left -= 1;
+                        }
+                    }
+                    Location::Absent => {}
+                }
+            }
+        }
+        // A missing row cannot have changed since the cut: only this node updates it, and
+        // only after installing it.
+        self.install_rows(st, &rows)?;
+        st.status.parities_missing = st.missing.as_ref().map_or(0, |m| m.parities_left);
+        Ok(())
     }
 
     /// Copy the dense part from surviving copies at one consistent step and take that step

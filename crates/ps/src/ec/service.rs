@@ -76,6 +76,10 @@ pub trait EcService: Send + Sync {
     ) -> impl Future<Output = Result<(), PsError>> + Send;
 
     fn rebuild_status(&self) -> impl Future<Output = Result<RebuildStatus, PsError>> + Send;
+
+    /// Share of the time the background rebuild may work, in millionths
+    /// ([`super::EcConfig::rebuild_share_ppm`]); takes effect at once.
+    fn set_rebuild_share(&self, ppm: u32) -> impl Future<Output = Result<(), PsError>> + Send;
 }
 
 /// A node held weakly by an in-process client.
@@ -177,6 +181,11 @@ impl EcService for EcNode {
     async fn rebuild_status(&self) -> Result<RebuildStatus, PsError> {
         EcNode::rebuild_status(self)
     }
+
+    async fn set_rebuild_share(&self, ppm: u32) -> Result<(), PsError> {
+        EcNode::set_rebuild_share(self, ppm);
+        Ok(())
+    }
 }
 
 macro_rules! delegate {
@@ -239,5 +248,9 @@ impl EcService for EcClient {
 
     async fn rebuild_status(&self) -> Result<RebuildStatus, PsError> {
         delegate!(self, c => EcService::rebuild_status(c))
+    }
+
+    async fn set_rebuild_share(&self, ppm: u32) -> Result<(), PsError> {
+        delegate!(self, c => EcService::set_rebuild_share(c, ppm))
     }
 }

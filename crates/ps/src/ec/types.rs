@@ -1,5 +1,9 @@
 //! Plain values exchanged by ECRec nodes and their coordinator, shared by both transports.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
 use ftrec_core::{RowId, ServerId, TableId};
 
 use crate::update::DenseBlock;
@@ -153,8 +157,30 @@ pub struct RebuildStatus {
     pub rows_decoded_on_demand: u64,
     /// Lock switches that had to be retried because a step committed during the reads.
     pub cut_retries: u64,
+    /// How many times the rebuild was started on this node: 1 for a plain rebuild, one more
+    /// for every restart against a new set of lost servers.
+    pub generation: u64,
+    /// Commits this node applied while one of its rebuild batches held its lock (the deltas
+    /// a zeroed parity slot collects between its lock and its merge).
+    pub commits_in_lock: u64,
     /// Everything is rebuilt; the node is a full member again.
     pub finished: bool,
     /// Why the rebuild stopped, if it failed (start it again with the current lost set).
     pub error: Option<String>,
 }
+
+/// A point of a rebuild batch where a [`RebuildHook`] runs (and may hold the batch): fault
+/// injection and tests that need an exact interleaving of a rebuild with steps or restarts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RebuildPoint {
+    /// The batch took its lock (zeroed its missing parity slots) and decoded its cut; nothing
+    /// is installed or merged yet. `generation`: the rebuild start the driver belongs to.
+    Decoded { generation: u64 },
+    /// The batch installed its rows and merged its parities.
+    Merged { generation: u64 },
+}
+
+/// Called by the rebuild driver at every [`RebuildPoint`]; the driver waits for the returned
+/// future before it goes on.
+pub type RebuildHook =
+    Arc<dyn Fn(RebuildPoint) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;

@@ -12,7 +12,7 @@ use super::proto::{self, parameter_server_server::ParameterServer};
 use super::wire::{self, to_status};
 use super::GrpcConfig;
 use crate::update::{RowRequest, Update};
-use crate::{PsError, SharedServer};
+use crate::{PsError, ServiceOp, SharedServer};
 use ftrec_core::TableId;
 
 type ChunkStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -39,6 +39,11 @@ impl Handler {
             .await
             .map_err(|e| to_status(&PsError::Internal(format!("worker thread failed: {e}"))))?
             .map_err(|e| to_status(&e))
+    }
+
+    /// The server's [`crate::ServiceGate`] verdict on `op`, as a status.
+    fn check(&self, op: ServiceOp) -> Result<(), Status> {
+        self.server.check(op).map_err(|e| to_status(&e))
     }
 
     fn max_update_bytes(&self) -> Result<u64, Status> {
@@ -80,6 +85,7 @@ impl ParameterServer for Handler {
         &self,
         _req: Request<proto::InfoRequest>,
     ) -> Result<Response<proto::InfoReply>, Status> {
+        self.check(ServiceOp::Info)?;
         let s = self.server.read().map_err(|e| to_status(&e))?;
         Ok(Response::new(wire::info_to_proto(&s.info())))
     }
@@ -88,6 +94,7 @@ impl ParameterServer for Handler {
         &self,
         req: Request<proto::PullRowsRequest>,
     ) -> Result<Response<proto::PullRowsReply>, Status> {
+        self.check(ServiceOp::PullRows)?;
         let parts = req
             .into_inner()
             .parts
@@ -115,6 +122,7 @@ impl ParameterServer for Handler {
         &self,
         req: Request<proto::PullDenseRequest>,
     ) -> Result<Response<proto::PullDenseReply>, Status> {
+        self.check(ServiceOp::PullDense)?;
         let r = req.into_inner();
         let s = self.server.read().map_err(|e| to_status(&e))?;
         let values = s.pull_dense(r.lo..r.hi).map_err(|e| to_status(&e))?;
@@ -127,6 +135,7 @@ impl ParameterServer for Handler {
         &self,
         req: Request<Streaming<proto::UpdateChunk>>,
     ) -> Result<Response<proto::ApplyReply>, Status> {
+        self.check(ServiceOp::Push)?;
         let limit = self.max_update_bytes()?;
         let mut stream = req.into_inner();
         let update = read_update(&mut stream, limit, Ok).await?;
@@ -145,6 +154,7 @@ impl ParameterServer for Handler {
         &self,
         req: Request<Streaming<proto::StageChunk>>,
     ) -> Result<Response<proto::StageReply>, Status> {
+        self.check(ServiceOp::StageStep)?;
         let limit = self.max_update_bytes()?;
         let mut stream = req.into_inner();
         let mut header: Option<(u64, u32)> = None;
@@ -178,6 +188,7 @@ impl ParameterServer for Handler {
         &self,
         req: Request<proto::CommitStepRequest>,
     ) -> Result<Response<proto::ApplyReply>, Status> {
+        self.check(ServiceOp::CommitStep)?;
         let r = req.into_inner();
         let report = self
             .server
@@ -194,6 +205,7 @@ impl ParameterServer for Handler {
         &self,
         req: Request<proto::AbortStepRequest>,
     ) -> Result<Response<proto::AbortStepReply>, Status> {
+        self.check(ServiceOp::AbortStep)?;
         let step = req.into_inner().step;
         let dropped = self
             .server
@@ -209,6 +221,7 @@ impl ParameterServer for Handler {
         &self,
         _req: Request<proto::DigestRequest>,
     ) -> Result<Response<proto::DigestReply>, Status> {
+        self.check(ServiceOp::Digest)?;
         let d = self.blocking(|s| Ok(s.read()?.digest())).await?;
         let (sum, items) = d.to_parts();
         Ok(Response::new(proto::DigestReply {
@@ -224,6 +237,7 @@ impl ParameterServer for Handler {
         &self,
         req: Request<proto::ExportRowsRequest>,
     ) -> Result<Response<Self::ExportRowsStream>, Status> {
+        self.check(ServiceOp::ExportRows)?;
         let r = req.into_inner();
         let chunk_bytes = self.config.chunk_bytes;
         let chunks = self
@@ -244,6 +258,7 @@ impl ParameterServer for Handler {
         &self,
         req: Request<Streaming<proto::RowsChunk>>,
     ) -> Result<Response<proto::ImportReply>, Status> {
+        self.check(ServiceOp::ImportRows)?;
         let words = self
             .server
             .read()
@@ -274,6 +289,7 @@ impl ParameterServer for Handler {
         &self,
         req: Request<proto::ExportDenseRequest>,
     ) -> Result<Response<Self::ExportDenseStream>, Status> {
+        self.check(ServiceOp::ExportDense)?;
         let r = req.into_inner();
         let chunk_bytes = self.config.chunk_bytes;
         let chunks = self
@@ -291,6 +307,7 @@ impl ParameterServer for Handler {
         &self,
         req: Request<Streaming<proto::DenseChunk>>,
     ) -> Result<Response<proto::ImportReply>, Status> {
+        self.check(ServiceOp::ImportDense)?;
         let mut stream = req.into_inner();
         let mut block = None;
         while let Some(chunk) = stream.message().await? {

@@ -339,7 +339,8 @@ fn code_of(e: &PsError) -> Code {
         | PsError::Coding(_) => Code::FailedPrecondition,
         PsError::TooLarge { .. } => Code::ResourceExhausted,
         PsError::Internal(_) => Code::Internal,
-        PsError::Unavailable { .. } => Code::Unavailable,
+        PsError::Unavailable { .. } | PsError::NotReady { .. } => Code::Unavailable,
+        PsError::Refused { .. } => Code::PermissionDenied,
         _ => Code::InvalidArgument,
     }
 }
@@ -429,6 +430,9 @@ fn detail_of(e: &PsError) -> proto::ErrorDetail {
         PsError::Internal(m) => (K::Internal, vec![], m.clone()),
         PsError::Coding(m) => (K::Coding, vec![], m.clone()),
         PsError::NotPrepared { step } => (K::NotPrepared, vec![*step], String::new()),
+        PsError::NotReady { server, reason } => (K::NotReady, vec![*server as u64], reason.clone()),
+        // The two texts travel as one, split at the first newline (`what` has none).
+        PsError::Refused { what, reason } => (K::Refused, vec![], format!("{what}\n{reason}")),
         // Client-side conditions never come from a server; carried as text if they ever do.
         other => (K::Internal, vec![], other.to_string()),
     };
@@ -517,6 +521,17 @@ fn from_detail(d: proto::ErrorDetail) -> Option<PsError> {
         K::Internal => PsError::Internal(text),
         K::Coding => PsError::Coding(text),
         K::NotPrepared => PsError::NotPrepared { step: arg(0)? },
+        K::NotReady => PsError::NotReady {
+            server: u32_at(0)?,
+            reason: text,
+        },
+        K::Refused => {
+            let (what, reason) = text.split_once('\n')?;
+            PsError::Refused {
+                what: what.to_string(),
+                reason: reason.to_string(),
+            }
+        }
     })
 }
 
@@ -618,6 +633,14 @@ mod tests {
             PsError::Internal("i".into()),
             PsError::Coding("c".into()),
             PsError::NotPrepared { step: 4 },
+            PsError::NotReady {
+                server: 2,
+                reason: "rebuilding".into(),
+            },
+            PsError::Refused {
+                what: "push".into(),
+                reason: "use the ECRec service\nof this node".into(),
+            },
         ];
         for e in errors {
             let s = to_status(&e);

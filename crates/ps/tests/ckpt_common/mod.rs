@@ -50,7 +50,15 @@ pub fn start(staging: &std::path::Path) -> (Vec<SharedServer>, Vec<CkptNode>) {
         );
         let mut opts = StagingOptions::new(staging.join(format!("s{s}")));
         opts.chunk_bytes = 1024;
-        nodes.push(CkptNode::new(server.clone(), opts, LocationOptions::default()).unwrap());
+        let initial = std::sync::Arc::new(move || {
+            Server::new(config(SERVERS, s, OptimizerKind::Adagrad), &dense_init())
+                .map_err(|e| e.to_string())
+        });
+        nodes.push(
+            CkptNode::new(server.clone(), opts, LocationOptions::default())
+                .unwrap()
+                .with_initial_state(initial),
+        );
         servers.push(server);
     }
     (servers, nodes)

@@ -1,0 +1,776 @@
+//! The plots of `ftrec compare`, drawn with `plotters` as PNG and SVG.
+//!
+//! Text is rendered with DejaVu Sans compiled into the binary (the `dejavu` crate) through
+//! plotters' `ab_glyph` backend: no system font is looked up, so the plots look the same on any
+//! machine. PNGs are encoded with the `png` crate from plotters' RGB buffer.
+
+use std::path::Path;
+use std::sync::Once;
+
+use anyhow::{Context, Result};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use crate::compare::{CompareReport, LostTime, SummaryRow};
+
+/// One plot written to the output directory.
+#[derive(Debug, Clone)]
+pub struct Plot {
+    pub title: String,
+    pub caption: String,
+    pub png: String,
+    pub svg: String,
+}
+
+const FONT: &str = "sans-serif";
+
+fn register_fonts() -> Result<()> {
+    static ONCE: Once = Once::new();
+    let mut result = Ok(());
+    ONCE.call_once(|| {
+        for (style, bytes) in [
+            (FontStyle::Normal, dejavu::sans::regular()),
+            (FontStyle::Bold, dejavu::sans::bold()),
+            (FontStyle::Italic, dejavu::sans::oblique()),
+            (FontStyle::Oblique, dejavu::sans::oblique()),
+        ] {
+            if plotters::style::register_font(FONT, style, bytes).is_err() {
+                result = Err(anyhow::anyhow!("the embedded DejaVu font does not load"));
+            }
+        }
+    });
+    result
+}
+
+/// A colour per strategy, fixed by its place in the list of strategies so every plot agrees.
+fn color(strategy: &str) -> RGBColor {
+    const PALETTE: [RGBColor; 10] = [
+        RGBColor(90, 90, 90),
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+        RGBColor(188, 189, 34),
+        RGBColor(23, 190, 207),
+    ];
+    let names = ftrec_cluster::StrategyChoice::all_names();
+    let i = names
+        .iter()
+        .position(|n| *n == strategy)
+        .unwrap_or_else(|| names.len() + strategy.bytes().map(|b| b as usize).sum::<usize>() % 3);
+    PALETTE[i % PALETTE.len()]
+}
+
+/// Colours of the parts of the time lost to a failure.
+const PARTS: [(&str, RGBColor); 5] = [
+    ("detect", RGBColor(120, 120, 120)),
+    ("replace", RGBColor(31, 119, 180)),
+    ("reload", RGBColor(255, 127, 14)),
+    ("redo", RGBColor(214, 39, 40)),
+    ("degraded", RGBColor(148, 103, 189)),
+];
+
+fn parts(l: &LostTime) -> [f64; 5] {
+    [l.detect, l.replace, l.reload, l.redo, l.degraded]
+}
+
+fn write_png(path: &Path, buf: &[u8], w: u32, h: u32) -> Result<()> {
+    let f = std::fs::File::create(path).with_context(|| format!("writing {}", path.display()))?;
+    let mut enc = png::Encoder::new(std::io::BufWriter::new(f), w, h);
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    let mut wr = enc
+        .write_header()
+        .with_context(|| format!("writing {}", path.display()))?;
+    wr.write_image_data(buf)
+        .with_context(|| format!("writing {}", path.display()))?;
+    wr.finish()
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+type Res = Result<()>;
+
+fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
+    anyhow::anyhow!("drawing: {e}")
+}
+
+/// Draw with `$f(root, $data)` into `$out/$stem.png` and `.svg`.
+macro_rules! both {
+    ($out:expr, $stem:expr, ($w:expr, $h:expr), $f:ident, $data:expr) => {{
+        let (w, h): (u32, u32) = ($w, $h);
+        let mut buf = vec![0u8; (w * h * 3) as usize];
+        {
+            let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
+            $f(&root, $data)?;
+            root.present().map_err(err)?;
+        }
+        write_png(&$out.join(format!("{}.png", $stem)), &buf, w, h)?;
+        let svg = $out.join(format!("{}.svg", $stem));
+        {
+            let root = SVGBackend::new(&svg, (w, h)).into_drawing_area();
+            $f(&root, $data)?;
+            root.present().map_err(err)?;
+        }
+    }};
+}
+
+/// Every plot of the report, written to `out`.
+pub fn draw_all(rep: &CompareReport, out: &Path) -> Result<Vec<Plot>> {
+    register_fonts()?;
+    let mut plots = Vec::new();
+    let mut add = |stem: &str, title: &str, caption: String| {
+        plots.push(Plot {
+            title: title.into(),
+            caption,
+            png: format!("{stem}.png"),
+            svg: format!("{stem}.svg"),
+        })
+    };
+    both!(out, "throughput", (1200, 560), throughput, rep);
+    add(
+        "throughput",
+        "Training throughput over time",
+        "Samples per second of each run from the start of its training (steps binned over a \
+         common width; redone steps count as work). Dashed verticals and triangles mark the \
+         SIGKILLs of the failure schedule in the colour of the run they hit; the dips after them \
+         are detection, replacement, reload and redone work, or a degraded rebuild."
+            .into(),
+    );
+    both!(out, "lost_per_failure", (1200, 560), lost_per_failure, rep);
+    add(
+        "lost_per_failure",
+        "Time lost per failure",
+        "Each bar is one failure of one run, split into detection, bringing up the \
+         replacement, reloading state, redoing the steps since the restored state, and the \
+         throughput lost while training ran degraded (window x (1 - throughput share))."
+            .into(),
+    );
+    both!(out, "overhead", (1100, 560), overhead, rep);
+    add(
+        "overhead",
+        "Training-time overhead against none",
+        "Training time over the failure-free run without fault tolerance, minus one, split into \
+         save pauses, time lost to failures and the rest (slower steps; negative when a run \
+         was faster than the reference: the noise of a shared machine)."
+            .into(),
+    );
+    both!(out, "memory_storage", (1200, 520), memory_storage, rep);
+    add(
+        "memory_storage",
+        "Extra memory and bytes stored",
+        "Left: peak resident memory of all server processes (sampled every 100 ms) beyond the \
+         reference run's. Right: bytes each strategy wrote and bytes left in its store at the \
+         end."
+            .into(),
+    );
+    both!(out, "quality", (1200, 500), quality, rep);
+    add(
+        "quality",
+        "Model quality against the failure-free run",
+        "AUC and logloss on the same held-out samples; the dashed line is the failure-free \
+         reference. '= digest' marks a final model identical to the reference bit for bit."
+            .into(),
+    );
+    Ok(plots)
+}
+
+fn style(size: u32) -> TextStyle<'static> {
+    (FONT, size).into_font().into()
+}
+
+fn title_style() -> TextStyle<'static> {
+    (FONT, 24).into_font().style(FontStyle::Bold).into()
+}
+
+fn no_data<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, what: &str) -> Res {
+    let (w, h) = area.dim_in_pixel();
+    area.draw(&Text::new(
+        what.to_string(),
+        (w as i32 / 2 - 200, h as i32 / 2),
+        style(18),
+    ))
+    .map_err(err)
+}
+
+fn throughput<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, rep: &CompareReport) -> Res {
+    root.fill(&WHITE).map_err(err)?;
+    let runs: Vec<_> = rep
+        .strategies()
+        .into_iter()
+        .filter_map(|n| rep.entry(n))
+        .filter_map(|e| e.report.as_ref().map(|r| (e, r)))
+        .collect();
+    let t_end = runs
+        .iter()
+        .map(|(_, r)| r.train_s)
+        .fold(0.0f64, f64::max)
+        .max(1e-3);
+    // One common bin width: a fortieth of the reference run, and at least three of its steps,
+    // so a bin is never a single step's scheduling noise.
+    let width = rep.reference().map_or(t_end / 40.0, |r| {
+        (r.train_s / 40.0).max(3.0 * r.train_s / r.steps.max(1) as f64)
+    });
+    let width = width.max(0.02);
+    let mut series = Vec::new();
+    let mut y_max = 1.0f64;
+    for (e, r) in &runs {
+        let t0 = CompareReport::training_start(r);
+        let times: Vec<f64> = r.timeline.iter().map(|p| (p.t_s - t0).max(0.0)).collect();
+        let per_step = (r.config.workers as u64) * r.config.batch as u64;
+        // The last bin ends at the last step: a sliver of a bin would show a spike.
+        let pts: Vec<(f64, f64)> = ftrec_cluster::report::intervals(&times, per_step, width)
+            .iter()
+            .filter(|i| i.t_end_s - i.t_start_s >= 0.5 * width)
+            .map(|i| (0.5 * (i.t_start_s + i.t_end_s), i.samples_per_s))
+            .collect();
+        y_max = pts.iter().map(|p| p.1).fold(y_max, f64::max);
+        let kills: Vec<f64> = r
+            .events
+            .iter()
+            .filter(|ev| ev.kind == ftrec_cluster::EventKind::FailureInjected)
+            .map(|ev| ev.t_s - t0)
+            .collect();
+        series.push((e.strategy.clone(), pts, kills));
+    }
+    // Room above the lines for the kill markers, and above those for the legend.
+    let y_top = y_max * 1.5;
+    let y_mark = y_max * 1.1;
+    let dx = t_end * 0.006;
+    let mut chart = ChartBuilder::on(root)
+        .caption(
+            "Training throughput over time (kills marked)",
+            title_style(),
+        )
+        .margin(14)
+        .x_label_area_size(48)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0.0..t_end * 1.02, 0.0..y_top)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds since training started")
+        .y_desc("samples / s")
+        .label_style(style(15))
+        .axis_desc_style(style(17))
+        .light_line_style(RGBColor(235, 235, 235))
+        .y_label_formatter(&|v| format!("{:.0}", v))
+        .draw()
+        .map_err(err)?;
+    for (name, pts, kills) in &series {
+        let c = color(name);
+        chart
+            .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
+            .map_err(err)?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], c.stroke_width(3)));
+        for &k in kills {
+            chart
+                .draw_series(DashedLineSeries::new(
+                    vec![(k, 0.0), (k, y_mark)],
+                    6,
+                    4,
+                    c.stroke_width(2),
+                ))
+                .map_err(err)?;
+            // A downward triangle on top of the line.
+            chart
+                .draw_series(std::iter::once(Polygon::new(
+                    vec![
+                        (k - dx, y_mark + y_max * 0.07),
+                        (k + dx, y_mark + y_max * 0.07),
+                        (k, y_mark),
+                    ],
+                    c.filled(),
+                )))
+                .map_err(err)?;
+        }
+    }
+    if series.iter().any(|s| !s.2.is_empty()) {
+        chart
+            .draw_series(std::iter::empty::<PathElement<(f64, f64)>>())
+            .map_err(err)?
+            .label("kill (SIGKILL of a server)")
+            .legend(|(x, y)| {
+                Polygon::new(
+                    vec![(x + 5, y - 6), (x + 19, y - 6), (x + 12, y + 6)],
+                    BLACK.filled(),
+                )
+            });
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.5))
+        .label_font(style(15))
+        .draw()
+        .map_err(err)?;
+    Ok(())
+}
+
+fn lost_per_failure<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, rep: &CompareReport) -> Res {
+    root.fill(&WHITE).map_err(err)?;
+    let bars: Vec<(String, &str, &LostTime)> = rep
+        .summary
+        .iter()
+        .flat_map(|s| {
+            s.failures.iter().enumerate().map(move |(i, l)| {
+                (
+                    format!("{} #{} (step {})", s.strategy, i + 1, l.at_step),
+                    s.strategy.as_str(),
+                    l,
+                )
+            })
+        })
+        .collect();
+    if bars.is_empty() {
+        let area = root
+            .titled("Time lost per failure", title_style())
+            .map_err(err)?;
+        return no_data(&area, "no failures in this comparison");
+    }
+    let y_max = bars
+        .iter()
+        .map(|b| parts(b.2).iter().sum::<f64>())
+        .fold(1e-3, f64::max)
+        * 1.2;
+    let n = bars.len();
+    let labels: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
+    let mut chart = ChartBuilder::on(root)
+        .caption("Time lost per failure, by phase", title_style())
+        .margin(14)
+        .x_label_area_size(56)
+        .y_label_area_size(80)
+        .build_cartesian_2d(-0.6..(n as f64 - 0.4), 0.0..y_max)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n)
+        .x_label_formatter(&|x| {
+            let i = x.round();
+            if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < labels.len() {
+                labels[i as usize].clone()
+            } else {
+                String::new()
+            }
+        })
+        .y_desc("seconds")
+        .label_style(style(14))
+        .axis_desc_style(style(17))
+        .light_line_style(RGBColor(235, 235, 235))
+        .draw()
+        .map_err(err)?;
+    for (pi, (part, c)) in PARTS.iter().enumerate() {
+        let c = *c;
+        let rects: Vec<Rectangle<(f64, f64)>> = bars
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let p = parts(b.2);
+                let lo: f64 = p[..pi].iter().sum();
+                let hi = lo + p[pi];
+                Rectangle::new([(i as f64 - 0.32, lo), (i as f64 + 0.32, hi)], c.filled())
+            })
+            .collect();
+        chart
+            .draw_series(rects)
+            .map_err(err)?
+            .label(*part)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 16, y + 6)], c.filled()));
+    }
+    for (i, b) in bars.iter().enumerate() {
+        let total: f64 = parts(b.2).iter().sum();
+        let c = color(b.1);
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(i as f64 - 0.32, 0.0), (i as f64 + 0.32, total)],
+                c.stroke_width(3),
+            )))
+            .map_err(err)?;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                format!("{total:.2} s"),
+                (i as f64 - 0.2, total + y_max * 0.05),
+                style(15),
+            )))
+            .map_err(err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.5))
+        .label_font(style(15))
+        .draw()
+        .map_err(err)?;
+    Ok(())
+}
+
+/// A strategy's overhead split into saves, failures and the rest (fractions of the reference's
+/// training time).
+fn overhead_parts(s: &SummaryRow, ref_train_s: f64) -> Option<[f64; 3]> {
+    let total = s.overhead?;
+    let saves = s.save_pause_s / ref_train_s;
+    let fails = s.failures.iter().map(LostTime::total).sum::<f64>() / ref_train_s;
+    Some([saves, fails, total - saves - fails])
+}
+
+fn overhead<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, rep: &CompareReport) -> Res {
+    root.fill(&WHITE).map_err(err)?;
+    let Some(reference) = rep.reference() else {
+        return no_data(root, "no reference run");
+    };
+    let rows: Vec<(&SummaryRow, [f64; 3])> = rep
+        .summary
+        .iter()
+        .filter(|s| s.strategy != "none")
+        .filter_map(|s| overhead_parts(s, reference.train_s).map(|p| (s, p)))
+        .collect();
+    if rows.is_empty() {
+        let area = root
+            .titled("Training-time overhead", title_style())
+            .map_err(err)?;
+        return no_data(&area, "no strategy besides the reference finished");
+    }
+    let pos_max = rows
+        .iter()
+        .map(|(_, p)| p.iter().filter(|v| **v > 0.0).sum::<f64>())
+        .fold(0.01, f64::max);
+    let neg_min = rows
+        .iter()
+        .map(|(_, p)| p.iter().filter(|v| **v < 0.0).sum::<f64>())
+        .fold(0.0, f64::min);
+    // Headroom above the tallest bar for its label and, above that, the legend.
+    let (lo, hi) = (neg_min * 1.3 - 0.01, pos_max * 1.6);
+    let n = rows.len();
+    let labels: Vec<String> = rows.iter().map(|r| r.0.strategy.clone()).collect();
+    let mut chart = ChartBuilder::on(root)
+        .caption("Training-time overhead against none", title_style())
+        .margin(14)
+        .x_label_area_size(44)
+        .y_label_area_size(80)
+        .build_cartesian_2d(-0.6..(n as f64 - 0.4), lo * 100.0..hi * 100.0)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n)
+        .x_label_formatter(&|x| {
+            let i = x.round();
+            if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < labels.len() {
+                labels[i as usize].clone()
+            } else {
+                String::new()
+            }
+        })
+        .y_desc("% of the reference's training time")
+        .y_label_formatter(&|v| format!("{v:.0}%"))
+        .label_style(style(15))
+        .axis_desc_style(style(17))
+        .light_line_style(RGBColor(235, 235, 235))
+        .draw()
+        .map_err(err)?;
+    let comp = [
+        ("save pauses", RGBColor(255, 127, 14)),
+        ("failures", RGBColor(214, 39, 40)),
+        ("rest (slower steps, noise)", RGBColor(150, 150, 150)),
+    ];
+    for (ci, (name, c)) in comp.iter().enumerate() {
+        let c = *c;
+        let rects: Vec<Rectangle<(f64, f64)>> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, (_, p))| {
+                // Positive parts stack up from zero, negative ones down.
+                let v = p[ci];
+                let base: f64 = p[..ci].iter().filter(|x| (**x > 0.0) == (v > 0.0)).sum();
+                let (a, b) = (base, base + v);
+                Rectangle::new(
+                    [(i as f64 - 0.3, a * 100.0), (i as f64 + 0.3, b * 100.0)],
+                    c.filled(),
+                )
+            })
+            .collect();
+        chart
+            .draw_series(rects)
+            .map_err(err)?
+            .label(*name)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 16, y + 6)], c.filled()));
+    }
+    chart
+        .draw_series(LineSeries::new(
+            vec![(-0.6, 0.0), (n as f64 - 0.4, 0.0)],
+            BLACK.stroke_width(1),
+        ))
+        .map_err(err)?;
+    for (i, (s, p)) in rows.iter().enumerate() {
+        let total = s.overhead.unwrap_or(0.0);
+        let top = p.iter().filter(|v| **v > 0.0).sum::<f64>();
+        chart
+            .draw_series(std::iter::once(Text::new(
+                format!("{:+.1}%", total * 100.0),
+                (i as f64 - 0.12, (top + (hi - lo) * 0.06) * 100.0),
+                style(16).color(&color(&s.strategy)),
+            )))
+            .map_err(err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.5))
+        .label_font(style(15))
+        .draw()
+        .map_err(err)?;
+    Ok(())
+}
+
+fn bar_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    title: &str,
+    y_desc: &str,
+    groups: &[(String, Vec<(f64, RGBColor)>)],
+    series_names: &[(&str, RGBColor)],
+) -> Res {
+    let n = groups.len();
+    let k = groups.iter().map(|g| g.1.len()).max().unwrap_or(1).max(1);
+    let vals = groups.iter().flat_map(|g| g.1.iter().map(|v| v.0));
+    let (mut lo, mut hi) = (0.0f64, 1e-3f64);
+    for v in vals {
+        lo = lo.min(v);
+        hi = hi.max(v);
+    }
+    let span = hi - lo;
+    let (lo, hi) = (lo - 0.1 * span * (lo < 0.0) as u8 as f64, hi + 0.2 * span);
+    let labels: Vec<String> = groups.iter().map(|g| g.0.clone()).collect();
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, (FONT, 20).into_font().style(FontStyle::Bold))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(72)
+        .build_cartesian_2d(-0.6..(n as f64 - 0.4), lo..hi)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n)
+        .x_label_formatter(&|x| {
+            let i = x.round();
+            if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < labels.len() {
+                labels[i as usize].clone()
+            } else {
+                String::new()
+            }
+        })
+        .y_desc(y_desc)
+        .y_label_formatter(&|v| format!("{v:.1}"))
+        .label_style(style(14))
+        .axis_desc_style(style(16))
+        .light_line_style(RGBColor(235, 235, 235))
+        .draw()
+        .map_err(err)?;
+    let w = 0.7 / k as f64;
+    for (gi, (_, vals)) in groups.iter().enumerate() {
+        for (j, (v, c)) in vals.iter().enumerate() {
+            let x0 = gi as f64 - 0.35 + j as f64 * w;
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(x0 + 0.02, 0.0), (x0 + w - 0.02, *v)],
+                    c.filled(),
+                )))
+                .map_err(err)?;
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    format!("{v:.1}"),
+                    (x0 + 0.03, v.max(0.0) + (hi - lo) * 0.04),
+                    style(13),
+                )))
+                .map_err(err)?;
+        }
+    }
+    for (name, c) in series_names {
+        let c = *c;
+        chart
+            .draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())
+            .map_err(err)?
+            .label(*name)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 16, y + 6)], c.filled()));
+    }
+    if !series_names.is_empty() {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.5))
+            .label_font(style(14))
+            .draw()
+            .map_err(err)?;
+    }
+    Ok(())
+}
+
+fn memory_storage<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, rep: &CompareReport) -> Res {
+    root.fill(&WHITE).map_err(err)?;
+    let root = root
+        .titled("Extra memory and bytes stored", title_style())
+        .map_err(err)?;
+    let (left, right) = root.split_horizontally(root.dim_in_pixel().0 / 2);
+    let mib = |b: f64| b / (1u64 << 20) as f64;
+    let mem: Vec<(String, Vec<(f64, RGBColor)>)> = rep
+        .summary
+        .iter()
+        .filter(|s| s.strategy != "none")
+        .filter_map(|s| {
+            Some((
+                s.strategy.clone(),
+                vec![(mib(s.extra_server_rss_bytes? as f64), color(&s.strategy))],
+            ))
+        })
+        .collect();
+    if mem.is_empty() {
+        no_data(&left, "server memory was not sampled")?;
+    } else {
+        bar_panel(
+            &left,
+            "Peak server memory beyond none",
+            "MiB (all servers)",
+            &mem,
+            &[],
+        )?;
+    }
+    let written = RGBColor(31, 119, 180);
+    let stored = RGBColor(44, 160, 44);
+    let io: Vec<(String, Vec<(f64, RGBColor)>)> = rep
+        .summary
+        .iter()
+        .filter(|s| s.status == "ok")
+        .map(|s| {
+            (
+                s.strategy.clone(),
+                vec![
+                    (mib(s.bytes_written as f64), written),
+                    (mib(s.stored_bytes as f64), stored),
+                ],
+            )
+        })
+        .collect();
+    bar_panel(
+        &right,
+        "Bytes written and stored",
+        "MiB",
+        &io,
+        &[("written", written), ("stored at the end", stored)],
+    )
+}
+
+fn quality<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, rep: &CompareReport) -> Res {
+    root.fill(&WHITE).map_err(err)?;
+    let root = root
+        .titled("Model quality against the failure-free run", title_style())
+        .map_err(err)?;
+    let (left, right) = root.split_horizontally(root.dim_in_pixel().0 / 2);
+    let reference = rep.reference();
+    let rows: Vec<&SummaryRow> = rep.summary.iter().filter(|s| s.status == "ok").collect();
+    type Pick = fn(&SummaryRow) -> Option<f64>;
+    type Panel<'a, DB> = (&'a DrawingArea<DB, Shift>, &'a str, Pick, Option<f64>);
+    let panels: [Panel<DB>; 2] = [
+        (
+            &left,
+            "AUC (higher is better)",
+            |s| s.auc,
+            reference.and_then(|r| r.auc),
+        ),
+        (
+            &right,
+            "logloss (lower is better)",
+            |s| s.logloss,
+            reference.and_then(|r| r.logloss),
+        ),
+    ];
+    for (area, title, pick, refv) in panels {
+        let pts: Vec<(usize, f64, &SummaryRow)> = rows
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| pick(s).map(|v| (i, v, *s)))
+            .collect();
+        if pts.is_empty() {
+            no_data(area, "no held-out evaluation (--eval-samples 0)")?;
+            continue;
+        }
+        let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+        for p in &pts {
+            lo = lo.min(p.1);
+            hi = hi.max(p.1);
+        }
+        let pad = ((hi - lo) * 0.5).max(0.002);
+        let n = rows.len();
+        let labels: Vec<String> = rows.iter().map(|s| s.strategy.clone()).collect();
+        let mut chart = ChartBuilder::on(area)
+            .caption(title, (FONT, 20).into_font().style(FontStyle::Bold))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(80)
+            .build_cartesian_2d(-0.6..(n as f64 - 0.4), (lo - pad)..(hi + pad))
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n)
+            .x_label_formatter(&|x| {
+                let i = x.round();
+                if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < labels.len() {
+                    labels[i as usize].clone()
+                } else {
+                    String::new()
+                }
+            })
+            .y_label_formatter(&|v| format!("{v:.4}"))
+            .label_style(style(14))
+            .light_line_style(RGBColor(235, 235, 235))
+            .draw()
+            .map_err(err)?;
+        if let Some(r) = refv {
+            chart
+                .draw_series(DashedLineSeries::new(
+                    vec![(-0.6, r), (n as f64 - 0.4, r)],
+                    8,
+                    5,
+                    BLACK.mix(0.6).stroke_width(1),
+                ))
+                .map_err(err)?
+                .label("failure-free reference")
+                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], BLACK.mix(0.6)));
+        }
+        for (i, v, s) in &pts {
+            let c = color(&s.strategy);
+            chart
+                .draw_series(std::iter::once(Circle::new((*i as f64, *v), 7, c.filled())))
+                .map_err(err)?;
+            let tag = match s.digest_matches {
+                Some(true) if s.strategy != "none" => " = digest".to_string(),
+                _ => String::new(),
+            };
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    format!("{v:.4}{tag}"),
+                    (*i as f64 - 0.25, *v + pad * 0.35),
+                    style(13),
+                )))
+                .map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.5))
+            .label_font(style(13))
+            .draw()
+            .map_err(err)?;
+    }
+    Ok(())
+}
