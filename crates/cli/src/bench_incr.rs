@@ -315,6 +315,10 @@ fn mean(v: &[f64]) -> f64 {
     }
 }
 
+/// What a staged save returns: its report, the tracked rows it saved, the tracker position it
+/// covers, its pause in seconds and the largest quantization error.
+type Staged = (ShardReport, Vec<(TableId, Vec<RowId>)>, u64, f64, f32);
+
 /// Save the model (all rows, or the tracked ones) through the staging pipeline.
 fn stage(
     env: &Env<'_>,
@@ -323,7 +327,7 @@ fn stage(
     id: &CheckpointId,
     full: bool,
     quant: Option<QuantBits>,
-) -> Result<(ShardReport, Vec<(TableId, Vec<RowId>)>, u64, f64, f32)> {
+) -> Result<Staged> {
     let opts = StagingOptions {
         chunk_bytes: env.args.chunk_kib.max(1) * 1024,
         staging_dir: env.root.join("staging"),

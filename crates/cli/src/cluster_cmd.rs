@@ -381,7 +381,7 @@ fn incr_strategy(choice: StrategyChoice, f: &crate::flags::IncrRunArgs) -> Resul
             only(&["--cnr-reset-fraction", "--quantize"], "cnr")?;
             let reset_fraction = match f.cnr_reset_fraction {
                 None => Some(ftrec_cluster::spec::DEFAULT_CNR_RESET_FRACTION),
-                Some(x) if x == 0.0 => None,
+                Some(0.0) => None,
                 Some(x) => Some(x),
             };
             StrategyChoice::Cnr {

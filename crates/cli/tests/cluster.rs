@@ -530,12 +530,22 @@ fn ckpt_commands_understand_an_incrcp_store() {
     assert_eq!(rep["store"]["fulls"], 1, "{}", rep["store"]);
     assert_eq!(rep["store"]["pieces"], 4, "{}", rep["store"]);
     let ls = String::from_utf8(succeed(ftrec().args(["ckpt", "ls"]).arg(&store)).stdout).unwrap();
-    assert!(ls.contains("chunk_list") || ls.contains("chunk-list"), "{ls}");
+    assert!(
+        ls.contains("chunk_list") || ls.contains("chunk-list"),
+        "{ls}"
+    );
     assert!(ls.contains("extraction:"), "{ls}");
     succeed(ftrec().args(["ckpt", "verify"]).arg(&store));
     let out = dir.path().join("restored");
     let restored = String::from_utf8(
-        succeed(ftrec().args(["ckpt", "restore"]).arg(&store).arg("--out").arg(&out)).stdout,
+        succeed(
+            ftrec()
+                .args(["ckpt", "restore"])
+                .arg(&store)
+                .arg("--out")
+                .arg(&out),
+        )
+        .stdout,
     )
     .unwrap();
     assert!(restored.contains("restored step 10"), "{restored}");
@@ -550,10 +560,17 @@ fn ckpt_commands_understand_an_incrcp_store() {
     let i = b.len() / 2;
     b[i] ^= 0x40;
     std::fs::write(&pidx, b).unwrap();
-    let v = ftrec().args(["ckpt", "verify"]).arg(&store).output().unwrap();
+    let v = ftrec()
+        .args(["ckpt", "verify"])
+        .arg(&store)
+        .output()
+        .unwrap();
     assert_eq!(v.status.code(), Some(1));
     let stdout = String::from_utf8_lossy(&v.stdout);
-    assert!(stdout.contains("DAMAGED") && stdout.contains("piece.pidx"), "{stdout}");
+    assert!(
+        stdout.contains("DAMAGED") && stdout.contains("piece.pidx"),
+        "{stdout}"
+    );
 }
 
 fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
