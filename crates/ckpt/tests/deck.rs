@@ -387,6 +387,50 @@ fn restores_every_point_bit_for_bit_through_merges_and_fulls() {
     assert_eq!(got, sim.digest());
 }
 
+/// A committed delta that the merger replaced and garbage collection deleted is still a state
+/// the store can name: its id resolves to the merged checkpoint standing for it, whose manifest
+/// carries the delta's data position, and restores the model of that step. (A recovery names
+/// the committed delta it last heard of, whatever the merger did since.)
+#[test]
+fn a_delta_merged_away_and_collected_still_names_its_state() {
+    let env = Env::new(Arc::new(MemoryStore::new()));
+    let mut sim = Sim::new(2, 17);
+    sim.step();
+    let full = env.save(&mut sim, CheckpointKind::Full, None).unwrap();
+    let mut parent = full.id.clone();
+    let mut last = None;
+    for _ in 0..2 {
+        sim.step();
+        let d = env
+            .save(&mut sim, CheckpointKind::Delta, Some(&parent))
+            .unwrap();
+        parent = d.id.clone();
+        last = Some(d);
+    }
+    let d2 = last.unwrap();
+    let policy = MergePolicy {
+        stride: 2,
+        chunk_bytes: 1024,
+        ..Default::default()
+    };
+    assert_eq!(env.merge(policy).unwrap().written.len(), 1);
+    let rep = env
+        .rt
+        .block_on(deck::gc(&env.ckpts, &GcOptions::default()))
+        .unwrap();
+    assert!(rep.deleted.contains(&d2.id), "{rep:?}");
+    let gone = env.rt.block_on(env.ckpts.read_manifest(&d2.id, None));
+    assert!(matches!(gone, Err(CkptError::NotFound { .. })), "{gone:?}");
+    let (digest, chain) = env
+        .restore(&sim, RestoreAt::Id(d2.id.clone()), false)
+        .unwrap();
+    assert_eq!(digest, sim.digest());
+    let tip = chain.last().unwrap();
+    assert_eq!(tip.kind, CheckpointKind::Merged);
+    assert_eq!(tip.step, d2.step);
+    assert_eq!(tip.data_position, d2.data_position);
+}
+
 /// DECK §3.2: at most four chunks in memory, for two model sizes at one chunk size.
 #[test]
 fn staging_memory_does_not_grow_with_the_model() {

@@ -132,6 +132,25 @@ fn batches_of(m: &Manifest) -> Result<u64, ClusterError> {
     })
 }
 
+/// The manifest of the checkpoint that holds the state `id` names: `id`'s own, or, when the
+/// merger has replaced that delta (DECK §3.3) and collected it, the one of the merged checkpoint
+/// that stands for it now (a merged manifest carries its last input's data position).
+async fn state_manifest(ckpts: &Checkpoints, id: &CheckpointId) -> ftrec_ckpt::Result<Manifest> {
+    match ckpts.read_manifest(id, None).await {
+        Err(ftrec_ckpt::CkptError::NotFound { .. }) => {
+            let chain = deck::select_chain(ckpts, &deck::RestoreAt::Id(id.clone()), false).await?;
+            chain
+                .into_iter()
+                .last()
+                .ok_or_else(|| ftrec_ckpt::CkptError::InvalidCheckpoint {
+                    id: id.to_string(),
+                    reason: "its lineage is empty".into(),
+                })
+        }
+        r => r,
+    }
+}
+
 impl StoreState {
     /// Open the store of `location` (S3 settings from the AWS environment variables).
     pub fn open(
@@ -597,7 +616,7 @@ impl Coordinator {
             (st.clients.clone(), st.location.clone(), st.ckpts.clone());
         let manifest = self
             .rt
-            .block_on(ckpts.read_manifest(&id, None))
+            .block_on(state_manifest(&ckpts, &id))
             .map_err(|e| ClusterError::Checkpoint(e.to_string()))?;
         // A restoring server holds its shard's write lock while it reads the lineage, and its
         // request handlers wait for that lock on the runtime's threads; heartbeat probes
