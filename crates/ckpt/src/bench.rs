@@ -105,6 +105,12 @@ fn io_err(path: &Path, e: std::io::Error) -> CkptError {
     CkptError::io(path.display().to_string(), e)
 }
 
+/// Drop the pages of every file under `dir` from the page cache (so the next reads come from
+/// the disk); false if the kernel refused any.
+pub fn drop_dir_cache(dir: &Path) -> bool {
+    files_under(dir).iter().all(|f| drop_cache(f))
+}
+
 /// Drop `path`'s pages from the page cache; false if the kernel refused.
 fn drop_cache(path: &Path) -> bool {
     #[cfg(target_os = "linux")]

@@ -26,7 +26,10 @@ use std::sync::Arc;
 use futures_util::{StreamExt, TryStreamExt};
 
 use crate::error::{CkptError, Result};
+use crate::format::bundle::Bundle;
 use crate::format::dense::DenseChunk;
+use crate::format::piece::PieceIndex;
+use crate::format::qrows::QRowChunk;
 use crate::format::rows::RowChunk;
 use crate::format::{
     check_recorded, CheckpointId, CheckpointKind, CurrentPointer, EncodedFile, FileChecksums,
@@ -52,6 +55,9 @@ pub enum Select {
 pub enum VerifiedFile<'a> {
     Rows(RowChunk<'a>),
     Dense(DenseChunk<'a>),
+    Bundle(Bundle<'a>),
+    QuantRows(QRowChunk<'a>),
+    PieceIndex(Box<PieceIndex>),
 }
 
 /// Checkpoints stored in one [`ChunkStore`], under an optional root key.
@@ -271,6 +277,69 @@ impl Checkpoints {
                 }
                 (VerifiedFile::Dense(c), c.checksums)
             }
+            FileContent::Bundle {
+                server,
+                sections,
+                rows,
+            } => {
+                let b = Bundle::decode(name, data)?;
+                if b.server != server || b.sections().len() as u64 != sections || b.rows != rows {
+                    return Err(mismatch(format!(
+                        "holds {} sections of {} rows of server {}, manifest says {sections} of {rows} of server {}",
+                        b.sections().len(),
+                        b.rows,
+                        b.server.0,
+                        server.0
+                    )));
+                }
+                let crc = b.checksums;
+                (VerifiedFile::Bundle(b), crc)
+            }
+            FileContent::QuantRows {
+                table,
+                rows,
+                first_row,
+                last_row,
+                bits,
+                ..
+            } => {
+                let c = QRowChunk::decode(name, data)?;
+                let h = c.header;
+                if h.table != table
+                    || h.rows != rows
+                    || h.bits.bits() != bits as u32
+                    || (rows > 0 && (h.first_row != first_row || h.last_row != last_row))
+                {
+                    return Err(mismatch(format!(
+                        "holds {} {}-bit rows {}..={} of table {}, manifest says {rows} {bits}-bit rows {first_row}..={last_row} of table {}",
+                        h.rows,
+                        h.bits.bits(),
+                        h.first_row,
+                        h.last_row,
+                        h.table.0,
+                        table.0
+                    )));
+                }
+                (VerifiedFile::QuantRows(c), c.checksums)
+            }
+            FileContent::PieceIndex {
+                server,
+                scheme,
+                column,
+            } => {
+                let (p, crc) = PieceIndex::decode(name, data)?;
+                if p.server != server || p.scheme != scheme || p.column != column {
+                    return Err(mismatch(format!(
+                        "is server {}'s {} piece of column {}, manifest says server {}'s {} piece of column {column}",
+                        p.server.0,
+                        p.scheme.name(),
+                        p.column,
+                        server.0,
+                        scheme.name()
+                    )));
+                }
+                (VerifiedFile::PieceIndex(Box::new(p)), crc)
+            }
         };
         check_recorded(
             name,
@@ -295,6 +364,15 @@ impl Checkpoints {
             }
             FileContent::Dense { .. } => {
                 VerifiedFile::Dense(DenseChunk::decode_verified(key.as_str(), data)?)
+            }
+            FileContent::Bundle { .. } => {
+                VerifiedFile::Bundle(Bundle::decode_verified(key.as_str(), data)?)
+            }
+            FileContent::QuantRows { .. } => {
+                VerifiedFile::QuantRows(QRowChunk::decode_verified(key.as_str(), data)?)
+            }
+            FileContent::PieceIndex { .. } => {
+                VerifiedFile::PieceIndex(Box::new(PieceIndex::decode(key.as_str(), data)?.0))
             }
         })
     }

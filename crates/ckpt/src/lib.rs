@@ -71,6 +71,7 @@ pub mod cpr;
 pub mod deck;
 pub mod error;
 pub mod format;
+pub mod incr;
 pub mod key;
 pub mod location;
 pub mod snapshot;

@@ -548,6 +548,7 @@ pub async fn restore_shard(
             table, first_row, ..
         } => (0, table.0 as u64, first_row),
         FileContent::Dense { first_block, .. } => (1, 0, first_block),
+        _ => (2, 0, 0),
     });
     let mut next_local: Vec<u64> = vec![0; target.tables.len()];
     let mut next_block = target.dense.as_ref().map_or(0, |d| d.first_block);
@@ -646,6 +647,11 @@ pub async fn restore_shard(
                 chunk.copy_state(&mut d.params.state[b0 * spb..b1 * spb]);
                 next_block += chunk.header.blocks;
                 report.dense_blocks += chunk.header.blocks;
+            }
+            _ => {
+                return Err(corrupt(
+                    "a full checkpoint holds only row and dense files".into(),
+                ))
             }
         }
         report.files += 1;

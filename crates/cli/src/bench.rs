@@ -132,6 +132,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             kills,
             kill_seed,
         } => crate::bench_cpr::run(run, kills, kill_seed),
+        BenchCmd::Incremental(args) => crate::bench_incr::run(args),
         BenchCmd::Ecrec {
             run,
             kill_server,

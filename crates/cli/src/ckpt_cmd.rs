@@ -1,19 +1,24 @@
 //! `ftrec ckpt ...`: inspect and maintain a checkpoint store (a directory or `s3://bucket/prefix`).
 //!
 //! - `ls LOCATION`: the lineage graph: kind, merge layer, step, size, parent, what a merged
-//!   checkpoint stands for; `*` marks `CURRENT`, `+` what the active lineage needs;
+//!   checkpoint stands for; `*` marks `CURRENT`, `+` what the active lineage needs; for
+//!   incremental stores also each piece's scheme and column and, for IncrCP's chunk list, what
+//!   its extraction round did and the shape of the head's 2-D list;
 //! - `verify LOCATION`: reads every file of every checkpoint and checks every checksum; exit 1 if
-//!   anything is damaged, each problem named;
-//! - `restore LOCATION --at STEP|ID --out DIR`: rebuilds the state (full + merged + deltas) and
-//!   writes it to DIR as one full checkpoint;
-//! - `gc LOCATION`: deletes what no live lineage needs (DECK §4.3);
-//! - `merge LOCATION`: one hierarchical merge pass (DECK §3.3).
+//!   anything is damaged, each problem named (a chunk-list file no live chunk needs may be
+//!   gone: garbage collection removed it);
+//! - `restore LOCATION --at STEP|ID --out DIR`: rebuilds the state (full + merged + deltas, or
+//!   base + pieces) and writes it to DIR as one full checkpoint;
+//! - `gc LOCATION`: deletes what no live lineage needs (DECK §4.3), and chunk-list files no
+//!   live chunk points into (IncrCP §4.4);
+//! - `merge LOCATION`: one hierarchical merge pass (DECK §3.3; refused on incremental stores).
 //!
 //! S3 endpoint, region and credentials come from the flags or the usual AWS variables.
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use ftrec_ckpt::deck::{self, GcOptions, Lineage, RestoreAt, Retention};
+use ftrec_ckpt::incr;
 use ftrec_ckpt::location::{self, LocationOptions};
 use ftrec_ckpt::{CheckpointId, Checkpoints, LocalStore};
 
@@ -156,6 +161,9 @@ async fn run_async(cmd: CkptCmd) -> Result<i32> {
                 return Ok(0);
             }
             print!("{}", lineage.render());
+            if incr::is_incremental_store(&ckpts).await? {
+                print_pieces(&ckpts, &lineage).await?;
+            }
             if let Some(head) = lineage.head() {
                 match lineage.resolve(&head) {
                     Ok(chain) => println!(
@@ -173,6 +181,9 @@ async fn run_async(cmd: CkptCmd) -> Result<i32> {
         }
         CkptCmd::Verify { store } => {
             let ckpts = store.open().await?;
+            if incr::is_incremental_store(&ckpts).await? {
+                return verify_incremental(&ckpts).await;
+            }
             let lineage = Lineage::load(&ckpts).await?;
             let mut bad = lineage.unreadable.len();
             for (id, why) in &lineage.unreadable {
@@ -209,10 +220,13 @@ async fn run_async(cmd: CkptCmd) -> Result<i32> {
         } => {
             let ckpts = store.open().await?;
             let at = parse_at(&at)?;
-            let chain = deck::select_chain(&ckpts, &at, fallback).await?;
             if out.exists() && std::fs::read_dir(&out)?.next().is_some() {
                 bail!("--out {} is not empty", out.display());
             }
+            if incr::is_incremental_store(&ckpts).await? {
+                return restore_incremental(&ckpts, &at, &out, fallback).await;
+            }
+            let chain = deck::select_chain(&ckpts, &at, fallback).await?;
             let dst = Checkpoints::new(std::sync::Arc::new(LocalStore::new(&out)?));
             let m = deck::materialize_full(&ckpts, &chain, &dst, 4 << 20).await?;
             println!(
@@ -236,17 +250,27 @@ async fn run_async(cmd: CkptCmd) -> Result<i32> {
             orphans,
         } => {
             let ckpts = store.open().await?;
-            let rep = deck::gc(
-                &ckpts,
-                &GcOptions {
-                    retention: Retention {
-                        full_every_steps: keep_full_every_steps,
-                        max_old_fulls: keep_old_fulls,
-                    },
-                    remove_orphans: orphans,
+            let opts = GcOptions {
+                retention: Retention {
+                    full_every_steps: keep_full_every_steps,
+                    max_old_fulls: keep_old_fulls,
                 },
-            )
-            .await?;
+                remove_orphans: orphans,
+            };
+            let rep = if incr::is_incremental_store(&ckpts).await? {
+                let r = incr::gc(&ckpts, &opts).await?;
+                for f in &r.dead_files {
+                    println!("removed {f} (no live chunk)");
+                }
+                println!(
+                    "removed {} chunk-list files ({} bytes) no live chunk needs",
+                    r.dead_files.len(),
+                    r.dead_bytes
+                );
+                r.lineage
+            } else {
+                deck::gc(&ckpts, &opts).await?
+            };
             for id in &rep.deleted {
                 println!("deleted {id}");
             }
@@ -263,6 +287,154 @@ async fn run_async(cmd: CkptCmd) -> Result<i32> {
         }
         CkptCmd::Merge { .. } => bail!("merge runs outside the async runtime"),
     }
+}
+
+/// Scheme, column and base of every piece; for a chunk list, each round's extraction and the
+/// shape of the head's list.
+async fn print_pieces(ckpts: &Checkpoints, lineage: &Lineage) -> Result<()> {
+    println!("incremental pieces:");
+    for n in lineage.nodes() {
+        let m = ckpts.read_manifest(&n.id, None).await?;
+        let Some((_, scheme, column)) = m.pieces().next() else {
+            continue;
+        };
+        let sums = incr::piece_summaries(ckpts, &m).await?;
+        let mut line = format!(
+            "  {:<40} {:<12} column {:>4} over {}",
+            n.id.as_str(),
+            scheme.name(),
+            column,
+            sums.first().map_or("?".to_string(), |p| p.base.to_string())
+        );
+        if let Some(b) = sums.iter().filter_map(|p| p.quant).next() {
+            let err = sums
+                .iter()
+                .map(|p| p.quant_max_abs_error)
+                .fold(0f32, f32::max);
+            line.push_str(&format!(
+                ", {}-bit values (max abs error {err:.3e})",
+                b.bits()
+            ));
+        }
+        if scheme == incr::PieceScheme::ChunkList {
+            let mut st = ftrec_ckpt::format::ExtractStats::default();
+            for p in &sums {
+                st.add(&p.stats);
+            }
+            line.push_str(&format!(
+                ", extraction: {} compared, skipped {} by range / {} by Bloom / {} by count, {} \
+                 extracted ({} rows moved)",
+                st.compared,
+                st.range_skips,
+                st.bloom_skips,
+                st.actual_skips,
+                st.extracted,
+                st.rows_extracted
+            ));
+        }
+        println!("{line}");
+    }
+    if let Ok(chain) = incr::select(ckpts, &RestoreAt::Current).await {
+        if chain.scheme == Some(incr::PieceScheme::ChunkList) {
+            for s in &chain.base.shards {
+                let list = incr::restore::fold_list(ckpts, &chain, s.server).await?;
+                let (row0, deeper, live, files) = list.shape();
+                println!(
+                    "  chunk list of server {}: {} columns, {row0} row-0 chunks, {deeper} \
+                     deeper, {live} of {files} files live, newest state reads {} bytes",
+                    s.server.0,
+                    list.len(),
+                    list.rectangle_bytes(list.len())
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn verify_incremental(ckpts: &Checkpoints) -> Result<i32> {
+    let mut bad = 0;
+    for v in incr::verify(ckpts).await? {
+        match &v.problem {
+            None => println!(
+                "ok      {} ({} files, {} bytes{})",
+                v.id,
+                v.files,
+                v.bytes,
+                if v.removed > 0 {
+                    format!(", {} removed: no live chunk", v.removed)
+                } else {
+                    String::new()
+                }
+            ),
+            Some(p) => {
+                bad += 1;
+                println!("DAMAGED {}: {p}", v.id);
+            }
+        }
+    }
+    Ok(if bad == 0 { 0 } else { 1 })
+}
+
+async fn restore_incremental(
+    ckpts: &Checkpoints,
+    at: &RestoreAt,
+    out: &std::path::Path,
+    fallback: bool,
+) -> Result<i32> {
+    let first = incr::select(ckpts, at).await?;
+    let mut tried = Vec::new();
+    let mut candidates = vec![first.clone()];
+    if fallback {
+        // Older states of the same lineage, newest first.
+        let lineage = Lineage::load(ckpts).await?;
+        let step = first.target_manifest().step;
+        for (s, id) in lineage.states_newest_first() {
+            if s < step {
+                if let Ok(c) = incr::select(ckpts, &RestoreAt::Id(id)).await {
+                    candidates.push(c);
+                }
+            }
+        }
+    }
+    for chain in candidates {
+        let target = chain.target_manifest().id.clone();
+        match incr::restore_all(ckpts, &chain).await {
+            Ok(shards) => {
+                let dst = Checkpoints::new(std::sync::Arc::new(LocalStore::new(out)?));
+                let m = incr::write_full(&dst, &chain, &shards, 4 << 20).await?;
+                println!(
+                    "restored step {} ({} column {} over {}) into {} as full checkpoint {} ({} \
+                     bytes)",
+                    m.step,
+                    chain.scheme.map_or("full", |s| s.name()),
+                    chain.target,
+                    chain.base.id,
+                    out.display(),
+                    m.id,
+                    m.data_bytes()
+                );
+                return Ok(0);
+            }
+            Err(e)
+                if fallback
+                    && (e.is_corruption()
+                        || matches!(e, ftrec_ckpt::CkptError::NotFound { .. })) =>
+            {
+                println!("skipping {target}: {e}");
+                tried.push(target);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    bail!(
+        "no intact state to restore (tried {})",
+        tried
+            .iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }
 
 fn merge(cmd: CkptCmd) -> Result<i32> {

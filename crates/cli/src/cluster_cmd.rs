@@ -43,6 +43,12 @@ pub struct JobFile {
     pub cpr_tables: Option<usize>,
     pub rebuild_share: Option<f64>,
     pub ckpt_every_steps: Option<u64>,
+    pub base_reset: Option<String>,
+    pub extract_threshold: Option<f64>,
+    pub range_rows: Option<u64>,
+    pub no_concat: Option<bool>,
+    pub cnr_reset_fraction: Option<f64>,
+    pub quantize: Option<u8>,
     pub work_dir: Option<PathBuf>,
     #[serde(default)]
     pub kill: Vec<String>,
@@ -126,6 +132,14 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
             cpr_tables: a.cpr.cpr_tables.or(f.cpr_tables),
         },
         ckpt_every_steps: a.ckpt_every_steps.or(f.ckpt_every_steps),
+        incr: crate::flags::IncrRunArgs {
+            base_reset: a.incr.base_reset.clone().or(f.base_reset),
+            extract_threshold: a.incr.extract_threshold.or(f.extract_threshold),
+            range_rows: a.incr.range_rows.or(f.range_rows),
+            no_concat: a.incr.no_concat || f.no_concat.unwrap_or(false),
+            cnr_reset_fraction: a.incr.cnr_reset_fraction.or(f.cnr_reset_fraction),
+            quantize: a.incr.quantize.or(f.quantize),
+        },
         work_dir: a.work_dir.clone().or(f.work_dir),
         kill: if a.kill.is_empty() {
             f.kill
@@ -188,9 +202,14 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
             cpr.given().join(", ")
         );
     }
-    if !matches!(strategy, "full" | "cpr") && a.ckpt_every_steps.is_some() {
-        bail!("--ckpt-every-steps applies to --strategy full and cpr only");
+    if !(matches!(strategy, "full" | "cpr") || cfg.strategy.saves_pieces())
+        && a.ckpt_every_steps.is_some()
+    {
+        bail!(
+            "--ckpt-every-steps applies to --strategy full, cpr, incrcp, incremental or cnr only"
+        );
     }
+    cfg.strategy = incr_strategy(cfg.strategy, &a.incr)?;
     let deck_flags = [
         ("--delta-every-steps", a.delta_every_steps.is_some()),
         ("--full-every", a.full_every.is_some()),
@@ -353,4 +372,83 @@ pub fn worker(a: WorkerArgs) -> Result<()> {
     };
     ftrec_cluster::worker_process(a.coordinator, a.id, lifetime)?;
     Ok(())
+}
+
+/// The incremental strategies' flags applied to `choice`; a flag of another strategy is an
+/// error naming it.
+fn incr_strategy(choice: StrategyChoice, f: &crate::flags::IncrRunArgs) -> Result<StrategyChoice> {
+    let only = |flags: &[&str], name: &str| -> Result<()> {
+        if let Some((flag, _)) = f
+            .given()
+            .into_iter()
+            .find(|(flag, set)| *set && !flags.contains(flag))
+        {
+            bail!("{flag} does not apply to --strategy {name}");
+        }
+        Ok(())
+    };
+    let pieces = |v: &str| -> Result<u64> {
+        v.parse::<u64>().ok().filter(|&n| n >= 1).with_context(|| {
+            format!("--base-reset {v}: expected auto, never or a number of pieces (1 or more)")
+        })
+    };
+    Ok(match choice {
+        StrategyChoice::Incremental { every_steps, .. } => {
+            only(&["--base-reset"], "incremental")?;
+            let full_every_pieces = match f.base_reset.as_deref() {
+                None | Some("never") => None,
+                Some("auto") => bail!(
+                    "--base-reset auto is IncrCP's rule (--strategy incrcp); incremental takes \
+                     never or N"
+                ),
+                Some(v) => Some(pieces(v)?),
+            };
+            StrategyChoice::Incremental {
+                every_steps,
+                full_every_pieces,
+            }
+        }
+        StrategyChoice::Cnr { every_steps, .. } => {
+            only(&["--cnr-reset-fraction", "--quantize"], "cnr")?;
+            let reset_fraction = match f.cnr_reset_fraction {
+                None => Some(ftrec_cluster::spec::DEFAULT_CNR_RESET_FRACTION),
+                Some(0.0) => None,
+                Some(x) => Some(x),
+            };
+            StrategyChoice::Cnr {
+                every_steps,
+                reset_fraction,
+                quant_bits: f.quantize,
+            }
+        }
+        StrategyChoice::IncrCp { every_steps, .. } => {
+            only(
+                &[
+                    "--base-reset",
+                    "--extract-threshold",
+                    "--range-rows",
+                    "--no-concat",
+                ],
+                "incrcp",
+            )?;
+            let reset = match f.base_reset.as_deref() {
+                None | Some("auto") => ftrec_strategy::BaseReset::Auto,
+                Some("never") => ftrec_strategy::BaseReset::Never,
+                Some(v) => ftrec_strategy::BaseReset::EveryPieces(pieces(v)?),
+            };
+            StrategyChoice::IncrCp {
+                every_steps,
+                reset,
+                threshold: f
+                    .extract_threshold
+                    .unwrap_or(ftrec_cluster::spec::DEFAULT_EXTRACT_THRESHOLD),
+                range_rows: f.range_rows.unwrap_or(0),
+                concat: !f.no_concat,
+            }
+        }
+        other => {
+            only(&[], other.name())?;
+            other
+        }
+    })
 }

@@ -77,7 +77,7 @@ pub struct RunArgs {
     /// before the next step (default: asynchronous).
     #[arg(long)]
     pub sync: bool,
-    /// Fault tolerance: none, full, deck, ecrec or cpr [default: none].
+    /// Fault tolerance: none, full, deck, ecrec, cpr, incrcp, incremental or cnr [default: none].
     #[arg(long)]
     pub strategy: Option<String>,
     /// Delta checkpoint interval, in steps (strategy deck) [default: 10].
@@ -107,16 +107,20 @@ pub struct RunArgs {
     pub ec: EcRunArgs,
     #[command(flatten)]
     pub cpr: CprRunArgs,
-    /// Full checkpoint interval, in steps (strategies full and cpr) [default: 100].
+    #[command(flatten)]
+    pub incr: IncrRunArgs,
+    /// Checkpoint interval, in steps (strategies full, cpr, incrcp, incremental, cnr)
+    /// [default: 100].
     #[arg(long, value_name = "N")]
     pub ckpt_every_steps: Option<u64>,
     /// Port files and default checkpoints (default: a new directory under the temp dir).
     #[arg(long, value_name = "DIR")]
     pub work_dir: Option<PathBuf>,
     /// SIGKILL a process: ROLE=I@step=S, ROLE=I@time=T (seconds) or
-    /// ROLE=I@phase=checkpoint-write|recovery|merge|prepare|commit|rebuild[#N] (merge with
-    /// deck; prepare, commit, rebuild with ecrec: phase 1 or 2 of a step's commit, during a
-    /// rebuild; #N: the N-th time), ROLE server, worker or merger
+    /// ROLE=I@phase=checkpoint-write|piece-write|recovery|merge|prepare|commit|rebuild[#N]
+    /// (piece-write with incrcp, incremental, cnr: while a piece uploads and is extracted;
+    /// merge with deck; prepare, commit, rebuild with ecrec: phase 1 or 2 of a step's commit,
+    /// during a rebuild; #N: the N-th time), ROLE server, worker or merger
     /// (repeatable).
     #[arg(long, value_name = "ROLE=I@POINT")]
     pub kill: Vec<String>,
@@ -243,6 +247,49 @@ impl CprServerArgs {
         };
         p.validate()?;
         Ok(Some(p))
+    }
+}
+
+/// Flags of the incremental strategies of `ftrec run` (incrcp, incremental, cnr).
+#[derive(Args, Debug, Default, Clone)]
+pub struct IncrRunArgs {
+    /// incrcp: when to write a new full instead of a piece: auto (IncrCP §4.5: when T_base
+    /// < T_incre), never, or N (every N pieces); incremental: never or N [default: auto for
+    /// incrcp, never for incremental].
+    #[arg(long, value_name = "auto|never|N")]
+    pub base_reset: Option<String>,
+    /// incrcp: extraction threshold R, the share of an old chunk's rows a new piece must
+    /// save again for them to be extracted (IncrCP §4.3) [default: 0.02].
+    #[arg(long, value_name = "R")]
+    pub extract_threshold: Option<f64>,
+    /// incrcp: local rows per row range, each with its own chunk list (0: one list per table
+    /// shard) [default: 0].
+    #[arg(long, value_name = "N")]
+    pub range_rows: Option<u64>,
+    /// incrcp: one file per chunk instead of concatenation bundles (IncrCP §4.4).
+    #[arg(long)]
+    pub no_concat: bool,
+    /// cnr: a new full once a differential passes this share of the full's bytes, 0 never
+    /// [default: 0.5].
+    #[arg(long, value_name = "F")]
+    pub cnr_reset_fraction: Option<f64>,
+    /// cnr: store the differentials' values quantized to 8 or 4 bits (Check-N-Run); restores
+    /// are then approximate [default: off].
+    #[arg(long, value_name = "BITS")]
+    pub quantize: Option<u8>,
+}
+
+impl IncrRunArgs {
+    /// The flags given, by name.
+    pub fn given(&self) -> Vec<(&'static str, bool)> {
+        vec![
+            ("--base-reset", self.base_reset.is_some()),
+            ("--extract-threshold", self.extract_threshold.is_some()),
+            ("--range-rows", self.range_rows.is_some()),
+            ("--no-concat", self.no_concat),
+            ("--cnr-reset-fraction", self.cnr_reset_fraction.is_some()),
+            ("--quantize", self.quantize.is_some()),
+        ]
     }
 }
 
@@ -467,6 +514,9 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 1)]
         kill_seed: u64,
     },
+    /// IncrCP against naive incremental and Check-N-Run (and DECK) on one workload: bytes
+    /// stored after N checkpoints, pause and checkpoint time, restore time at chain depths.
+    Incremental(crate::bench_incr::IncrBenchArgs),
     /// ECRec's costs on one cluster configuration, asynchronous unless `--sync`: `none`, then
     /// ECRec all on (k = 2 and 4), without dense replication, and without dense replication
     /// and 2PC (training-time, CPU-time and memory overhead, each against a `none` run of

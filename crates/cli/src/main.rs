@@ -7,6 +7,7 @@ mod advise;
 mod bench;
 mod bench_cpr;
 mod bench_ecrec;
+mod bench_incr;
 mod ckpt_cmd;
 mod cluster_cmd;
 mod compare;

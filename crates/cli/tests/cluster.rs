@@ -122,6 +122,26 @@ fn bad_run_flags_give_one_clear_error_line() {
             vec!["--store", "/tmp/x"],
             "strategies that save checkpoints",
         ),
+        (
+            vec!["--strategy", "incrcp", "--quantize", "8"],
+            "--quantize does not apply to --strategy incrcp",
+        ),
+        (
+            vec!["--strategy", "cnr", "--quantize", "5"],
+            "--quantize must be 8 or 4",
+        ),
+        (
+            vec!["--strategy", "incremental", "--base-reset", "auto"],
+            "--base-reset auto",
+        ),
+        (
+            vec!["--strategy", "incrcp", "--extract-threshold", "2"],
+            "--extract-threshold",
+        ),
+        (
+            vec!["--strategy", "deck", "--kill", "server=0@phase=piece-write"],
+            "piece-write",
+        ),
     ] {
         let out = ftrec()
             .args(run_args(dir.path()))
@@ -488,4 +508,80 @@ fn a_killed_coordinator_takes_its_servers_and_workers_with_it() {
         left.is_empty(),
         "still running after the coordinator died: {left:?}"
     );
+}
+
+/// `ftrec ckpt ls|verify|restore|gc` on a store of IncrCP pieces: the pieces and their
+/// extraction are listed, every file verifies, the newest state restores to a full checkpoint
+/// of the final step, and a damaged piece file is named by `verify`.
+#[test]
+fn ckpt_commands_understand_an_incrcp_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let json = dir.path().join("run.json");
+    let mut cmd = ftrec();
+    cmd.args(run_args(&dir.path().join("work")))
+        .args(["--strategy", "incrcp", "--ckpt-every-steps", "2"])
+        .args(["--base-reset", "never", "--store"])
+        .arg(&store)
+        .arg("--json")
+        .arg(&json);
+    succeed(&mut cmd);
+    let rep = read_json(&json);
+    assert_eq!(rep["store"]["fulls"], 1, "{}", rep["store"]);
+    assert_eq!(rep["store"]["pieces"], 4, "{}", rep["store"]);
+    let ls = String::from_utf8(succeed(ftrec().args(["ckpt", "ls"]).arg(&store)).stdout).unwrap();
+    assert!(
+        ls.contains("chunk_list") || ls.contains("chunk-list"),
+        "{ls}"
+    );
+    assert!(ls.contains("extraction:"), "{ls}");
+    succeed(ftrec().args(["ckpt", "verify"]).arg(&store));
+    let out = dir.path().join("restored");
+    let restored = String::from_utf8(
+        succeed(
+            ftrec()
+                .args(["ckpt", "restore"])
+                .arg(&store)
+                .arg("--out")
+                .arg(&out),
+        )
+        .stdout,
+    )
+    .unwrap();
+    assert!(restored.contains("restored step 10"), "{restored}");
+    succeed(ftrec().args(["ckpt", "gc"]).arg(&store));
+    succeed(ftrec().args(["ckpt", "verify"]).arg(&store));
+    // Flip one byte of a piece index: verify names it and fails.
+    let pidx = walk(&store)
+        .into_iter()
+        .find(|p| p.extension().is_some_and(|e| e == "pidx"))
+        .expect("a piece index");
+    let mut b = std::fs::read(&pidx).unwrap();
+    let i = b.len() / 2;
+    b[i] ^= 0x40;
+    std::fs::write(&pidx, b).unwrap();
+    let v = ftrec()
+        .args(["ckpt", "verify"])
+        .arg(&store)
+        .output()
+        .unwrap();
+    assert_eq!(v.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&v.stdout);
+    assert!(
+        stdout.contains("DAMAGED") && stdout.contains("piece.pidx"),
+        "{stdout}"
+    );
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
 }

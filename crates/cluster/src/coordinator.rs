@@ -35,7 +35,8 @@ use ftrec_ps::grpc::{GrpcClient, GrpcConfig};
 use ftrec_ps::{PsService, ShardedClient};
 use ftrec_strategy::deck::{Deck, DeckConfig};
 use ftrec_strategy::{
-    Action, CheckpointRef, Event, FullCheckpoint, Interval, NoFaultTolerance, Strategy,
+    Action, CheckpointRef, Cnr, CnrConfig, Event, FullCheckpoint, IncrCp, IncrCpConfig,
+    Incremental, Interval, NoFaultTolerance, Strategy,
 };
 use tokio::sync::{mpsc as tmpsc, watch};
 
@@ -104,6 +105,41 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
             Deck::new(DeckConfig {
                 delta_every: Interval::Steps(delta_every_steps),
                 full_every_deltas: None,
+            })
+            .map_err(|e| ClusterError::Config(e.to_string()))?,
+        ),
+        StrategyChoice::Incremental {
+            every_steps,
+            full_every_pieces,
+        } => Box::new(
+            Incremental::new(Interval::Steps(every_steps), full_every_pieces)
+                .map_err(|e| ClusterError::Config(e.to_string()))?,
+        ),
+        StrategyChoice::Cnr {
+            every_steps,
+            reset_fraction,
+            quant_bits,
+        } => Box::new(
+            Cnr::new(CnrConfig {
+                every: Interval::Steps(every_steps),
+                reset_fraction,
+                quant_bits,
+            })
+            .map_err(|e| ClusterError::Config(e.to_string()))?,
+        ),
+        StrategyChoice::IncrCp {
+            every_steps,
+            reset,
+            threshold,
+            range_rows,
+            concat,
+        } => Box::new(
+            IncrCp::new(IncrCpConfig {
+                every: Interval::Steps(every_steps),
+                reset,
+                threshold,
+                range_rows,
+                concat,
             })
             .map_err(|e| ClusterError::Config(e.to_string()))?,
         ),
@@ -1172,6 +1208,12 @@ impl Coordinator {
                 }
                 Action::SaveDelta { step } => {
                     let next = self.store_save(CheckpointKind::Delta, step);
+                    if !self.execute(next)? {
+                        return Ok(false);
+                    }
+                }
+                Action::SavePiece { step, layout } => {
+                    let next = self.store_save_piece(layout, step);
                     if !self.execute(next)? {
                         return Ok(false);
                     }

@@ -318,6 +318,12 @@ pub(crate) fn validate_run(cfg: &RunConfig) -> Result<(), ClusterError> {
                         "--kill {k}: phase {p} exists with --strategy ecrec only"
                     ));
                 }
+                if p == Phase::PieceWrite && !cfg.strategy.saves_pieces() {
+                    return bad(format!(
+                        "--kill {k}: phase piece-write exists with --strategy incrcp, \
+                         incremental or cnr only"
+                    ));
+                }
                 if p == Phase::Merge && !matches!(cfg.strategy, StrategyChoice::Deck { .. }) {
                     return bad(format!(
                         "--kill {k}: phase merge exists with --strategy deck only"

@@ -276,6 +276,21 @@ pub struct StoreReport {
     /// Merger passes that ended normally, and the merged or full checkpoints they wrote.
     pub merger_passes: u64,
     pub merged_written: u64,
+    /// Incremental pieces committed (`incrcp`, `incremental`, `cnr`).
+    #[serde(default)]
+    pub pieces: u64,
+    /// The strategy's choices at its save points: a new full or a piece, and why (IncrCP
+    /// §4.5's `T_base` against `T_incre`, Check-N-Run's size share, every N pieces).
+    #[serde(default)]
+    pub decisions: Vec<ftrec_strategy::Decision>,
+    /// What IncrCP's extraction rounds did, summed over the committed pieces and servers:
+    /// comparisons, those each filter stage stopped, chunks and rows extracted (§4.3).
+    #[serde(default)]
+    pub extraction: Option<ftrec_ckpt::format::ExtractStats>,
+    /// Check-N-Run's quantized pieces: the largest absolute error of a stored value. Restores
+    /// from such pieces are approximate, so the run's digest is not the failure-free one.
+    #[serde(default)]
+    pub quant_max_abs_error: Option<f64>,
 }
 
 impl RunReport {
@@ -340,6 +355,33 @@ impl RunReport {
                 d.merger_passes,
                 d.merged_written
             );
+            if d.pieces > 0 {
+                let resets = d.decisions.iter().filter(|x| x.full).count();
+                s += &format!(
+                    "  {} incremental pieces committed; {resets} of {} save points chose a new \
+                     full\n",
+                    d.pieces,
+                    d.decisions.len()
+                );
+            }
+            if let Some(x) = &d.extraction {
+                s += &format!(
+                    "  extraction: {} comparisons, skipped {} by range / {} by Bloom filter / {} \
+                     by count, {} chunks extracted ({} rows)\n",
+                    x.compared,
+                    x.range_skips,
+                    x.bloom_skips,
+                    x.actual_skips,
+                    x.extracted,
+                    x.rows_extracted
+                );
+            }
+            if let Some(e) = d.quant_max_abs_error {
+                s += &format!(
+                    "  quantized pieces: max abs error {e:.3e}; restores from them are \
+                     approximate, so the digest is not the failure-free run's\n"
+                );
+            }
         }
         if let (Some(auc), Some(ll)) = (self.auc, self.logloss) {
             s += &format!(

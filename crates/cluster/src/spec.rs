@@ -346,6 +346,9 @@ pub enum Phase {
     Commit,
     /// ECRec: right after a replacement joined, while its background rebuild runs.
     Rebuild,
+    /// `incrcp`, `incremental`, `cnr`: after an incremental piece's rows are copied out, while
+    /// the servers upload it and (IncrCP) run its extraction round, before its commit.
+    PieceWrite,
 }
 
 impl FromStr for Phase {
@@ -358,6 +361,7 @@ impl FromStr for Phase {
             "prepare" => Ok(Phase::Prepare),
             "commit" => Ok(Phase::Commit),
             "rebuild" => Ok(Phase::Rebuild),
+            "piece-write" => Ok(Phase::PieceWrite),
             _ => Err(()),
         }
     }
@@ -372,6 +376,7 @@ impl std::fmt::Display for Phase {
             Phase::Prepare => "prepare",
             Phase::Commit => "commit",
             Phase::Rebuild => "rebuild",
+            Phase::PieceWrite => "piece-write",
         })
     }
 }
@@ -485,6 +490,11 @@ impl FromStr for KillSpec {
     }
 }
 
+/// Check-N-Run's default base reset: a new full once a differential passes half the full.
+pub const DEFAULT_CNR_RESET_FRACTION: f64 = 0.5;
+/// IncrCP's extraction threshold `R` (incrcp.txt §4.3, 0.02 in the paper's runs).
+pub const DEFAULT_EXTRACT_THRESHOLD: f64 = 0.02;
+
 /// Which fault-tolerance strategy the coordinator runs.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "name", rename_all = "snake_case")]
@@ -540,6 +550,34 @@ pub enum StrategyChoice {
         ssu_period: u32,
         largest_tables: usize,
     },
+    /// Naive incremental checkpoints (incrcp.txt §2.2): a full, then every `every_steps` steps
+    /// a piece of the rows touched since the previous save, written by the servers while
+    /// training goes on; a restore replays every piece since the full, oldest first. A new
+    /// full every `full_every_pieces` pieces (none: never).
+    Incremental {
+        every_steps: u64,
+        full_every_pieces: Option<u64>,
+    },
+    /// Check-N-Run's differential checkpoints: every piece holds every row touched since the
+    /// last full, so a restore reads the full and the newest piece; a new full once a piece
+    /// passes `reset_fraction` of the full's bytes (none: never). `quant_bits` 8 or 4 stores
+    /// the pieces' values quantized (restores are then approximate).
+    Cnr {
+        every_steps: u64,
+        reset_fraction: Option<f64>,
+        quant_bits: Option<u8>,
+    },
+    /// IncrCP (incrcp.txt §4): pieces of the rows touched since the previous save in a 2-D
+    /// chunk list per row range (`range_rows` local rows, 0: a table shard), selective
+    /// extraction with threshold `threshold` on the servers in the background, bundles if
+    /// `concat`; a new full when the §4.5 rule says so (`reset`).
+    IncrCp {
+        every_steps: u64,
+        reset: ftrec_strategy::BaseReset,
+        threshold: f64,
+        range_rows: u64,
+        concat: bool,
+    },
 }
 
 impl StrategyChoice {
@@ -551,6 +589,9 @@ impl StrategyChoice {
             StrategyChoice::Deck { .. } => "deck",
             StrategyChoice::EcRec { .. } => "ecrec",
             StrategyChoice::Cpr { .. } => "cpr",
+            StrategyChoice::Incremental { .. } => "incremental",
+            StrategyChoice::Cnr { .. } => "cnr",
+            StrategyChoice::IncrCp { .. } => "incrcp",
         }
     }
 
@@ -572,14 +613,23 @@ impl StrategyChoice {
     /// list of strategies (`ftrec compare` runs them all by default, so a strategy added here
     /// is compared with no other change).
     pub fn all_names() -> &'static [&'static str] {
-        &["none", "full", "deck", "ecrec", "cpr"]
+        &[
+            "none",
+            "full",
+            "deck",
+            "ecrec",
+            "cpr",
+            "incrcp",
+            "incremental",
+            "cnr",
+        ]
     }
-
     /// `none`, `full` (with the checkpoint interval `every_steps`), `deck` (a delta every
-    /// `every_steps`, a merger with stride 2, no full from the trainer after the first) or
-    /// `ecrec` (with [`StrategyChoice::ecrec_default`]'s code, to be adjusted by its flags) or
+    /// `every_steps`, a merger with stride 2, no full from the trainer after the first),
+    /// `ecrec` (with [`StrategyChoice::ecrec_default`]'s code, to be adjusted by its flags),
     /// `cpr` (CPR-vanilla, a full save every `every_steps`; [`crate::cpr::CprFlags`] for the
-    /// rest).
+    /// rest), or `incrcp`, `incremental`, `cnr` (a piece every `every_steps`, the papers'
+    /// defaults).
     pub fn parse(name: &str, every_steps: u64) -> Result<StrategyChoice, ClusterError> {
         match name {
             "none" => Ok(StrategyChoice::None),
@@ -596,6 +646,22 @@ impl StrategyChoice {
                 ..Default::default()
             }
             .strategy(),
+            "incremental" => Ok(StrategyChoice::Incremental {
+                every_steps,
+                full_every_pieces: None,
+            }),
+            "cnr" => Ok(StrategyChoice::Cnr {
+                every_steps,
+                reset_fraction: Some(DEFAULT_CNR_RESET_FRACTION),
+                quant_bits: None,
+            }),
+            "incrcp" => Ok(StrategyChoice::IncrCp {
+                every_steps,
+                reset: ftrec_strategy::BaseReset::Auto,
+                threshold: DEFAULT_EXTRACT_THRESHOLD,
+                range_rows: 0,
+                concat: true,
+            }),
             other => Err(ClusterError::Config(format!(
                 "unknown strategy {other:?} (expected one of {})",
                 StrategyChoice::all_names().join(", ")
@@ -608,6 +674,17 @@ impl StrategyChoice {
     /// in memory) saves.
     pub fn uses_store(&self) -> bool {
         !matches!(self, StrategyChoice::None | StrategyChoice::EcRec { .. })
+    }
+
+    /// Whether the strategy saves incremental pieces over a full (`incrcp`, `incremental`,
+    /// `cnr`).
+    pub fn saves_pieces(&self) -> bool {
+        matches!(
+            self,
+            StrategyChoice::Incremental { .. }
+                | StrategyChoice::Cnr { .. }
+                | StrategyChoice::IncrCp { .. }
+        )
     }
 
     /// The merger the strategy runs after commits (DECK §3.3), if any.
@@ -785,8 +862,42 @@ impl RunConfig {
             return bad("--threads must be between 1 and 256".into());
         }
         match self.strategy {
-            StrategyChoice::Full { every_steps: 0 } => {
+            StrategyChoice::Full { every_steps: 0 }
+            | StrategyChoice::Incremental { every_steps: 0, .. }
+            | StrategyChoice::Cnr { every_steps: 0, .. }
+            | StrategyChoice::IncrCp { every_steps: 0, .. } => {
                 return bad("--ckpt-every-steps must be at least 1".into());
+            }
+            StrategyChoice::Incremental {
+                full_every_pieces: Some(0),
+                ..
+            }
+            | StrategyChoice::IncrCp {
+                reset: ftrec_strategy::BaseReset::EveryPieces(0),
+                ..
+            } => return bad("--base-reset must be at least 1 piece".into()),
+            StrategyChoice::Cnr {
+                reset_fraction,
+                quant_bits,
+                ..
+            } => {
+                if reset_fraction.is_some_and(|f| !(f.is_finite() && f > 0.0)) {
+                    return bad(
+                        "--cnr-reset-fraction must be a positive share of the full (0 turns \
+                         resets off)"
+                            .into(),
+                    );
+                }
+                if quant_bits.is_some_and(|b| b != 8 && b != 4) {
+                    return bad("--quantize must be 8 or 4".into());
+                }
+            }
+            StrategyChoice::IncrCp { threshold, .. }
+                if !(threshold.is_finite() && (0.0..=1.0).contains(&threshold)) =>
+            {
+                return bad(format!(
+                    "--extract-threshold {threshold} must be between 0 and 1"
+                ));
             }
             StrategyChoice::Deck {
                 delta_every_steps,

@@ -384,3 +384,172 @@ mod cpr {
         assert!(cfg.validate().unwrap_err().to_string().contains("r = 1.5"));
     }
 }
+
+/// The incremental strategies (`incrcp`, `incremental`, `cnr`) through the same store path:
+/// servers write pieces through their checkpoint service while training goes on, a lost
+/// server makes every server restore the newest committed point.
+mod pieces {
+    use super::*;
+    use ftrec_ckpt::incr;
+
+    fn incrcp(every: u64) -> StrategyChoice {
+        StrategyChoice::parse("incrcp", every).unwrap()
+    }
+
+    /// The state `CURRENT` names (base + pieces), restored into fresh in-process servers.
+    fn restored_current(cfg: &RunConfig) -> (u64, String) {
+        let loc = cfg.store_location();
+        let tip = block_on(async {
+            let store = location::open(&loc, &LocationOptions::from_env())
+                .await
+                .unwrap();
+            let ckpts = Checkpoints::new(store);
+            let chain = incr::select(&ckpts, &RestoreAt::Current).await.unwrap();
+            chain.target_manifest().clone()
+        });
+        block_on(async {
+            let mut digest = ModelDigest::default();
+            let staging = tempfile::tempdir().unwrap();
+            for id in 0..cfg.servers {
+                let server = SharedServer::new(build_server(&cfg.server_spec(id)).unwrap());
+                let node = CkptNode::new(
+                    server.clone(),
+                    StagingOptions::new(staging.path()),
+                    LocationOptions::from_env(),
+                )
+                .unwrap();
+                node.restore(loc.clone(), tip.id.clone()).await.unwrap();
+                digest.merge(&server.read().unwrap().digest());
+            }
+            (tip.step, digest.hex())
+        })
+    }
+
+    /// Run `strategy` with `kill`; the run must end with the failure-free model, recover
+    /// from a committed piece, and leave a store whose newest state is the final model.
+    fn killed_run_matches_the_clean_run(
+        strategy: StrategyChoice,
+        kill: &str,
+        store: Option<String>,
+    ) -> RunReport {
+        let steps = 20;
+        let clean = failure_free(steps);
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(&dir, steps);
+        cfg.strategy = strategy;
+        cfg.store = store;
+        cfg.kills = vec![kill.parse().unwrap()];
+        let report = run(&cfg).unwrap();
+        assert_no_children_left(&report);
+        assert!(report.aborted.is_none(), "{:?}", report.aborted);
+        assert_eq!(report.model_digest, clean, "{}", strategy.name());
+        let f: Vec<_> = report
+            .failures
+            .iter()
+            .filter(|f| f.role == Role::Server)
+            .collect();
+        assert_eq!(f.len(), 1);
+        assert!(f[0].recovered_s.is_some());
+        let from = events(&report, EventKind::RecoveryStart);
+        assert!(from[0].contains("-delta-"), "{from:?}");
+        let st = report.store.as_ref().unwrap();
+        assert!(st.pieces >= 2, "{st:?}");
+        assert!(st.fulls >= 1, "{st:?}");
+        assert_eq!(restored_current(&cfg), (steps, clean));
+        report
+    }
+
+    #[test]
+    fn incrcp_recovery_after_a_server_kill_gives_the_failure_free_model() {
+        let report = killed_run_matches_the_clean_run(incrcp(2), "server=1@step=13", None);
+        let st = report.store.unwrap();
+        // Every extraction round compared the new pieces with older columns, and every save
+        // point after the first full has its decision in the report.
+        let ex = st.extraction.expect("extraction counts");
+        assert!(ex.compared > 0, "{ex:?}");
+        assert!(!st.decisions.is_empty());
+        assert_eq!(st.quant_max_abs_error, None);
+    }
+
+    #[test]
+    fn a_server_killed_while_a_piece_uploads_leaves_the_previous_committed_point() {
+        // The second piece is killed right after its copy-out, while it uploads: it never
+        // commits, and the recovery goes back to the first piece.
+        let strategy = StrategyChoice::parse("incremental", 3).unwrap();
+        let report =
+            killed_run_matches_the_clean_run(strategy, "server=0@phase=piece-write#2", None);
+        let dropped = events(&report, EventKind::CheckpointFailed);
+        assert_eq!(dropped.len(), 1, "{dropped:?}");
+        let dropped_id = dropped[0].split(':').next().unwrap().to_string();
+        let from = events(&report, EventKind::RecoveryStart);
+        assert!(!from[0].contains(&dropped_id), "{from:?}");
+        assert!(from[0].contains("-delta-"), "{from:?}");
+    }
+
+    #[test]
+    fn cnr_recovery_after_a_server_kill_gives_the_failure_free_model() {
+        let report = killed_run_matches_the_clean_run(
+            StrategyChoice::parse("cnr", 3).unwrap(),
+            "server=1@step=11",
+            None,
+        );
+        assert_eq!(report.store.unwrap().quant_max_abs_error, None);
+    }
+
+    #[test]
+    fn incrcp_against_a_real_s3_server_recovers_and_its_store_restores() {
+        use ftrec_ckpt::testing::{s3_server, ACCESS_KEY, BUCKET, SECRET_KEY};
+        let server = s3_server();
+        // The same variables as the deck S3 test of this binary, with the same values.
+        for (k, v) in [
+            ("AWS_ENDPOINT_URL", server.endpoint.as_str()),
+            ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+            ("AWS_REGION", "us-east-1"),
+            ("AWS_ALLOW_HTTP", "true"),
+        ] {
+            std::env::set_var(k, v);
+        }
+        killed_run_matches_the_clean_run(
+            incrcp(3),
+            "server=0@step=11",
+            Some(format!("s3://{BUCKET}/incrcp-e2e-{}", std::process::id())),
+        );
+    }
+
+    #[test]
+    fn piece_flags_and_phases_are_validated() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(&dir, 10);
+        cfg.strategy = StrategyChoice::parse("deck", 2).unwrap();
+        cfg.kills = vec!["server=0@phase=piece-write".parse().unwrap()];
+        assert!(cfg
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("piece-write"));
+        cfg.kills.clear();
+        cfg.strategy = StrategyChoice::Cnr {
+            every_steps: 2,
+            reset_fraction: None,
+            quant_bits: Some(5),
+        };
+        assert!(cfg
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("--quantize"));
+        cfg.strategy = StrategyChoice::IncrCp {
+            every_steps: 2,
+            reset: ftrec_strategy::BaseReset::Auto,
+            threshold: 1.5,
+            range_rows: 0,
+            concat: true,
+        };
+        assert!(cfg
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("--extract-threshold"));
+    }
+}

@@ -17,6 +17,10 @@
 //!   redone), full saves every `T_save` from a target PLS (CPR Eq. 4) or a step count,
 //!   prioritized partial saves in between, the §4.2 benefit analysis that may fall back to full
 //!   recovery, and PLS per failure (Eq. 3);
+//! - incremental checkpoints over a full base ([`incremental`]): `incremental` (naive, every
+//!   piece since the base replayed on restore), [`IncrCp`] (`incrcp`: IncrCP's 2-D chunk list
+//!   and its baseline-reset rule, `T_incre` against `T_base`, incrcp.txt §4.5) and [`Cnr`]
+//!   (`cnr`: Check-N-Run's differentials, a new base past a size fraction);
 //! - [`Deck`] (`deck`) and [`EcRec`] (`ecrec`).
 //!
 //! ```
@@ -27,18 +31,27 @@
 //! assert_eq!(actions, vec![Action::PauseTraining, Action::SaveFull { step: 10 }]);
 //! ```
 
+pub mod cnr;
 pub mod cpr;
 pub mod deck;
 pub mod ecrec;
 pub mod full;
+pub mod incrcp;
+pub mod incremental;
 pub mod machine;
 pub mod policy;
 
+pub use cnr::{Cnr, CnrConfig};
 pub use cpr::{Cpr, CprConfig, CprInterval, CprReport};
 pub use deck::{Deck, DeckConfig};
 pub use ecrec::{EcRec, EcRecConfig};
 pub use full::{FullCheckpoint, Interval};
-pub use machine::{Action, CheckpointRef, Event, NoFaultTolerance, Strategy, StrategyReport};
+pub use incrcp::{BaseReset, IncrCp, IncrCpConfig};
+pub use incremental::{Incremental, Pieces, ResetPolicy};
+pub use machine::{
+    Action, CheckpointRef, Decision, Event, NoFaultTolerance, PieceLayout, Strategy,
+    StrategyReport,
+};
 
 /// A strategy configuration that cannot work.
 #[derive(Debug, thiserror::Error, PartialEq)]

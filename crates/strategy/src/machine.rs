@@ -37,6 +37,12 @@ pub enum Event {
     TrainingDone { step: u64, now_s: f64 },
     /// The replacement of `server` rebuilt its whole state (ECRec §3.4) and serves it.
     RebuildFinished { server: ServerId, now_s: f64 },
+    /// Restoring the newest committed point would take `base_s` seconds for its full and
+    /// `chain_s` for the pieces over it (IncrCP §4.5's `R_base` and `R_i`), estimated from the
+    /// bytes a restore reads and the store's measured read rate. Arrives just before the
+    /// [`Event::SaveFinished`] of a piece (so the next save point's decision sees it), when
+    /// the servers measured a read rate.
+    RestoreEstimate { base_s: f64, chain_s: f64 },
     /// The rebuild of `server` failed (for example the replacement died too).
     RebuildFailed { server: ServerId, reason: String },
 }
@@ -66,6 +72,11 @@ pub enum Action {
     /// dense range; the coordinator commits one checkpoint at `step` whose parent is the
     /// previous save, so a restore takes each row from the newest save holding it.
     SavePartial { step: u64 },
+    /// Every server writes an incremental piece as `layout` says (values and optimizer state of
+    /// the rows it touched since the previous save, or since the last full for a differential,
+    /// plus the dense part); the coordinator commits one checkpoint at `step` whose parent is
+    /// the newest committed checkpoint (the newest committed full for a differential).
+    SavePiece { step: u64, layout: PieceLayout },
     /// Wait until the save in flight is committed (or has failed) before training goes on;
     /// its [`Event::SaveFinished`] or [`Event::SaveFailed`] arrives during the wait. A strategy
     /// that allows one save at a time asks for this when its next save point comes while the
@@ -100,6 +111,59 @@ pub enum StrategyReport {
     Cpr(crate::cpr::CprReport),
 }
 
+/// How the servers lay out an incremental piece ([`Action::SavePiece`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "scheme", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum PieceLayout {
+    /// Naive incremental (IncrCP §2.2): the rows touched since the previous save; a restore
+    /// replays every piece since the last full, oldest first.
+    Incremental,
+    /// Check-N-Run's differential: every row touched since the last full (the piece's parent);
+    /// values quantized to `quant_bits` (8 or 4) bits if set, which makes restores approximate.
+    Differential { quant_bits: Option<u8> },
+    /// IncrCP's 2-D chunk list (§4.2): the rows touched since the previous save, cut into row
+    /// ranges of `range_rows` local rows (0: one list per table shard), then an extraction round
+    /// with threshold `threshold` (§4.3), outputs concatenated into bundles if `concat` (§4.4).
+    ChunkList {
+        threshold: f64,
+        range_rows: u64,
+        concat: bool,
+    },
+}
+
+impl PieceLayout {
+    /// Whether the piece holds every row touched since the last full (else since the previous
+    /// save), which also makes that full its parent.
+    pub fn since_last_full(&self) -> bool {
+        matches!(self, PieceLayout::Differential { .. })
+    }
+
+    /// Whether restores from such pieces give the saved model bit for bit.
+    pub fn exact(&self) -> bool {
+        !matches!(
+            self,
+            PieceLayout::Differential {
+                quant_bits: Some(_)
+            }
+        )
+    }
+}
+
+/// A choice a strategy made and why (reported by the run).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub step: u64,
+    /// A new full (a baseline reset) rather than a piece.
+    pub full: bool,
+    pub reason: String,
+    /// IncrCP §4.5's `T_base` and `T_incre`, when they were computed.
+    #[serde(default)]
+    pub t_base_s: Option<f64>,
+    #[serde(default)]
+    pub t_incre_s: Option<f64>,
+}
+
 /// A fault-tolerance strategy: a pure function from events to actions plus its own state.
 pub trait Strategy: Send {
     fn name(&self) -> &'static str;
@@ -115,6 +179,11 @@ pub trait Strategy: Send {
     /// The strategy's own part of the run report, if it has one.
     fn report(&self) -> Option<StrategyReport> {
         None
+    }
+
+    /// The choices it made so far that a report should show (baseline resets and why).
+    fn decisions(&self) -> Vec<Decision> {
+        Vec::new()
     }
 }
 

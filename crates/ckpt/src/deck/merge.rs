@@ -84,10 +84,10 @@ async fn load_next(
         let data = ckpts.store().get(&key).await?;
         let ids = match Checkpoints::verify_file(&key, &info, &data)? {
             VerifiedFile::Rows(chunk) => chunk.ids().collect::<Vec<_>>(),
-            VerifiedFile::Dense(_) => {
+            _ => {
                 return Err(CkptError::Corrupt {
                     file: key.to_string(),
-                    reason: "listed as rows, holds dense blocks".into(),
+                    reason: "listed as rows, holds something else".into(),
                 })
             }
         };
@@ -132,6 +132,16 @@ pub async fn merge_chain(
         Some(s) => s.to_vec(),
         None => newest.shards.iter().map(|s| s.server).collect(),
     };
+    if let Some(m) = chain.iter().find(|m| m.piece_scheme().is_some()) {
+        return Err(CkptError::InvalidCheckpoint {
+            id: m.id.to_string(),
+            reason: format!(
+                "is a {} piece of an incremental store; DECK merging does not apply (restore it \
+                 with ftrec_ckpt::incr)",
+                m.piece_scheme().map_or("", |s| s.name())
+            ),
+        });
+    }
     let base_full = chain[0].kind == CheckpointKind::Full;
     let mut stats = MergeStats::default();
     let mut shapes = Vec::new();
@@ -185,7 +195,7 @@ pub async fn merge_chain(
                         .collect();
                     files.sort_by_key(|f| match f.content {
                         FileContent::Rows { first_row, .. } => first_row,
-                        FileContent::Dense { .. } => 0,
+                        _ => 0,
                     });
                     Cursor {
                         files,
@@ -288,7 +298,7 @@ pub async fn merge_chain(
                 .collect();
             files.sort_by_key(|f| match f.content {
                 FileContent::Dense { first_block, .. } => first_block,
-                FileContent::Rows { .. } => 0,
+                _ => 0,
             });
             let mut next = d.first_block;
             for f in files {

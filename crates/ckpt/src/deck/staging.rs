@@ -27,9 +27,10 @@ use tokio::sync::mpsc;
 use crate::checkpoint::Checkpoints;
 use crate::error::{CkptError, Result};
 use crate::format::dense::encode_dense;
+use crate::format::qrows::write_qrows_to;
 use crate::format::rows::write_rows_to;
 use crate::format::{
-    CheckpointId, DenseInfo, FileChecksums, FileContent, FileInfo, ShardInfo, TableInfo,
+    CheckpointId, DenseInfo, FileChecksums, FileContent, FileInfo, QuantBits, ShardInfo, TableInfo,
 };
 use crate::snapshot::{RowIds, ShardReport};
 use crate::store::PutMode;
@@ -149,6 +150,8 @@ enum Chunk {
         ids: Vec<RowId>,
         words: Vec<f32>,
         server: ServerId,
+        /// Quantize the values (Check-N-Run differentials) into a `QROW` file.
+        quant: Option<QuantBits>,
     },
     Dense {
         path: String,
@@ -193,6 +196,7 @@ pub struct ChunkSink {
     tx: mpsc::Sender<Chunk>,
     gauge: Arc<MemGauge>,
     chunk_bytes: usize,
+    quant: Option<QuantBits>,
 }
 
 impl std::fmt::Debug for Chunk {
@@ -201,8 +205,9 @@ impl std::fmt::Debug for Chunk {
     }
 }
 
-fn rows_path(server: ServerId, table: TableId, chunk: u64) -> String {
-    format!("s{:04}/t{:04}-{chunk:06}.rows", server.0, table.0)
+fn rows_path(server: ServerId, table: TableId, chunk: u64, quant: bool) -> String {
+    let ext = if quant { "qrows" } else { "rows" };
+    format!("s{:04}/t{:04}-{chunk:06}.{ext}", server.0, table.0)
 }
 
 fn dense_path(server: ServerId, chunk: u64) -> String {
@@ -217,6 +222,14 @@ fn stopped() -> CkptError {
 }
 
 impl ChunkSink {
+    /// Write the rows quantized to `bits` bits per value (Check-N-Run; optimizer state stays
+    /// f32): the stage task quantizes, off the copy-out, and the upload's progress reports the
+    /// largest error ([`UploadProgress::quant_max_abs_error`]).
+    pub fn quantized(mut self, bits: Option<QuantBits>) -> Self {
+        self.quant = bits;
+        self
+    }
+
     /// Hand a chunk on; its bytes were counted when its buffers were allocated.
     fn send(&self, c: Chunk) -> Result<()> {
         let n = c.bytes();
@@ -292,12 +305,13 @@ impl ChunkSink {
                 report.chunks += 1;
                 report.bytes += (n * (8 + t.layout.bytes())) as u64;
                 self.send(Chunk::Rows {
-                    path: rows_path(src.server, t.table, chunk),
+                    path: rows_path(src.server, t.table, chunk, self.quant.is_some()),
                     table: t.table,
                     layout: t.layout,
                     ids,
                     words: out,
                     server: src.server,
+                    quant: self.quant,
                 })?;
                 chunk += 1;
                 lo = hi;
@@ -381,6 +395,8 @@ pub struct UploadProgress {
     staged: AtomicU64,
     uploaded: AtomicU64,
     uploaded_bytes: AtomicU64,
+    /// Bits of the largest quantization error (a non-negative f32 orders as its bits do).
+    quant_err_bits: std::sync::atomic::AtomicU32,
 }
 
 impl UploadProgress {
@@ -392,6 +408,10 @@ impl UploadProgress {
     }
     pub fn uploaded_bytes(&self) -> u64 {
         self.uploaded_bytes.load(Ordering::SeqCst)
+    }
+    /// Largest absolute error of a quantized value staged so far (0 when not quantizing).
+    pub fn quant_max_abs_error(&self) -> f32 {
+        f32::from_bits(self.quant_err_bits.load(Ordering::SeqCst))
     }
 }
 
@@ -473,6 +493,7 @@ pub fn start(
             tx,
             gauge: sink_gauge,
             chunk_bytes: opts.chunk_bytes,
+            quant: None,
         },
         PendingUpload { task, progress },
     ))
@@ -487,7 +508,7 @@ fn stage_loop(
 ) -> Result<()> {
     while let Some(chunk) = rx.blocking_recv() {
         let n = chunk.bytes();
-        let res = stage_one(chunk, dir);
+        let res = stage_one(chunk, dir, progress);
         gauge.sub(n);
         match res? {
             Ok(staged) => {
@@ -507,7 +528,11 @@ fn stage_loop(
     ))
 }
 
-fn stage_one(chunk: Chunk, dir: &Path) -> Result<std::result::Result<Staged, ShardInfo>> {
+fn stage_one(
+    chunk: Chunk,
+    dir: &Path,
+    progress: &UploadProgress,
+) -> Result<std::result::Result<Staged, ShardInfo>> {
     let (path, size, crc, content, bytes_file): (String, u64, FileChecksums, FileContent, _) =
         match chunk {
             Chunk::Done(info) => return Ok(Err(info)),
@@ -518,21 +543,47 @@ fn stage_one(chunk: Chunk, dir: &Path) -> Result<std::result::Result<Staged, Sha
                 ids,
                 words,
                 server,
+                quant,
             } => {
                 let local = dir.join(path.replace('/', "_"));
                 let f = std::fs::File::create(&local)
                     .map_err(|e| CkptError::io(local.display().to_string(), e))?;
                 let mut w = std::io::BufWriter::with_capacity(256 << 10, f);
-                let (size, crc) = write_rows_to(&mut w, table, layout, &ids, &words)?;
+                let (first_row, last_row) = (
+                    ids.first().copied().unwrap_or(0),
+                    ids.last().copied().unwrap_or(0),
+                );
+                let (size, crc, content) = match quant {
+                    None => {
+                        let (size, crc) = write_rows_to(&mut w, table, layout, &ids, &words)?;
+                        let content = FileContent::Rows {
+                            server,
+                            table,
+                            rows: ids.len() as u64,
+                            first_row,
+                            last_row,
+                        };
+                        (size, crc, content)
+                    }
+                    Some(bits) => {
+                        let (size, crc, err) =
+                            write_qrows_to(&mut w, table, layout, bits, &ids, &words)?;
+                        progress
+                            .quant_err_bits
+                            .fetch_max(err.to_bits(), Ordering::SeqCst);
+                        let content = FileContent::QuantRows {
+                            server,
+                            table,
+                            rows: ids.len() as u64,
+                            first_row,
+                            last_row,
+                            bits: bits.bits() as u8,
+                        };
+                        (size, crc, content)
+                    }
+                };
                 w.flush()
                     .map_err(|e| CkptError::io(local.display().to_string(), e))?;
-                let content = FileContent::Rows {
-                    server,
-                    table,
-                    rows: ids.len() as u64,
-                    first_row: ids.first().copied().unwrap_or(0),
-                    last_row: ids.last().copied().unwrap_or(0),
-                };
                 (path, size, crc, content, local)
             }
             Chunk::Dense {

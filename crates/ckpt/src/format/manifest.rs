@@ -88,6 +88,31 @@ impl CheckpointKind {
     }
 }
 
+/// How an incremental piece relates to its base (see `crate::incr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PieceScheme {
+    /// Naive incremental: the rows touched since the previous checkpoint; a restore replays
+    /// every piece since the base, oldest first.
+    Incremental,
+    /// Check-N-Run differential: every row touched since the base; a restore reads the base
+    /// and the newest differential.
+    Differential,
+    /// IncrCP: the rows touched since the previous checkpoint, decomposed into chunks of a 2-D
+    /// list (row ranges x time) that restores read without duplicates.
+    ChunkList,
+}
+
+impl PieceScheme {
+    pub fn name(self) -> &'static str {
+        match self {
+            PieceScheme::Incremental => "incremental",
+            PieceScheme::Differential => "differential",
+            PieceScheme::ChunkList => "chunk_list",
+        }
+    }
+}
+
 /// Where the training data stream stands at the checkpoint, as the data reader defines it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(tag = "type", content = "value", rename_all = "snake_case")]
@@ -164,6 +189,40 @@ pub enum FileContent {
         first_block: u64,
         blocks: u64,
     },
+    /// Chunks of rows of several tables and columns in one file (`BNDL`).
+    Bundle {
+        server: ServerId,
+        sections: u64,
+        rows: u64,
+    },
+    /// Embedding rows of one table quantized to `bits` bits per value (`QROW`).
+    QuantRows {
+        server: ServerId,
+        table: TableId,
+        rows: u64,
+        first_row: RowId,
+        last_row: RowId,
+        bits: u8,
+    },
+    /// One server's record of an incremental piece (`PIDX`).
+    PieceIndex {
+        server: ServerId,
+        scheme: PieceScheme,
+        column: u32,
+    },
+}
+
+impl FileContent {
+    /// The server that wrote the file.
+    pub fn server(&self) -> ServerId {
+        match *self {
+            FileContent::Rows { server, .. }
+            | FileContent::Dense { server, .. }
+            | FileContent::Bundle { server, .. }
+            | FileContent::QuantRows { server, .. }
+            | FileContent::PieceIndex { server, .. } => server,
+        }
+    }
 }
 
 /// One file of a checkpoint.
@@ -259,6 +318,32 @@ impl Manifest {
                     }
                     *rows_seen.entry((server, table)).or_default() += rows;
                 }
+                FileContent::QuantRows {
+                    server,
+                    table,
+                    rows,
+                    bits,
+                    ..
+                } => {
+                    if !tables.contains_key(&(server, table)) {
+                        return Err(bad(format!(
+                            "file {} holds table {} of server {}, which the shards do not list",
+                            f.path, table.0, server.0
+                        )));
+                    }
+                    if bits != 8 && bits != 4 {
+                        return Err(bad(format!("file {} has {bits}-bit rows", f.path)));
+                    }
+                    *rows_seen.entry((server, table)).or_default() += rows;
+                }
+                FileContent::Bundle { server, .. } | FileContent::PieceIndex { server, .. } => {
+                    if !servers.contains(&server) {
+                        return Err(bad(format!(
+                            "file {} belongs to server {}, which the shards do not list",
+                            f.path, server.0
+                        )));
+                    }
+                }
                 FileContent::Dense {
                     server,
                     first_block,
@@ -280,6 +365,32 @@ impl Manifest {
                     }
                     *seen += blocks;
                 }
+            }
+        }
+        let mut piece: Option<(PieceScheme, u32)> = None;
+        for f in &self.files {
+            let incremental = match f.content {
+                FileContent::PieceIndex { scheme, column, .. } => {
+                    if piece.is_some_and(|p| p != (scheme, column)) {
+                        return Err(bad(format!(
+                            "piece index {} says {} column {column}, another one {:?}",
+                            f.path,
+                            scheme.name(),
+                            piece
+                        )));
+                    }
+                    piece = Some((scheme, column));
+                    true
+                }
+                FileContent::Bundle { .. } | FileContent::QuantRows { .. } => true,
+                FileContent::Rows { .. } | FileContent::Dense { .. } => false,
+            };
+            if incremental && self.kind != CheckpointKind::Delta {
+                return Err(bad(format!(
+                    "a {} checkpoint cannot hold incremental file {}",
+                    self.kind.name(),
+                    f.path
+                )));
             }
         }
         if self.kind == CheckpointKind::Full {
@@ -312,11 +423,23 @@ impl Manifest {
 
     /// Files of `server`, in manifest order (by path).
     pub fn files_of(&self, server: ServerId) -> impl Iterator<Item = &FileInfo> {
-        self.files.iter().filter(move |f| match f.content {
-            FileContent::Rows { server: s, .. } | FileContent::Dense { server: s, .. } => {
-                s == server
-            }
+        self.files
+            .iter()
+            .filter(move |f| f.content.server() == server)
+    }
+
+    /// The piece index files of an incremental checkpoint (none for full, delta and merged
+    /// checkpoints), with their scheme and column.
+    pub fn pieces(&self) -> impl Iterator<Item = (&FileInfo, PieceScheme, u32)> {
+        self.files.iter().filter_map(|f| match f.content {
+            FileContent::PieceIndex { scheme, column, .. } => Some((f, scheme, column)),
+            _ => None,
         })
+    }
+
+    /// The scheme of an incremental checkpoint (`None` if it has no piece index).
+    pub fn piece_scheme(&self) -> Option<PieceScheme> {
+        self.pieces().next().map(|(_, s, _)| s)
     }
 
     /// Total bytes of the checkpoint's data files.

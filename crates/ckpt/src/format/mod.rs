@@ -28,22 +28,31 @@
 //! Payloads of row and dense files are raw little-endian words at 8-byte-aligned offsets, so a
 //! reader can stream them or map them.
 //!
-//! Version 1 is the only version; `tests/fixtures/v1` holds checked-in files of every kind so a
-//! later change cannot silently stop reading them.
+//! Version 1 is the only version of every kind; `tests/fixtures/v1` holds checked-in files of
+//! the kinds a full checkpoint uses so a later change cannot silently stop reading them.
+//!
+//! Incremental checkpoints (`crate::incr`) add three kinds: bundles (`BNDL`, [`bundle`]),
+//! quantized rows (`QROW`, [`qrows`]) and piece indexes (`PIDX`, [`piece`]).
 
 use crate::error::{CkptError, Result};
 
+pub mod bundle;
 pub mod current;
 pub mod dense;
 pub mod manifest;
+pub mod piece;
+pub mod qrows;
 pub mod rows;
 
+pub use bundle::{Bundle, BundleSection, SectionIn};
 pub use current::CurrentPointer;
 pub use dense::{DenseChunk, DenseChunkHeader};
 pub use manifest::{
     CheckpointId, CheckpointKind, DataPosition, DenseInfo, FileContent, FileInfo, Manifest,
-    ShardInfo, TableInfo,
+    PieceScheme, ShardInfo, TableInfo,
 };
+pub use piece::{ChunkOp, ChunkRecord, ExtractStats, FileRef, Part, PieceIndex};
+pub use qrows::{QRowChunk, QRowChunkHeader, QuantBits};
 pub use rows::{RowChunk, RowChunkHeader};
 use serde::{Deserialize, Serialize};
 
@@ -65,6 +74,12 @@ pub enum FileKind {
     Manifest,
     /// The pointer to the current checkpoint.
     Current,
+    /// Several chunks of rows of any tables in one file (IncrCP's concatenation).
+    Bundle,
+    /// Embedding rows quantized to 8 or 4 bits (Check-N-Run), optimizer state in f32.
+    QuantRows,
+    /// One server's record of an incremental piece: its scheme, column and chunk index.
+    PieceIndex,
 }
 
 impl FileKind {
@@ -74,6 +89,9 @@ impl FileKind {
             FileKind::Dense => *b"DENS",
             FileKind::Manifest => *b"MANI",
             FileKind::Current => *b"CURR",
+            FileKind::Bundle => *b"BNDL",
+            FileKind::QuantRows => *b"QROW",
+            FileKind::PieceIndex => *b"PIDX",
         }
     }
 
@@ -83,6 +101,9 @@ impl FileKind {
             FileKind::Dense => "dense",
             FileKind::Manifest => "manifest",
             FileKind::Current => "CURRENT",
+            FileKind::Bundle => "bundle",
+            FileKind::QuantRows => "quantized rows",
+            FileKind::PieceIndex => "piece index",
         }
     }
 

@@ -31,12 +31,14 @@ use std::time::{Duration, Instant};
 
 use ftrec_ckpt::cpr::PrioritizedMeta;
 use ftrec_ckpt::deck::{self, checkpoint_id, shard_manifest, GcOptions, Retention};
+use ftrec_ckpt::format::ExtractStats;
+use ftrec_ckpt::incr::{self, ExtractConfig, PieceScheme, PieceSpec, QuantBits};
 use ftrec_ckpt::location::{self, LocationOptions};
 use ftrec_ckpt::snapshot::ShardReport;
 use ftrec_ckpt::{CheckpointId, CheckpointKind, Checkpoints, DataPosition, Manifest};
 use ftrec_ps::ckpt::grpc::CkptGrpcClient;
 use ftrec_ps::ckpt::{restore_cluster, CkptApi, CkptServiceError, SaveStarted};
-use ftrec_strategy::{Action, CheckpointRef, Event};
+use ftrec_strategy::{Action, CheckpointRef, Event, PieceLayout};
 
 use super::Coordinator;
 use crate::merger::MergerArgs;
@@ -56,8 +58,18 @@ pub(super) struct StoreState {
     /// replacement).
     pub clients: Vec<CkptGrpcClient>,
     pub inflight: Option<Inflight>,
-    /// The newest committed checkpoint: the parent of the next delta.
+    /// The newest committed checkpoint: the parent of the next delta or piece.
     pub committed: Option<CheckpointId>,
+    /// The full the newest committed state grows from: the parent of a differential piece.
+    pub base: Option<CheckpointId>,
+    /// Incremental pieces committed, what their extraction rounds did (IncrCP §4.3) and the
+    /// largest quantization error of their rows (Check-N-Run).
+    pub pieces: u64,
+    pub extraction: Option<ExtractStats>,
+    pub quant_max_abs_error: Option<f64>,
+    /// A chunk-list piece committed: garbage collection also removes the files no live chunk
+    /// points into (IncrCP §4.4).
+    pub chunk_lists: bool,
     pub merger: Option<MergerProc>,
     /// The strategy's merger, if it merges (then the merger collects garbage too).
     pub merge: Option<MergeSettings>,
@@ -79,6 +91,8 @@ pub(super) struct StoreState {
 pub(super) struct Inflight {
     id: CheckpointId,
     kind: CheckpointKind,
+    /// An incremental piece: how it is laid out.
+    piece: Option<PieceSpec>,
     step: u64,
     parent: Option<CheckpointId>,
     position: DataPosition,
@@ -156,6 +170,11 @@ impl StoreState {
             clients: Vec::new(),
             inflight: None,
             committed: None,
+            base: None,
+            pieces: 0,
+            extraction: None,
+            quant_max_abs_error: None,
+            chunk_lists: false,
             merger: None,
             merge: strategy.merger(),
             gc: None,
@@ -221,7 +240,7 @@ impl Coordinator {
     /// pause), then the uploads go on in the background. Returns the strategy's reaction to a
     /// save that failed at once; a started save reports through [`Self::poll_store`].
     pub(super) fn store_save(&mut self, kind: CheckpointKind, step: u64) -> Vec<Action> {
-        self.store_save_as(kind, step, None)
+        self.store_save_as(kind, step, None, None)
     }
 
     /// A prioritized partial save (CPR §4.2) at strategy step `step`: every server copies out
@@ -241,7 +260,21 @@ impl Coordinator {
             self.event(EventKind::CheckpointFailed, None, reason.clone());
             return self.strategy.on(&Event::SaveFailed { step, reason });
         }
-        self.store_save_as(CheckpointKind::Delta, step, meta)
+        self.store_save_as(CheckpointKind::Delta, step, meta, None)
+    }
+
+    /// [`Self::store_save`] of an incremental piece laid out as `layout` says.
+    pub(super) fn store_save_piece(&mut self, layout: PieceLayout, step: u64) -> Vec<Action> {
+        match piece_spec(layout) {
+            Ok(spec) => self.store_save_as(CheckpointKind::Delta, step, None, Some(spec)),
+            Err(e) => {
+                self.event(EventKind::CheckpointFailed, None, e.to_string());
+                self.strategy.on(&Event::SaveFailed {
+                    step,
+                    reason: e.to_string(),
+                })
+            }
+        }
     }
 
     fn store_save_as(
@@ -249,9 +282,14 @@ impl Coordinator {
         kind: CheckpointKind,
         step: u64,
         prioritized: Option<PrioritizedMeta>,
+        piece: Option<PieceSpec>,
     ) -> Vec<Action> {
-        let what = match &prioritized {
-            Some(m) => format!("prioritized ({})", m.priority),
+        let what = match prioritized
+            .as_ref()
+            .map(|m| format!("prioritized ({})", m.priority))
+            .or_else(|| piece.as_ref().map(|p| format!("{} piece", p.scheme.name())))
+        {
+            Some(w) => w,
             None => kind.name().to_string(),
         };
         self.event(
@@ -267,11 +305,15 @@ impl Coordinator {
             None => checkpoint_id(step, kind, attempt),
         };
         let position = position_json(self.cfg.batch, self.batches);
-        let result = self.start_save(kind, step, id.clone(), position, t0, prioritized);
+        let result = self.start_save(kind, piece, step, id.clone(), position, t0, prioritized);
         let pause_s = t0.elapsed().as_secs_f64();
         self.pause_s += pause_s;
-        // A kill "during the write" lands after the copy-out, while the uploads run.
+        // A kill "during the write" lands after the copy-out, while the uploads (and a
+        // piece's extraction round) run.
         self.fire_phase_kills(Phase::CheckpointWrite);
+        if piece.is_some() {
+            self.fire_phase_kills(Phase::PieceWrite);
+        }
         match result {
             Ok(()) => Vec::new(),
             Err(e) => {
@@ -287,6 +329,7 @@ impl Coordinator {
     fn start_save(
         &mut self,
         kind: CheckpointKind,
+        piece: Option<PieceSpec>,
         step: u64,
         id: CheckpointId,
         position: DataPosition,
@@ -301,9 +344,16 @@ impl Coordinator {
                 "a save is still in flight (the strategy allows one at a time)".into(),
             ));
         }
-        // Every kind but a full applies to the newest committed checkpoint.
-        let parent = match kind {
-            CheckpointKind::Full => None,
+        // Every kind but a full applies to the newest committed checkpoint; a differential
+        // piece to the full it grows from.
+        let parent = match (kind, &piece) {
+            (CheckpointKind::Full, _) => None,
+            (_, Some(p)) if p.since_base() => Some(st.base.clone().ok_or_else(|| {
+                ClusterError::Checkpoint(format!(
+                    "a {} piece needs a committed full to apply to",
+                    p.scheme.name()
+                ))
+            })?),
             _ => Some(st.committed.clone().ok_or_else(|| {
                 ClusterError::Checkpoint(format!(
                     "a {} checkpoint needs a committed checkpoint to apply to",
@@ -319,10 +369,10 @@ impl Coordinator {
                 let (loc, id) = (location.clone(), id.clone());
                 let prioritized = prioritized.is_some();
                 set.spawn(async move {
-                    let r = if prioritized {
-                        c.save_prioritized(loc, id, step).await
-                    } else {
-                        c.save(loc, id, kind, step).await
+                    let r = match piece {
+                        Some(spec) => c.save_piece(loc, id, step, spec).await,
+                        None if prioritized => c.save_prioritized(loc, id, step).await,
+                        None => c.save(loc, id, kind, step).await,
                     };
                     (i, r.map_err(|e| format!("server {i}: {e}")))
                 });
@@ -369,6 +419,7 @@ impl Coordinator {
         let inflight = Inflight {
             id: id.clone(),
             kind,
+            piece,
             step,
             parent,
             position,
@@ -440,6 +491,7 @@ impl Coordinator {
         let Inflight {
             id,
             kind,
+            piece,
             step,
             parent,
             position,
@@ -464,7 +516,14 @@ impl Coordinator {
                 .commit(&manifest)
                 .await
                 .map_err(|e| format!("commit: {e}"))?;
-            Ok(manifest)
+            // What the servers' piece indexes say (IncrCP §4.5's restore estimate, extraction,
+            // quantization error); a piece whose indexes cannot be read is still committed.
+            let sums = if piece.is_some() {
+                incr::piece_summaries(&ckpts, &manifest).await.ok()
+            } else {
+                None
+            };
+            Ok((manifest, sums))
         });
         // A wait for the commit is part of what the save cost training.
         let pause_s = if block {
@@ -473,15 +532,24 @@ impl Coordinator {
             pause_s
         };
         match outcome {
-            Ok(manifest) => {
+            Ok((manifest, sums)) => {
                 let bytes = manifest.data_bytes();
                 self.checkpoints += 1;
                 self.bytes_written += bytes;
+                let mut estimate = None;
                 if let Some(st) = self.store.as_mut() {
                     st.committed = Some(id.clone());
                     st.copy_pause_s += copy_pause_s;
-                    match kind {
-                        CheckpointKind::Full => st.fulls += 1,
+                    match (kind, &piece) {
+                        (CheckpointKind::Full, _) => {
+                            st.fulls += 1;
+                            st.base = Some(id.clone());
+                        }
+                        (_, Some(p)) => {
+                            st.pieces += 1;
+                            st.chunk_lists |= p.scheme == PieceScheme::ChunkList;
+                            estimate = st.note_piece(p, sums.as_deref().unwrap_or(&[]));
+                        }
                         _ => st.deltas += 1,
                     }
                 }
@@ -490,6 +558,14 @@ impl Coordinator {
                     None,
                     format!("{id} committed ({bytes} bytes)"),
                 );
+                // The restore estimate first: the strategy's next decision (possibly taken
+                // on this very commit) sees it.
+                if let Some((base_s, chain_s)) = estimate {
+                    actions.extend(
+                        self.strategy
+                            .on(&Event::RestoreEstimate { base_s, chain_s }),
+                    );
+                }
                 actions.extend(self.strategy.on(&Event::SaveFinished {
                     checkpoint: CheckpointRef {
                         id: id.to_string(),
@@ -564,6 +640,7 @@ impl Coordinator {
         reset.map_err(|e| ClusterError::Checkpoint(format!("resetting the servers: {e}")))?;
         let st = self.store_mut()?;
         st.committed = None;
+        st.base = None;
         Ok(0)
     }
 
@@ -590,8 +667,23 @@ impl Coordinator {
         let restored = self.rt.block_on(restore_cluster(&clients, &location, &id));
         self.update_heartbeat();
         restored.map_err(|e| ClusterError::Checkpoint(format!("restoring {id}: {e}")))?;
+        // The full the restored state grows from: pieces continue over it.
+        let base = if manifest.kind == CheckpointKind::Full {
+            Some(id.clone())
+        } else if manifest.piece_scheme().is_some() {
+            self.rt
+                .block_on(incr::select(
+                    &ckpts,
+                    &ftrec_ckpt::deck::RestoreAt::Id(id.clone()),
+                ))
+                .ok()
+                .map(|c| c.base.id.clone())
+        } else {
+            None
+        };
         if let Some(st) = self.store.as_mut() {
             st.committed = Some(id);
+            st.base = base;
         }
         batches_of(&manifest)
     }
@@ -613,6 +705,7 @@ impl Coordinator {
         }
         st.gc_pending = false;
         let ckpts = st.ckpts.clone();
+        let chunk_lists = st.chunk_lists;
         st.gc = Some(self.rt.spawn(async move {
             let opts = GcOptions {
                 retention: Retention {
@@ -621,8 +714,13 @@ impl Coordinator {
                 },
                 remove_orphans: false,
             };
-            // Best effort: what one pass leaves, the next removes.
-            let _ = deck::gc(&ckpts, &opts).await;
+            // Best effort: what one pass leaves, the next removes. With chunk lists, also the
+            // files no live chunk points into any more.
+            if chunk_lists {
+                let _ = incr::gc(&ckpts, &opts).await;
+            } else {
+                let _ = deck::gc(&ckpts, &opts).await;
+            }
         }));
     }
 
@@ -792,6 +890,10 @@ impl Coordinator {
             upload_wait_s: self.upload_wait_s,
             merger_passes: s.merges,
             merged_written: s.merged_written,
+            pieces: s.pieces,
+            decisions: self.strategy.decisions(),
+            extraction: s.extraction,
+            quant_max_abs_error: s.quant_max_abs_error,
         })
     }
 
@@ -839,4 +941,81 @@ impl Coordinator {
         self.finish_gc();
         Ok(true)
     }
+}
+
+impl StoreState {
+    /// A piece committed with these per-server summaries: add up what they report; returns
+    /// IncrCP §4.5's restore estimate of the new state (the slowest server's seconds for the
+    /// base and for what lies over it), when the servers measured a read rate.
+    fn note_piece(
+        &mut self,
+        spec: &PieceSpec,
+        sums: &[ftrec_ckpt::format::PieceIndex],
+    ) -> Option<(f64, f64)> {
+        if spec.scheme == PieceScheme::ChunkList {
+            let st = self.extraction.get_or_insert_with(ExtractStats::default);
+            for p in sums {
+                st.add(&p.stats);
+            }
+        }
+        if spec.quant.is_some() {
+            let e = sums
+                .iter()
+                .map(|p| p.quant_max_abs_error as f64)
+                .fold(self.quant_max_abs_error.unwrap_or(0.0), f64::max);
+            self.quant_max_abs_error = Some(e);
+        }
+        let rated: Vec<&ftrec_ckpt::format::PieceIndex> =
+            sums.iter().filter(|p| p.read_bytes_per_s > 0.0).collect();
+        if rated.is_empty() {
+            return None;
+        }
+        let base_s = rated
+            .iter()
+            .map(|p| p.base_bytes as f64 / p.read_bytes_per_s)
+            .fold(0.0, f64::max);
+        let chain_s = rated
+            .iter()
+            .map(|p| p.restore_bytes as f64 / p.read_bytes_per_s)
+            .fold(0.0, f64::max);
+        Some((base_s, chain_s))
+    }
+}
+
+/// The storage side of a strategy's piece layout (the servers' [`PieceSpec`]).
+pub fn piece_spec(layout: PieceLayout) -> Result<PieceSpec, ClusterError> {
+    let spec = match layout {
+        PieceLayout::Incremental => PieceSpec::incremental(),
+        PieceLayout::Differential { quant_bits } => {
+            let quant = match quant_bits {
+                None => None,
+                Some(b) => Some(QuantBits::from_bits(b as u32).ok_or_else(|| {
+                    ClusterError::Config(format!("{b}-bit quantization (8 or 4 bits)"))
+                })?),
+            };
+            PieceSpec::differential(quant)
+        }
+        PieceLayout::ChunkList {
+            threshold,
+            range_rows,
+            concat,
+        } => PieceSpec {
+            scheme: PieceScheme::ChunkList,
+            quant: None,
+            extract: ExtractConfig {
+                threshold,
+                range_rows,
+                concat,
+                ..ExtractConfig::default()
+            },
+        },
+        other => {
+            return Err(ClusterError::Config(format!(
+                "piece layout {other:?} has no storage scheme"
+            )))
+        }
+    };
+    spec.validate()
+        .map_err(|e| ClusterError::Config(format!("piece layout {layout:?}: {e}")))?;
+    Ok(spec)
 }

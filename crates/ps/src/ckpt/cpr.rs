@@ -270,7 +270,14 @@ impl CkptNode {
         self.saves
             .lock()
             .map_err(lock_err)?
-            .insert(id, Save::Running { upload, upto: None });
+            .insert(
+                id,
+                Save::Running {
+                    upload,
+                    upto: None,
+                    full: false,
+                },
+            );
         Ok(SaveStarted {
             rows: rep.rows,
             bytes: rep.bytes,

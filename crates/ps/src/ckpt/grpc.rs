@@ -5,7 +5,8 @@
 use std::net::SocketAddr;
 
 use ftrec_ckpt::format::{DenseInfo, ShardInfo, TableInfo};
-use ftrec_ckpt::format::{FileChecksums, FileContent, FileInfo};
+use ftrec_ckpt::format::{FileChecksums, FileContent, FileInfo, PieceScheme, QuantBits};
+use ftrec_ckpt::incr::{ExtractConfig, Filters, PieceSpec};
 use ftrec_ckpt::snapshot::ShardReport;
 use ftrec_ckpt::{CheckpointId, CheckpointKind, CkptError};
 use ftrec_core::{RowLayout, ServerId, TableId};
@@ -66,6 +67,69 @@ fn to_kind(k: i32) -> Result<CheckpointKind, Status> {
     }
 }
 
+fn scheme_to_wire(s: PieceScheme) -> proto::PieceScheme {
+    match s {
+        PieceScheme::Incremental => proto::PieceScheme::Incremental,
+        PieceScheme::Differential => proto::PieceScheme::Differential,
+        PieceScheme::ChunkList => proto::PieceScheme::ChunkList,
+    }
+}
+
+fn scheme_from_wire(s: i32) -> Option<PieceScheme> {
+    match proto::PieceScheme::try_from(s) {
+        Ok(proto::PieceScheme::Incremental) => Some(PieceScheme::Incremental),
+        Ok(proto::PieceScheme::Differential) => Some(PieceScheme::Differential),
+        Ok(proto::PieceScheme::ChunkList) => Some(PieceScheme::ChunkList),
+        _ => None,
+    }
+}
+
+fn piece_to_wire(p: &PieceSpec) -> proto::PieceSpec {
+    proto::PieceSpec {
+        scheme: scheme_to_wire(p.scheme) as i32,
+        quant_bits: p.quant.map_or(0, |b| b.bits()),
+        threshold: p.extract.threshold,
+        range_rows: p.extract.range_rows,
+        concat: p.extract.concat,
+        range_filter: p.extract.filters.range,
+        bloom_filter: p.extract.filters.bloom,
+        actual_filter: p.extract.filters.actual,
+        bundle_bytes: p.extract.bundle_bytes as u64,
+        bloom_bits_per_key: p.extract.bloom_bits_per_key,
+        compact_below: p.extract.compact_below,
+    }
+}
+
+fn piece_from_wire(p: proto::PieceSpec) -> Result<PieceSpec, String> {
+    let scheme = scheme_from_wire(p.scheme)
+        .ok_or_else(|| format!("piece scheme {} is not 1, 2 or 3", p.scheme))?;
+    let quant = match p.quant_bits {
+        0 => None,
+        b => {
+            Some(QuantBits::from_bits(b).ok_or_else(|| format!("{b} quantization bits (8 or 4)"))?)
+        }
+    };
+    let spec = PieceSpec {
+        scheme,
+        quant,
+        extract: ExtractConfig {
+            threshold: p.threshold,
+            range_rows: p.range_rows,
+            concat: p.concat,
+            filters: Filters {
+                range: p.range_filter,
+                bloom: p.bloom_filter,
+                actual: p.actual_filter,
+            },
+            bundle_bytes: usize::try_from(p.bundle_bytes).unwrap_or(usize::MAX),
+            bloom_bits_per_key: p.bloom_bits_per_key,
+            compact_below: p.compact_below,
+        },
+    };
+    spec.validate().map_err(|e| e.to_string())?;
+    Ok(spec)
+}
+
 fn report_to_wire(r: &ShardReport) -> proto::WaitReply {
     proto::WaitReply {
         server: r.shard.server.0,
@@ -117,6 +181,39 @@ fn report_to_wire(r: &ShardReport) -> proto::WaitReply {
                         first_block,
                         blocks,
                     }),
+                    FileContent::Bundle {
+                        server,
+                        sections,
+                        rows,
+                    } => proto::file_info::Content::Bundle(proto::BundleContent {
+                        server: server.0,
+                        sections,
+                        rows,
+                    }),
+                    FileContent::QuantRows {
+                        server,
+                        table,
+                        rows,
+                        first_row,
+                        last_row,
+                        bits,
+                    } => proto::file_info::Content::QuantRows(proto::QuantRowsContent {
+                        server: server.0,
+                        table: table.0,
+                        rows,
+                        first_row,
+                        last_row,
+                        bits: bits as u32,
+                    }),
+                    FileContent::PieceIndex {
+                        server,
+                        scheme,
+                        column,
+                    } => proto::file_info::Content::PieceIndex(proto::PieceIndexContent {
+                        server: server.0,
+                        scheme: scheme_to_wire(scheme) as i32,
+                        column,
+                    }),
                 }),
             })
             .collect(),
@@ -143,6 +240,28 @@ fn report_from_wire(w: proto::WaitReply) -> Result<ShardReport, CkptServiceError
                 server: ServerId(d.server),
                 first_block: d.first_block,
                 blocks: d.blocks,
+            },
+            Some(proto::file_info::Content::Bundle(b)) => FileContent::Bundle {
+                server: ServerId(b.server),
+                sections: b.sections,
+                rows: b.rows,
+            },
+            Some(proto::file_info::Content::QuantRows(q)) => FileContent::QuantRows {
+                server: ServerId(q.server),
+                table: TableId(q.table),
+                rows: q.rows,
+                first_row: q.first_row,
+                last_row: q.last_row,
+                bits: u8::try_from(q.bits)
+                    .ok()
+                    .filter(|b| *b == 8 || *b == 4)
+                    .ok_or_else(|| bad(format!("file {} has {}-bit rows", f.path, q.bits)))?,
+            },
+            Some(proto::file_info::Content::PieceIndex(p)) => FileContent::PieceIndex {
+                server: ServerId(p.server),
+                scheme: scheme_from_wire(p.scheme)
+                    .ok_or_else(|| bad(format!("file {} has piece scheme {}", f.path, p.scheme)))?,
+                column: p.column,
             },
             None => return Err(bad(format!("file {} has no content", f.path))),
         };
@@ -192,11 +311,20 @@ impl Checkpointer for CkptHandler {
         let r = req.into_inner();
         let id = parse_id(&r.checkpoint_id)?;
         let kind = to_kind(r.kind)?;
-        let s = self
-            .node
-            .save(r.location, id, kind, r.step)
-            .await
-            .map_err(status)?;
+        let s = match r.piece {
+            None => self.node.save(r.location, id, kind, r.step).await,
+            Some(p) => {
+                if kind != CheckpointKind::Delta {
+                    return Err(Status::invalid_argument(
+                        "an incremental piece is saved as kind delta (2)",
+                    ));
+                }
+                let spec = piece_from_wire(p)
+                    .map_err(|e| Status::invalid_argument(format!("piece: {e}")))?;
+                self.node.save_piece(r.location, id, r.step, spec).await
+            }
+        }
+        .map_err(status)?;
         Ok(Response::new(proto::SaveReply {
             rows: s.rows,
             bytes: s.bytes,
@@ -309,6 +437,34 @@ impl CkptApi for CkptGrpcClient {
                 checkpoint_id: id.to_string(),
                 step,
                 kind: kind as i32,
+                piece: None,
+            })
+            .await
+            .map_err(remote)?
+            .into_inner();
+        Ok(SaveStarted {
+            rows: r.rows,
+            bytes: r.bytes,
+            pause_s: r.pause_s,
+        })
+    }
+
+    async fn save_piece(
+        &self,
+        location: String,
+        id: CheckpointId,
+        step: u64,
+        spec: PieceSpec,
+    ) -> Result<SaveStarted, CkptServiceError> {
+        let r = self
+            .client
+            .clone()
+            .save(proto::SaveRequest {
+                location,
+                checkpoint_id: id.to_string(),
+                step,
+                kind: proto::Kind::Delta as i32,
+                piece: Some(piece_to_wire(&spec)),
             })
             .await
             .map_err(remote)?
@@ -443,6 +599,63 @@ mod tests {
             bytes: 149,
         };
         assert_eq!(report_from_wire(report_to_wire(&r)).unwrap(), r);
+        let mut r2 = r.clone();
+        r2.files = vec![
+            FileInfo {
+                path: "s0003/row0-000000.bndl".into(),
+                size: 10,
+                crc32c: FileChecksums {
+                    header: 5,
+                    payload: 6,
+                },
+                content: FileContent::Bundle {
+                    server: ServerId(3),
+                    sections: 4,
+                    rows: 17,
+                },
+            },
+            FileInfo {
+                path: "s0003/t0001-000000.qrows".into(),
+                size: 11,
+                crc32c: FileChecksums {
+                    header: 7,
+                    payload: 8,
+                },
+                content: FileContent::QuantRows {
+                    server: ServerId(3),
+                    table: TableId(1),
+                    rows: 2,
+                    first_row: 4,
+                    last_row: 7,
+                    bits: 4,
+                },
+            },
+            FileInfo {
+                path: "s0003/piece.pidx".into(),
+                size: 12,
+                crc32c: FileChecksums {
+                    header: 9,
+                    payload: 10,
+                },
+                content: FileContent::PieceIndex {
+                    server: ServerId(3),
+                    scheme: PieceScheme::ChunkList,
+                    column: 6,
+                },
+            },
+        ];
+        assert_eq!(report_from_wire(report_to_wire(&r2)).unwrap(), r2);
+        let mut spec = PieceSpec::chunk_list(0.05);
+        spec.extract.range_rows = 1 << 14;
+        spec.extract.filters.bloom = false;
+        assert_eq!(piece_from_wire(piece_to_wire(&spec)).unwrap(), spec);
+        let q = PieceSpec::differential(Some(QuantBits::Four));
+        assert_eq!(piece_from_wire(piece_to_wire(&q)).unwrap(), q);
+        let mut bad = piece_to_wire(&q);
+        bad.quant_bits = 3;
+        assert!(piece_from_wire(bad)
+            .unwrap_err()
+            .contains("3 quantization bits"));
         let mut w = report_to_wire(&r);
         w.files[0].content = None;
         assert!(matches!(

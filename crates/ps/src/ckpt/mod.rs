@@ -5,8 +5,14 @@
 //!   tracking: ids recorded on the owning server at push time, DECK §3.1);
 //! - [`server_source`] and [`ServerWriter`] connect a [`Server`] to the staging pipeline and to
 //!   restore;
-//! - [`CkptNode`] is one server's checkpoint service (save full, save delta, wait, restore),
-//!   called in process; [`CkptApi`] is the trait a coordinator calls it through;
+//! - [`CkptNode`] is one server's checkpoint service (save full, save delta, save an
+//!   incremental piece, wait, restore), called in process; [`CkptApi`] is the trait a
+//!   coordinator calls it through;
+//! - incremental pieces (`ftrec_ckpt::incr`: naive incremental, Check-N-Run differential,
+//!   IncrCP chunk list) go through the same staging pipeline; once a piece's rows are durable
+//!   the server finishes it in the background ([`ServerChain::finish_piece`]: the extraction
+//!   round of a chunk list, the piece index), and a restore of a piece rebuilds the server's
+//!   list so pieces continue from the restored point;
 //! - [`cpr`]: CPR's priority tracking on the update path and prioritized partial saves
 //!   (cpr.txt §4.2), installed with [`CkptNode::with_priority`];
 //! - [`grpc`]: the same calls over the wire ([`grpc::ckpt_service`], [`grpc::CkptGrpcClient`]);
@@ -29,6 +35,7 @@ use ftrec_ckpt::deck::{
     self, staging, ConsumerId, MemGauge, RestoreAt, RowSelection, ShardWriter, Source, SourceTable,
     StagingOptions, TrackedRows, Tracker,
 };
+use ftrec_ckpt::incr::{self, PieceSpec, ServerChain};
 use ftrec_ckpt::location::{self, LocationOptions};
 use ftrec_ckpt::snapshot::{RowIds, ShardReport};
 use ftrec_ckpt::{CheckpointId, CheckpointKind, Checkpoints, CkptError, DataPosition, Manifest};
@@ -247,6 +254,15 @@ pub trait CkptApi: Send + Sync {
         id: CheckpointId,
         step: u64,
     ) -> impl Future<Output = Result<SaveStarted, CkptServiceError>> + Send;
+    /// Start an incremental piece into checkpoint `id` at `location`: the rows touched since
+    /// the previous save (since the last full for a differential), laid out as `spec` says.
+    fn save_piece(
+        &self,
+        location: String,
+        id: CheckpointId,
+        step: u64,
+        spec: PieceSpec,
+    ) -> impl Future<Output = Result<SaveStarted, CkptServiceError>> + Send;
 
     /// Wait until the save of `id` is durable; its files and bytes, for the manifest.
     fn wait(
@@ -275,6 +291,16 @@ enum Save {
         upload: staging::PendingUpload,
         /// DECK's tracker segments this save covers (`None`: it acknowledges none).
         upto: Option<u64>,
+        /// A full: the base incremental pieces grow from.
+        full: bool,
+    },
+    /// An incremental piece: its upload, then its finishing (extraction, piece index).
+    Piece {
+        task: tokio::task::JoinHandle<Result<ShardReport, CkptServiceError>>,
+        upto: u64,
+        /// Acknowledge the tracked rows once durable (not for a differential: its next piece
+        /// saves them again, every row since the full).
+        ack: bool,
     },
 }
 
@@ -290,6 +316,8 @@ pub struct CkptNode {
     saves: Arc<Mutex<HashMap<CheckpointId, Save>>>,
     /// CPR's priority tracker and the tables it prioritizes ([`CkptNode::with_priority`]).
     priority: Option<(cpr::SharedPriority, Arc<Vec<ftrec_ckpt::cpr::TableSpec>>)>,
+    /// The incremental state (base, column, chunk list) of this server's pieces.
+    chain: Arc<tokio::sync::Mutex<ServerChain>>,
     initial: Option<InitialState>,
 }
 
@@ -315,10 +343,13 @@ impl CkptNode {
         let mut tracker = Tracker::new();
         tracker.register(CHECKPOINTER)?;
         let tracker = Arc::new(Mutex::new(tracker));
-        server
-            .write()?
-            .add_observer(Box::new(TrackerObserver::new(tracker.clone())));
+        let (me, map) = {
+            let mut guard = server.write()?;
+            guard.add_observer(Box::new(TrackerObserver::new(tracker.clone())));
+            (guard.config().server, guard.config().shard_map)
+        };
         Ok(CkptNode {
+            chain: Arc::new(tokio::sync::Mutex::new(ServerChain::new(me, map))),
             server,
             tracker,
             staging,
@@ -424,6 +455,80 @@ impl CkptApi for CkptNode {
             Save::Running {
                 upload,
                 upto: Some(upto),
+                full: kind == CheckpointKind::Full,
+            },
+        );
+        Ok(SaveStarted {
+            rows: rep.rows,
+            bytes: rep.bytes,
+            pause_s,
+        })
+    }
+
+    async fn save_piece(
+        &self,
+        location: String,
+        id: CheckpointId,
+        _step: u64,
+        spec: PieceSpec,
+    ) -> Result<SaveStarted, CkptServiceError> {
+        spec.validate()?;
+        let ckpts = self.ckpts(&location).await?;
+        let server_id = self.server.read()?.config().server;
+        let (sink, upload) = staging::start(
+            ckpts.clone(),
+            id.clone(),
+            server_id,
+            &self.staging,
+            self.gauge.clone(),
+            &tokio::runtime::Handle::current(),
+        )?;
+        let sink = sink.quantized(spec.quant);
+        let server = self.server.clone();
+        let tracker = self.tracker.clone();
+        // The pause: rows copied out under the read guard, as for a delta.
+        let copied = tokio::task::spawn_blocking(move || {
+            let start = std::time::Instant::now();
+            let guard = server.read()?;
+            let tracked = tracker.lock().map_err(lock_err)?.take(CHECKPOINTER)?;
+            let src = server_source(&guard, Some(&tracked));
+            let rep = sink.copy_out(&src)?;
+            Ok::<_, CkptServiceError>((rep, tracked, start.elapsed().as_secs_f64()))
+        })
+        .await
+        .map_err(|e| CkptServiceError::Internal(format!("copy-out task failed: {e}")))?;
+        let (rep, tracked, pause_s) = match copied {
+            Ok(x) => x,
+            Err(e) => {
+                return Err(match upload.wait().await {
+                    Err(up) => up.into(),
+                    Ok(_) => e,
+                });
+            }
+        };
+        let upto = tracked.upto;
+        let chain = self.chain.clone();
+        let task_id = id.clone();
+        // Upload, then finish the piece, in the background while training goes on.
+        let task = tokio::spawn(async move {
+            let progress = upload.progress().clone();
+            let mut report = upload.wait().await?;
+            let err = progress.quant_max_abs_error();
+            let mut chain = chain.lock().await;
+            let done = chain
+                .finish_piece(&ckpts, &task_id, &spec, &tracked.tables, &report, err)
+                .await?;
+            report.bytes += done.files.iter().map(|f| f.size).sum::<u64>();
+            report.files.extend(done.files);
+            report.files.sort_by(|a, b| a.path.cmp(&b.path));
+            Ok(report)
+        });
+        self.saves.lock().map_err(lock_err)?.insert(
+            id,
+            Save::Piece {
+                task,
+                upto,
+                ack: !spec.since_base(),
             },
         );
         Ok(SaveStarted {
@@ -449,8 +554,28 @@ impl CkptApi for CkptNode {
             .map_err(lock_err)?
             .remove(&id)
             .ok_or_else(|| CkptServiceError::UnknownSave { id: id.to_string() })?;
-        let Save::Running { upload, upto } = save;
-        let report = upload.wait().await?;
+        let (report, upto) = match save {
+            Save::Running { upload, upto, full } => {
+                let report = upload.wait().await?;
+                let mut chain = self.chain.lock().await;
+                if full {
+                    // A full is the base incremental pieces grow from.
+                    chain.set_base(id.clone(), &report);
+                } else {
+                    // A DECK delta or a prioritized save is no incremental piece: pieces need
+                    // a new full.
+                    chain.clear();
+                }
+                (report, upto)
+            }
+            Save::Piece { task, upto, ack } => {
+                let report = task.await.map_err(|e| {
+                    CkptServiceError::Internal(format!("piece task ended abnormally: {e}"))
+                })??;
+                // A differential's rows are saved again by its next piece: no acknowledgement.
+                (report, ack.then_some(upto))
+            }
+        };
         // Durable: the tracked rows up to this save need not be saved again.
         if let Some(upto) = upto {
             self.tracker
@@ -467,6 +592,17 @@ impl CkptApi for CkptNode {
         id: CheckpointId,
     ) -> Result<RestoreDone, CkptServiceError> {
         let ckpts = self.ckpts(&location).await?;
+        let manifest = ckpts.read_manifest(&id, None).await?;
+        // A full saved by as many servers as this cluster has is also the base incremental
+        // pieces grow from; one saved by a different number is re-sharded below.
+        let servers = self.server.read()?.config().shard_map.servers();
+        let same_shape = manifest.shards.len() as u32 == servers;
+        if manifest.piece_scheme().is_some()
+            || (manifest.kind == CheckpointKind::Full && same_shape)
+        {
+            return self.restore_incremental(ckpts, id).await;
+        }
+        self.chain.lock().await.clear();
         let chain = deck::select_chain(&ckpts, &RestoreAt::Id(id), false).await?;
         // Restore into a copy of the shard's shape first? No: the chain is verified as it is
         // read, and a failed restore leaves the server to be restored again.
@@ -501,10 +637,13 @@ impl CkptApi for CkptNode {
         let server = self.server.clone();
         let tracker = self.tracker.clone();
         let node = self.clone();
+        let chain = self.chain.clone();
         tokio::task::spawn_blocking(move || {
             let fresh = initial().map_err(CkptServiceError::Internal)?;
             let mut guard = server.write()?;
             guard.reset_from(fresh)?;
+            // Nothing saved is this state's base any more.
+            chain.blocking_lock().clear();
             // Every row differs from any saved state now: the next delta must not be taken
             // over an older base, so nothing tracked before counts.
             tracker.lock().map_err(lock_err)?.reset();
@@ -515,6 +654,45 @@ impl CkptApi for CkptNode {
         })
         .await
         .map_err(|e| CkptServiceError::Internal(format!("reset task failed: {e}")))?
+    }
+}
+
+impl CkptNode {
+    /// Restore a full or an incremental piece (through its base) and continue from it: the
+    /// tracker starts over (for a differential, from the rows it holds: the next one saves them
+    /// again) and the chunk list is the restored one.
+    async fn restore_incremental(
+        &self,
+        ckpts: Checkpoints,
+        id: CheckpointId,
+    ) -> Result<RestoreDone, CkptServiceError> {
+        let sel = incr::select(&ckpts, &RestoreAt::Id(id)).await?;
+        let server = self.server.clone();
+        let tracker = self.tracker.clone();
+        let chain = self.chain.clone();
+        let handle = tokio::runtime::Handle::current();
+        let pieces = sel.target as u64;
+        let out = tokio::task::spawn_blocking(move || {
+            let mut guard = server.write()?;
+            let mut chain = chain.blocking_lock();
+            let mut w = ServerWriter { server: &mut guard };
+            let out = handle.block_on(chain.restore(&ckpts, &sel, &mut w))?;
+            let mut t = tracker.lock().map_err(lock_err)?;
+            t.reset();
+            if let Some(rows) = &out.since_base {
+                for (table, ids) in rows {
+                    t.track(*table, ids);
+                }
+            }
+            Ok::<_, CkptServiceError>(out)
+        })
+        .await
+        .map_err(|e| CkptServiceError::Internal(format!("restore task failed: {e}")))??;
+        Ok(RestoreDone {
+            checkpoints: 1 + pieces,
+            files: out.files,
+            bytes: out.bytes + out.base_bytes,
+        })
     }
 }
 
@@ -558,6 +736,69 @@ pub async fn save_cluster<C: CkptApi>(
             .map(|c| c.save(location.to_string(), id.clone(), kind, step)),
     )
     .await;
+    commit_saved(
+        clients,
+        ckpts,
+        started,
+        kind,
+        id,
+        step,
+        parent,
+        data_position,
+    )
+    .await
+}
+
+/// An incremental piece of the whole cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PiecePlan {
+    pub id: CheckpointId,
+    pub step: u64,
+    /// The newest committed checkpoint (the last full for a differential).
+    pub parent: CheckpointId,
+    pub data_position: DataPosition,
+    pub spec: PieceSpec,
+}
+
+/// [`save_cluster`] for an incremental piece: every server saves its piece of `plan.id`;
+/// once every server's files are durable (and, for a chunk list, its extraction round is
+/// done), one delta manifest is committed.
+pub async fn save_piece_cluster<C: CkptApi>(
+    clients: &[C],
+    location: &str,
+    ckpts: &Checkpoints,
+    plan: PiecePlan,
+) -> Result<(Manifest, Vec<SaveStarted>), CkptServiceError> {
+    let started = futures_util_join(
+        clients
+            .iter()
+            .map(|c| c.save_piece(location.to_string(), plan.id.clone(), plan.step, plan.spec)),
+    )
+    .await;
+    commit_saved(
+        clients,
+        ckpts,
+        started,
+        CheckpointKind::Delta,
+        plan.id,
+        plan.step,
+        Some(plan.parent),
+        plan.data_position,
+    )
+    .await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn commit_saved<C: CkptApi>(
+    clients: &[C],
+    ckpts: &Checkpoints,
+    started: Vec<Result<SaveStarted, CkptServiceError>>,
+    kind: CheckpointKind,
+    id: CheckpointId,
+    step: u64,
+    parent: Option<CheckpointId>,
+    data_position: DataPosition,
+) -> Result<(Manifest, Vec<SaveStarted>), CkptServiceError> {
     let mut pauses = Vec::new();
     let mut first_err = None;
     for s in started {

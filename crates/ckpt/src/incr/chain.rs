@@ -1,0 +1,397 @@
+//! One server's incremental checkpointing state ([`ServerChain`]): which base its pieces grow
+//! from, which column comes next, and for IncrCP the 2-D chunk list with its Bloom filters.
+//!
+//! The caller (a parameter server's checkpoint service, or a benchmark) saves a piece's rows
+//! through the staging pipeline as for any delta, then, once they are durable, calls
+//! [`ServerChain::finish_piece`], which runs the extraction round of a chunk list and writes the
+//! piece index. Nothing here commits: the coordinator commits the checkpoint once every
+//! server's files are durable. The state therefore runs at most one piece ahead of the store;
+//! a piece that never commits is followed by a restore (which rebuilds this state from the
+//! store: [`ServerChain::restore`]) or by a new full ([`ServerChain::set_base`]).
+
+use std::collections::HashMap;
+
+use ftrec_core::{RowId, RowLayout, ServerId, ShardMap, TableId};
+
+use super::bloom::Bloom;
+use super::extract::{column_chunks, extract_round, ExtractConfig};
+use super::list::ChunkList;
+use super::restore::{restore_server, IncrChain, RestoreOutcome};
+use super::PieceSpec;
+use crate::checkpoint::Checkpoints;
+use crate::deck::ShardWriter;
+use crate::error::{CkptError, Result};
+use crate::format::{CheckpointId, ExtractStats, FileContent, FileInfo, PieceIndex, PieceScheme};
+use crate::snapshot::ShardReport;
+
+/// The last piece this server saved.
+#[derive(Debug, Clone, PartialEq)]
+struct Last {
+    scheme: PieceScheme,
+    column: u32,
+}
+
+/// What [`ServerChain::finish_piece`] produced.
+#[derive(Debug, Clone)]
+pub struct PieceDone {
+    /// Files to add to the piece's report (bundles, then the piece index).
+    pub files: Vec<FileInfo>,
+    pub index: PieceIndex,
+}
+
+/// One server's incremental state.
+#[derive(Debug, Clone)]
+pub struct ServerChain {
+    server: ServerId,
+    map: ShardMap,
+    base: Option<(CheckpointId, u64)>,
+    last: Option<Last>,
+    list: Option<ChunkList>,
+    /// Bytes of every piece since the base (what a naive restore reads).
+    chain_bytes: u64,
+    /// Store reads measured by extraction rounds, bytes per second (smoothed).
+    read_rate: Option<f64>,
+    /// Row layout of every table (from the base).
+    layouts: HashMap<u32, RowLayout>,
+    /// Row-0 ids a restore read, whose Bloom filters the next round builds.
+    pending_blooms: Vec<((u32, u32, u32), Vec<RowId>)>,
+}
+
+impl ServerChain {
+    /// The state of `server`, whose shard is cut by `map`.
+    pub fn new(server: ServerId, map: ShardMap) -> Self {
+        ServerChain {
+            server,
+            map,
+            base: None,
+            last: None,
+            list: None,
+            chain_bytes: 0,
+            read_rate: None,
+            layouts: HashMap::new(),
+            pending_blooms: Vec::new(),
+        }
+    }
+
+    /// A full checkpoint of this server is durable (`report`: what it wrote): pieces grow
+    /// from it now.
+    pub fn set_base(&mut self, id: CheckpointId, report: &ShardReport) {
+        self.layouts = report
+            .shard
+            .tables
+            .iter()
+            .map(|t| (t.table.0, t.layout))
+            .collect();
+        self.base = Some((id, report.bytes));
+        self.last = None;
+        self.list = None;
+        self.chain_bytes = 0;
+    }
+
+    /// Forget the base (a restore of something that is not a list, or a failure): the next
+    /// piece is refused until a full sets a base.
+    pub fn clear(&mut self) {
+        self.base = None;
+        self.last = None;
+        self.list = None;
+        self.chain_bytes = 0;
+        self.pending_blooms.clear();
+    }
+
+    pub fn base(&self) -> Option<&CheckpointId> {
+        self.base.as_ref().map(|(b, _)| b)
+    }
+
+    /// The column of the last piece (0: only the base).
+    pub fn column(&self) -> u32 {
+        self.last.as_ref().map_or(0, |l| l.column)
+    }
+
+    pub fn list(&self) -> Option<&ChunkList> {
+        self.list.as_ref()
+    }
+
+    /// The piece of checkpoint `ckpt` is durable: `tracked` are the rows it saved (sorted per
+    /// table), `report` the files staging wrote (this server's). Runs the extraction round of a
+    /// chunk list and writes the piece index; returns the files to add to the report. On error
+    /// the chain is cleared (the next save must be a full).
+    pub async fn finish_piece(
+        &mut self,
+        ckpts: &Checkpoints,
+        ckpt: &CheckpointId,
+        spec: &PieceSpec,
+        tracked: &[(TableId, Vec<RowId>)],
+        report: &ShardReport,
+        quant_max_abs_error: f32,
+    ) -> Result<PieceDone> {
+        let r = self
+            .finish(ckpts, ckpt, spec, tracked, report, quant_max_abs_error)
+            .await;
+        if r.is_err() {
+            self.clear();
+        }
+        r
+    }
+
+    async fn finish(
+        &mut self,
+        ckpts: &Checkpoints,
+        ckpt: &CheckpointId,
+        spec: &PieceSpec,
+        tracked: &[(TableId, Vec<RowId>)],
+        report: &ShardReport,
+        quant_max_abs_error: f32,
+    ) -> Result<PieceDone> {
+        spec.validate()?;
+        let (base, base_bytes) = self.base.clone().ok_or_else(|| {
+            CkptError::InvalidArgument(format!(
+                "server {} has no base full checkpoint for {} pieces: save a full first",
+                self.server.0,
+                spec.scheme.name()
+            ))
+        })?;
+        if let Some(l) = &self.last {
+            if l.scheme != spec.scheme {
+                return Err(CkptError::InvalidArgument(format!(
+                    "a {} piece cannot follow {} pieces over the same base",
+                    spec.scheme.name(),
+                    l.scheme.name()
+                )));
+            }
+        }
+        let column = self.column() + 1;
+        let piece_bytes = report.bytes;
+        let mut stats = ExtractStats::default();
+        let mut files = Vec::new();
+        let mut records = Vec::new();
+        let mut file_refs = Vec::new();
+        let mut row0 = Vec::new();
+        let restore_bytes;
+        match spec.scheme {
+            PieceScheme::ChunkList => {
+                let cfg: &ExtractConfig = &spec.extract;
+                let mut list = match self.list.take() {
+                    Some(l) if l.range_rows() == cfg.range_rows => l,
+                    Some(l) => {
+                        return Err(CkptError::InvalidArgument(format!(
+                            "the list is cut in ranges of {} rows, the piece asks for {}",
+                            l.range_rows(),
+                            cfg.range_rows
+                        )))
+                    }
+                    None if self.last.is_none() => {
+                        ChunkList::new(base.clone(), self.server, self.map, cfg.range_rows)
+                    }
+                    None => {
+                        return Err(CkptError::InvalidArgument(
+                            "the chunk list of this server was lost: save a full first".into(),
+                        ))
+                    }
+                };
+                for ((t, r, c), ids) in std::mem::take(&mut self.pending_blooms) {
+                    list.set_bloom(t, r, c, Bloom::of(ids.into_iter(), cfg.bloom_bits_per_key));
+                }
+                let (new, new_files) =
+                    column_chunks(ckpts, &list, ckpt, tracked, &report.files).await?;
+                for t in &report.shard.tables {
+                    self.layouts.insert(t.table.0, t.layout);
+                }
+                let round = extract_round(
+                    ckpts,
+                    &list,
+                    column,
+                    ckpt,
+                    &new,
+                    &new_files,
+                    &self.layouts,
+                    cfg,
+                )
+                .await?;
+                if round.reads.seconds > 0.0 && round.reads.bytes > 0 {
+                    let r = round.reads.bytes as f64 / round.reads.seconds;
+                    self.read_rate = Some(self.read_rate.map_or(r, |o| 0.5 * o + 0.5 * r));
+                }
+                stats = round.stats;
+                files = round.written;
+                records = round.records;
+                file_refs = round.files;
+                let piece = self.index(
+                    spec,
+                    column,
+                    &base,
+                    base_bytes,
+                    0,
+                    quant_max_abs_error,
+                    stats,
+                    file_refs.clone(),
+                    records.clone(),
+                );
+                list.apply(
+                    ckpt,
+                    &piece,
+                    &format!("{ckpt}/piece of server {}", self.server.0),
+                )?;
+                for ((t, r, c), b) in round.blooms {
+                    list.set_bloom(t, r, c, b);
+                }
+                // The whole row 0 after this piece, for restores of this newest state.
+                let mut local: HashMap<u32, u32> = file_refs
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, f)| list.file_index(&f.ckpt, &f.path).map(|g| (g, i as u32)))
+                    .collect();
+                row0 = list
+                    .row0_chunks()
+                    .map(|c| {
+                        list.record(
+                            crate::format::ChunkOp::Column,
+                            c,
+                            &mut file_refs,
+                            &mut local,
+                        )
+                    })
+                    .collect();
+                let dense: u64 = report
+                    .files
+                    .iter()
+                    .filter(|f| matches!(f.content, FileContent::Dense { .. }))
+                    .map(|f| f.size)
+                    .sum();
+                restore_bytes = list.rectangle_bytes(column) + dense;
+                self.list = Some(list);
+            }
+            PieceScheme::Incremental => {
+                restore_bytes = self.chain_bytes + piece_bytes;
+            }
+            PieceScheme::Differential => {
+                restore_bytes = piece_bytes;
+            }
+        }
+        let mut index = self.index(
+            spec,
+            column,
+            &base,
+            base_bytes,
+            restore_bytes,
+            quant_max_abs_error,
+            stats,
+            file_refs,
+            records,
+        );
+        index.row0 = row0;
+        let encoded = index.encode()?;
+        let path = format!("s{:04}/piece.pidx", self.server.0);
+        ckpts.put_file(ckpt, &path, &encoded).await?;
+        files.push(FileInfo {
+            path,
+            size: encoded.size(),
+            crc32c: encoded.checksums,
+            content: FileContent::PieceIndex {
+                server: self.server,
+                scheme: spec.scheme,
+                column,
+            },
+        });
+        self.chain_bytes += piece_bytes;
+        self.last = Some(Last {
+            scheme: spec.scheme,
+            column,
+        });
+        Ok(PieceDone { files, index })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn index(
+        &self,
+        spec: &PieceSpec,
+        column: u32,
+        base: &CheckpointId,
+        base_bytes: u64,
+        restore_bytes: u64,
+        quant_max_abs_error: f32,
+        stats: ExtractStats,
+        files: Vec<crate::format::FileRef>,
+        chunks: Vec<crate::format::ChunkRecord>,
+    ) -> PieceIndex {
+        PieceIndex {
+            server: self.server,
+            scheme: spec.scheme,
+            column,
+            base: base.clone(),
+            quant: spec.quant,
+            quant_max_abs_error,
+            range_rows: if spec.scheme == PieceScheme::ChunkList {
+                spec.extract.range_rows
+            } else {
+                0
+            },
+            base_bytes,
+            restore_bytes,
+            read_bytes_per_s: self.read_rate.unwrap_or(0.0),
+            stats,
+            files,
+            chunks,
+            row0: Vec::new(),
+        }
+    }
+
+    /// Restore `writer` (this server's shard) to the state `chain` names, and continue from
+    /// it: a full becomes the base; a list restored at its newest piece grows from there; any
+    /// other state leaves no base (the next save must be a full).
+    pub async fn restore(
+        &mut self,
+        ckpts: &Checkpoints,
+        chain: &IncrChain,
+        writer: &mut dyn ShardWriter,
+    ) -> Result<RestoreOutcome> {
+        self.clear();
+        let mut out = restore_server(ckpts, chain, writer).await?;
+        let base_bytes = chain
+            .base
+            .files_of(self.server)
+            .map(|f| f.size)
+            .sum::<u64>();
+        self.base = Some((chain.base.id.clone(), base_bytes));
+        self.layouts = chain
+            .base
+            .shard(self.server)
+            .map(|s| s.tables.iter().map(|t| (t.table.0, t.layout)).collect())
+            .unwrap_or_default();
+        let Some(scheme) = chain.scheme else {
+            return Ok(out);
+        };
+        if chain.target == 0 {
+            return Ok(out);
+        }
+        // Pieces beyond the target belong to a future this state does not continue.
+        let newest = chain.pieces.len() as u32 == chain.target;
+        if !newest && scheme != PieceScheme::Differential {
+            self.clear();
+            return Ok(out);
+        }
+        self.chain_bytes = chain
+            .pieces
+            .iter()
+            .take(chain.target as usize)
+            .flat_map(|m| m.files_of(self.server))
+            .map(|f| f.size)
+            .sum();
+        if scheme == PieceScheme::ChunkList {
+            match out.list.take() {
+                Some(l) => {
+                    self.list = Some(l);
+                    self.pending_blooms = std::mem::take(&mut out.row0_ids);
+                }
+                None => {
+                    self.clear();
+                    return Ok(out);
+                }
+            }
+        }
+        self.last = Some(Last {
+            scheme,
+            column: chain.target,
+        });
+        Ok(out)
+    }
+}

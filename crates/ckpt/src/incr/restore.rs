@@ -1,0 +1,551 @@
+//! Choosing and restoring an incremental state, for all three schemes.
+//!
+//! - naive incremental: the base, then every piece up to the target, oldest first, each row
+//!   written as read (the whole chain is replayed; IncrCP §2.2's baseline);
+//! - Check-N-Run differential: the base, then the target differential;
+//! - IncrCP chunk list: the base, then the rectangle of the target column in the list folded
+//!   from every piece's index (IncrCP §4.2). A row may sit in several chunks of the rectangle
+//!   when an extraction was skipped; the copy of the newest column wins, whatever order the
+//!   files arrive in (a per-row column map), so each row is written once.
+//!
+//! Every file is checked against its manifest entry (chunk-list files against the size and
+//! checksums the piece index recorded).
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use ftrec_core::{RowId, ServerId, ShardMap, TableId};
+use futures_util::StreamExt;
+
+use super::list::{ChunkList, LivePart};
+use super::read::{read_parts, ReadStats};
+use crate::checkpoint::{Checkpoints, VerifiedFile};
+use crate::deck::{self, Lineage, RestoreAt, ShardWriter};
+use crate::error::{CkptError, Result};
+use crate::format::{
+    copy_le_into_f32s, CheckpointId, CheckpointKind, FileContent, Manifest, PieceIndex, PieceScheme,
+};
+
+/// The manifests a restore needs.
+#[derive(Debug, Clone)]
+pub struct IncrChain {
+    pub base: Manifest,
+    /// Pieces of the list, oldest first. For a chunk list these run to the list's newest piece
+    /// (its later extraction rounds moved the target's rows); for the others, to the target.
+    pub pieces: Vec<Manifest>,
+    /// The column to restore: 0 for the base itself.
+    pub target: u32,
+    pub scheme: Option<PieceScheme>,
+}
+
+impl IncrChain {
+    /// The manifest of the state restored.
+    pub fn target_manifest(&self) -> &Manifest {
+        match self.target {
+            0 => &self.base,
+            c => self
+                .pieces
+                .iter()
+                .find(|m| column_of(m) == Some(c))
+                .unwrap_or(&self.base),
+        }
+    }
+}
+
+fn column_of(m: &Manifest) -> Option<u32> {
+    m.pieces().next().map(|(_, _, c)| c)
+}
+
+fn no_ckpt(ckpts: &Checkpoints) -> CkptError {
+    CkptError::NoCheckpoint {
+        root: format!("{} store", ckpts.store().backend()),
+    }
+}
+
+/// Whether any checkpoint of the store is an incremental piece.
+pub async fn is_incremental_store(ckpts: &Checkpoints) -> Result<bool> {
+    for id in ckpts.list_checkpoints().await?.into_iter().rev() {
+        if let Ok(m) = ckpts.read_manifest(&id, None).await {
+            if m.piece_scheme().is_some() {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// The manifests that rebuild the state `at` names.
+pub async fn select(ckpts: &Checkpoints, at: &RestoreAt) -> Result<IncrChain> {
+    let lineage = Lineage::load(ckpts).await?;
+    let target = match at {
+        RestoreAt::Current => lineage.head().ok_or_else(|| no_ckpt(ckpts))?,
+        RestoreAt::Id(id) => id.clone(),
+        RestoreAt::Step(s) => lineage.state_at_or_before(*s).ok_or_else(|| {
+            CkptError::InvalidArgument(format!("no checkpoint at or before step {s}"))
+        })?,
+    };
+    select_in(ckpts, &lineage, &target).await
+}
+
+async fn select_in(
+    ckpts: &Checkpoints,
+    lineage: &Lineage,
+    target: &CheckpointId,
+) -> Result<IncrChain> {
+    let ids = lineage.resolve(target)?;
+    let mut ms = Vec::with_capacity(ids.len());
+    for id in &ids {
+        ms.push(ckpts.read_manifest(id, None).await?);
+    }
+    let base = ms.remove(0);
+    if base.kind != CheckpointKind::Full {
+        return Err(CkptError::InvalidCheckpoint {
+            id: base.id.to_string(),
+            reason: "an incremental list must start with a full checkpoint".into(),
+        });
+    }
+    let scheme = ms.last().and_then(|m| m.piece_scheme());
+    let target_col = match ms.last() {
+        None => 0,
+        Some(m) => column_of(m).ok_or_else(|| CkptError::InvalidCheckpoint {
+            id: m.id.to_string(),
+            reason: "is not an incremental piece (a DECK delta? restore it with ftrec_ckpt::deck)"
+                .into(),
+        })?,
+    };
+    // The chain must be one scheme, with the columns the scheme implies.
+    for (i, m) in ms.iter().enumerate() {
+        let (s, c) = (m.piece_scheme(), column_of(m));
+        let want = match scheme {
+            Some(PieceScheme::Differential) => Some(target_col),
+            _ => Some(i as u32 + 1),
+        };
+        if s != scheme || c != want {
+            return Err(CkptError::InvalidCheckpoint {
+                id: m.id.to_string(),
+                reason: format!(
+                    "piece {:?} column {c:?} in a chain of {:?} pieces (expected column {want:?})",
+                    s.map(|s| s.name()),
+                    scheme.map(|s| s.name())
+                ),
+            });
+        }
+    }
+    if scheme == Some(PieceScheme::ChunkList) {
+        // Later pieces of the same list: the newest child, repeatedly.
+        let mut last = target.clone();
+        loop {
+            let child = lineage
+                .nodes()
+                .filter(|n| n.parent.as_ref() == Some(&last) && n.kind == CheckpointKind::Delta)
+                .max_by(|a, b| (a.step, &a.id).cmp(&(b.step, &b.id)));
+            let Some(child) = child else { break };
+            let m = ckpts.read_manifest(&child.id, None).await?;
+            if m.piece_scheme() != scheme || column_of(&m) != Some(ms.len() as u32 + 1) {
+                break;
+            }
+            last = m.id.clone();
+            ms.push(m);
+        }
+    }
+    Ok(IncrChain {
+        base,
+        pieces: ms,
+        target: target_col,
+        scheme,
+    })
+}
+
+/// What a restore did.
+#[derive(Debug, Clone, Default)]
+pub struct RestoreOutcome {
+    /// Seconds restoring the base, and the rest.
+    pub base_s: f64,
+    pub chain_s: f64,
+    /// Files and bytes read beyond the base.
+    pub files: u64,
+    pub bytes: u64,
+    /// Rows written beyond the base.
+    pub rows_written: u64,
+    /// Of `chain_s`: reading (and folding) the piece indexes.
+    pub index_s: f64,
+    pub base_bytes: u64,
+    /// A chunk list restored at its newest column: the list, Bloom filters rebuilt, ready to
+    /// grow.
+    pub list: Option<ChunkList>,
+    /// A differential: the rows it holds (every row touched since the base), per table.
+    pub since_base: Option<Vec<(TableId, Vec<RowId>)>>,
+    /// A chunk list restored at its newest column: the ids of each row-0 chunk
+    /// `(table, range, column)`, for its Bloom filter.
+    pub row0_ids: Vec<((u32, u32, u32), Vec<RowId>)>,
+}
+
+fn server_map(base: &Manifest) -> Result<ShardMap> {
+    ShardMap::new(base.shards.len().max(1) as u32).map_err(|e| CkptError::InvalidCheckpoint {
+        id: base.id.to_string(),
+        reason: format!("shard map: {e}"),
+    })
+}
+
+/// Restore `writer`'s server to the state `chain` names.
+pub async fn restore_server(
+    ckpts: &Checkpoints,
+    chain: &IncrChain,
+    writer: &mut dyn ShardWriter,
+) -> Result<RestoreOutcome> {
+    let server = writer.server();
+    let t0 = Instant::now();
+    let stats = deck::restore_chain(ckpts, std::slice::from_ref(&chain.base), writer).await?;
+    let mut out = RestoreOutcome {
+        base_s: t0.elapsed().as_secs_f64(),
+        base_bytes: stats.bytes_read,
+        ..Default::default()
+    };
+    if chain.target == 0 {
+        return Ok(out);
+    }
+    let t1 = Instant::now();
+    let target = chain.target_manifest().clone();
+    match chain.scheme {
+        Some(PieceScheme::ChunkList) => restore_list(ckpts, chain, writer, &mut out).await?,
+        Some(PieceScheme::Differential) => {
+            let mut ids = Vec::new();
+            apply_rows(ckpts, &target, writer, &mut out, Some(&mut ids)).await?;
+            out.since_base = Some(ids);
+        }
+        _ => {
+            for m in chain.pieces.iter().take(chain.target as usize) {
+                apply_rows(ckpts, m, writer, &mut out, None).await?;
+            }
+        }
+    }
+    apply_dense(ckpts, &target, server, writer, &mut out).await?;
+    out.chain_s = t1.elapsed().as_secs_f64();
+    Ok(out)
+}
+
+/// Write every row file of `m` of the writer's server (quantized ones dequantized); with
+/// `ids`, also collect the ids per table.
+async fn apply_rows(
+    ckpts: &Checkpoints,
+    m: &Manifest,
+    writer: &mut dyn ShardWriter,
+    out: &mut RestoreOutcome,
+    mut ids: Option<&mut Vec<(TableId, Vec<RowId>)>>,
+) -> Result<()> {
+    let server = writer.server();
+    let files: Vec<_> = m
+        .files_of(server)
+        .filter(|f| {
+            matches!(
+                f.content,
+                FileContent::Rows { .. } | FileContent::QuantRows { .. }
+            )
+        })
+        .cloned()
+        .collect();
+    let mut stream = futures_util::stream::iter(files)
+        .map(|f| {
+            let ckpts = ckpts.clone();
+            let id = m.id.clone();
+            async move {
+                let key = ckpts.file_key(&id, &f.path)?;
+                let data = ckpts.store().get(&key).await?;
+                Checkpoints::verify_file(&key, &f, &data)?;
+                Ok::<_, CkptError>((f, key, data))
+            }
+        })
+        .buffered(4);
+    let mut words = Vec::new();
+    let mut batch: Vec<RowId> = Vec::new();
+    while let Some(r) = stream.next().await {
+        let (f, key, data) = r?;
+        out.files += 1;
+        out.bytes += data.len() as u64;
+        let (table, n) = match Checkpoints::decode_verified(&key, &f, &data)? {
+            VerifiedFile::Rows(c) => {
+                let n = c.len();
+                words.resize(n * c.header.layout.words(), 0.0);
+                c.copy_rows(0, n, &mut words);
+                batch.clear();
+                batch.extend(c.ids());
+                (c.header.table, n)
+            }
+            VerifiedFile::QuantRows(c) => {
+                let n = c.len();
+                let w = c.header.layout.words();
+                words.resize(n * w, 0.0);
+                for i in 0..n {
+                    c.dequantize_row(i, &mut words[i * w..(i + 1) * w]);
+                }
+                batch.clear();
+                batch.extend(c.ids());
+                (c.header.table, n)
+            }
+            _ => continue,
+        };
+        writer.write_rows(table, &batch, &words)?;
+        out.rows_written += n as u64;
+        if let Some(ids) = ids.as_deref_mut() {
+            match ids.iter_mut().find(|(t, _)| *t == table) {
+                Some((_, v)) => v.extend_from_slice(&batch),
+                None => ids.push((table, batch.clone())),
+            }
+        }
+    }
+    if let Some(ids) = ids {
+        ids.sort_by_key(|(t, _)| *t);
+        for (_, v) in ids.iter_mut() {
+            v.sort_unstable();
+            v.dedup();
+        }
+    }
+    Ok(())
+}
+
+/// The dense range of `m` for `server`.
+async fn apply_dense(
+    ckpts: &Checkpoints,
+    m: &Manifest,
+    server: ServerId,
+    writer: &mut dyn ShardWriter,
+    out: &mut RestoreOutcome,
+) -> Result<()> {
+    let files: Vec<_> = m
+        .files_of(server)
+        .filter(|f| matches!(f.content, FileContent::Dense { .. }))
+        .cloned()
+        .collect();
+    for f in files {
+        let key = ckpts.file_key(&m.id, &f.path)?;
+        let data = ckpts.store().get(&key).await?;
+        if let VerifiedFile::Dense(c) = Checkpoints::verify_file(&key, &f, &data)? {
+            let mut values = vec![0.0; c.header.values as usize];
+            let mut state = vec![0.0; (c.header.blocks * c.header.state_per_block as u64) as usize];
+            c.copy_values(&mut values);
+            c.copy_state(&mut state);
+            writer.write_dense(c.header.first_block, &values, &state)?;
+        }
+        out.files += 1;
+        out.bytes += data.len() as u64;
+    }
+    Ok(())
+}
+
+/// The piece indexes of `server` in `pieces`, oldest first.
+pub async fn read_piece_indexes(
+    ckpts: &Checkpoints,
+    pieces: &[Manifest],
+    server: ServerId,
+) -> Result<Vec<(CheckpointId, String, PieceIndex)>> {
+    let jobs: Vec<_> = pieces
+        .iter()
+        .map(|m| {
+            let f = m
+                .pieces()
+                .find(|(f, _, _)| f.content.server() == server)
+                .map(|(f, _, _)| f.clone());
+            (m.id.clone(), f)
+        })
+        .collect();
+    let mut stream = futures_util::stream::iter(jobs)
+        .map(|(id, f)| {
+            let ckpts = ckpts.clone();
+            async move {
+                let f = f.ok_or_else(|| CkptError::InvalidCheckpoint {
+                    id: id.to_string(),
+                    reason: format!("has no piece index of server {}", server.0),
+                })?;
+                let key = ckpts.file_key(&id, &f.path)?;
+                let data = ckpts.store().get(&key).await?;
+                match Checkpoints::verify_file(&key, &f, &data)? {
+                    VerifiedFile::PieceIndex(p) => Ok((id, key.to_string(), *p)),
+                    _ => Err(CkptError::Corrupt {
+                        file: key.to_string(),
+                        reason: "listed as a piece index, holds something else".into(),
+                    }),
+                }
+            }
+        })
+        .buffered(8);
+    let mut out = Vec::with_capacity(pieces.len());
+    while let Some(r) = stream.next().await {
+        out.push(r?);
+    }
+    Ok(out)
+}
+
+/// Fold the chunk list of `server` from `chain`'s pieces.
+pub async fn fold_list(
+    ckpts: &Checkpoints,
+    chain: &IncrChain,
+    server: ServerId,
+) -> Result<ChunkList> {
+    let indexes = read_piece_indexes(ckpts, &chain.pieces, server).await?;
+    let range_rows = indexes.first().map_or(0, |(_, _, p)| p.range_rows);
+    let mut list = ChunkList::new(
+        chain.base.id.clone(),
+        server,
+        server_map(&chain.base)?,
+        range_rows,
+    );
+    for (id, name, p) in &indexes {
+        list.apply(id, p, name)?;
+    }
+    Ok(list)
+}
+
+async fn restore_list(
+    ckpts: &Checkpoints,
+    chain: &IncrChain,
+    writer: &mut dyn ShardWriter,
+    out: &mut RestoreOutcome,
+) -> Result<()> {
+    let server = writer.server();
+    let col = chain.target;
+    let map = server_map(&chain.base)?;
+    let newest = col as usize == chain.pieces.len();
+    let t_index = std::time::Instant::now();
+    // The newest state needs row 0 only, which its own piece index lists whole; an older one
+    // needs the list folded from every piece.
+    let list = if newest {
+        let last = &chain.pieces[chain.pieces.len() - 1..];
+        let (_, name, p) = read_piece_indexes(ckpts, last, server)
+            .await?
+            .pop()
+            .ok_or_else(|| CkptError::InvalidCheckpoint {
+                id: last[0].id.to_string(),
+                reason: format!("has no piece index of server {}", server.0),
+            })?;
+        out.files += 1;
+        let columns = chain.pieces.iter().map(|m| m.id.clone()).collect();
+        ChunkList::from_row0(chain.base.id.clone(), server, map, columns, &p, &name)?
+    } else {
+        out.files += chain.pieces.len() as u64;
+        fold_list(ckpts, chain, server).await?
+    };
+    out.index_s = t_index.elapsed().as_secs_f64();
+    // Which parts of which files the rectangle reads, and each part's chunk (for Bloom
+    // filters of row-0 chunks when the list will grow again): (part, table, range, column,
+    // round).
+    type Read = (LivePart, u32, u32, u32, u32);
+    let mut by_file: HashMap<u32, Vec<Read>> = HashMap::new();
+    for c in list.rectangle(col) {
+        for p in &c.parts {
+            by_file
+                .entry(p.file)
+                .or_default()
+                .push((*p, c.table, c.range, c.col, c.round));
+        }
+    }
+    // Newest columns first: then a row's first copy is its newest and each row is written once
+    // (stale copies left by skipped extractions are read later and lose to the column map).
+    let mut files: Vec<u32> = by_file.keys().copied().collect();
+    let newest_col = |f: &u32| by_file[f].iter().map(|p| p.3).max().unwrap_or(0);
+    files.sort_unstable_by_key(|f| (std::cmp::Reverse(newest_col(f)), *f));
+    // Per table: the column each local row was last written from (0: the base).
+    let mut version: HashMap<u32, Vec<u32>> = HashMap::new();
+    let mut row0_ids: HashMap<(u32, u32, u32), Vec<RowId>> = HashMap::new();
+    let jobs: Vec<_> = files
+        .iter()
+        .map(|&f| {
+            let parts: Vec<Read> = by_file[&f].clone();
+            (list.file(f).file.clone(), parts)
+        })
+        .collect();
+    let mut stream = futures_util::stream::iter(jobs)
+        .map(|(f, reads)| {
+            let ckpts = ckpts.clone();
+            async move {
+                let parts: Vec<LivePart> = reads.iter().map(|r| r.0).collect();
+                let mut st = ReadStats::default();
+                let data = read_parts(&ckpts, &f, &parts, &mut st).await?;
+                Ok::<_, CkptError>((f, reads, data, st))
+            }
+        })
+        .buffered(4);
+    let mut words: Vec<f32> = Vec::new();
+    let mut ids: Vec<RowId> = Vec::new();
+    while let Some(r) = stream.next().await {
+        let (f, reads, data, st) = r?;
+        out.files += 1;
+        out.bytes += st.bytes;
+        let name = || format!("{}/{}", f.ckpt, f.path);
+        for ((p, table, range, ccol, round), d) in reads.into_iter().zip(data) {
+            let tid = TableId(table);
+            let v = match version.entry(table) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let (rows, layout) = writer.table_shape(tid).ok_or_else(|| {
+                        CkptError::InvalidArgument(format!(
+                            "server {} holds no table {table} to restore into",
+                            server.0
+                        ))
+                    })?;
+                    if layout.bytes() != p.row_bytes as usize {
+                        return Err(CkptError::InvalidCheckpoint {
+                            id: chain.base.id.to_string(),
+                            reason: format!(
+                                "table {table}: rows of {} bytes saved, the target's are {}",
+                                p.row_bytes,
+                                layout.bytes()
+                            ),
+                        });
+                    }
+                    e.insert(vec![0u32; rows as usize])
+                }
+            };
+            ids.clear();
+            words.clear();
+            let w = p.row_bytes as usize / 4;
+            words.reserve(d.len() * w);
+            let mut keep =
+                (newest && round == 0).then(|| row0_ids.entry((table, range, ccol)).or_default());
+            if let Some(k) = keep.as_deref_mut() {
+                k.reserve(d.len());
+            }
+            for i in 0..d.len() {
+                let id = d.id(i);
+                if map.owner(tid, id) != server {
+                    return Err(CkptError::Corrupt {
+                        file: name(),
+                        reason: format!("row {id} of table {table} is not server {}'s", server.0),
+                    });
+                }
+                let local = map.local_index(tid, id) as usize;
+                let slot = v.get_mut(local).ok_or_else(|| CkptError::Corrupt {
+                    file: name(),
+                    reason: format!("row {id} of table {table} is outside the shard"),
+                })?;
+                // The newest column's copy wins, whatever order files arrive in.
+                if *slot < ccol {
+                    *slot = ccol;
+                    ids.push(id);
+                    let at = words.len();
+                    words.resize(at + w, 0.0);
+                    copy_le_into_f32s(d.row(i), &mut words[at..]);
+                }
+                if let Some(k) = keep.as_deref_mut() {
+                    k.push(id);
+                }
+            }
+            if !ids.is_empty() {
+                writer.write_rows(tid, &ids, &words)?;
+                out.rows_written += ids.len() as u64;
+            }
+        }
+    }
+    if newest {
+        // The Bloom filters are built later, by the next extraction round that needs them
+        // (off the recovery's critical path): keep the ids.
+        out.row0_ids = row0_ids
+            .into_iter()
+            .map(|((t, r, c), mut v)| {
+                v.sort_unstable();
+                ((t, r, c), v)
+            })
+            .collect();
+        out.list = Some(list);
+    }
+    Ok(())
+}

@@ -1,0 +1,421 @@
+//! Store-wide operations on incremental checkpoints: verification, garbage collection, a
+//! restore written out as one full checkpoint, and the piece summaries a coordinator reads
+//! after a commit.
+//!
+//! A chunk-list store differs from every other in one way: extraction moves rows out of older
+//! files, and a file no live chunk points into any more (IncrCP §4.4: its counter reached 0) is
+//! deleted by [`gc`] although the manifest that committed it still lists it. [`verify`] knows:
+//! such a file may be missing; any other missing or damaged file is reported.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ftrec_core::{EmbeddingTable, RowId, RowLayout, ServerId, ShardMap, TableId, DENSE_BLOCK};
+
+use super::restore::{fold_list, read_piece_indexes, restore_server, IncrChain};
+use crate::checkpoint::Checkpoints;
+use crate::deck::{self, GcOptions, Lineage, RestoreAt, ShardWriter};
+use crate::error::{CkptError, Result};
+use crate::format::dense::encode_dense;
+use crate::format::rows::encode_rows;
+use crate::format::{
+    CheckpointId, FileContent, FileInfo, Manifest, PieceIndex, PieceScheme, ShardInfo,
+};
+use crate::key::Key;
+use crate::snapshot::{full_manifest, ShardReport};
+
+/// Keys of the files no live chunk points into any more, in every chunk list of the store
+/// (one per base and server): IncrCP §4.4's bundles whose counter reached 0.
+pub async fn dead_files(ckpts: &Checkpoints) -> Result<BTreeSet<Key>> {
+    let mut out = BTreeSet::new();
+    let lineage = Lineage::load(ckpts).await?;
+    // The newest piece of every list: a chunk-list piece no other chunk-list piece grows from.
+    let mut lists = Vec::new();
+    let mut parents = BTreeSet::new();
+    for n in lineage.nodes() {
+        let m = ckpts.read_manifest(&n.id, None).await?;
+        if m.piece_scheme() == Some(PieceScheme::ChunkList) {
+            parents.extend(m.parents.iter().cloned());
+            lists.push(m.id.clone());
+        }
+    }
+    for head in lists.into_iter().filter(|id| !parents.contains(id)) {
+        let chain = super::restore::select(ckpts, &RestoreAt::Id(head)).await?;
+        for s in &chain.base.shards {
+            let list = fold_list(ckpts, &chain, s.server).await?;
+            for f in list.dead_files() {
+                out.insert(ckpts.file_key(&f.ckpt, &f.path)?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// What [`gc`] removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IncrGcReport {
+    pub lineage: deck::GcReport,
+    /// Chunk-list files with no live chunk, deleted.
+    pub dead_files: Vec<String>,
+    pub dead_bytes: u64,
+}
+
+/// Delete every checkpoint no live lineage needs (older lists, and differentials older than the
+/// newest of their base), then every chunk-list file with no live chunk.
+pub async fn gc(ckpts: &Checkpoints, opts: &GcOptions) -> Result<IncrGcReport> {
+    let lineage = deck::gc(ckpts, opts).await?;
+    let mut rep = remove_dead_files(ckpts).await?;
+    rep.lineage = lineage;
+    Ok(rep)
+}
+
+/// Delete the chunk-list files no live chunk points into, and only those (every checkpoint
+/// stays restorable).
+pub async fn remove_dead_files(ckpts: &Checkpoints) -> Result<IncrGcReport> {
+    let mut rep = IncrGcReport::default();
+    for key in dead_files(ckpts).await? {
+        match ckpts.store().head(&key).await {
+            Ok(meta) => {
+                ckpts.store().delete(&key).await?;
+                rep.dead_bytes += meta.size;
+                rep.dead_files.push(key.to_string());
+            }
+            Err(CkptError::NotFound { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(rep)
+}
+
+/// One checkpoint's verification.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    pub id: CheckpointId,
+    pub files: u64,
+    pub bytes: u64,
+    /// Files removed because no live chunk needs them (expected, not damage).
+    pub removed: u64,
+    /// The first problem, if any.
+    pub problem: Option<String>,
+}
+
+/// Read and check every file of every checkpoint; files no chunk list needs any more may be
+/// missing. Also folds the head's lists (their records must be consistent).
+pub async fn verify(ckpts: &Checkpoints) -> Result<Vec<Verified>> {
+    let lineage = Lineage::load(ckpts).await?;
+    let dead = dead_files(ckpts).await.unwrap_or_default();
+    let mut out = Vec::new();
+    for n in lineage.nodes() {
+        let m = ckpts.read_manifest(&n.id, None).await?;
+        let mut v = Verified {
+            id: m.id.clone(),
+            files: 0,
+            bytes: 0,
+            removed: 0,
+            problem: None,
+        };
+        for f in &m.files {
+            let key = ckpts.file_key(&m.id, &f.path)?;
+            match ckpts.store().get(&key).await {
+                Ok(data) => {
+                    v.files += 1;
+                    v.bytes += data.len() as u64;
+                    if let Err(e) = Checkpoints::verify_file(&key, f, &data) {
+                        v.problem.get_or_insert(e.to_string());
+                    }
+                }
+                Err(CkptError::NotFound { .. }) if dead.contains(&key) => v.removed += 1,
+                Err(e) => {
+                    v.problem.get_or_insert(e.to_string());
+                }
+            }
+        }
+        out.push(v);
+    }
+    if let Ok(chain) = super::restore::select(ckpts, &RestoreAt::Current).await {
+        if chain.scheme == Some(PieceScheme::ChunkList) {
+            for s in &chain.base.shards {
+                if let Err(e) = fold_list(ckpts, &chain, s.server).await {
+                    let head = chain
+                        .pieces
+                        .last()
+                        .map_or(chain.base.id.clone(), |m| m.id.clone());
+                    out.push(Verified {
+                        id: head,
+                        files: 0,
+                        bytes: 0,
+                        removed: 0,
+                        problem: Some(format!("chunk list of server {}: {e}", s.server.0)),
+                    });
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The piece indexes of a committed piece, one per server.
+pub async fn piece_summaries(ckpts: &Checkpoints, m: &Manifest) -> Result<Vec<PieceIndex>> {
+    let mut out = Vec::new();
+    for s in &m.shards {
+        if m.pieces().any(|(f, _, _)| f.content.server() == s.server) {
+            for (_, _, p) in read_piece_indexes(ckpts, std::slice::from_ref(m), s.server).await? {
+                out.push(p);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A server's shard in memory, as a restore target.
+#[derive(Debug)]
+pub struct MemShard {
+    pub server: ServerId,
+    pub map: ShardMap,
+    pub tables: Vec<EmbeddingTable>,
+    /// First block, values, state, state words per block.
+    pub dense: Option<(u64, Vec<f32>, Vec<f32>, usize)>,
+}
+
+impl MemShard {
+    /// Zeroed tables and dense range of the shapes `info` lists.
+    pub fn of(info: &ShardInfo, map: ShardMap) -> MemShard {
+        MemShard {
+            server: info.server,
+            map,
+            tables: info
+                .tables
+                .iter()
+                .map(|t| EmbeddingTable::zeros(t.table, t.rows, t.layout))
+                .collect(),
+            dense: info.dense.map(|d| {
+                (
+                    d.first_block,
+                    vec![0.0; d.values as usize],
+                    vec![0.0; (d.blocks * d.state_per_block as u64) as usize],
+                    d.state_per_block as usize,
+                )
+            }),
+        }
+    }
+
+    fn table_mut(&mut self, t: TableId) -> Result<&mut EmbeddingTable> {
+        self.tables
+            .iter_mut()
+            .find(|x| x.id == t)
+            .ok_or_else(|| CkptError::InvalidArgument(format!("no table {}", t.0)))
+    }
+}
+
+impl ShardWriter for MemShard {
+    fn server(&self) -> ServerId {
+        self.server
+    }
+
+    fn table_shape(&self, table: TableId) -> Option<(u64, RowLayout)> {
+        self.tables
+            .iter()
+            .find(|t| t.id == table)
+            .map(|t| (t.rows(), t.layout()))
+    }
+
+    fn write_rows(&mut self, table: TableId, ids: &[RowId], words: &[f32]) -> Result<()> {
+        let (map, server) = (self.map, self.server);
+        let t = self.table_mut(table)?;
+        let w = t.layout().words();
+        for (i, &id) in ids.iter().enumerate() {
+            if map.owner(table, id) != server || map.local_index(table, id) >= t.rows() {
+                return Err(CkptError::InvalidArgument(format!(
+                    "row {id} of table {} is not held by server {}",
+                    table.0, server.0
+                )));
+            }
+            t.row_mut(map.local_index(table, id))
+                .copy_from_slice(&words[i * w..(i + 1) * w]);
+        }
+        Ok(())
+    }
+
+    fn dense_shape(&self) -> Option<(u64, u64, u32)> {
+        self.dense
+            .as_ref()
+            .map(|(f, v, _, spb)| (*f, v.len() as u64, *spb as u32))
+    }
+
+    fn write_dense(&mut self, first_block: u64, values: &[f32], state: &[f32]) -> Result<()> {
+        let (first, v, s, spb) = self
+            .dense
+            .as_mut()
+            .ok_or_else(|| CkptError::InvalidArgument("no dense target".into()))?;
+        let b0 = first_block
+            .checked_sub(*first)
+            .ok_or_else(|| CkptError::InvalidArgument(format!("dense block {first_block}")))?
+            as usize;
+        let v0 = b0 * DENSE_BLOCK;
+        if v0 + values.len() > v.len() || b0 * *spb + state.len() > s.len() {
+            return Err(CkptError::InvalidArgument(format!(
+                "dense blocks from {first_block} do not fit the target"
+            )));
+        }
+        v[v0..v0 + values.len()].copy_from_slice(values);
+        s[b0 * *spb..b0 * *spb + state.len()].copy_from_slice(state);
+        Ok(())
+    }
+}
+
+/// Write `shards` as the files of full checkpoint `id` (rows in chunks of about
+/// `chunk_bytes`) and return each server's report.
+pub(crate) async fn write_mem_shards(
+    dst: &Checkpoints,
+    id: &CheckpointId,
+    shards: &[MemShard],
+    chunk_bytes: usize,
+) -> Result<Vec<ShardReport>> {
+    let mut reports = Vec::new();
+    for s in shards {
+        let mut files = Vec::new();
+        let mut tables = Vec::new();
+        for t in &s.tables {
+            let layout = t.layout();
+            let per = (chunk_bytes / (8 + layout.bytes())).max(1) as u64;
+            let mut lo = 0u64;
+            let mut n = 0;
+            while lo < t.rows() || (lo == 0 && t.rows() == 0) {
+                let hi = (lo + per).min(t.rows());
+                let ids = (lo..hi).map(|l| s.map.global_row(t.id, s.server, l));
+                let w = layout.words();
+                let rows = &t.as_slice()[lo as usize * w..hi as usize * w];
+                let file = encode_rows(t.id, layout, ids, rows)?;
+                let path = format!("s{:04}/t{:04}-{n:06}.rows", s.server.0, t.id.0);
+                dst.put_file(id, &path, &file).await?;
+                files.push(FileInfo {
+                    path,
+                    size: file.size(),
+                    crc32c: file.checksums,
+                    content: FileContent::Rows {
+                        server: s.server,
+                        table: t.id,
+                        rows: hi - lo,
+                        first_row: s.map.global_row(t.id, s.server, lo),
+                        last_row: if hi > lo {
+                            s.map.global_row(t.id, s.server, hi - 1)
+                        } else {
+                            0
+                        },
+                    },
+                });
+                n += 1;
+                if hi >= t.rows() {
+                    break;
+                }
+                lo = hi;
+            }
+            tables.push(crate::format::TableInfo {
+                table: t.id,
+                rows: t.rows(),
+                layout,
+            });
+        }
+        let mut dense = None;
+        if let Some((first, values, state, spb)) = &s.dense {
+            let file = encode_dense(*first, values, state, *spb)?;
+            let path = format!("s{:04}/dense-000000.dense", s.server.0);
+            dst.put_file(id, &path, &file).await?;
+            let blocks = values.len().div_ceil(DENSE_BLOCK) as u64;
+            files.push(FileInfo {
+                path,
+                size: file.size(),
+                crc32c: file.checksums,
+                content: FileContent::Dense {
+                    server: s.server,
+                    first_block: *first,
+                    blocks,
+                },
+            });
+            dense = Some(crate::format::DenseInfo {
+                first_block: *first,
+                blocks,
+                values: values.len() as u64,
+                state_per_block: *spb as u32,
+            });
+        }
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        reports.push(ShardReport {
+            shard: ShardInfo {
+                server: s.server,
+                tables,
+                dense,
+            },
+            bytes: files.iter().map(|f| f.size).sum(),
+            files,
+        });
+    }
+    Ok(reports)
+}
+
+/// Rebuild the state `chain` names for every server, in memory (every file read is verified).
+pub async fn restore_all(src: &Checkpoints, chain: &IncrChain) -> Result<Vec<MemShard>> {
+    let map = ShardMap::new(chain.base.shards.len().max(1) as u32).map_err(|e| {
+        CkptError::InvalidCheckpoint {
+            id: chain.base.id.to_string(),
+            reason: format!("shard map: {e}"),
+        }
+    })?;
+    let mut shards = Vec::new();
+    for info in &chain.base.shards {
+        let mut s = MemShard::of(info, map);
+        restore_server(src, chain, &mut s).await?;
+        shards.push(s);
+    }
+    Ok(shards)
+}
+
+/// Commit `shards` (the state `chain` names) into `dst` as one full checkpoint
+/// `<state>-full` (`CURRENT` moves).
+pub async fn write_full(
+    dst: &Checkpoints,
+    chain: &IncrChain,
+    shards: &[MemShard],
+    chunk_bytes: usize,
+) -> Result<Manifest> {
+    let target = chain.target_manifest();
+    let id = CheckpointId::new(format!("{}-full", target.id))?;
+    let reports = write_mem_shards(dst, &id, shards, chunk_bytes).await?;
+    let mut m = full_manifest(id, target.step, target.data_position.clone(), reports);
+    m.extra.insert(
+        "restored_from".into(),
+        serde_json::json!({
+            "base": chain.base.id,
+            "target": target.id,
+            "scheme": chain.scheme.map(|s| s.name()),
+        }),
+    );
+    dst.commit(&m).await?;
+    Ok(m)
+}
+
+/// Rebuild the state `chain` names for every server, in memory, and commit it into `dst` as
+/// one full checkpoint `<state>-full` (`CURRENT` moves). Holds the whole model in memory.
+pub async fn materialize_full(
+    src: &Checkpoints,
+    chain: &IncrChain,
+    dst: &Checkpoints,
+    chunk_bytes: usize,
+) -> Result<Manifest> {
+    let shards = restore_all(src, chain).await?;
+    write_full(dst, chain, &shards, chunk_bytes).await
+}
+
+/// Sizes of every object in the store, by checkpoint directory (`""` for `CURRENT` and
+/// anything outside `ckpt/`).
+pub async fn stored_bytes(ckpts: &Checkpoints) -> Result<BTreeMap<String, u64>> {
+    let mut out = BTreeMap::new();
+    for meta in ckpts.store().list(None).await? {
+        let s = meta.key.as_str();
+        let dir = s
+            .split_once("ckpt/")
+            .and_then(|(_, rest)| rest.split_once('/'))
+            .map_or(String::new(), |(d, _)| d.to_string());
+        *out.entry(dir).or_default() += meta.size;
+    }
+    Ok(out)
+}
