@@ -49,8 +49,7 @@ pub use full::{FullCheckpoint, Interval};
 pub use incrcp::{BaseReset, IncrCp, IncrCpConfig};
 pub use incremental::{Incremental, Pieces, ResetPolicy};
 pub use machine::{
-    Action, CheckpointRef, Decision, Event, NoFaultTolerance, PieceLayout, Strategy,
-    StrategyReport,
+    Action, CheckpointRef, Decision, Event, NoFaultTolerance, PieceLayout, Strategy, StrategyReport,
 };
 
 /// A strategy configuration that cannot work.

@@ -267,17 +267,14 @@ impl CkptNode {
             }
         };
         // `upto: None`: a prioritized save acknowledges nothing in DECK's tracker.
-        self.saves
-            .lock()
-            .map_err(lock_err)?
-            .insert(
-                id,
-                Save::Running {
-                    upload,
-                    upto: None,
-                    full: false,
-                },
-            );
+        self.saves.lock().map_err(lock_err)?.insert(
+            id,
+            Save::Running {
+                upload,
+                upto: None,
+                full: false,
+            },
+        );
         Ok(SaveStarted {
             rows: rep.rows,
             bytes: rep.bytes,
