@@ -205,8 +205,24 @@ fn a_seeded_mtbf_schedule_reproduces_its_kills_and_digests() {
             .collect()
     };
     let (da, db) = (digests(&a), digests(&b));
-    // Partial recovery (cpr) included: the same kill gives the same model.
-    assert_eq!(da, db);
+    // The schedule's kills are times: the step at which a kill lands depends on the machine's
+    // speed. Every exact strategy ends with the failure-free model wherever it lands; partial
+    // recovery (cpr) gives the same model when its kill landed at the same step.
+    let kill_step = |r: &serde_json::Value, name: &str| -> u64 {
+        let run = r["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["strategy"] == name)
+            .unwrap();
+        run["report"]["failures"][0]["step"].as_u64().unwrap()
+    };
+    for (x, y) in da.iter().zip(&db) {
+        assert_eq!(x.0, y.0);
+        if x.0 != "cpr" || kill_step(&a, "cpr") == kill_step(&b, "cpr") {
+            assert_eq!(x, y, "{da:?} {db:?}");
+        }
+    }
     let pls = |r: &serde_json::Value, name: &str| -> f64 {
         let run = r["runs"]
             .as_array()
