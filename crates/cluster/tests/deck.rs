@@ -392,8 +392,27 @@ mod pieces {
     use super::*;
     use ftrec_ckpt::incr;
 
+    /// IncrCP with baseline resets off: the §4.5 rule decides from measured restore costs
+    /// (timings), so with it on, whether the newest point before a kill is a piece or a new full
+    /// depends on the machine's speed. The rule itself is tested on fixed costs in
+    /// `ftrec-strategy`.
     fn incrcp(every: u64) -> StrategyChoice {
-        StrategyChoice::parse("incrcp", every).unwrap()
+        match StrategyChoice::parse("incrcp", every).unwrap() {
+            StrategyChoice::IncrCp {
+                every_steps,
+                threshold,
+                range_rows,
+                concat,
+                ..
+            } => StrategyChoice::IncrCp {
+                every_steps,
+                reset: ftrec_strategy::BaseReset::Never,
+                threshold,
+                range_rows,
+                concat,
+            },
+            other => panic!("not incrcp: {other:?}"),
+        }
     }
 
     /// The state `CURRENT` names (base + pieces), restored into fresh in-process servers.
