@@ -326,6 +326,7 @@ impl Coordinator {
         }
     }
 
+    #[allow(clippy::too_many_arguments)] // what a save is: kind, piece layout, priority
     fn start_save(
         &mut self,
         kind: CheckpointKind,
