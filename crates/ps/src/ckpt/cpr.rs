@@ -257,15 +257,7 @@ impl CkptNode {
         })
         .await
         .map_err(|e| CkptServiceError::Internal(format!("copy-out task failed: {e}")))?;
-        let (rep, pause_s) = match copied {
-            Ok(x) => x,
-            Err(e) => {
-                return Err(match upload.wait().await {
-                    Err(up) => up.into(),
-                    Ok(_) => e,
-                });
-            }
-        };
+        let ((rep, pause_s), upload) = super::after_copy_out(copied, upload).await?;
         // `upto: None`: a prioritized save acknowledges nothing in DECK's tracker.
         self.saves.lock().map_err(lock_err)?.insert(
             id,

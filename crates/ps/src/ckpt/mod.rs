@@ -329,6 +329,21 @@ impl std::fmt::Debug for CkptNode {
     }
 }
 
+/// A copy-out's outcome: its value, or on failure the upload pipeline's own error when it has
+/// one (the more precise: the copy-out only sees the pipeline close), else the copy-out's.
+async fn after_copy_out<T>(
+    copied: Result<T, CkptServiceError>,
+    upload: staging::PendingUpload,
+) -> Result<(T, staging::PendingUpload), CkptServiceError> {
+    match copied {
+        Ok(x) => Ok((x, upload)),
+        Err(e) => Err(match upload.wait().await {
+            Err(up) => up.into(),
+            Ok(_) => e,
+        }),
+    }
+}
+
 fn lock_err<T>(_: T) -> CkptServiceError {
     CkptServiceError::Internal("a lock was poisoned by an earlier panic".into())
 }
@@ -440,16 +455,7 @@ impl CkptApi for CkptNode {
         })
         .await
         .map_err(|e| CkptServiceError::Internal(format!("copy-out task failed: {e}")))?;
-        let (rep, upto, pause_s) = match copied {
-            Ok(x) => x,
-            Err(e) => {
-                // The pipeline's own error is the more precise one, if there is one.
-                return Err(match upload.wait().await {
-                    Err(up) => up.into(),
-                    Ok(_) => e,
-                });
-            }
-        };
+        let ((rep, upto, pause_s), upload) = after_copy_out(copied, upload).await?;
         self.saves.lock().map_err(lock_err)?.insert(
             id,
             Save::Running {
@@ -497,15 +503,7 @@ impl CkptApi for CkptNode {
         })
         .await
         .map_err(|e| CkptServiceError::Internal(format!("copy-out task failed: {e}")))?;
-        let (rep, tracked, pause_s) = match copied {
-            Ok(x) => x,
-            Err(e) => {
-                return Err(match upload.wait().await {
-                    Err(up) => up.into(),
-                    Ok(_) => e,
-                });
-            }
-        };
+        let ((rep, tracked, pause_s), upload) = after_copy_out(copied, upload).await?;
         let upto = tracked.upto;
         let chain = self.chain.clone();
         let task_id = id.clone();
