@@ -16,45 +16,20 @@
 //! S3 endpoint, region and credentials come from the flags or the usual AWS variables.
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Subcommand};
+use clap::Subcommand;
 use ftrec_ckpt::deck::{self, GcOptions, Lineage, RestoreAt, Retention};
 use ftrec_ckpt::incr;
-use ftrec_ckpt::location::{self, LocationOptions};
+use ftrec_ckpt::location;
 use ftrec_ckpt::{CheckpointId, Checkpoints, LocalStore};
 
-/// Where the store is and how to reach it.
-#[derive(Debug, Clone, Args)]
-pub struct StoreArgs {
-    /// A directory or s3://bucket/prefix.
-    pub location: String,
-    /// S3 endpoint URL (default: $AWS_ENDPOINT_URL).
-    #[arg(long)]
-    pub endpoint: Option<String>,
-    /// S3 region (default: $AWS_REGION, else us-east-1).
-    #[arg(long)]
-    pub region: Option<String>,
-    /// S3 access key id (default: $AWS_ACCESS_KEY_ID).
-    #[arg(long)]
-    pub access_key_id: Option<String>,
-    /// S3 secret access key (default: $AWS_SECRET_ACCESS_KEY).
-    #[arg(long)]
-    pub secret_access_key: Option<String>,
-    /// Allow a plain http:// endpoint (default: when the endpoint starts with http://).
-    #[arg(long)]
-    pub allow_http: bool,
+pub use ftrec_cluster::args::StoreArgs;
+
+/// Opening the store that [`StoreArgs`] names.
+pub trait OpenStore {
+    async fn open(&self) -> Result<Checkpoints>;
 }
 
-impl StoreArgs {
-    fn options(&self) -> LocationOptions {
-        LocationOptions {
-            endpoint: self.endpoint.clone(),
-            region: self.region.clone(),
-            access_key_id: self.access_key_id.clone(),
-            secret_access_key: self.secret_access_key.clone(),
-            allow_http: self.allow_http.then_some(true),
-        }
-    }
-
+impl OpenStore for StoreArgs {
     async fn open(&self) -> Result<Checkpoints> {
         let store = location::open(&self.location, &self.options())
             .await
@@ -104,25 +79,7 @@ pub enum CkptCmd {
         orphans: bool,
     },
     /// Run one hierarchical merge pass (and, with --gc, collect garbage after it).
-    Merge {
-        #[command(flatten)]
-        store: StoreArgs,
-        /// Merge every S consecutive checkpoints of one layer (DECK Inequality 1).
-        #[arg(long, default_value_t = 2)]
-        stride: usize,
-        /// Write a full once the active chain covers N deltas (DECK Inequality 2).
-        #[arg(long)]
-        full_every_deltas: Option<u64>,
-        /// Output chunk size in KiB.
-        #[arg(long, default_value_t = 4096)]
-        chunk_kib: usize,
-        /// Cap the write rate (MiB/s), so a merge next to training leaves it the disk.
-        #[arg(long)]
-        max_mib_per_s: Option<f64>,
-        /// Delete what no live lineage needs once the merge is done.
-        #[arg(long)]
-        gc: bool,
-    },
+    Merge(ftrec_cluster::args::MergeArgs),
 }
 
 fn parse_at(at: &Option<String>) -> Result<RestoreAt> {
@@ -139,7 +96,7 @@ fn parse_at(at: &Option<String>) -> Result<RestoreAt> {
 
 /// Run one `ftrec ckpt` subcommand; returns the process exit code.
 pub fn run(cmd: CkptCmd) -> Result<i32> {
-    if matches!(cmd, CkptCmd::Merge { .. }) {
+    if matches!(cmd, CkptCmd::Merge(_)) {
         // The merger runs its own runtime.
         return merge(cmd);
     }
@@ -285,7 +242,7 @@ async fn run_async(cmd: CkptCmd) -> Result<i32> {
             );
             Ok(0)
         }
-        CkptCmd::Merge { .. } => bail!("merge runs outside the async runtime"),
+        CkptCmd::Merge(_) => bail!("merge runs outside the async runtime"),
     }
 }
 
@@ -438,27 +395,11 @@ async fn restore_incremental(
 }
 
 fn merge(cmd: CkptCmd) -> Result<i32> {
-    let CkptCmd::Merge {
-        store,
-        stride,
-        full_every_deltas,
-        chunk_kib,
-        max_mib_per_s,
-        gc,
-    } = cmd
-    else {
+    let CkptCmd::Merge(m) = cmd else {
         bail!("not a merge");
     };
     {
-        let args = ftrec_cluster::merger::MergerArgs {
-            location: store.location.clone(),
-            stride,
-            full_every_deltas,
-            chunk_bytes: chunk_kib.max(1).saturating_mul(1024),
-            max_mib_per_s,
-            gc,
-            store: store.options(),
-        };
+        let args = m.merger();
         // Progress lines (`writing ID`, `wrote ID`) come from the merger as it goes.
         let (rep, gc) = ftrec_cluster::merger::merge_once(&args)?;
         println!(

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use ftrec_cluster::{KillSpec, RunConfig, RunReport, ServerSpec, StrategyChoice, WorkerLifetime};
+use ftrec_cluster::{KillSpec, RunConfig, RunReport, StrategyChoice};
 use ftrec_core::Preset;
 use serde::Deserialize;
 
@@ -335,42 +335,12 @@ fn finish(report: &RunReport) -> Result<()> {
 }
 
 pub fn server(a: ServerArgs) -> Result<()> {
-    let preset = Preset::by_name(&a.preset)?;
-    let mut spec = ServerSpec::from_preset(&preset, a.id, a.servers, a.seed)?;
-    a.opt
-        .apply(&mut spec.sparse_optimizer, &mut spec.dense_optimizer)?;
-    spec.listen = a.listen;
-    spec.port_file = a.port_file;
-    spec.until = a.until.parse()?;
-    match (&a.ckpt_staging, a.ckpt_chunk_kib) {
-        (Some(dir), kib) => {
-            spec.ckpt = Some(ftrec_cluster::CkptSpec {
-                staging_dir: dir.clone(),
-                chunk_bytes: kib
-                    .unwrap_or(ftrec_cluster::spec::DEFAULT_CHUNK_KIB)
-                    .saturating_mul(1024),
-                priority: a.cpr.server_priority()?,
-            })
-        }
-        (None, Some(_)) => bail!("--ckpt-chunk-kib needs --ckpt-staging"),
-        (None, None) if a.cpr.priority.is_some() => bail!("--cpr-priority needs --ckpt-staging"),
-        (None, None) => {}
-    }
-    let mut ec = a.ec.flags();
-    ec.replacement = a.ec_replacement;
-    spec.ec = ec.server_spec()?;
-    spec.validate()?;
-    ftrec_cluster::serve_shard(&spec)?;
+    ftrec_cluster::serve_shard(&a.spec()?)?;
     Ok(())
 }
 
 pub fn worker(a: WorkerArgs) -> Result<()> {
-    let lifetime = match a.until.as_str() {
-        "control" => WorkerLifetime::Control,
-        "stdin" => WorkerLifetime::Stdin,
-        other => bail!("--until must be control or stdin, not {other:?}"),
-    };
-    ftrec_cluster::worker_process(a.coordinator, a.id, lifetime)?;
+    a.run()?;
     Ok(())
 }
 

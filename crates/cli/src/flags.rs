@@ -4,6 +4,10 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// The flags of the cluster's processes and the groups `run` shares with them have one
+/// definition, in the cluster crate (its own process binary parses them too).
+pub use ftrec_cluster::args::{EcRunArgs, OptimizerArgs, ServerArgs, WorkerArgs};
+
 #[derive(Parser, Debug)]
 #[command(
     name = "ftrec",
@@ -207,49 +211,6 @@ impl CprRunArgs {
     }
 }
 
-/// CPR flags of `ftrec server`: the priority rule of its checkpoint service.
-#[derive(Args, Debug, Default, Clone)]
-pub struct CprServerArgs {
-    /// CPR: track priorities for prioritized partial saves: mfu, ssu or scar (needs
-    /// --ckpt-staging).
-    #[arg(long = "cpr-priority", value_name = "RULE")]
-    pub priority: Option<String>,
-    /// CPR: share of each prioritized table's rows a prioritized save writes [default: 0.125].
-    #[arg(long = "cpr-r", value_name = "R")]
-    pub r: Option<f64>,
-    /// CPR-SSU: look at every N-th update [default: 2].
-    #[arg(long = "cpr-ssu-period", value_name = "N")]
-    pub ssu_period: Option<u32>,
-    /// CPR: prioritize the N largest tables [default: 7].
-    #[arg(long = "cpr-tables", value_name = "N")]
-    pub tables: Option<usize>,
-}
-
-impl CprServerArgs {
-    pub fn server_priority(&self) -> anyhow::Result<Option<ftrec_cluster::ServerPriority>> {
-        let Some(p) = &self.priority else {
-            if self.r.is_some() || self.ssu_period.is_some() || self.tables.is_some() {
-                anyhow::bail!("--cpr-r, --cpr-ssu-period and --cpr-tables need --cpr-priority");
-            }
-            return Ok(None);
-        };
-        let p = ftrec_cluster::ServerPriority {
-            priority: p
-                .parse()
-                .map_err(|e| anyhow::anyhow!("--cpr-priority: {e}"))?,
-            r: self.r.unwrap_or(ftrec_cluster::cpr::DEFAULT_R),
-            ssu_period: self
-                .ssu_period
-                .unwrap_or(ftrec_cluster::cpr::DEFAULT_SSU_PERIOD),
-            largest_tables: self
-                .tables
-                .unwrap_or(ftrec_cluster::cpr::DEFAULT_LARGEST_TABLES),
-        };
-        p.validate()?;
-        Ok(Some(p))
-    }
-}
-
 /// Flags of the incremental strategies of `ftrec run` (incrcp, incremental, cnr).
 #[derive(Args, Debug, Default, Clone)]
 pub struct IncrRunArgs {
@@ -291,104 +252,6 @@ impl IncrRunArgs {
             ("--quantize", self.quantize.is_some()),
         ]
     }
-}
-
-/// ECRec flags of `ftrec run` (strategy ecrec only).
-#[derive(Args, Debug, Default, Clone)]
-pub struct EcRunArgs {
-    /// ECRec: data rows per stripe [default: 2].
-    #[arg(long, value_name = "K")]
-    pub ec_k: Option<usize>,
-    /// ECRec: parity rows per stripe, servers that may be lost at once [default: 1].
-    #[arg(long, value_name = "R")]
-    pub ec_r: Option<usize>,
-    /// ECRec: sum (the paper's float sum, r = 1, approximate) or gf256 (exact) [default:
-    /// gf256].
-    #[arg(long, value_name = "CODE")]
-    pub ec_code: Option<String>,
-    /// ECRec: no copies of the dense blocks (a lost server's dense range cannot be rebuilt).
-    #[arg(long)]
-    pub no_dense_replication: bool,
-    /// ECRec: one-phase steps instead of two-phase commit (a loss mid-step can leave parities
-    /// a step behind).
-    #[arg(long = "no-2pc")]
-    pub no_2pc: bool,
-    /// ECRec: lock ranges of a rebuild [default: 1].
-    #[arg(long, value_name = "L")]
-    pub recovery_locks: Option<usize>,
-    /// ECRec: share of the time a replacement's background rebuild may work, from 0 to 1
-    /// (it rests between batches so that training keeps its speed; 0 holds the rebuild until
-    /// training ends, serving lost rows by degraded reads meanwhile) [default: 1].
-    #[arg(long, value_name = "F")]
-    pub rebuild_share: Option<f64>,
-}
-
-impl EcRunArgs {
-    pub fn flags(&self) -> ftrec_cluster::EcFlags {
-        ftrec_cluster::EcFlags {
-            code: self.ec_code.clone(),
-            k: self.ec_k,
-            r: self.ec_r,
-            no_dense_replication: self.no_dense_replication,
-            no_2pc: self.no_2pc,
-            recovery_locks: self.recovery_locks,
-            rebuild_share: self.rebuild_share,
-            replacement: false,
-        }
-    }
-}
-
-#[derive(Args, Debug)]
-pub struct WorkerArgs {
-    /// The coordinator's control socket.
-    #[arg(long, value_name = "ADDR")]
-    pub coordinator: std::net::SocketAddr,
-    #[arg(long)]
-    pub id: u32,
-    /// What ends the worker besides its control connection: `control` (only the
-    /// connection) or `stdin` (also end of file on standard input; what `ftrec run` asks of
-    /// the workers it starts).
-    #[arg(long, default_value = "control")]
-    pub until: String,
-}
-
-#[derive(Args, Debug)]
-pub struct ServerArgs {
-    #[arg(long)]
-    pub id: u32,
-    #[arg(long)]
-    pub servers: u32,
-    #[arg(long)]
-    pub preset: String,
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    #[command(flatten)]
-    pub opt: OptimizerArgs,
-    #[arg(long, default_value = "127.0.0.1:0")]
-    pub listen: std::net::SocketAddr,
-    /// Write the bound address here (atomically) once serving.
-    #[arg(long, value_name = "PATH")]
-    pub port_file: Option<PathBuf>,
-    /// What ends the server: `signal` (SIGINT/SIGTERM) or `stdin` (end of file on standard
-    /// input, or a signal; what `ftrec run` asks of the servers it starts).
-    #[arg(long, default_value = "signal")]
-    pub until: String,
-    /// Serve the checkpoint service too, staging chunks in this local directory (saving
-    /// strategies: full, deck, ...; store settings from the AWS environment variables).
-    #[arg(long, value_name = "DIR")]
-    pub ckpt_staging: Option<PathBuf>,
-    /// Staging chunk size in KiB (with --ckpt-staging) [default: 4096].
-    #[arg(long, value_name = "KIB")]
-    pub ckpt_chunk_kib: Option<usize>,
-    #[command(flatten)]
-    pub cpr: CprServerArgs,
-    /// ECRec node (strategy ecrec): the same `--ec-*` flags as `ftrec run` (`--ec-k` and
-    /// `--ec-r` required).
-    #[command(flatten)]
-    pub ec: EcRunArgs,
-    /// ECRec: start as the empty replacement of a lost server, to be rebuilt.
-    #[arg(long)]
-    pub ec_replacement: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -536,44 +399,4 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 2)]
         repeat: u32,
     },
-}
-
-/// Optimizer flags shared by every command that builds a model.
-#[derive(Args, Debug, Clone, Default)]
-pub struct OptimizerArgs {
-    /// Optimizer of the embedding rows: sgd, momentum, adagrad, rowwise_adagrad, adam.
-    #[arg(long)]
-    pub optimizer: Option<String>,
-    /// Learning rate of the embedding rows.
-    #[arg(long)]
-    pub lr: Option<f32>,
-    /// Optimizer of the dense MLP.
-    #[arg(long)]
-    pub dense_optimizer: Option<String>,
-    /// Learning rate of the dense MLP.
-    #[arg(long)]
-    pub dense_lr: Option<f32>,
-}
-
-impl OptimizerArgs {
-    /// Override the preset's optimizers with whatever the flags name.
-    pub fn apply(
-        &self,
-        sparse: &mut ftrec_core::Optimizer,
-        dense: &mut ftrec_core::Optimizer,
-    ) -> Result<(), ftrec_core::CoreError> {
-        let one = |name: &Option<String>, default: ftrec_core::Optimizer, lr: Option<f32>| {
-            let kind = match name {
-                Some(n) => n.parse::<ftrec_core::OptimizerKind>()?,
-                None => default.kind,
-            };
-            Ok::<_, ftrec_core::CoreError>(ftrec_core::Optimizer::new(
-                kind,
-                lr.unwrap_or(default.lr),
-            ))
-        };
-        *sparse = one(&self.optimizer, *sparse, self.lr)?;
-        *dense = one(&self.dense_optimizer, *dense, self.dense_lr)?;
-        Ok(())
-    }
 }

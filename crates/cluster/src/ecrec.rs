@@ -12,8 +12,6 @@
 //! one bit for bit. Servers started elsewhere are refused: a lost server's replacement must
 //! start empty and rebuild, which only a launched process is told to do (`--ec-replacement`).
 
-use std::collections::BTreeMap;
-
 use ftrec_core::{Optimizer, Preset, ServerId, DENSE_BLOCK};
 use ftrec_ec::{CodeKind, StripeLayout};
 use ftrec_ps::ec::{ec_service, EcConfig, EcNode};
@@ -81,10 +79,6 @@ pub struct EcServerSpec {
 }
 
 impl EcServerSpec {
-    /// Flags without a value.
-    pub(crate) const SWITCHES: [&'static str; 3] =
-        ["--no-dense-replication", "--no-2pc", "--ec-replacement"];
-
     /// The servers' part of strategy `ecrec` (`None` for another strategy).
     pub fn of_strategy(strategy: &StrategyChoice) -> Option<EcServerSpec> {
         match *strategy {
@@ -151,42 +145,6 @@ impl EcServerSpec {
             }
         }
         a
-    }
-
-    /// From parsed server flags (switches map to an empty value).
-    pub(crate) fn from_flags(
-        get: &BTreeMap<&str, String>,
-    ) -> Result<Option<EcServerSpec>, ClusterError> {
-        let num = |flag: &str| -> Result<Option<usize>, ClusterError> {
-            get.get(flag)
-                .map(|v| {
-                    v.parse::<usize>().map_err(|e| {
-                        ClusterError::Config(format!("{flag} {v:?}: {e} (expected a count)"))
-                    })
-                })
-                .transpose()
-        };
-        let share = get
-            .get("--rebuild-share")
-            .map(|v| {
-                v.parse::<f64>().map_err(|e| {
-                    ClusterError::Config(format!(
-                        "--rebuild-share {v:?}: {e} (expected a fraction from 0 to 1)"
-                    ))
-                })
-            })
-            .transpose()?;
-        EcFlags {
-            code: get.get("--ec-code").cloned(),
-            k: num("--ec-k")?,
-            r: num("--ec-r")?,
-            no_dense_replication: get.contains_key("--no-dense-replication"),
-            no_2pc: get.contains_key("--no-2pc"),
-            recovery_locks: num("--recovery-locks")?,
-            rebuild_share: share,
-            replacement: get.contains_key("--ec-replacement"),
-        }
-        .server_spec()
     }
 }
 

@@ -1,6 +1,9 @@
 //! `ftrec-cluster`: real multi-process training.
 //!
 //! It owns
+//! - the one definition of its processes' flags ([`args`]: `server`, `worker`, `ckpt merge`,
+//!   and the optimizer, ECRec and CPR flag groups `ftrec run` shares), used by the `ftrec`
+//!   binary and by this crate's own process binary alike;
 //! - the server process ([`serve_shard`], driven by a [`ServerSpec`]): one `ftrec-ps` shard
 //!   served over gRPC, its bound address published through a port file, alive until its
 //!   launcher's pipe closes;
@@ -67,6 +70,7 @@
 //! println!("{} failures, digest {}", report.failures.len(), report.model_digest);
 //! ```
 
+pub mod args;
 pub mod control;
 pub mod coordinator;
 pub mod cpr;

@@ -134,48 +134,6 @@ impl MergerArgs {
         }
         a
     }
-
-    /// Parse what [`MergerArgs::to_args`] writes (the leading `ckpt merge` is optional).
-    pub fn from_args(args: &[String]) -> Result<MergerArgs, ClusterError> {
-        let mut args = args;
-        if args.first().is_some_and(|a| a == "ckpt") {
-            args = &args[1..];
-        }
-        if args.first().is_some_and(|a| a == "merge") {
-            args = &args[1..];
-        }
-        let (location, rest) = args
-            .split_first()
-            .ok_or_else(|| ClusterError::Config("ckpt merge needs a LOCATION".into()))?;
-        let mut m = MergerArgs::for_run(location.clone(), 2, None, None);
-        m.gc = false;
-        let mut it = rest.iter();
-        while let Some(flag) = it.next() {
-            if flag == "--gc" {
-                m.gc = true;
-                continue;
-            }
-            let v = it
-                .next()
-                .ok_or_else(|| ClusterError::Config(format!("{flag} needs a value")))?;
-            let bad = |e: String| ClusterError::Config(format!("{flag} {v:?}: {e}"));
-            match flag.as_str() {
-                "--stride" => m.stride = v.parse().map_err(|e| bad(format!("{e}")))?,
-                "--chunk-kib" => {
-                    let kib: usize = v.parse().map_err(|e| bad(format!("{e}")))?;
-                    m.chunk_bytes = kib.saturating_mul(1024);
-                }
-                "--full-every-deltas" => {
-                    m.full_every_deltas = Some(v.parse().map_err(|e| bad(format!("{e}")))?)
-                }
-                "--max-mib-per-s" => {
-                    m.max_mib_per_s = Some(v.parse().map_err(|e| bad(format!("{e}")))?)
-                }
-                _ => return Err(ClusterError::Config(format!("unknown merge flag {flag:?}"))),
-            }
-        }
-        Ok(m)
-    }
 }
 
 #[cfg(test)]

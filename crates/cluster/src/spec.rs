@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use ftrec_core::{Optimizer, OptimizerKind, Preset};
+use ftrec_core::{Optimizer, Preset};
 use serde::{Deserialize, Serialize};
 
 pub use crate::cpr::ServerPriority;
@@ -18,7 +18,7 @@ pub const DEFAULT_CHUNK_KIB: usize = 4096;
 
 /// Everything a server process needs to build and serve its shard. The launcher turns it into
 /// the command line of `ftrec server` ([`ServerSpec::to_args`]); the server binary parses it
-/// back ([`ServerSpec::from_args`]) or gets it from the `ftrec` flag parser.
+/// back with the one flag definition of `ftrec server` ([`crate::args::ServerArgs`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ServerSpec {
     pub id: u32,
@@ -185,127 +185,6 @@ impl ServerSpec {
             }
         }
         a
-    }
-
-    /// Parse what [`ServerSpec::to_args`] writes (the leading `server` word is optional). Every
-    /// flag but `--port-file`, `--optimizer`, `--lr`, `--dense-optimizer` and `--dense-lr` is
-    /// required.
-    pub fn from_args(args: &[String]) -> Result<ServerSpec, ClusterError> {
-        let args = match args.first() {
-            Some(a) if a == "server" => &args[1..],
-            _ => args,
-        };
-        let mut get = std::collections::BTreeMap::new();
-        let mut it = args.iter();
-        while let Some(flag) = it.next() {
-            if EcServerSpec::SWITCHES.contains(&flag.as_str()) {
-                get.insert(flag.as_str(), String::new());
-                continue;
-            }
-            let known = [
-                "--id",
-                "--servers",
-                "--preset",
-                "--seed",
-                "--optimizer",
-                "--lr",
-                "--dense-optimizer",
-                "--dense-lr",
-                "--listen",
-                "--port-file",
-                "--until",
-                "--ckpt-staging",
-                "--ckpt-chunk-kib",
-                "--cpr-priority",
-                "--cpr-r",
-                "--cpr-ssu-period",
-                "--cpr-tables",
-                "--ec-code",
-                "--ec-k",
-                "--ec-r",
-                "--recovery-locks",
-                "--rebuild-share",
-            ];
-            if !known.contains(&flag.as_str()) {
-                return Err(ClusterError::Config(format!(
-                    "unknown server flag {flag:?}"
-                )));
-            }
-            let value = it
-                .next()
-                .ok_or_else(|| ClusterError::Config(format!("{flag} needs a value")))?;
-            get.insert(flag.as_str(), value.clone());
-        }
-        fn need<T: FromStr>(
-            get: &std::collections::BTreeMap<&str, String>,
-            flag: &str,
-        ) -> Result<T, ClusterError>
-        where
-            T::Err: std::fmt::Display,
-        {
-            let v = get
-                .get(flag)
-                .ok_or_else(|| ClusterError::Config(format!("missing {flag}")))?;
-            v.parse()
-                .map_err(|e| ClusterError::Config(format!("{flag} {v:?}: {e}")))
-        }
-        let preset_name: String = need(&get, "--preset")?;
-        let preset =
-            Preset::by_name(&preset_name).map_err(|e| ClusterError::Config(e.to_string()))?;
-        let mut spec = ServerSpec::from_preset(
-            &preset,
-            need(&get, "--id")?,
-            need(&get, "--servers")?,
-            need(&get, "--seed")?,
-        )?;
-        if get.contains_key("--optimizer") {
-            spec.sparse_optimizer.kind = need::<OptimizerKind>(&get, "--optimizer")?;
-        }
-        if get.contains_key("--lr") {
-            spec.sparse_optimizer.lr = need(&get, "--lr")?;
-        }
-        if get.contains_key("--dense-optimizer") {
-            spec.dense_optimizer.kind = need::<OptimizerKind>(&get, "--dense-optimizer")?;
-        }
-        if get.contains_key("--dense-lr") {
-            spec.dense_optimizer.lr = need(&get, "--dense-lr")?;
-        }
-        spec.listen = need(&get, "--listen")?;
-        spec.port_file = get.get("--port-file").map(PathBuf::from);
-        if get.contains_key("--until") {
-            spec.until = need(&get, "--until")?;
-        }
-        spec.ec = EcServerSpec::from_flags(&get)?;
-        if let Some(dir) = get.get("--ckpt-staging") {
-            let kib: usize = if get.contains_key("--ckpt-chunk-kib") {
-                need(&get, "--ckpt-chunk-kib")?
-            } else {
-                DEFAULT_CHUNK_KIB
-            };
-            let priority = match get.get("--cpr-priority") {
-                None => None,
-                Some(p) => Some(ServerPriority {
-                    priority: p
-                        .parse()
-                        .map_err(|e| ClusterError::Config(format!("--cpr-priority: {e}")))?,
-                    r: need(&get, "--cpr-r")?,
-                    ssu_period: need(&get, "--cpr-ssu-period")?,
-                    largest_tables: need(&get, "--cpr-tables")?,
-                }),
-            };
-            spec.ckpt = Some(CkptSpec {
-                staging_dir: PathBuf::from(dir),
-                chunk_bytes: kib.saturating_mul(1024),
-                priority,
-            });
-        } else if let Some(flag) = ["--ckpt-chunk-kib", "--cpr-priority"]
-            .into_iter()
-            .find(|f| get.contains_key(f))
-        {
-            return Err(ClusterError::Config(format!("{flag} needs --ckpt-staging")));
-        }
-        spec.validate()?;
-        Ok(spec)
     }
 }
 

@@ -1,5 +1,6 @@
 //! The cluster's processes without the rest of the `ftrec` binary, so that the cluster crate's
-//! own tests can launch real processes:
+//! own tests can launch real processes. Its command line is parsed by the same flag
+//! definitions as `ftrec`'s ([`ftrec_cluster::args`]):
 //! - `ftrec-cluster-server server --id I --servers N ...` behaves as `ftrec server ...`;
 //! - `ftrec-cluster-server worker --coordinator ADDR --id W [--until stdin]` behaves as
 //!   `ftrec worker ...`;
@@ -8,50 +9,17 @@
 
 use std::process::ExitCode;
 
-use ftrec_cluster::{ClusterError, WorkerLifetime};
-
-fn worker(args: &[String]) -> Result<(), ClusterError> {
-    let mut coordinator = None;
-    let mut id = None;
-    let mut lifetime = WorkerLifetime::Control;
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let value = it
-            .next()
-            .ok_or_else(|| ClusterError::Config(format!("{flag} needs a value")))?;
-        let bad = |e: String| ClusterError::Config(format!("{flag} {value:?}: {e}"));
-        match flag.as_str() {
-            "--coordinator" => coordinator = Some(value.parse().map_err(|e| bad(format!("{e}")))?),
-            "--id" => id = Some(value.parse().map_err(|e| bad(format!("{e}")))?),
-            "--until" => {
-                lifetime = match value.as_str() {
-                    "stdin" => WorkerLifetime::Stdin,
-                    "control" => WorkerLifetime::Control,
-                    _ => return Err(bad("expected stdin or control".into())),
-                }
-            }
-            _ => {
-                return Err(ClusterError::Config(format!(
-                    "unknown worker flag {flag:?}"
-                )))
-            }
-        }
-    }
-    let coordinator =
-        coordinator.ok_or_else(|| ClusterError::Config("missing --coordinator".into()))?;
-    let id = id.ok_or_else(|| ClusterError::Config("missing --id".into()))?;
-    ftrec_cluster::worker_process(coordinator, id, lifetime)
-}
+use ftrec_cluster::args::{parse_process, ProcessCkptCmd, ProcessCmd};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str) {
-        Some("worker") => worker(&args[1..]),
-        Some("ckpt") => ftrec_cluster::merger::MergerArgs::from_args(&args)
-            .and_then(|m| ftrec_cluster::merger::merge_once(&m).map(|_| ())),
-        _ => ftrec_cluster::ServerSpec::from_args(&args)
-            .and_then(|spec| ftrec_cluster::serve_shard(&spec)),
-    };
+    let result = parse_process(&args).and_then(|cmd| match cmd {
+        ProcessCmd::Server(a) => a.spec().and_then(|spec| ftrec_cluster::serve_shard(&spec)),
+        ProcessCmd::Worker(a) => a.run(),
+        ProcessCmd::Ckpt {
+            cmd: ProcessCkptCmd::Merge(m),
+        } => ftrec_cluster::merger::merge_once(&m.merger()).map(|_| ()),
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
