@@ -1,0 +1,434 @@
+//! `ftrec eval --ckpt` and `ftrec ckpt export` on the stores real cluster runs write.
+//!
+//! - eval: a small synchronous run of a saving strategy, then `ftrec eval` of its store at the
+//!   final step; the evaluation is the same computation as the run's own (same samples, same
+//!   pooling order, same dense kernels over the same parameter words), so AUC and logloss must
+//!   equal the run report's exactly, and the digest of the restored model the run's digest;
+//! - export: the safetensors file read back with the `safetensors` crate, every tensor compared
+//!   bit for bit with the servers' shards as `ftrec ckpt restore` writes them and read by the
+//!   snapshot reader (a path that shares nothing with the export's in-memory assembly), and
+//!   every shape checked against the tiny preset's literal widths.
+
+use std::path::Path;
+
+mod common;
+use common::{ftrec, read_json, succeed};
+
+use ftrec_ckpt::snapshot::{
+    self, DenseTarget, RowIds, ShardTarget, SnapshotOptions, TableTarget,
+};
+use ftrec_ckpt::{CheckpointKind, Checkpoints, LocalStore, Select};
+use ftrec_core::{
+    DenseParams, EmbeddingTable, Optimizer, OptimizerKind, ServerId, ShardMap, DENSE_BLOCK,
+};
+
+const SEED: &str = "3";
+const BATCH: &str = "32";
+const EVAL_SAMPLES: &str = "256";
+
+/// A tiny synchronous run of `strategy` with 2 servers and 2 workers, 10 steps, its store in
+/// `store`; returns the run's JSON report.
+fn cluster_run(dir: &Path, store: &Path, strategy: &[&str]) -> serde_json::Value {
+    let json = dir.join("run.json");
+    succeed(
+        ftrec()
+            .args(["run", "--preset", "tiny", "--servers", "2", "--workers", "2", "--sync"])
+            .args(["--steps", "10", "--batch", BATCH, "--eval-samples", EVAL_SAMPLES])
+            .args(["--seed", SEED, "--work-dir"])
+            .arg(dir.join("work"))
+            .args(strategy)
+            .arg("--store")
+            .arg(store)
+            .arg("--json")
+            .arg(&json),
+    );
+    read_json(&json)
+}
+
+fn eval(store: &Path, at: Option<&str>, json: &Path) -> serde_json::Value {
+    let mut cmd = ftrec();
+    cmd.arg("eval").arg("--ckpt").arg(store);
+    if let Some(at) = at {
+        cmd.args(["--at", at]);
+    }
+    cmd.args(["--seed", SEED, "--batch", BATCH, "--eval-samples", EVAL_SAMPLES])
+        .arg("--json")
+        .arg(json);
+    succeed(&mut cmd);
+    read_json(json)
+}
+
+/// The run's report and `ftrec eval` of its final step agree exactly.
+fn assert_eval_matches_run(strategy: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let run = cluster_run(dir.path(), &store, strategy);
+    assert_eq!(run["steps"], 10);
+    let ev = eval(&store, Some("10"), &dir.path().join("eval.json"));
+    assert_eq!(ev["step"], 10, "{ev}");
+    assert_eq!(ev["eval_samples"], run["eval_samples"], "{ev}");
+    // JSON numbers are the shortest text that parses back to the same f64.
+    let (auc, run_auc) = (ev["auc"].as_f64().unwrap(), run["auc"].as_f64().unwrap());
+    let (ll, run_ll) = (
+        ev["logloss"].as_f64().unwrap(),
+        run["logloss"].as_f64().unwrap(),
+    );
+    assert_eq!(auc.to_bits(), run_auc.to_bits(), "{strategy:?}: {auc} vs {run_auc}");
+    assert_eq!(ll.to_bits(), run_ll.to_bits(), "{strategy:?}: {ll} vs {run_ll}");
+    assert_eq!(ev["model_digest"], run["model_digest"], "{strategy:?}");
+    assert_eq!(ev["preset"], "tiny");
+    // Without --at: CURRENT, the same final state.
+    let cur = eval(&store, None, &dir.path().join("cur.json"));
+    assert_eq!(cur["auc"], ev["auc"]);
+    assert_eq!(cur["checkpoint"], ev["checkpoint"]);
+}
+
+#[test]
+fn eval_of_a_full_store_gives_the_runs_auc_and_logloss() {
+    assert_eval_matches_run(&["--strategy", "full", "--ckpt-every-steps", "4"]);
+}
+
+#[test]
+fn eval_of_a_deck_store_gives_the_runs_auc_and_logloss() {
+    assert_eval_matches_run(&[
+        "--strategy",
+        "deck",
+        "--delta-every-steps",
+        "3",
+        "--merge-stride",
+        "2",
+    ]);
+}
+
+#[test]
+fn eval_of_an_incrcp_store_gives_the_runs_auc_and_logloss() {
+    assert_eval_matches_run(&[
+        "--strategy",
+        "incrcp",
+        "--ckpt-every-steps",
+        "3",
+        "--base-reset",
+        "never",
+    ]);
+}
+
+fn one_error_line(out: &std::process::Output) -> String {
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("ftrec: error:"))
+        .collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    errors[0].to_string()
+}
+
+/// Every server's shard of the full checkpoint `ftrec ckpt restore` wrote into `dir`, read
+/// by the snapshot reader: per server, its tables (local rows) and its dense range.
+fn read_restored(dir: &Path) -> (ShardMap, Vec<(Vec<EmbeddingTable>, u64, DenseParams)>) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let ckpts = Checkpoints::new(std::sync::Arc::new(LocalStore::new(dir).unwrap()));
+        let m = ckpts
+            .select(&Select::Current, &[CheckpointKind::Full])
+            .await
+            .unwrap();
+        let map = ShardMap::new(m.shards.len() as u32).unwrap();
+        // The tiny preset's dense optimizer (Adagrad: 256 words per block).
+        let opt = Optimizer::new(OptimizerKind::Adagrad, 0.02);
+        let mut out = Vec::new();
+        for info in &m.shards {
+            let mut tables: Vec<EmbeddingTable> = info
+                .tables
+                .iter()
+                .map(|t| EmbeddingTable::zeros(t.table, t.rows, t.layout))
+                .collect();
+            let d = info.dense.unwrap();
+            let mut dense = DenseParams::new(vec![0.0; d.values as usize], &opt);
+            let mut target = ShardTarget {
+                server: info.server,
+                tables: tables
+                    .iter_mut()
+                    .map(|t| TableTarget {
+                        table: t,
+                        ids: RowIds::Sharded {
+                            map,
+                            server: info.server,
+                        },
+                    })
+                    .collect(),
+                dense: Some(DenseTarget {
+                    first_block: d.first_block,
+                    params: &mut dense,
+                }),
+            };
+            snapshot::restore_shard(&ckpts, &m, &mut target, &SnapshotOptions::default())
+                .await
+                .unwrap();
+            out.push((tables, d.first_block, dense));
+        }
+        (map, out)
+    })
+}
+
+fn f32s(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+#[test]
+fn export_writes_every_tensor_bit_for_bit_with_documented_names_and_shapes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let run = cluster_run(
+        dir.path(),
+        &store,
+        &["--strategy", "full", "--ckpt-every-steps", "4"],
+    );
+    let out = dir.path().join("model.safetensors");
+    let said = succeed(
+        ftrec()
+            .args(["ckpt", "export"])
+            .arg(&store)
+            .args(["--at", "10", "--optimizer-state", "--out"])
+            .arg(&out),
+    );
+    let said = String::from_utf8_lossy(&said.stdout);
+    assert!(said.contains("exported step 10"), "{said}");
+
+    // The servers' shards as `ckpt restore` writes them, read by the snapshot reader.
+    let restored = dir.path().join("restored");
+    succeed(
+        ftrec()
+            .args(["ckpt", "restore"])
+            .arg(&store)
+            .arg("--out")
+            .arg(&restored),
+    );
+    let (map, shards) = read_restored(&restored);
+
+    let bytes = std::fs::read(&out).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let meta = meta.metadata().clone().unwrap();
+    assert_eq!(meta["format"], "ftrec-dlrm");
+    assert_eq!(meta["format_version"], "1");
+    assert_eq!(meta["step"], "10");
+    assert_eq!(meta["preset"], "tiny");
+    assert_eq!(meta["sparse_optimizer"], "rowwise_adagrad");
+    assert_eq!(meta["dense_optimizer"], "adagrad");
+    assert_eq!(meta["servers"], "2");
+    assert_eq!(meta["optimizer_state"], "true");
+
+    // Dense layers: the tiny preset's bottom MLP 13-32-8 and top MLP (8 + 27*26/2)-32-1, in
+    // the documented order, laid end to end, are the servers' dense ranges end to end.
+    let layers = [
+        ("bottom_mlp.0", 32, 13),
+        ("bottom_mlp.1", 8, 32),
+        ("top_mlp.0", 32, 8 + 27 * 26 / 2),
+        ("top_mlp.1", 1, 32),
+    ];
+    let mut flat = Vec::new();
+    for (name, out_w, in_w) in layers {
+        let w = st.tensor(&format!("{name}.weight")).unwrap();
+        assert_eq!(w.shape(), [out_w, in_w], "{name}");
+        assert_eq!(w.dtype(), safetensors::Dtype::F32);
+        flat.extend(f32s(w.data()));
+        let b = st.tensor(&format!("{name}.bias")).unwrap();
+        assert_eq!(b.shape(), [out_w], "{name}");
+        flat.extend(f32s(b.data()));
+    }
+    let mut ranges: Vec<&(Vec<EmbeddingTable>, u64, DenseParams)> = shards.iter().collect();
+    ranges.sort_by_key(|s| s.1);
+    let saved: Vec<u32> = ranges
+        .iter()
+        .flat_map(|s| s.2.values.iter().map(|v| v.to_bits()))
+        .collect();
+    assert_eq!(flat.len(), saved.len());
+    assert!(flat == saved, "dense values differ");
+    let saved_state: Vec<u32> = ranges
+        .iter()
+        .flat_map(|s| s.2.state.iter().map(|v| v.to_bits()))
+        .collect();
+    let ds = st.tensor("dense.optimizer_state").unwrap();
+    assert_eq!(
+        ds.shape(),
+        [flat.len().div_ceil(DENSE_BLOCK), DENSE_BLOCK],
+        "Adagrad keeps one word per dense value"
+    );
+    assert!(f32s(ds.data()) == saved_state, "dense optimizer state differs");
+
+    // Embedding tables: every row of every server, at its global id.
+    let rows = &ftrec_core::Preset::tiny().table_rows;
+    let mut names = 4 * 2 + 1;
+    for (t, &n) in rows.iter().enumerate() {
+        let w = st.tensor(&format!("embedding.{t}.weight")).unwrap();
+        let s = st.tensor(&format!("embedding.{t}.optimizer_state")).unwrap();
+        assert_eq!(w.shape(), [n as usize, 8], "table {t}");
+        assert_eq!(s.shape(), [n as usize, 1], "table {t}: row-wise Adagrad");
+        names += 2;
+        let (w, s) = (f32s(w.data()), f32s(s.data()));
+        let mut seen = 0;
+        for (server, (tables, _, _)) in shards.iter().enumerate() {
+            let table = &tables[t];
+            assert_eq!(table.id.0 as usize, t);
+            for local in 0..table.rows() {
+                let g = map.global_row(table.id, ServerId(server as u32), local) as usize;
+                let row: Vec<u32> = table.row(local).iter().map(|v| v.to_bits()).collect();
+                assert_eq!(&w[g * 8..g * 8 + 8], &row[..8], "table {t} row {g}");
+                assert_eq!(s[g], row[8], "table {t} row {g} state");
+                seen += 1;
+            }
+        }
+        assert_eq!(seen, n, "table {t}");
+    }
+    assert_eq!(st.len(), names, "{:?}", st.names());
+    assert_eq!(run["steps"], 10);
+
+    // Without --optimizer-state: the same weights, no state tensors.
+    let plain = dir.path().join("plain.safetensors");
+    succeed(
+        ftrec()
+            .args(["ckpt", "export"])
+            .arg(&store)
+            .arg("--out")
+            .arg(&plain),
+    );
+    let pb = std::fs::read(&plain).unwrap();
+    let ps = safetensors::SafeTensors::deserialize(&pb).unwrap();
+    assert_eq!(ps.len(), 4 * 2 + rows.len());
+    assert!(ps.names().iter().all(|n| !n.contains("optimizer_state")));
+    assert_eq!(
+        ps.tensor("embedding.3.weight").unwrap().data(),
+        st.tensor("embedding.3.weight").unwrap().data()
+    );
+
+    // An existing file is kept unless --force.
+    let before = std::fs::read(&plain).unwrap();
+    let refused = ftrec()
+        .args(["ckpt", "export"])
+        .arg(&store)
+        .args(["--optimizer-state", "--out"])
+        .arg(&plain)
+        .output()
+        .unwrap();
+    assert!(one_error_line(&refused).contains("--force"));
+    assert_eq!(std::fs::read(&plain).unwrap(), before);
+    succeed(
+        ftrec()
+            .args(["ckpt", "export"])
+            .arg(&store)
+            .args(["--optimizer-state", "--force", "--out"])
+            .arg(&plain),
+    );
+    // The same tensors and metadata (the header's key order follows a hash map's).
+    let forced = std::fs::read(&plain).unwrap();
+    let fs = safetensors::SafeTensors::deserialize(&forced).unwrap();
+    assert_eq!(fs.len(), st.len());
+    for name in st.names() {
+        let (a, b) = (st.tensor(name).unwrap(), fs.tensor(name).unwrap());
+        assert_eq!(a.shape(), b.shape(), "{name}");
+        assert_eq!(a.data(), b.data(), "{name}");
+    }
+    let (_, fmeta) = safetensors::SafeTensors::read_metadata(&forced).unwrap();
+    assert_eq!(fmeta.metadata().clone().unwrap(), meta);
+}
+
+#[test]
+fn bad_stores_steps_and_shapes_give_one_clear_error_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    cluster_run(
+        dir.path(),
+        &store,
+        &["--strategy", "full", "--ckpt-every-steps", "4"],
+    );
+    let missing = dir.path().join("no-such-store");
+    let out_file = dir.path().join("x.safetensors");
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["eval".into(), "--ckpt".into(), missing.display().to_string()],
+            "is not a directory",
+        ),
+        (
+            vec![
+                "ckpt".into(),
+                "export".into(),
+                missing.display().to_string(),
+                "--out".into(),
+                out_file.display().to_string(),
+            ],
+            "is not a directory",
+        ),
+        (
+            vec![
+                "ckpt".into(),
+                "export".into(),
+                store.display().to_string(),
+                "--at".into(),
+                "7".into(),
+                "--out".into(),
+                out_file.display().to_string(),
+            ],
+            "step 7",
+        ),
+        (
+            vec![
+                "eval".into(),
+                "--ckpt".into(),
+                store.display().to_string(),
+                "--at".into(),
+                "3".into(),
+            ],
+            "step 3",
+        ),
+        (
+            vec![
+                "eval".into(),
+                "--ckpt".into(),
+                store.display().to_string(),
+                "--preset".into(),
+                "small".into(),
+            ],
+            "not preset small's shape",
+        ),
+        (
+            vec![
+                "eval".into(),
+                "--ckpt".into(),
+                store.display().to_string(),
+                "--optimizer".into(),
+                "adam".into(),
+            ],
+            "--optimizer",
+        ),
+        (
+            vec![
+                "eval".into(),
+                "--ckpt".into(),
+                store.display().to_string(),
+                "--holdout-every".into(),
+                "5".into(),
+            ],
+            "--holdout-every applies to --data only",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = ftrec().args(&args).output().unwrap();
+        let line = one_error_line(&out);
+        assert!(line.contains(needle), "{args:?}: {line}");
+    }
+    assert!(!out_file.exists());
+    // An empty directory is a store without a checkpoint.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let out = ftrec().arg("eval").arg("--ckpt").arg(&empty).output().unwrap();
+    let line = one_error_line(&out);
+    assert!(line.contains("no checkpoint"), "{line}");
+}
