@@ -112,7 +112,11 @@ fn shard_map(full: &Manifest) -> Result<ShardMap> {
 }
 
 /// Lay the servers' shards out as global tables and one dense vector.
-fn assemble(manifest: Manifest, chain: Vec<CheckpointId>, mut shards: Vec<MemShard>) -> Result<ModelState> {
+fn assemble(
+    manifest: Manifest,
+    chain: Vec<CheckpointId>,
+    mut shards: Vec<MemShard>,
+) -> Result<ModelState> {
     let invalid = |reason: String| CkptError::InvalidCheckpoint {
         id: manifest.id.to_string(),
         reason,
@@ -138,9 +142,11 @@ fn assemble(manifest: Manifest, chain: Vec<CheckpointId>, mut shards: Vec<MemSha
         let tid = TableId(t);
         let mut parts = Vec::with_capacity(shards.len());
         for s in shards.iter_mut() {
-            let i = s.tables.iter().position(|x| x.id == tid).ok_or_else(|| {
-                invalid(format!("server {} saved no table {t}", s.server.0))
-            })?;
+            let i = s
+                .tables
+                .iter()
+                .position(|x| x.id == tid)
+                .ok_or_else(|| invalid(format!("server {} saved no table {t}", s.server.0)))?;
             let layout = s.tables[i].layout();
             // Take the part out, so it is freed once copied.
             let part = std::mem::replace(&mut s.tables[i], EmbeddingTable::zeros(tid, 0, layout));

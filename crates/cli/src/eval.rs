@@ -192,7 +192,12 @@ pub fn run(a: EvalArgs) -> Result<()> {
         chain: state.chain.iter().map(|c| c.to_string()).collect(),
         servers: state.servers,
         preset: cfg.preset.name.clone(),
-        data: if a.data.is_empty() { "synthetic" } else { "tsv" }.into(),
+        data: if a.data.is_empty() {
+            "synthetic"
+        } else {
+            "tsv"
+        }
+        .into(),
         seed: cfg.seed,
         auc: ev.auc,
         logloss: ev.logloss,
@@ -203,7 +208,10 @@ pub fn run(a: EvalArgs) -> Result<()> {
         dense_optimizer: cfg.dense_optimizer.kind.to_string(),
         model_digest: trainer.digest().hex(),
     };
-    println!("checkpoint       {} (step {})", report.checkpoint, report.step);
+    println!(
+        "checkpoint       {} (step {})",
+        report.checkpoint, report.step
+    );
     println!("eval samples     {}", report.eval_samples);
     match report.teacher_auc {
         Some(t) => println!(

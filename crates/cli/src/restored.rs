@@ -22,9 +22,9 @@ pub fn parse_at(at: Option<&str>) -> Result<RestoreAt> {
         Some(s) if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) => {
             RestoreAt::Step(s.parse().with_context(|| format!("--at {s:?}"))?)
         }
-        Some(s) => RestoreAt::Id(
-            CheckpointId::new(s.to_string()).with_context(|| format!("--at {s:?}"))?,
-        ),
+        Some(s) => {
+            RestoreAt::Id(CheckpointId::new(s.to_string()).with_context(|| format!("--at {s:?}"))?)
+        }
     })
 }
 
@@ -146,7 +146,8 @@ pub fn shape(
             sparse.state_words(layout.dim)
         );
     }
-    if !state.dense_values.is_empty() && dense.state_words(DENSE_BLOCK) != state.dense_state_per_block
+    if !state.dense_values.is_empty()
+        && dense.state_words(DENSE_BLOCK) != state.dense_state_per_block
     {
         bail!(
             "the checkpoint's dense blocks carry {} optimizer words each; dense optimizer {} \

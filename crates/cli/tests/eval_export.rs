@@ -14,9 +14,7 @@ use std::path::Path;
 mod common;
 use common::{ftrec, read_json, succeed};
 
-use ftrec_ckpt::snapshot::{
-    self, DenseTarget, RowIds, ShardTarget, SnapshotOptions, TableTarget,
-};
+use ftrec_ckpt::snapshot::{self, DenseTarget, RowIds, ShardTarget, SnapshotOptions, TableTarget};
 use ftrec_ckpt::{CheckpointKind, Checkpoints, LocalStore, Select};
 use ftrec_core::{
     DenseParams, EmbeddingTable, Optimizer, OptimizerKind, ServerId, ShardMap, DENSE_BLOCK,
@@ -32,8 +30,24 @@ fn cluster_run(dir: &Path, store: &Path, strategy: &[&str]) -> serde_json::Value
     let json = dir.join("run.json");
     succeed(
         ftrec()
-            .args(["run", "--preset", "tiny", "--servers", "2", "--workers", "2", "--sync"])
-            .args(["--steps", "10", "--batch", BATCH, "--eval-samples", EVAL_SAMPLES])
+            .args([
+                "run",
+                "--preset",
+                "tiny",
+                "--servers",
+                "2",
+                "--workers",
+                "2",
+                "--sync",
+            ])
+            .args([
+                "--steps",
+                "10",
+                "--batch",
+                BATCH,
+                "--eval-samples",
+                EVAL_SAMPLES,
+            ])
             .args(["--seed", SEED, "--work-dir"])
             .arg(dir.join("work"))
             .args(strategy)
@@ -51,9 +65,16 @@ fn eval(store: &Path, at: Option<&str>, json: &Path) -> serde_json::Value {
     if let Some(at) = at {
         cmd.args(["--at", at]);
     }
-    cmd.args(["--seed", SEED, "--batch", BATCH, "--eval-samples", EVAL_SAMPLES])
-        .arg("--json")
-        .arg(json);
+    cmd.args([
+        "--seed",
+        SEED,
+        "--batch",
+        BATCH,
+        "--eval-samples",
+        EVAL_SAMPLES,
+    ])
+    .arg("--json")
+    .arg(json);
     succeed(&mut cmd);
     read_json(json)
 }
@@ -73,8 +94,16 @@ fn assert_eval_matches_run(strategy: &[&str]) {
         ev["logloss"].as_f64().unwrap(),
         run["logloss"].as_f64().unwrap(),
     );
-    assert_eq!(auc.to_bits(), run_auc.to_bits(), "{strategy:?}: {auc} vs {run_auc}");
-    assert_eq!(ll.to_bits(), run_ll.to_bits(), "{strategy:?}: {ll} vs {run_ll}");
+    assert_eq!(
+        auc.to_bits(),
+        run_auc.to_bits(),
+        "{strategy:?}: {auc} vs {run_auc}"
+    );
+    assert_eq!(
+        ll.to_bits(),
+        run_ll.to_bits(),
+        "{strategy:?}: {ll} vs {run_ll}"
+    );
     assert_eq!(ev["model_digest"], run["model_digest"], "{strategy:?}");
     assert_eq!(ev["preset"], "tiny");
     // Without --at: CURRENT, the same final state.
@@ -110,6 +139,127 @@ fn eval_of_an_incrcp_store_gives_the_runs_auc_and_logloss() {
         "--base-reset",
         "never",
     ]);
+}
+
+#[test]
+fn eval_of_cpr_incremental_and_cnr_stores_gives_the_runs_auc_and_logloss() {
+    assert_eval_matches_run(&[
+        "--strategy",
+        "cpr",
+        "--cpr-priority",
+        "mfu",
+        "--ckpt-every-steps",
+        "4",
+    ]);
+    assert_eval_matches_run(&["--strategy", "incremental", "--ckpt-every-steps", "3"]);
+    assert_eval_matches_run(&["--strategy", "cnr", "--ckpt-every-steps", "3"]);
+}
+
+/// `--at` an earlier state of a lineage: the model a run of that many steps ends with.
+#[test]
+fn eval_at_an_earlier_step_gives_the_auc_of_a_run_that_stopped_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    cluster_run(
+        dir.path(),
+        &store,
+        &[
+            "--strategy",
+            "deck",
+            "--delta-every-steps",
+            "3",
+            "--merge-stride",
+            "0",
+        ],
+    );
+    let ev = eval(&store, Some("6"), &dir.path().join("at6.json"));
+    assert_eq!(ev["step"], 6);
+    assert!(ev["chain"].as_array().unwrap().len() >= 2, "{ev}");
+    let short = dir.path().join("short.json");
+    succeed(
+        ftrec()
+            .args([
+                "run",
+                "--preset",
+                "tiny",
+                "--servers",
+                "2",
+                "--workers",
+                "2",
+                "--sync",
+            ])
+            .args([
+                "--steps",
+                "6",
+                "--batch",
+                BATCH,
+                "--eval-samples",
+                EVAL_SAMPLES,
+            ])
+            .args(["--seed", SEED, "--strategy", "none", "--work-dir"])
+            .arg(dir.path().join("short"))
+            .arg("--json")
+            .arg(&short),
+    );
+    let short = read_json(&short);
+    assert_eq!(ev["auc"].as_f64(), short["auc"].as_f64());
+    assert_eq!(ev["logloss"].as_f64(), short["logloss"].as_f64());
+    assert_eq!(ev["model_digest"], short["model_digest"]);
+}
+
+/// With --data the held-out lines of the TSV files are the evaluation set; the data's tables
+/// must be the checkpoint's.
+#[test]
+fn eval_on_tsv_data_uses_its_holdout_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    cluster_run(
+        dir.path(),
+        &store,
+        &["--strategy", "full", "--ckpt-every-steps", "4"],
+    );
+    let data = dir.path().join("data");
+    succeed(
+        ftrec()
+            .args([
+                "data",
+                "synth",
+                "--preset",
+                "tiny",
+                "--samples",
+                "400",
+                "--out",
+            ])
+            .arg(&data),
+    );
+    let tsv = data.join("train.tsv");
+    let json = dir.path().join("tsv.json");
+    succeed(
+        ftrec()
+            .arg("eval")
+            .arg("--ckpt")
+            .arg(&store)
+            .arg("--data")
+            .arg(&tsv)
+            .args(["--rows-per-table", "400", "--holdout-every", "4", "--json"])
+            .arg(&json),
+    );
+    let ev = read_json(&json);
+    assert_eq!(ev["data"], "tsv");
+    assert_eq!(ev["eval_samples"], 100, "every 4th of 400 lines");
+    assert!(ev["teacher_auc"].is_null());
+    let auc = ev["auc"].as_f64().unwrap();
+    assert!(auc > 0.0 && auc < 1.0, "{auc}");
+    // Without the cap the data's tables are Criteo's, not the checkpoint's.
+    let out = ftrec()
+        .arg("eval")
+        .arg("--ckpt")
+        .arg(&store)
+        .arg("--data")
+        .arg(&tsv)
+        .output()
+        .unwrap();
+    assert!(one_error_line(&out).contains("--rows-per-table"));
 }
 
 fn one_error_line(out: &std::process::Output) -> String {
@@ -262,14 +412,19 @@ fn export_writes_every_tensor_bit_for_bit_with_documented_names_and_shapes() {
         [flat.len().div_ceil(DENSE_BLOCK), DENSE_BLOCK],
         "Adagrad keeps one word per dense value"
     );
-    assert!(f32s(ds.data()) == saved_state, "dense optimizer state differs");
+    assert!(
+        f32s(ds.data()) == saved_state,
+        "dense optimizer state differs"
+    );
 
     // Embedding tables: every row of every server, at its global id.
     let rows = &ftrec_core::Preset::tiny().table_rows;
     let mut names = 4 * 2 + 1;
     for (t, &n) in rows.iter().enumerate() {
         let w = st.tensor(&format!("embedding.{t}.weight")).unwrap();
-        let s = st.tensor(&format!("embedding.{t}.optimizer_state")).unwrap();
+        let s = st
+            .tensor(&format!("embedding.{t}.optimizer_state"))
+            .unwrap();
         assert_eq!(w.shape(), [n as usize, 8], "table {t}");
         assert_eq!(s.shape(), [n as usize, 1], "table {t}: row-wise Adagrad");
         names += 2;
@@ -353,7 +508,11 @@ fn bad_stores_steps_and_shapes_give_one_clear_error_line() {
     let out_file = dir.path().join("x.safetensors");
     let cases: Vec<(Vec<String>, &str)> = vec![
         (
-            vec!["eval".into(), "--ckpt".into(), missing.display().to_string()],
+            vec![
+                "eval".into(),
+                "--ckpt".into(),
+                missing.display().to_string(),
+            ],
             "is not a directory",
         ),
         (
@@ -428,7 +587,12 @@ fn bad_stores_steps_and_shapes_give_one_clear_error_line() {
     // An empty directory is a store without a checkpoint.
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
-    let out = ftrec().arg("eval").arg("--ckpt").arg(&empty).output().unwrap();
+    let out = ftrec()
+        .arg("eval")
+        .arg("--ckpt")
+        .arg(&empty)
+        .output()
+        .unwrap();
     let line = one_error_line(&out);
     assert!(line.contains("no checkpoint"), "{line}");
 }
