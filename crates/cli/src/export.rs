@@ -10,7 +10,8 @@
 //! - `embedding.{t}.weight` `[rows, dim]`: table `t`, rows in global id order (sum pooling);
 //! - with `--optimizer-state`: `embedding.{t}.optimizer_state` `[rows, words]` (the sparse
 //!   optimizer's words per row: row-wise Adagrad 1, Adagrad and momentum `dim`, Adam
-//!   `2 * dim + 1`; SGD has none, so no tensor) and `dense.optimizer_state` `[blocks, words]`:
+//!   `2 * dim + 1`; SGD has none, so no tensor) and `dense.optimizer_state` `[blocks, words]`
+//!   (none for SGD either):
 //!   the dense vector (every layer's weight then bias, bottom then top, in the order above) is
 //!   cut into blocks of 256 values, each with one slot of the dense optimizer's words for 256
 //!   values (the last block's slot is used as far as its values need).
@@ -189,7 +190,7 @@ pub fn run(a: ExportArgs) -> Result<()> {
             ));
         }
     }
-    if a.optimizer_state {
+    if a.optimizer_state && state.dense_state_per_block > 0 {
         let blocks = dense.len().div_ceil(DENSE_BLOCK);
         tensors.push((
             "dense.optimizer_state".into(),

@@ -332,6 +332,64 @@ fn f32s(bytes: &[u8]) -> Vec<u32> {
         .collect()
 }
 
+/// Click probabilities of samples (13 dense features, one row id per table) computed from the
+/// exported tensors by their documented meaning alone: `y = relu(W x + b)` with `W` `[out, in]`
+/// through the bottom MLP, the interaction (bottom output, then the dots of pairs `a < b` in
+/// row-major upper-triangle order), the top MLP without a ReLU after its last layer, sigmoid.
+fn documented_forward(
+    st: &safetensors::SafeTensors<'_>,
+    dense: &[[f32; 13]],
+    ids: &[Vec<u64>],
+) -> Vec<f64> {
+    let get = |name: &str| {
+        let t = st.tensor(name).unwrap();
+        let v: Vec<f64> = f32s(t.data())
+            .into_iter()
+            .map(|b| f32::from_bits(b) as f64)
+            .collect();
+        (t.shape().to_vec(), v)
+    };
+    let linear = |x: &[f64], prefix: &str, relu: bool| -> Vec<f64> {
+        let (shape, w) = get(&format!("{prefix}.weight"));
+        let (_, b) = get(&format!("{prefix}.bias"));
+        let (out, inp) = (shape[0], shape[1]);
+        assert_eq!(x.len(), inp, "{prefix}");
+        (0..out)
+            .map(|o| {
+                let y = b[o] + (0..inp).map(|i| w[o * inp + i] * x[i]).sum::<f64>();
+                if relu {
+                    y.max(0.0)
+                } else {
+                    y
+                }
+            })
+            .collect()
+    };
+    let mut probs = Vec::new();
+    for (x, rows) in dense.iter().zip(ids) {
+        let mut z0: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+        for i in 0..2 {
+            z0 = linear(&z0, &format!("bottom_mlp.{i}"), true);
+        }
+        let mut z = vec![z0.clone()];
+        for (t, &r) in rows.iter().enumerate() {
+            let (shape, e) = get(&format!("embedding.{t}.weight"));
+            let d = shape[1];
+            z.push(e[r as usize * d..(r as usize + 1) * d].to_vec());
+        }
+        let mut inter = z0;
+        for a in 0..z.len() {
+            for b in a + 1..z.len() {
+                inter.push(z[a].iter().zip(&z[b]).map(|(p, q)| p * q).sum());
+            }
+        }
+        let h = linear(&inter, "top_mlp.0", true);
+        let logit = linear(&h, "top_mlp.1", false)[0];
+        probs.push(1.0 / (1.0 + (-logit).exp()));
+    }
+    probs
+}
+
 #[test]
 fn export_writes_every_tensor_bit_for_bit_with_documented_names_and_shapes() {
     let dir = tempfile::tempdir().unwrap();
@@ -445,6 +503,55 @@ fn export_writes_every_tensor_bit_for_bit_with_documented_names_and_shapes() {
     }
     assert_eq!(st.len(), names, "{:?}", st.names());
     assert_eq!(run["steps"], 10);
+
+    // The documented meaning of the tensors gives the model's own predictions (to float
+    // rounding: the reference sums in f64, in another order).
+    let flat_values: Vec<f32> = flat.iter().map(|&b| f32::from_bits(b)).collect();
+    let preset = ftrec_core::Preset::tiny();
+    let model = ftrec_model::Dlrm::from_params(
+        ftrec_model::DlrmConfig::from_preset(&preset),
+        DenseParams::new(flat_values, &Optimizer::new(OptimizerKind::Adagrad, 0.02)),
+    )
+    .unwrap();
+    let samples = 5;
+    let dense_in: Vec<[f32; 13]> = (0..samples)
+        .map(|i| std::array::from_fn(|j| ((i * 13 + j) as f32 * 0.73).sin()))
+        .collect();
+    let ids: Vec<Vec<u64>> = (0..samples)
+        .map(|i| {
+            rows.iter()
+                .enumerate()
+                .map(|(t, &n)| (i as u64 * 7919 + t as u64 * 104_729) % n)
+                .collect()
+        })
+        .collect();
+    let emb = |t: usize, r: u64| -> Vec<f32> {
+        let w = f32s(st.tensor(&format!("embedding.{t}.weight")).unwrap().data());
+        w[r as usize * 8..r as usize * 8 + 8]
+            .iter()
+            .map(|&b| f32::from_bits(b))
+            .collect()
+    };
+    let mut pooled = Vec::new();
+    for sample in &ids {
+        for (t, &r) in sample.iter().enumerate() {
+            pooled.extend(emb(t, r));
+        }
+    }
+    let flat_dense: Vec<f32> = dense_in.iter().flatten().copied().collect();
+    let mut ws = model.workspace(samples, 1).unwrap();
+    let mut ours = Vec::new();
+    model
+        .predict(&mut ws, &flat_dense, &pooled, &mut ours)
+        .unwrap();
+    let reference = documented_forward(&st, &dense_in, &ids);
+    for (a, b) in ours.iter().zip(&reference) {
+        assert!((*a as f64 - b).abs() < 1e-5, "{ours:?} vs {reference:?}");
+    }
+    assert!(
+        reference.iter().any(|p| (p - reference[0]).abs() > 1e-4),
+        "samples must differ for the check to mean something: {reference:?}"
+    );
 
     // Without --optimizer-state: the same weights, no state tensors.
     let plain = dir.path().join("plain.safetensors");
