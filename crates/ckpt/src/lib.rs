@@ -28,7 +28,10 @@
 //!   writes, by access count (MFU), a sub-sampled list (SSU) or the size of each row's change
 //!   since it was saved (SCAR); the save itself is a delta-shaped checkpoint of those rows;
 //! - opening a store from a location string, a directory or `s3://bucket/prefix`
-//!   ([`location::open`]).
+//!   ([`location::open`]);
+//! - any committed state of any store rebuilt in memory as the whole model, tables in global
+//!   row order and the dense vector end to end ([`model_state::restore_model`]), for evaluation
+//!   and export.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -74,6 +77,7 @@ pub mod format;
 pub mod incr;
 pub mod key;
 pub mod location;
+pub mod model_state;
 pub mod snapshot;
 pub mod store;
 #[cfg(feature = "s3-test-server")]

@@ -11,7 +11,8 @@
 //!   base + pieces) and writes it to DIR as one full checkpoint;
 //! - `gc LOCATION`: deletes what no live lineage needs (DECK §4.3), and chunk-list files no
 //!   live chunk points into (IncrCP §4.4);
-//! - `merge LOCATION`: one hierarchical merge pass (DECK §3.3; refused on incremental stores).
+//! - `merge LOCATION`: one hierarchical merge pass (DECK §3.3; refused on incremental stores);
+//! - `export LOCATION --out FILE`: the model of a state as safetensors ([`crate::export`]).
 //!
 //! S3 endpoint, region and credentials come from the flags or the usual AWS variables.
 
@@ -80,6 +81,9 @@ pub enum CkptCmd {
     },
     /// Run one hierarchical merge pass (and, with --gc, collect garbage after it).
     Merge(ftrec_cluster::args::MergeArgs),
+    /// Write a state's model (dense layers, embedding tables, optionally optimizer state) as
+    /// one safetensors file.
+    Export(crate::export::ExportArgs),
 }
 
 fn parse_at(at: &Option<String>) -> Result<RestoreAt> {
@@ -99,6 +103,10 @@ pub fn run(cmd: CkptCmd) -> Result<i32> {
     if matches!(cmd, CkptCmd::Merge(_)) {
         // The merger runs its own runtime.
         return merge(cmd);
+    }
+    if let CkptCmd::Export(a) = cmd {
+        // The export runs its own runtime for the restore.
+        return crate::export::run(a).map(|()| 0);
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -243,6 +251,7 @@ async fn run_async(cmd: CkptCmd) -> Result<i32> {
             Ok(0)
         }
         CkptCmd::Merge(_) => bail!("merge runs outside the async runtime"),
+        CkptCmd::Export(_) => bail!("export runs outside the async runtime"),
     }
 }
 

@@ -38,7 +38,9 @@ pub enum Cmd {
     Run(RunArgs),
     /// One parameter-server process (`ftrec run` starts them; start them by hand on other hosts).
     Server(ServerArgs),
-    /// Checkpoint stores: list the lineage, verify, restore, collect garbage, merge.
+    /// AUC and logloss of a checkpoint's model on the held-out set (synthetic or TSV).
+    Eval(crate::eval::EvalArgs),
+    /// Checkpoint stores: list the lineage, verify, restore, collect garbage, merge, export.
     Ckpt {
         #[command(subcommand)]
         cmd: crate::ckpt_cmd::CkptCmd,

@@ -13,8 +13,11 @@ mod cluster_cmd;
 mod compare;
 mod data;
 mod demo;
+mod eval;
+mod export;
 mod flags;
 mod plot;
+mod restored;
 mod train;
 
 use std::process::ExitCode;
@@ -36,6 +39,7 @@ fn main() -> ExitCode {
             Ok(code) => return ExitCode::from(code.clamp(1, 255) as u8),
             Err(e) => Err(e),
         },
+        flags::Cmd::Eval(args) => eval::run(args),
         flags::Cmd::Coordinator(args) => cluster_cmd::coordinator(args),
         flags::Cmd::Compare(args) => compare::run(args),
         flags::Cmd::Demo(args) => demo::run(args),

@@ -44,6 +44,23 @@ impl LayerShape {
     }
 }
 
+/// One linear layer of the dense part, as [`DlrmConfig::linear_layers`] lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinearLayer {
+    /// Of the top MLP (else the bottom MLP).
+    pub top: bool,
+    /// Index within its MLP, from 0.
+    pub index: usize,
+    pub input: usize,
+    pub output: usize,
+    /// Offset of the weight `[output x input]` (row-major) in the flat parameter vector.
+    pub weight_offset: usize,
+    /// Offset of the bias `[output]`.
+    pub bias_offset: usize,
+    /// A ReLU follows it (every layer but the top MLP's last).
+    pub relu: bool,
+}
+
 impl DlrmConfig {
     /// The shape a workload preset trains.
     pub fn from_preset(p: &Preset) -> Self {
@@ -133,6 +150,26 @@ impl DlrmConfig {
             out.push(l);
         }
         out
+    }
+
+    /// Every linear layer's place in the flat dense parameter vector ([`Self::param_count`]
+    /// values): the bottom MLP's layers, then the top MLP's, each a weight `[output x input]`
+    /// (row-major, as PyTorch's `nn.Linear.weight`) followed by its bias `[output]`.
+    pub fn linear_layers(&self) -> Vec<LinearLayer> {
+        let bottom = self.bottom.len();
+        self.layers()
+            .into_iter()
+            .enumerate()
+            .map(|(i, l)| LinearLayer {
+                top: i >= bottom,
+                index: if i >= bottom { i - bottom } else { i },
+                input: l.input,
+                output: l.output,
+                weight_offset: l.offset,
+                bias_offset: l.bias_offset(),
+                relu: l.relu,
+            })
+            .collect()
     }
 
     /// Dense parameters: every layer's weights and bias.

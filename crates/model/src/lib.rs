@@ -66,7 +66,7 @@ mod par;
 
 pub use bag::{check_features, pool_sum, pool_sum_tables, scatter_grads};
 pub use bench::{bench_mlp, MlpBench};
-pub use config::DlrmConfig;
+pub use config::{DlrmConfig, LinearLayer};
 pub use dlrm::{Dlrm, Workspace};
 pub use error::ModelError;
 pub use gemm::{gemm_threads, set_gemm_threads};

@@ -3,7 +3,8 @@
 //! It owns
 //! - [`LocalTrainer`]: the single-process DLRM trainer (embedding tables in memory, the dense
 //!   MLP of `ftrec-model`, batches from `ftrec-data`), the reference every distributed and
-//!   fault-tolerant run is compared with, digest for digest;
+//!   fault-tolerant run is compared with, digest for digest; also over restored parameters
+//!   ([`LocalTrainer::from_state`]), which is how a checkpoint is evaluated;
 //! - [`train`]: a whole run (train, evaluate, report) driven by a [`TrainConfig`], returning a
 //!   [`TrainReport`];
 //! - [`sys`]: process measurements (peak resident memory).

@@ -75,6 +75,62 @@ impl LocalTrainer {
         })
     }
 
+    /// A trainer over existing tables and dense parameters (a restored checkpoint), at step
+    /// `step`. `tables[t]` must be table `t` with the preset's rows, dim and the sparse
+    /// optimizer's state width; `dense` must have the preset's parameter count and the dense
+    /// optimizer's state width. A mismatch is an error naming it.
+    pub fn from_state(
+        cfg: &TrainConfig,
+        tables: Vec<EmbeddingTable>,
+        dense: ftrec_core::DenseParams,
+        step: u64,
+    ) -> Result<LocalTrainer, WorkerError> {
+        cfg.validate()?;
+        let p = &cfg.preset;
+        let layout = RowLayout::new(p.dim, cfg.sparse_optimizer.state_words(p.dim));
+        if tables.len() != p.table_rows.len() {
+            return Err(WorkerError::Config(format!(
+                "{} tables given, the model has {}",
+                tables.len(),
+                p.table_rows.len()
+            )));
+        }
+        for (t, (table, &rows)) in tables.iter().zip(&p.table_rows).enumerate() {
+            if table.id != TableId(t as u32) || table.rows() != rows || table.layout() != layout {
+                return Err(WorkerError::Config(format!(
+                    "table {} at index {t} has {} rows of {:?}; the model's table {t} has {rows} \
+                     rows of {layout:?} ({} optimizer)",
+                    table.id.0,
+                    table.rows(),
+                    table.layout(),
+                    cfg.sparse_optimizer.kind
+                )));
+            }
+        }
+        let want_state = dense.blocks() * cfg.dense_optimizer.state_words(ftrec_core::DENSE_BLOCK);
+        if dense.state.len() != want_state {
+            return Err(WorkerError::Config(format!(
+                "dense optimizer state of {} words; {} needs {want_state}",
+                dense.state.len(),
+                cfg.dense_optimizer.kind
+            )));
+        }
+        let model = Dlrm::from_params(DlrmConfig::from_preset(p), dense)?;
+        let ws = model.workspace(cfg.batch, cfg.threads)?;
+        Ok(LocalTrainer {
+            cfg: cfg.clone(),
+            accs: (0..p.table_rows.len())
+                .map(|_| SparseGradAccumulator::new(p.dim))
+                .collect(),
+            pooled: Vec::new(),
+            tables,
+            model,
+            ws,
+            step,
+            timing: StepTiming::default(),
+        })
+    }
+
     /// Steps applied so far.
     pub fn step_count(&self) -> u64 {
         self.step

@@ -1,0 +1,230 @@
+//! `ftrec eval`: AUC and logloss of a checkpoint's model on the held-out set.
+//!
+//! The state (newest committed, or `--at` a step or id) is restored from any store into memory
+//! ([`ftrec_ckpt::model_state`]), the shape worked out and checked ([`crate::restored`]), and
+//! the model evaluated by the single-process trainer's evaluation ([`LocalTrainer::evaluate`])
+//! on the held-out set `ftrec train` and `ftrec run` use: the synthetic preset's eval split
+//! (the run's seed, its first `--eval-samples` samples, in batches of `min(batch, 8192)`) or
+//! every `--holdout-every`-th line of the TSV data. Pooling sums a bag's rows in bag order and
+//! the dense part's results do not depend on the thread count, so on a run's final checkpoint
+//! this is the run's own end-of-run evaluation, bit for bit.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use ftrec_ckpt::location::LocationOptions;
+use ftrec_core::Optimizer;
+use ftrec_worker::local::{open_source, Evaluation};
+use ftrec_worker::LocalTrainer;
+use serde::Serialize;
+
+use crate::flags::{LayoutArg, OptimizerArgs, TrainArgs};
+use crate::restored;
+
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    /// Checkpoint store of the run: a directory or s3://bucket/prefix (S3 settings from the
+    /// AWS environment variables).
+    #[arg(long, value_name = "LOCATION")]
+    pub ckpt: String,
+    /// The state at exactly this step, or a checkpoint id [default: CURRENT, the newest
+    /// committed state].
+    #[arg(long, value_name = "STEP|ID")]
+    pub at: Option<String>,
+    /// Preset the run trained (without --data: also the synthetic held-out set) [default: the
+    /// preset whose tables and MLP the checkpoint has].
+    #[arg(long)]
+    pub preset: Option<String>,
+    /// Criteo TSV data the run trained on (a file, several, or a directory); its held-out lines
+    /// are the evaluation set.
+    #[arg(long, num_args = 1..)]
+    pub data: Vec<PathBuf>,
+    /// Layout of --data.
+    #[arg(long, value_enum, default_value = "kaggle")]
+    pub layout: LayoutArg,
+    /// The run's cap on every table's rows (categoricals hashed into it; --data only).
+    #[arg(long, value_name = "N")]
+    pub rows_per_table: Option<u64>,
+    /// Skip and count malformed held-out lines instead of stopping at the first one.
+    #[arg(long)]
+    pub skip_malformed: bool,
+    /// Every N-th line of --data is held out (as the run held it out).
+    #[arg(long, value_name = "N")]
+    pub holdout_every: Option<u64>,
+    /// Held-out samples [default: the preset's, as the run's].
+    #[arg(long, value_name = "N")]
+    pub eval_samples: Option<usize>,
+    /// The run's batch size; evaluation batches are min(batch, 8192) [default: the preset's].
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// The run's seed (the synthetic held-out samples depend on it).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// The run's embedding optimizer, checked against the rows' state width [default: the
+    /// preset's].
+    #[arg(long)]
+    pub optimizer: Option<String>,
+    /// The run's dense optimizer, checked against the dense state width [default: the
+    /// preset's].
+    #[arg(long)]
+    pub dense_optimizer: Option<String>,
+    /// Matrix-kernel threads (results do not depend on it) [default: all cores].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Write the result as JSON here.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+}
+
+/// What `ftrec eval` reports (the `--json` file).
+#[derive(Debug, Clone, Serialize)]
+pub struct EvalReport {
+    pub location: String,
+    pub checkpoint: String,
+    pub step: u64,
+    /// The checkpoints read, oldest first.
+    pub chain: Vec<String>,
+    pub servers: u32,
+    pub preset: String,
+    /// `synthetic` or `tsv`.
+    pub data: String,
+    pub seed: u64,
+    pub auc: f64,
+    pub logloss: f64,
+    pub eval_samples: usize,
+    /// The planted teacher's AUC and logloss on the same samples (synthetic data).
+    pub teacher_auc: Option<f64>,
+    pub teacher_logloss: Option<f64>,
+    pub sparse_optimizer: String,
+    pub dense_optimizer: String,
+    /// Digest of every parameter and optimizer-state word restored (`model_digest`).
+    pub model_digest: String,
+}
+
+pub fn run(a: EvalArgs) -> Result<()> {
+    let at = restored::parse_at(a.at.as_deref())?;
+    if a.data.is_empty() {
+        for (flag, set) in [
+            ("--rows-per-table", a.rows_per_table.is_some()),
+            ("--skip-malformed", a.skip_malformed),
+            ("--holdout-every", a.holdout_every.is_some()),
+        ] {
+            if set {
+                bail!("{flag} applies to --data only");
+            }
+        }
+    }
+    let mut state = restored::restore(&a.ckpt, &LocationOptions::default(), &at)?;
+    eprintln!("ftrec eval: restored {}", restored::describe(&state));
+    let shape = restored::shape(
+        &state,
+        a.preset.as_deref(),
+        a.optimizer.as_deref(),
+        a.dense_optimizer.as_deref(),
+    )?;
+    if a.data.is_empty() && !shape.preset_tables {
+        bail!(
+            "the checkpoint's tables are not preset {}'s (a model of TSV data?): give the run's \
+             --data, or the --preset whose synthetic data it trained on",
+            shape.preset.name
+        );
+    }
+    let train = TrainArgs {
+        preset: Some(shape.preset.name.clone()),
+        data: a.data.clone(),
+        layout: a.layout,
+        rows_per_table: a.rows_per_table,
+        skip_malformed: a.skip_malformed,
+        holdout_every: a.holdout_every,
+        epochs: 0,
+        steps: None,
+        batch: a.batch,
+        opt: OptimizerArgs::default(),
+        seed: a.seed,
+        deterministic: true,
+        threads: a.threads,
+        eval_samples: a.eval_samples,
+        json: None,
+    };
+    let mut cfg = crate::train::config_from_args(&train)?;
+    if cfg.preset.table_rows != shape.preset.table_rows {
+        bail!(
+            "the data's tables ({} rows{}) are not the checkpoint's ({} rows): give the run's \
+             --rows-per-table",
+            cfg.preset.total_rows(),
+            a.rows_per_table
+                .map_or(String::new(), |n| format!(" with --rows-per-table {n}")),
+            shape.preset.total_rows()
+        );
+    }
+    cfg.sparse_optimizer = Optimizer::new(shape.sparse.kind, cfg.sparse_optimizer.lr);
+    cfg.dense_optimizer = Optimizer::new(shape.dense.kind, cfg.dense_optimizer.lr);
+    cfg.validate()?;
+    crate::set_threads(cfg.threads)?;
+
+    let source = open_source(&cfg)?;
+    let eval = source.eval_set(cfg.eval_samples, cfg.batch.min(8192))?;
+    if eval.samples() == 0 {
+        bail!("the held-out set is empty (no held-out lines in the data)");
+    }
+    let tables = std::mem::take(&mut state.tables);
+    let dense = restored::dense_params(&mut state, &cfg.dense_optimizer)?;
+    let mut trainer = LocalTrainer::from_state(&cfg, tables, dense, state.step())?;
+    let ev = trainer
+        .evaluate(&eval)
+        .context("evaluating the restored model")?;
+    let teacher = match &eval.teacher_probs {
+        Some(tp) => {
+            let labels: Vec<f32> = eval
+                .batches
+                .iter()
+                .flat_map(|b| b.labels.iter().copied())
+                .collect();
+            Some(Evaluation::of(tp, &labels)?)
+        }
+        None => None,
+    };
+    let report = EvalReport {
+        location: a.ckpt.clone(),
+        checkpoint: state.manifest.id.to_string(),
+        step: state.step(),
+        chain: state.chain.iter().map(|c| c.to_string()).collect(),
+        servers: state.servers,
+        preset: cfg.preset.name.clone(),
+        data: if a.data.is_empty() {
+            "synthetic"
+        } else {
+            "tsv"
+        }
+        .into(),
+        seed: cfg.seed,
+        auc: ev.auc,
+        logloss: ev.logloss,
+        eval_samples: ev.samples,
+        teacher_auc: teacher.map(|t| t.auc),
+        teacher_logloss: teacher.map(|t| t.logloss),
+        sparse_optimizer: cfg.sparse_optimizer.kind.to_string(),
+        dense_optimizer: cfg.dense_optimizer.kind.to_string(),
+        model_digest: trainer.digest().hex(),
+    };
+    println!(
+        "checkpoint       {} (step {})",
+        report.checkpoint, report.step
+    );
+    println!("eval samples     {}", report.eval_samples);
+    match report.teacher_auc {
+        Some(t) => println!(
+            "auc              {:.4} (teacher ceiling {t:.4})",
+            report.auc
+        ),
+        None => println!("auc              {:.4}", report.auc),
+    }
+    println!("logloss          {:.5}", report.logloss);
+    println!("model_digest     {}", report.model_digest);
+    if let Some(path) = &a.json {
+        crate::write_json(path, &report).context("writing the JSON report")?;
+        eprintln!("report written to {}", path.display());
+    }
+    Ok(())
+}

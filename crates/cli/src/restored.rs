@@ -1,0 +1,198 @@
+//! A checkpoint's model in memory with the shape it was trained with: what `ftrec eval` and
+//! `ftrec ckpt export` start from.
+//!
+//! The store's manifests say the tables (rows, dim, optimizer words per row), the dense values
+//! and their optimizer words per block, and how many servers saved them; they do not say the
+//! preset (the MLP widths), the seed or the optimizer kinds. Those come from flags, or are
+//! inferred (the preset whose tables, dim and dense size fit; the preset's optimizers), and
+//! are checked against what the checkpoint holds: a mismatch is one error line naming both.
+
+use anyhow::{bail, Context, Result};
+use ftrec_ckpt::deck::RestoreAt;
+use ftrec_ckpt::location::{self, LocationOptions};
+use ftrec_ckpt::model_state::{restore_model, ModelState};
+use ftrec_ckpt::{CheckpointId, Checkpoints};
+use ftrec_core::{DenseParams, Optimizer, OptimizerKind, Preset, DENSE_BLOCK};
+use ftrec_model::DlrmConfig;
+
+/// `--at`: a step (exactly that step's state) or a checkpoint id; none: `CURRENT`.
+pub fn parse_at(at: Option<&str>) -> Result<RestoreAt> {
+    Ok(match at {
+        None => RestoreAt::Current,
+        Some(s) if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) => {
+            RestoreAt::Step(s.parse().with_context(|| format!("--at {s:?}"))?)
+        }
+        Some(s) => {
+            RestoreAt::Id(CheckpointId::new(s.to_string()).with_context(|| format!("--at {s:?}"))?)
+        }
+    })
+}
+
+/// Restore the state `at` names from the store at `location` (a directory, which must exist,
+/// or s3://bucket/prefix with the settings `opts` and the AWS variables give).
+pub fn restore(location: &str, opts: &LocationOptions, at: &RestoreAt) -> Result<ModelState> {
+    if let Ok(location::Location::Dir(dir)) = location::parse(location) {
+        if !dir.is_dir() {
+            bail!("checkpoint store {location} is not a directory");
+        }
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async {
+        let store = location::open(location, &opts.clone().or(LocationOptions::from_env()))
+            .await
+            .with_context(|| format!("opening checkpoint store {location}"))?;
+        restore_model(&Checkpoints::new(store), at)
+            .await
+            .with_context(|| format!("restoring from {location}"))
+    })
+}
+
+/// The model's shape and optimizers, as far as the checkpoint and the flags tell.
+#[derive(Debug, Clone)]
+pub struct Shape {
+    /// The preset: its MLP widths and dim are the checkpoint's; its tables the checkpoint's.
+    pub preset: Preset,
+    /// Whether the checkpoint's tables are the preset's own (else they came from TSV data).
+    pub preset_tables: bool,
+    pub sparse: Optimizer,
+    pub dense: Optimizer,
+}
+
+/// Work out the shape of `state` from the flags: `preset` names the preset (else the one whose
+/// tables, dim and dense size fit, or else the last one whose dim and dense size fit: `kaggle`,
+/// as `ftrec train --data` names a model of TSV data), `sparse`/`dense` the
+/// optimizer kinds (else the preset's); each is checked against the checkpoint.
+pub fn shape(
+    state: &ModelState,
+    preset: Option<&str>,
+    sparse: Option<&str>,
+    dense: Option<&str>,
+) -> Result<Shape> {
+    let rows = state.table_rows();
+    let layout = state
+        .layout()
+        .context("the checkpoint holds no embedding table")?;
+    let dense_values = state.dense_values.len();
+    let fits_mlp = |p: &Preset| {
+        let mut cfg = DlrmConfig::from_preset(p);
+        cfg.tables = rows.len();
+        p.dim == layout.dim && cfg.param_count() == dense_values
+    };
+    let described = || {
+        format!(
+            "{} tables ({} rows), dim {}, {dense_values} dense values",
+            rows.len(),
+            rows.iter().sum::<u64>(),
+            layout.dim
+        )
+    };
+    let mut p = match preset {
+        Some(name) => {
+            let p = Preset::by_name(name)?;
+            if !fits_mlp(&p) {
+                bail!(
+                    "the checkpoint's model ({}) is not preset {name}'s shape (dim {}, bottom \
+                     MLP {:?}, top MLP {:?})",
+                    described(),
+                    p.dim,
+                    p.mlp.bottom,
+                    p.mlp.top
+                );
+            }
+            p
+        }
+        None => {
+            let all: Vec<Preset> = Preset::NAMES
+                .iter()
+                .map(|n| Preset::by_name(n))
+                .collect::<Result<_, _>>()?;
+            match all
+                .iter()
+                .find(|p| p.table_rows == rows && fits_mlp(p))
+                .or_else(|| all.iter().rev().find(|p| fits_mlp(p)))
+            {
+                Some(p) => p.clone(),
+                None => bail!(
+                    "the checkpoint's model ({}) fits no preset ({})",
+                    described(),
+                    Preset::NAMES.join(", ")
+                ),
+            }
+        }
+    };
+    let preset_tables = p.table_rows == rows;
+    p.table_rows = rows;
+    let kind = |flag: &str, name: Option<&str>, default: OptimizerKind| -> Result<Optimizer> {
+        let k = match name {
+            Some(n) => n
+                .parse::<OptimizerKind>()
+                .with_context(|| format!("{flag} {n:?}"))?,
+            None => default,
+        };
+        Ok(Optimizer::new(k, 0.0))
+    };
+    let sparse = kind("--optimizer", sparse, p.sparse_optimizer)?;
+    let dense = kind("--dense-optimizer", dense, p.dense_optimizer)?;
+    if sparse.state_words(layout.dim) != layout.state_words {
+        bail!(
+            "the checkpoint's rows carry {} optimizer words each; sparse optimizer {} keeps {} \
+             (name the run's with --optimizer)",
+            layout.state_words,
+            sparse.kind,
+            sparse.state_words(layout.dim)
+        );
+    }
+    if !state.dense_values.is_empty()
+        && dense.state_words(DENSE_BLOCK) != state.dense_state_per_block
+    {
+        bail!(
+            "the checkpoint's dense blocks carry {} optimizer words each; dense optimizer {} \
+             keeps {} (name the run's with --dense-optimizer)",
+            state.dense_state_per_block,
+            dense.kind,
+            dense.state_words(DENSE_BLOCK)
+        );
+    }
+    Ok(Shape {
+        preset: p,
+        preset_tables,
+        sparse,
+        dense,
+    })
+}
+
+/// The dense parameters of `state` with `opt`'s state layout (checked by [`shape`]).
+pub fn dense_params(state: &mut ModelState, opt: &Optimizer) -> Result<DenseParams> {
+    let mut d = DenseParams::new(std::mem::take(&mut state.dense_values), opt);
+    if d.state.len() != state.dense_state.len() {
+        bail!(
+            "the checkpoint holds {} dense optimizer words; {} blocks of {} keep {}",
+            state.dense_state.len(),
+            d.blocks(),
+            opt.kind,
+            d.state.len()
+        );
+    }
+    d.state = std::mem::take(&mut state.dense_state);
+    Ok(d)
+}
+
+/// What a restore read, for a log line.
+pub fn describe(state: &ModelState) -> String {
+    format!(
+        "step {} ({}; {} servers; {})",
+        state.step(),
+        state.manifest.id,
+        state.servers,
+        state
+            .chain
+            .iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(" -> ")
+    )
+}
