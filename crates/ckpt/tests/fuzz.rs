@@ -37,7 +37,11 @@ const CASES: u32 = 192;
 
 fn config() -> ProptestConfig {
     ProptestConfig {
-        cases: CASES,
+        // `PROPTEST_CASES=N` raises the count for a longer local run.
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(CASES),
         failure_persistence: None,
         ..ProptestConfig::default()
     }
@@ -694,7 +698,7 @@ fn use_piece(p: &PieceIndex) {
     }
     let map = ShardMap::new(2).unwrap();
     let mut list = ChunkList::new(p.base.clone(), p.server, map, p.range_rows);
-    for col in 1..p.column {
+    for col in 1..p.column.min(5) {
         // Earlier columns, as the chain before this piece would have built them.
         let _ = list.apply(&id(&format!("c{col}")), &sample_piece(col), "earlier");
     }
@@ -749,6 +753,23 @@ mod found {
         let e = PieceIndex::decode("s1/piece.pidx", &p.encode().unwrap().bytes).unwrap_err();
         assert!(matches!(e, CkptError::Corrupt { .. }), "{e}");
         assert!(e.to_string().contains("does not fit"), "{e}");
+    }
+
+    #[test]
+    fn an_empty_row_file_declaring_a_huge_row_is_refused() {
+        let valid = valid_rows(0, 2, 1);
+        let p = split(&valid);
+        let mut head = p.head.clone();
+        head[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        let e = RowChunk::decode("t.rows", &seal(&p.prefix, &head, &p.payload, None)).unwrap_err();
+        assert!(e.to_string().contains("more than"), "{e}");
+        let valid = valid_qrows(0, 2, QuantBits::Four);
+        let p = split(&valid);
+        let mut head = p.head.clone();
+        head[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+        let e =
+            QRowChunk::decode("t.qrows", &seal(&p.prefix, &head, &p.payload, None)).unwrap_err();
+        assert!(e.to_string().contains("more than"), "{e}");
     }
 
     #[test]

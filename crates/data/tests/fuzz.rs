@@ -19,7 +19,11 @@ static ALLOC: AllocProbe = AllocProbe;
 
 fn config(cases: u32) -> ProptestConfig {
     ProptestConfig {
-        cases,
+        // `PROPTEST_CASES=N` raises the count for a longer local run.
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(cases),
         failure_persistence: None,
         ..ProptestConfig::default()
     }

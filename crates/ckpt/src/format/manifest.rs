@@ -280,9 +280,12 @@ impl Manifest {
                 return Err(bad(format!("server {} listed twice", s.server.0)));
             }
             for t in &s.tables {
-                if t.layout.dim == 0 {
-                    return Err(bad(format!("table {} has dim 0", t.table.0)));
-                }
+                super::stored_layout(
+                    file,
+                    &format!("table {}", t.table.0),
+                    t.layout.dim,
+                    t.layout.state_words,
+                )?;
                 if tables.insert((s.server, t.table), *t).is_some() {
                     return Err(bad(format!(
                         "table {} listed twice for server {}",
