@@ -138,12 +138,14 @@ impl BatchTiming {
         self.push_s += o.push_s;
         self.txn_prepare_s += o.txn_prepare_s;
         self.txn_commit_s += o.txn_commit_s;
-        self.txn_retries += o.txn_retries;
-        self.txn_commit_failures += o.txn_commit_failures;
-        self.txns += o.txns;
-        self.txn_row_deltas += o.txn_row_deltas;
-        self.txn_dense_deltas += o.txn_dense_deltas;
-        self.txn_delta_bytes += o.txn_delta_bytes;
+        self.txn_retries = self.txn_retries.saturating_add(o.txn_retries);
+        self.txn_commit_failures = self
+            .txn_commit_failures
+            .saturating_add(o.txn_commit_failures);
+        self.txns = self.txns.saturating_add(o.txns);
+        self.txn_row_deltas = self.txn_row_deltas.saturating_add(o.txn_row_deltas);
+        self.txn_dense_deltas = self.txn_dense_deltas.saturating_add(o.txn_dense_deltas);
+        self.txn_delta_bytes = self.txn_delta_bytes.saturating_add(o.txn_delta_bytes);
     }
 }
 
@@ -158,7 +160,7 @@ pub fn send_line<T: Serialize>(stream: &mut TcpStream, msg: &T) -> std::io::Resu
 /// Read one JSON line; `Ok(None)` at end of stream. A line that is too long or not a message
 /// of type `T` is an error naming what was wrong.
 pub fn read_line<T: for<'de> Deserialize<'de>>(
-    reader: &mut BufReader<TcpStream>,
+    reader: &mut impl BufRead,
     what: &str,
 ) -> Result<Option<T>, String> {
     let mut buf = Vec::new();
@@ -553,5 +555,128 @@ fn read_conn(stream: TcpStream, conn: u64, tx: mpsc::Sender<Inbound>) {
         if tx.send(inbound).is_err() || closed {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ftrec_core::fuzz::{mutated, Mutation, HUGE};
+    use proptest::prelude::*;
+
+    fn valid_lines() -> Vec<Vec<u8>> {
+        let msgs = [
+            serde_json::to_vec(&FromWorker::Hello { id: 3, pid: 77 }),
+            serde_json::to_vec(&FromWorker::Done {
+                index: 9,
+                loss: 0.5,
+                timing: BatchTiming {
+                    txn_retries: 4,
+                    ..Default::default()
+                },
+            }),
+            serde_json::to_vec(&FromWorker::Failed {
+                index: Some(2),
+                error: "x".into(),
+            }),
+            serde_json::to_vec(&ToWorker::Batch {
+                index: 5,
+                seq: Some(1),
+                hold: vec![TxnHold::Commit],
+            }),
+            serde_json::to_vec(&ToWorker::Connect { servers: vec![] }),
+        ];
+        msgs.into_iter().map(|m| m.unwrap()).collect()
+    }
+
+    fn mutation() -> impl Strategy<Value = Mutation> {
+        prop_oneof![
+            (any::<usize>(), any::<u8>()).prop_map(|(at, bit)| Mutation::Flip { at, bit }),
+            (
+                any::<usize>(),
+                prop::sample::select(b"\n\"{}[],:0-9e".to_vec())
+            )
+                .prop_map(|(at, byte)| Mutation::Insert { at, byte }),
+            any::<usize>().prop_map(|at| Mutation::Delete { at }),
+            any::<usize>().prop_map(|len| Mutation::Truncate { len }),
+            (any::<usize>(), prop::sample::select(HUGE.to_vec())).prop_map(|(at, value)| {
+                Mutation::Overwrite {
+                    at,
+                    width: 1,
+                    value,
+                }
+            }),
+        ]
+    }
+
+    /// Every message on `bytes`, both ways: each line is a message or an error, the stream
+    /// ends, and what a coordinator adds up from a worker's timings never overflows.
+    fn read_all(bytes: &[u8]) {
+        for pass in 0..2 {
+            let mut r = std::io::Cursor::new(bytes);
+            let mut total = BatchTiming::default();
+            for _ in 0..=bytes.len() {
+                let got = if pass == 0 {
+                    read_line::<FromWorker>(&mut r, "worker 1").map(|m| {
+                        if let Some(FromWorker::Done { timing, .. }) = m {
+                            total.add(&timing);
+                            total.add(&timing);
+                        }
+                        m.is_some()
+                    })
+                } else {
+                    read_line::<ToWorker>(&mut r, "the coordinator").map(|m| m.is_some())
+                };
+                if !matches!(got, Ok(true)) {
+                    break;
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn control_lines_of_arbitrary_bytes(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+            read_all(&bytes);
+        }
+
+        #[test]
+        fn mutated_control_lines(
+            which in prop::collection::vec(0usize..5, 1..4),
+            ms in prop::collection::vec(mutation(), 0..5),
+        ) {
+            let lines = valid_lines();
+            let mut text = Vec::new();
+            for w in which {
+                text.extend_from_slice(&lines[w]);
+                text.push(b'\n');
+            }
+            read_all(&mutated(&text, &ms));
+        }
+    }
+
+    #[test]
+    fn an_overlong_line_is_an_error_not_a_buffer() {
+        let mut long = vec![b' '; MAX_LINE + 10];
+        long.push(b'\n');
+        let e = read_line::<FromWorker>(&mut std::io::Cursor::new(&long), "worker 2").unwrap_err();
+        assert!(e.contains("longer than"), "{e}");
+    }
+
+    #[test]
+    fn timings_with_huge_counters_add_up_without_overflow() {
+        let line = br#"{"msg":"done","index":1,"loss":0.0,"timing":{"data_s":0,"pull_s":0,"compute_s":0,"push_s":0,"txn_retries":18446744073709551615}}"#;
+        let mut text = line.to_vec();
+        text.push(b'\n');
+        let Some(FromWorker::Done { timing, .. }) =
+            read_line::<FromWorker>(&mut std::io::Cursor::new(&text), "w").unwrap()
+        else {
+            panic!("a done message");
+        };
+        let mut total = timing;
+        total.add(&timing);
+        assert_eq!(total.txn_retries, u64::MAX);
     }
 }

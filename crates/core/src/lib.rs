@@ -11,7 +11,9 @@
 //! - workload [`Preset`]s (`tiny`, `small`, `kaggle`),
 //! - the [`ModelDigest`], the single number the correctness oracle compares,
 //! - a small counter-based RNG ([`rng`]) so that every row's initial value is a pure function of
-//!   `(seed, table, row)`, whatever the sharding.
+//!   `(seed, table, row)`, whatever the sharding,
+//! - support for the tests that fuzz every reader of untrusted bytes ([`fuzz`]: byte mutations
+//!   and a probe of the largest allocation a call makes).
 //!
 //! It never does IO.
 //!
@@ -29,6 +31,7 @@ pub mod batch;
 pub mod dense;
 pub mod digest;
 pub mod error;
+pub mod fuzz;
 pub mod ids;
 pub mod optimizer;
 pub mod preset;

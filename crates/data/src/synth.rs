@@ -519,7 +519,8 @@ impl BatchSource for SyntheticSource {
         check_batch_size(size)?;
         let count = match self.cfg.samples {
             Some(n) => (n.saturating_sub(self.next)).min(size as u64) as usize,
-            None => size,
+            // A resumed endless stream ends where sample indexes do.
+            None => (u64::MAX - self.next).min(size as u64) as usize,
         };
         if count == 0 {
             return Ok(None);

@@ -425,7 +425,8 @@ impl TsvReader {
     }
 
     fn more_epochs(&self) -> bool {
-        self.cfg.epochs.is_none_or(|n| self.epoch + 1 < n)
+        // A resumed position may carry any epoch: the last countable one is the last.
+        self.epoch < u64::MAX && self.cfg.epochs.is_none_or(|n| self.epoch + 1 < n)
     }
 
     fn parse_current(&self, line: &LineRef) -> Result<crate::RawSample, LineFault> {
@@ -553,6 +554,13 @@ impl BatchSource for TsvReader {
                     "epoch {epoch} but the reader is configured for {n} epochs"
                 )));
             }
+        }
+        if line > offset {
+            // Every line consumed takes at least its newline.
+            return Err(DataError::BadPosition(format!(
+                "{line} lines of {} cannot end before byte {offset}",
+                path.display()
+            )));
         }
         let mut f = File::open(path).map_err(|e| DataError::io(path, e))?;
         let len = f.metadata().map_err(|e| DataError::io(path, e))?.len();

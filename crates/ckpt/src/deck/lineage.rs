@@ -298,7 +298,8 @@ impl Lineage {
                 if kept >= retention.max_old_fulls {
                     break;
                 }
-                if last_kept.is_none_or(|s| s >= f.step + retention.full_every_steps) {
+                if last_kept.is_none_or(|s| s.saturating_sub(f.step) >= retention.full_every_steps)
+                {
                     live.insert(f.id.clone());
                     last_kept = Some(f.step);
                     kept += 1;

@@ -175,10 +175,7 @@ impl<'a> Bundle<'a> {
             let first_row = e.u64()?;
             let last_row = e.u64()?;
             let offset = e.u64()?;
-            if dim == 0 {
-                return Err(corrupt(format!("section {i} has dim 0")));
-            }
-            let layout = RowLayout::new(dim, state_words);
+            let layout = super::stored_layout(file, &format!("section {i}"), dim, state_words)?;
             if offset as u128 != expect {
                 return Err(corrupt(format!(
                     "section {i} starts at payload byte {offset}, expected {expect}"

@@ -280,9 +280,12 @@ impl Manifest {
                 return Err(bad(format!("server {} listed twice", s.server.0)));
             }
             for t in &s.tables {
-                if t.layout.dim == 0 {
-                    return Err(bad(format!("table {} has dim 0", t.table.0)));
-                }
+                super::stored_layout(
+                    file,
+                    &format!("table {}", t.table.0),
+                    t.layout.dim,
+                    t.layout.state_words,
+                )?;
                 if tables.insert((s.server, t.table), *t).is_some() {
                     return Err(bad(format!(
                         "table {} listed twice for server {}",
@@ -295,6 +298,19 @@ impl Manifest {
             }
         }
         // Files: unique valid paths, and they add up to the shapes.
+        let add_rows = |seen: &mut BTreeMap<(ServerId, TableId), u64>,
+                        key: (ServerId, TableId),
+                        rows: u64,
+                        path: &str| {
+            let n = seen.entry(key).or_default();
+            *n = n.checked_add(rows).ok_or_else(|| {
+                bad(format!(
+                    "file {path}: table {} of server {} holds more than 2^64 rows",
+                    key.1 .0, key.0 .0
+                ))
+            })?;
+            Ok::<(), CkptError>(())
+        };
         let mut paths = BTreeSet::new();
         let mut rows_seen: BTreeMap<(ServerId, TableId), u64> = BTreeMap::new();
         let mut blocks_seen: BTreeMap<ServerId, u64> = BTreeMap::new();
@@ -316,7 +332,7 @@ impl Manifest {
                             f.path, table.0, server.0
                         )));
                     }
-                    *rows_seen.entry((server, table)).or_default() += rows;
+                    add_rows(&mut rows_seen, (server, table), rows, &f.path)?;
                 }
                 FileContent::QuantRows {
                     server,
@@ -334,7 +350,7 @@ impl Manifest {
                     if bits != 8 && bits != 4 {
                         return Err(bad(format!("file {} has {bits}-bit rows", f.path)));
                     }
-                    *rows_seen.entry((server, table)).or_default() += rows;
+                    add_rows(&mut rows_seen, (server, table), rows, &f.path)?;
                 }
                 FileContent::Bundle { server, .. } | FileContent::PieceIndex { server, .. } => {
                     if !servers.contains(&server) {
@@ -356,14 +372,21 @@ impl Manifest {
                         )));
                     };
                     let seen = blocks_seen.entry(server).or_default();
-                    if first_block != d.first_block + *seen {
+                    // Declared counts are untrusted: a sum that overflows is corruption.
+                    let expected = d.first_block.checked_add(*seen);
+                    if Some(first_block) != expected {
                         return Err(bad(format!(
                             "dense file {} starts at block {first_block}, expected {}",
                             f.path,
-                            d.first_block + *seen
+                            expected.map_or("a block past 2^64".into(), |e| e.to_string())
                         )));
                     }
-                    *seen += blocks;
+                    *seen = seen.checked_add(blocks).ok_or_else(|| {
+                        bad(format!(
+                            "dense file {} ends past block 2^64 ({blocks} blocks)",
+                            f.path
+                        ))
+                    })?;
                 }
             }
         }
@@ -444,7 +467,10 @@ impl Manifest {
 
     /// Total bytes of the checkpoint's data files.
     pub fn data_bytes(&self) -> u64 {
-        self.files.iter().map(|f| f.size).sum()
+        // Sizes are as declared (a stored manifest may be damaged): saturate, never overflow.
+        self.files
+            .iter()
+            .fold(0u64, |a, f| a.saturating_add(f.size))
     }
 
     /// Encode as a `MANI` file.

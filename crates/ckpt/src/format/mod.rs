@@ -63,6 +63,34 @@ pub(crate) const PREFIX_LEN: usize = 16;
 /// Header bodies are small; anything larger is corruption, not a future format.
 pub(crate) const MAX_HEADER_LEN: usize = 4096;
 
+/// Most words (values and optimizer state) a stored row may declare: 2^20 (4 MiB a row; DLRM
+/// rows are tens to hundreds of words). A file with no rows backs no layout with bytes, so a
+/// reader caps the declared one instead of letting a restore allocate by it.
+pub const MAX_ROW_WORDS: usize = 1 << 20;
+
+/// The layout a stored header declares, refused if `dim` is 0 or the row is wider than
+/// [`MAX_ROW_WORDS`]; `what` names the header in the error.
+pub(crate) fn stored_layout(
+    file: &str,
+    what: &str,
+    dim: usize,
+    state_words: usize,
+) -> Result<ftrec_core::RowLayout> {
+    let corrupt = |reason: String| CkptError::Corrupt {
+        file: file.to_string(),
+        reason,
+    };
+    if dim == 0 {
+        return Err(corrupt(format!("{what} has dim 0")));
+    }
+    if dim.saturating_add(state_words) > MAX_ROW_WORDS {
+        return Err(corrupt(format!(
+            "{what} declares rows of {dim} + {state_words} words, more than {MAX_ROW_WORDS}"
+        )));
+    }
+    Ok(ftrec_core::RowLayout::new(dim, state_words))
+}
+
 /// The kinds of file, each with its own tag and version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FileKind {

@@ -99,12 +99,13 @@ impl From<Part> for PartWire {
 
 impl Part {
     pub fn rows(&self) -> u64 {
-        self.hi - self.lo
+        self.hi.saturating_sub(self.lo)
     }
 
-    /// Bytes a read of the part fetches.
+    /// Bytes a read of the part fetches (saturating: a validated part fits its file, so only a
+    /// part nobody validated can reach the bound).
     pub fn bytes(&self) -> u64 {
-        self.rows() * (8 + self.row_bytes as u64)
+        self.rows().saturating_mul(8 + self.row_bytes as u64)
     }
 }
 
@@ -317,20 +318,21 @@ impl PieceIndex {
         let mut n = 0u64;
         for p in &c.parts {
             let f = self.files.get(p.file as usize);
+            // Declared offsets and counts are untrusted: every product and sum is checked.
+            let end =
+                |at: u64, unit: u64| p.rows().checked_mul(unit).and_then(|b| at.checked_add(b));
             let fits = f.is_some_and(|f| {
                 p.lo <= p.hi
                     && p.row_bytes > 0
-                    && p.ids_at
-                        .checked_add(8 * p.rows())
-                        .is_some_and(|e| e <= f.size)
-                    && p.rows_at
-                        .checked_add(p.rows() * p.row_bytes as u64)
-                        .is_some_and(|e| e <= f.size)
+                    && end(p.ids_at, 8).is_some_and(|e| e <= f.size)
+                    && end(p.rows_at, p.row_bytes as u64).is_some_and(|e| e <= f.size)
             });
             if !fits {
                 return Err(bad(format!("{what}: part {p:?} does not fit its file")));
             }
-            n += p.hi - p.lo;
+            n = n
+                .checked_add(p.rows())
+                .ok_or_else(|| bad(format!("{what}: parts hold more than 2^64 rows")))?;
         }
         if n != c.rows {
             return Err(bad(format!(

@@ -292,12 +292,9 @@ impl<'a> QRowChunk<'a> {
         let rows = f.u64()?;
         let first_row = f.u64()?;
         let last_row = f.u64()?;
-        if dim == 0 {
-            return Err(corrupt("row dim is 0".into()));
-        }
+        let layout = super::stored_layout(file, "the row header", dim, state_words)?;
         let bits = QuantBits::from_bits(bits)
             .ok_or_else(|| corrupt(format!("{bits} bits per value is not 8 or 4")))?;
-        let layout = RowLayout::new(dim, state_words);
         let rec = record_bytes(layout, bits);
         let expected = rows as u128 * (8 + rec as u128);
         if expected != frame.payload.len() as u128 {

@@ -216,10 +216,7 @@ impl<'a> RowChunk<'a> {
         let rows = f.u64()?;
         let first_row = f.u64()?;
         let last_row = f.u64()?;
-        if dim == 0 {
-            return Err(corrupt("row dim is 0".into()));
-        }
-        let layout = RowLayout::new(dim, state_words);
+        let layout = super::stored_layout(file, "the row header", dim, state_words)?;
         let expected = (rows as u128) * (8 + layout.bytes() as u128);
         if expected != frame.payload.len() as u128 {
             return Err(corrupt(format!(

@@ -32,6 +32,21 @@ use crate::format::{CheckpointId, ChunkOp, ChunkRecord, FileRef, Part, PieceInde
 /// A part of a chunk: a [`Part`] whose file is an index into the list's own file table.
 pub type LivePart = Part;
 
+/// Records index the piece's file table: refuse one that points past it before following it
+/// (a decoded piece index was validated; this guards any other).
+fn check_file_refs(piece: &PieceIndex, file: &str) -> Result<()> {
+    let n = piece.files.len();
+    for c in piece.chunks.iter().chain(&piece.row0) {
+        if let Some(p) = c.parts.iter().find(|p| p.file as usize >= n) {
+            return Err(CkptError::Corrupt {
+                file: file.to_string(),
+                reason: format!("a chunk part names file {} of {n}", p.file),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// One chunk of the list.
 #[derive(Debug, Clone)]
 pub struct Chunk {
@@ -208,8 +223,7 @@ impl ChunkList {
         self.rectangle(col)
             .iter()
             .flat_map(|c| c.parts.iter())
-            .map(|p| p.bytes())
-            .sum()
+            .fold(0u64, |a, p| a.saturating_add(p.bytes()))
     }
 
     /// Every row-0 chunk.
@@ -236,8 +250,8 @@ impl ChunkList {
             .collect();
         for p in &parts {
             let f = &mut self.files[p.file as usize];
-            f.live += 1;
-            f.live_bytes += p.bytes();
+            f.live = f.live.saturating_add(1);
+            f.live_bytes = f.live_bytes.saturating_add(p.bytes());
         }
         Chunk {
             table: r.table,
@@ -270,6 +284,7 @@ impl ChunkList {
         piece: &PieceIndex,
         file: &str,
     ) -> Result<ChunkList> {
+        check_file_refs(piece, file)?;
         let mut l = ChunkList::new(base, server, map, piece.range_rows);
         if columns.len() as u32 != piece.column {
             return Err(CkptError::Corrupt {
@@ -312,6 +327,7 @@ impl ChunkList {
             file: file.to_string(),
             reason,
         };
+        check_file_refs(piece, file)?;
         let col = self.len() + 1;
         if piece.column != col {
             return Err(bad(format!(

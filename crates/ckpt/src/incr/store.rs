@@ -352,6 +352,38 @@ pub(crate) async fn write_mem_shards(
     Ok(reports)
 }
 
+/// Refuse a base whose declared shapes for `info`'s server need more memory than the bytes its
+/// files hold in the store, before [`MemShard::of`] allocates them: a manifest's row and value
+/// counts are declared, so a damaged one could otherwise ask for any amount of memory. Every
+/// saved value takes at least 4 bytes of some file, so a real base always passes.
+async fn check_shapes_stored(src: &Checkpoints, base: &Manifest, info: &ShardInfo) -> Result<()> {
+    let mut need: u128 = 0;
+    for t in &info.tables {
+        need += t.rows as u128 * t.layout.bytes() as u128;
+    }
+    if let Some(d) = info.dense {
+        need += (d.values as u128 + d.blocks as u128 * d.state_per_block as u128) * 4;
+    }
+    let mut stored: u128 = 0;
+    for f in base.files_of(info.server) {
+        if stored >= need {
+            break;
+        }
+        let key = src.file_key(&base.id, &f.path)?;
+        stored += src.store().head(&key).await?.size as u128;
+    }
+    if need > stored {
+        return Err(CkptError::InvalidCheckpoint {
+            id: base.id.to_string(),
+            reason: format!(
+                "server {} declares {need} bytes of rows and dense values, its files hold {stored}",
+                info.server.0
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Rebuild the state `chain` names for every server, in memory (every file read is verified).
 pub async fn restore_all(src: &Checkpoints, chain: &IncrChain) -> Result<Vec<MemShard>> {
     let map = ShardMap::new(chain.base.shards.len().max(1) as u32).map_err(|e| {
@@ -362,6 +394,7 @@ pub async fn restore_all(src: &Checkpoints, chain: &IncrChain) -> Result<Vec<Mem
     })?;
     let mut shards = Vec::new();
     for info in &chain.base.shards {
+        check_shapes_stored(src, &chain.base, info).await?;
         let mut s = MemShard::of(info, map);
         restore_server(src, chain, &mut s).await?;
         shards.push(s);
