@@ -31,10 +31,20 @@ pub fn tsv_config(a: &DataArgs) -> Result<Option<TsvConfig>> {
         LayoutArg::Kaggle => Layout::Kaggle,
         LayoutArg::Terabyte => Layout::Terabyte,
     };
-    let path = DataPath::from_paths(&a.data).context("--data")?;
+    // Absolute paths: the workers of `ftrec run` read them too, wherever they run.
+    let paths = a
+        .data
+        .iter()
+        .map(|p| {
+            std::fs::canonicalize(p).map_err(|e| anyhow::anyhow!("--data {}: {e}", p.display()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let path = DataPath::from_paths(&paths).map_err(|e| anyhow::anyhow!("--data: {e}"))?;
     let mut tsv = TsvConfig::new(path, layout);
     // Every file must be there now, not when the first batch is read.
-    tsv.path.resolve(layout).context("--data")?;
+    tsv.path
+        .resolve(layout)
+        .map_err(|e| anyhow::anyhow!("--data: {e}"))?;
     if let Some(cap) = a.rows_per_table {
         if cap == 0 {
             bail!("--rows-per-table must be at least 1");

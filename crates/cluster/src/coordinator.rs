@@ -155,7 +155,22 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
         None
     };
     let plan = match &cfg.data {
-        Some(tsv) => Some(BatchPlan::open(tsv, cfg.batch)?),
+        Some(tsv) => {
+            let mut plan = BatchPlan::open(tsv, cfg.batch)?;
+            // A kill after step S needs a step after S: refuse one the data does not reach now,
+            // not after training.
+            for k in &cfg.kills {
+                if let KillAt::Step(step) = k.at {
+                    if !plan.has(step.saturating_mul(cfg.workers as u64).saturating_add(1))? {
+                        return Err(ClusterError::Config(format!(
+                            "--kill {k}: the data has no step after step {step} (a kill after \
+                             the last step would not be noticed)"
+                        )));
+                    }
+                }
+            }
+            Some(plan)
+        }
         None => None,
     };
     let pool = WorkerPool::listen(
