@@ -69,7 +69,8 @@ pub fn tsv_config(a: &DataArgs) -> Result<Option<TsvConfig>> {
 /// configured passes over the data, `per_step` batches a step (the last step may have fewer,
 /// and its last batch may be short).
 pub fn steps_of_epochs(tsv: &TsvConfig, batch: usize, per_step: u64) -> Result<u64> {
-    let (batches, _) = ftrec_data::count_batches(tsv, batch).context("counting the batches of --data")?;
+    let (batches, _) =
+        ftrec_data::count_batches(tsv, batch).context("counting the batches of --data")?;
     if batches == 0 {
         bail!("--data holds no training samples (every line held out or skipped)");
     }

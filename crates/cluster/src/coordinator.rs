@@ -41,10 +41,10 @@ use ftrec_strategy::{
 use tokio::sync::{mpsc as tmpsc, watch};
 
 use crate::control::{BatchTiming, FromWorker, PoolEvent, ToWorker, WorkerPool};
+use crate::plan::BatchPlan;
 use crate::report::{
     intervals, CpuReport, EventKind, FailureReport, Overheads, RunReport, StepPoint, TimedEvent,
 };
-use crate::plan::BatchPlan;
 use crate::worker::{connect_all, Compute, WorkerData, WorkerSetup};
 use crate::{
     ClusterError, KillAt, KillSpec, Phase, Role, RunConfig, ServerProcess, StrategyChoice,
@@ -389,7 +389,9 @@ impl Coordinator {
     /// Training samples in the first `batches` global batches.
     fn samples_in(&mut self, batches: u64) -> u64 {
         match self.plan.as_mut() {
-            Some(p) => p.after(batches).map_or(batches * self.cfg.batch as u64, |a| a.1),
+            Some(p) => p
+                .after(batches)
+                .map_or(batches * self.cfg.batch as u64, |a| a.1),
             None => batches * self.cfg.batch as u64,
         }
     }
@@ -400,7 +402,11 @@ impl Coordinator {
         if self.aborted.is_some() || !self.at_data_end() {
             return Ok(());
         }
-        match self.kills.iter().find(|(k, done)| !done && matches!(k.at, KillAt::Step(_))) {
+        match self
+            .kills
+            .iter()
+            .find(|(k, done)| !done && matches!(k.at, KillAt::Step(_)))
+        {
             Some((k, _)) => Err(ClusterError::Config(format!(
                 "--kill {k} never fired: the data ended after step {}",
                 self.step()

@@ -290,9 +290,9 @@ impl Source {
         start: Option<&Position>,
     ) -> Result<Batch, ClusterError> {
         match self {
-            Source::Synthetic(src) => {
-                Ok(src.batch_at(Split::Train, first_sample(size, index), size).0)
-            }
+            Source::Synthetic(src) => Ok(src
+                .batch_at(Split::Train, first_sample(size, index), size)
+                .0),
             Source::Tsv(reader) => {
                 let start = start.ok_or_else(|| {
                     ClusterError::Protocol(format!(

@@ -106,7 +106,10 @@ fn sync_full_and_deck_runs_on_tsv_with_a_server_killed_end_with_the_failure_free
         assert_eq!(clean.samples, 1750, "{name}");
         assert_eq!(clean.steps, 28u64.div_ceil(workers as u64), "{name}");
         let data = clean.data.clone().unwrap();
-        assert!(data.ended && data.batches == 28 && data.samples == 1750, "{data:?}");
+        assert!(
+            data.ended && data.batches == 28 && data.samples == 1750,
+            "{data:?}"
+        );
 
         let run_dir = tempfile::tempdir().unwrap();
         let mut cfg = config(run_dir.path(), tsv(&path, Some(2)), workers, 1000);
@@ -114,7 +117,10 @@ fn sync_full_and_deck_runs_on_tsv_with_a_server_killed_end_with_the_failure_free
         cfg.kills = vec![KillSpec::server_at_step(1, kill_step)];
         let report = ok(run(&cfg));
         assert_eq!(report.failures.len(), 1, "{name}");
-        assert!(report.failures[0].steps_redone > 0, "{name}: nothing was rewound");
+        assert!(
+            report.failures[0].steps_redone > 0,
+            "{name}: nothing was rewound"
+        );
         assert!(report.samples_redone > 0, "{name}");
         // Rewound to a checkpoint, the plan went on from its batch count: the same samples in
         // the same order, so the same model bit for bit.
@@ -156,8 +162,8 @@ fn one_worker_on_tsv_equals_the_single_process_trainer_and_saves_tsv_positions()
     cfg.strategy = StrategyChoice::Full { every_steps: 7 };
     let report = ok(run(&cfg));
 
-    let mut local = ftrec_worker::TrainConfig::from_preset("tiny", ftrec_worker::DataSpec::Tsv(data))
-        .unwrap();
+    let mut local =
+        ftrec_worker::TrainConfig::from_preset("tiny", ftrec_worker::DataSpec::Tsv(data)).unwrap();
     local.steps = 20;
     local.batch = 64;
     local.seed = 11;

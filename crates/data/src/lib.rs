@@ -81,8 +81,8 @@ pub use sample::{categorical_row, parse_line, transform_dense, RawSample};
 pub use source::{BatchSource, EvalSet, Position};
 pub use synth::{Split, SynthConfig, SyntheticSource, Teacher, TeacherScales};
 pub use tsv::{
-    count_batches, DataPath, Layout, TsvConfig, TsvReader, DEFAULT_HOLDOUT_EVERY, KEPT_FAULTS, MAX_LINE_BYTES,
-    TERABYTE_ROW_CAP, TERABYTE_TABLE_ROWS,
+    count_batches, DataPath, Layout, TsvConfig, TsvReader, DEFAULT_HOLDOUT_EVERY, KEPT_FAULTS,
+    MAX_LINE_BYTES, TERABYTE_ROW_CAP, TERABYTE_TABLE_ROWS,
 };
 pub use write::{synth_to_dir, write_tsv, SYNTH_FILE};
 pub use zipf::Zipf;

@@ -316,9 +316,10 @@ impl Coordinator {
                 .expect("a valid key segment"),
             None => checkpoint_id(step, kind, attempt),
         };
-        let result = position_json(self.cfg.batch, self.batches, self.plan.as_mut()).and_then(
-            |position| self.start_save(kind, piece, step, id.clone(), position, t0, prioritized),
-        );
+        let result =
+            position_json(self.cfg.batch, self.batches, self.plan.as_mut()).and_then(|position| {
+                self.start_save(kind, piece, step, id.clone(), position, t0, prioritized)
+            });
         let pause_s = t0.elapsed().as_secs_f64();
         self.pause_s += pause_s;
         // A kill "during the write" lands after the copy-out, while the uploads (and a
@@ -679,12 +680,7 @@ impl Coordinator {
             DataPosition::Json(v) => v.get("position"),
             _ => None,
         };
-        crate::plan::check_position(
-            manifest.id.as_str(),
-            recorded,
-            batches,
-            self.plan.as_mut(),
-        )?;
+        crate::plan::check_position(manifest.id.as_str(), recorded, batches, self.plan.as_mut())?;
         // A restoring server holds its shard's write lock while it reads the lineage, and its
         // request handlers wait for that lock on the runtime's threads; heartbeat probes
         // arriving meanwhile would occupy every thread, and a store whose reads need the
