@@ -484,6 +484,29 @@ impl Coordinator {
         }
         let addrs = self.server_addrs.clone();
         self.clients = Some(self.rt.block_on(connect_all(&addrs))?);
+        // Servers started elsewhere must hold the tables this job trains (the data's sizes on
+        // TSV data: `ftrec server --table-rows`).
+        if let Some(info) = self
+            .client()?
+            .infos()
+            .iter()
+            .find(|i| i.table_rows != self.cfg.preset.table_rows)
+        {
+            return Err(ClusterError::Config(format!(
+                "server {} holds tables of {:?} rows, this job trains {:?} (start it with \
+                 --table-rows {})",
+                info.server.0,
+                info.table_rows,
+                self.cfg.preset.table_rows,
+                self.cfg
+                    .preset
+                    .table_rows
+                    .iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )));
+        }
         self.connect_store_clients()?;
         self.ec_connect()?;
         self.update_heartbeat();
