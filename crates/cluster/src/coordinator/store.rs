@@ -42,6 +42,7 @@ use ftrec_strategy::{Action, CheckpointRef, Event, PieceLayout};
 
 use super::Coordinator;
 use crate::merger::MergerArgs;
+use crate::plan::BatchPlan;
 use crate::report::EventKind;
 use crate::spec::MergeSettings;
 use crate::worker::position_after;
@@ -114,12 +115,23 @@ pub(super) struct MergerProc {
     entered: bool,
 }
 
-/// The batch count a manifest records in its data position.
-fn position_json(batch: usize, batches: u64) -> DataPosition {
-    DataPosition::Json(serde_json::json!({
+/// The data position every manifest records: the global batches in the saved model, the
+/// training samples they hold and where the stream stands after them (a synthetic sample
+/// index, or on TSV data the plan's file, byte offset, line and epoch).
+fn position_json(
+    batch: usize,
+    batches: u64,
+    plan: Option<&mut BatchPlan>,
+) -> Result<DataPosition, ClusterError> {
+    let (position, samples) = match plan {
+        Some(p) => p.after(batches)?,
+        None => (position_after(batch, batches), batches * batch as u64),
+    };
+    Ok(DataPosition::Json(serde_json::json!({
         "batches": batches,
-        "position": position_after(batch, batches),
-    }))
+        "samples": samples,
+        "position": position,
+    })))
 }
 
 fn batches_of(m: &Manifest) -> Result<u64, ClusterError> {
@@ -304,8 +316,10 @@ impl Coordinator {
                 .expect("a valid key segment"),
             None => checkpoint_id(step, kind, attempt),
         };
-        let position = position_json(self.cfg.batch, self.batches);
-        let result = self.start_save(kind, piece, step, id.clone(), position, t0, prioritized);
+        let result =
+            position_json(self.cfg.batch, self.batches, self.plan.as_mut()).and_then(|position| {
+                self.start_save(kind, piece, step, id.clone(), position, t0, prioritized)
+            });
         let pause_s = t0.elapsed().as_secs_f64();
         self.pause_s += pause_s;
         // A kill "during the write" lands after the copy-out, while the uploads (and a
@@ -659,6 +673,14 @@ impl Coordinator {
             .rt
             .block_on(state_manifest(&ckpts, &id))
             .map_err(|e| ClusterError::Checkpoint(e.to_string()))?;
+        let batches = batches_of(&manifest)?;
+        // The training data continues from the checkpoint's position: it must be the data
+        // this run reads.
+        let recorded = match &manifest.data_position {
+            DataPosition::Json(v) => v.get("position"),
+            _ => None,
+        };
+        crate::plan::check_position(manifest.id.as_str(), recorded, batches, self.plan.as_mut())?;
         // A restoring server holds its shard's write lock while it reads the lineage, and its
         // request handlers wait for that lock on the runtime's threads; heartbeat probes
         // arriving meanwhile would occupy every thread, and a store whose reads need the
@@ -686,7 +708,7 @@ impl Coordinator {
             st.committed = Some(id);
             st.base = base;
         }
-        batches_of(&manifest)
+        Ok(batches)
     }
 
     /// After a commit: start a merger pass (which collects garbage after merging) if the
