@@ -134,7 +134,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
         preset: Some(shape.preset.name.clone()),
         data: DataArgs {
             data: a.data.clone(),
-            layout: Some(a.layout),
+            layout: (!a.data.is_empty()).then_some(a.layout),
             rows_per_table: a.rows_per_table,
             skip_malformed: a.skip_malformed,
             holdout_every: a.holdout_every,
