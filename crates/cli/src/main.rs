@@ -15,6 +15,7 @@ mod data;
 mod demo;
 mod flags;
 mod plot;
+mod resume;
 mod train;
 
 use std::process::ExitCode;

@@ -32,6 +32,8 @@ pub enum EventKind {
     /// A lost worker's half-done transactions were committed or aborted everywhere.
     TransactionsResolved,
     Aborted,
+    /// The job was started again from its store (`ftrec run --resume`).
+    JobResumed,
 }
 
 /// One event, `t_s` seconds after the run started.
@@ -216,6 +218,10 @@ pub struct RunReport {
     /// portion of lost samples per failure and in total (CPR Eq. 3).
     #[serde(default)]
     pub cpr: Option<ftrec_strategy::CprReport>,
+    /// A run resumed from its store (`ftrec run --resume`): the checkpoint, its step, and the
+    /// servers that saved it and restored it.
+    #[serde(default)]
+    pub resumed: Option<crate::coordinator::ResumeReport>,
 }
 
 /// CPU time (user + system, seconds) the run's processes used, read from `/proc` just before
@@ -309,6 +315,13 @@ impl RunReport {
             self.bytes_written,
             self.failures.len()
         );
+        if let Some(r) = &self.resumed {
+            s += &format!(
+                "  resumed from checkpoint {} at step {} of {} (saved by {} servers, restored \
+                 onto {})\n",
+                r.checkpoint, r.step, r.location, r.saved_servers, r.servers
+            );
+        }
         let secs = |v: Option<f64>| v.map_or("-".to_string(), |d| format!("{d:.3}s"));
         for f in &self.failures {
             s += &format!(
