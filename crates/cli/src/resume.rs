@@ -68,7 +68,9 @@ fn check(a: &RunArgs, rec: &RunConfig, location: &str) -> Result<()> {
         if given == "true" && recorded == "false" {
             bail!("{flag} contradicts the job recorded in {location}, which runs without it");
         }
-        bail!("{flag} {given} contradicts the job recorded in {location}, whose {flag} is {recorded}")
+        bail!(
+            "{flag} {given} contradicts the job recorded in {location}, whose {flag} is {recorded}"
+        )
     };
     if let Some(p) = &a.preset {
         clash("--preset", p.clone(), rec.preset.name.clone())?;
@@ -152,12 +154,15 @@ fn given_strategy_flags(a: &RunArgs) -> Vec<(&'static str, String)> {
     add("--merge-mib-per-s", a.merge_mib_per_s.map(|x| s(&x)));
     add(
         "--base-reset",
-        a.incr
-            .base_reset
-            .as_ref()
-            .map(|r| r.parse::<u64>().map_or_else(|_| r.clone(), |n| n.to_string())),
+        a.incr.base_reset.as_ref().map(|r| {
+            r.parse::<u64>()
+                .map_or_else(|_| r.clone(), |n| n.to_string())
+        }),
     );
-    add("--extract-threshold", a.incr.extract_threshold.map(|x| s(&x)));
+    add(
+        "--extract-threshold",
+        a.incr.extract_threshold.map(|x| s(&x)),
+    );
     add("--range-rows", a.incr.range_rows.map(|x| s(&x)));
     add("--no-concat", a.incr.no_concat.then(|| "true".into()));
     add(
@@ -169,7 +174,10 @@ fn given_strategy_flags(a: &RunArgs) -> Vec<(&'static str, String)> {
     add("--target-pls", a.cpr.target_pls.map(|x| s(&x)));
     add("--mtbf-s", a.cpr.mtbf_s.map(|x| s(&x)));
     add("--cpr-r", a.cpr.cpr_r.map(|x| s(&x)));
-    add("--cpr-saves-per-full", a.cpr.cpr_saves_per_full.map(|x| s(&x)));
+    add(
+        "--cpr-saves-per-full",
+        a.cpr.cpr_saves_per_full.map(|x| s(&x)),
+    );
     add("--cpr-ssu-period", a.cpr.cpr_ssu_period.map(|x| s(&x)));
     add("--cpr-tables", a.cpr.cpr_tables.map(|x| s(&x)));
     add("--ec-k", a.ec.ec_k.map(|x| s(&x)));
@@ -314,21 +322,33 @@ mod tests {
         check(&a, &rec(), "/s").unwrap();
         a.seed = Some(12);
         let e = err(&a);
-        assert!(e.contains("--seed 12") && e.contains("is 11") && e.contains("/s"), "{e}");
+        assert!(
+            e.contains("--seed 12") && e.contains("is 11") && e.contains("/s"),
+            "{e}"
+        );
         a.seed = None;
         a.delta_every_steps = Some(4);
         let e = err(&a);
-        assert!(e.contains("--delta-every-steps 4") && e.contains("is 3"), "{e}");
+        assert!(
+            e.contains("--delta-every-steps 4") && e.contains("is 3"),
+            "{e}"
+        );
         a.delta_every_steps = None;
         a.strategy = Some("full".into());
         let e = err(&a);
-        assert!(e.contains("--strategy full") && e.contains("is deck"), "{e}");
+        assert!(
+            e.contains("--strategy full") && e.contains("is deck"),
+            "{e}"
+        );
         let a = RunArgs {
             ckpt_every_steps: Some(3),
             ..Default::default()
         };
         let e = err(&a);
-        assert!(e.contains("--ckpt-every-steps") && e.contains("deck"), "{e}");
+        assert!(
+            e.contains("--ckpt-every-steps") && e.contains("deck"),
+            "{e}"
+        );
         let a = RunArgs {
             sync: false,
             opt: crate::flags::OptimizerArgs {

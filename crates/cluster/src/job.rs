@@ -46,7 +46,11 @@ impl Job {
     pub fn of(cfg: &RunConfig) -> Result<Job, ClusterError> {
         let mut fields = match serde_json::to_value(cfg) {
             Ok(Value::Object(m)) => m,
-            Ok(_) => return Err(ClusterError::Protocol("a run configuration is no map".into())),
+            Ok(_) => {
+                return Err(ClusterError::Protocol(
+                    "a run configuration is no map".into(),
+                ))
+            }
             Err(e) => {
                 return Err(ClusterError::Protocol(format!(
                     "serializing the run configuration: {e}"
@@ -93,7 +97,11 @@ impl Job {
     pub fn config(&self, invocation: &RunConfig) -> Result<RunConfig, ClusterError> {
         let mut v = match serde_json::to_value(invocation) {
             Ok(Value::Object(m)) => m,
-            _ => return Err(ClusterError::Protocol("a run configuration is no map".into())),
+            _ => {
+                return Err(ClusterError::Protocol(
+                    "a run configuration is no map".into(),
+                ))
+            }
         };
         for (k, val) in &self.fields {
             if !PER_INVOCATION.contains(&k.as_str()) {
