@@ -104,8 +104,10 @@ pub(super) fn resume_point(
             .max()
             .map_or(0, |a| a + 1);
         Ok(ResumePoint {
+            // The checkpoint that holds the state now: the head itself, or the merged
+            // checkpoint standing for it once the merger collected it.
             checkpoint: CheckpointRef {
-                id: head.to_string(),
+                id: m.id.to_string(),
                 step: m.step,
             },
             saved_servers: m.shards.len() as u32,
