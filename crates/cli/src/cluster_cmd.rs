@@ -108,6 +108,7 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
     let f = JobFile::read(path)?;
     Ok(RunArgs {
         config: a.config.clone(),
+        resume: a.resume.clone(),
         preset: a.preset.clone().or(f.preset),
         servers: a.servers.or(f.servers),
         workers: a.workers.or(f.workers),
@@ -189,14 +190,24 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
     })
 }
 
-/// Flags (already merged with the job file) -> validated run configuration.
-pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
-    let preset = Preset::by_name(a.preset.as_deref().unwrap_or("tiny"))?;
+/// The executable every process runs, and the work directory (a new one under the temp dir
+/// unless given).
+pub(crate) fn exe_and_work_dir(a: &RunArgs) -> Result<(PathBuf, PathBuf)> {
     let exe = std::env::current_exe().context("finding the ftrec executable to start processes")?;
     let work_dir = match &a.work_dir {
         Some(d) => d.clone(),
         None => std::env::temp_dir().join(format!("ftrec-run-{}", std::process::id())),
     };
+    Ok((exe, work_dir))
+}
+
+/// Flags (already merged with the job file) -> validated run configuration.
+pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
+    if a.resume.is_some() {
+        bail!("--resume applies to ftrec run and ftrec coordinator only");
+    }
+    let preset = Preset::by_name(a.preset.as_deref().unwrap_or("tiny"))?;
+    let (exe, work_dir) = exe_and_work_dir(a)?;
     let mut cfg = RunConfig::new(preset, exe, work_dir);
     cfg.servers = a.servers.unwrap_or(2);
     cfg.workers = a.workers.unwrap_or(1);
@@ -305,6 +316,10 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
 
 pub fn run(a: RunArgs) -> Result<()> {
     let a = merge(&a)?;
+    if let Some(location) = &a.resume {
+        let cfg = crate::resume::config(&a, location)?;
+        return execute(&a, cfg);
+    }
     let cfg = run_config(&a)?;
     execute(&a, cfg)
 }
@@ -315,7 +330,10 @@ pub fn coordinator(a: RunArgs) -> Result<()> {
     if a.server_addr.is_empty() {
         bail!("ftrec coordinator needs the servers' addresses (--server-addr, one per server)");
     }
-    let mut cfg = run_config(&a)?;
+    let mut cfg = match &a.resume {
+        Some(location) => crate::resume::config(&a, location)?,
+        None => run_config(&a)?,
+    };
     cfg.external_workers = true;
     cfg.validate()?;
     execute(&a, cfg)
@@ -353,7 +371,13 @@ fn execute(a: &RunArgs, cfg: RunConfig) -> Result<()> {
             cfg.workers, cfg.control_listen
         );
     }
-    let report = ftrec_cluster::run(&cfg);
+    let report = match &a.resume {
+        Some(location) => {
+            eprintln!("resuming the job recorded in {location}");
+            ftrec_cluster::resume(&cfg)
+        }
+        None => ftrec_cluster::run(&cfg),
+    };
     if a.work_dir.is_none() {
         // A work directory of our own making (port files, checkpoints) goes with the run.
         let _ = std::fs::remove_dir_all(&cfg.work_dir);

@@ -70,6 +70,15 @@ pub struct RunArgs {
     /// Job file (TOML) with any of these settings.
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
+    /// Start a job again from its checkpoint store (a directory or s3://bucket/prefix) after
+    /// its processes died: the job's settings come from the store's job record; fresh servers
+    /// and workers restore the newest committed checkpoint and train to the job's last step.
+    /// Flags that define the job (preset, workers, sync, strategy and its settings, steps,
+    /// batch, seed, optimizers) must agree with the record; --servers (the rows are
+    /// re-sharded), --work-dir, --kill, --threads, --eval-samples, heartbeats, the report
+    /// interval and --json may differ.
+    #[arg(long, value_name = "LOCATION")]
+    pub resume: Option<String>,
     /// Workload preset: tiny, small or kaggle [default: tiny]; with --data it gives the model
     /// shape and the data gives the table sizes.
     #[arg(long)]

@@ -22,7 +22,10 @@
 
 mod ecrec;
 mod partial;
+mod resume;
 mod store;
+
+pub use resume::ResumeReport;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -72,6 +75,27 @@ const REBUILD_POLL: Duration = Duration::from_millis(100);
 /// [`RunReport::aborted`] set; an error that is not a server loss returns `Err`. Every started
 /// process is reaped before this returns.
 pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
+    run_job(cfg, false)
+}
+
+/// Start a job again from its store (`cfg.store_location()`): start fresh servers and workers,
+/// restore every server from the newest committed checkpoint through the recovery path (onto
+/// `cfg.servers` servers, re-sharded if the checkpoint was saved by another number), rewind
+/// the data to its position, and train to `cfg.steps`, ending with the strategy's final save.
+/// `cfg` is the job as its store records it ([`crate::job::read`]) with this invocation's
+/// settings. A store with no committed checkpoint is an error, before any process starts;
+/// [`RunReport::resumed`] says where the run started.
+pub fn resume(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
+    if !cfg.strategy.uses_store() {
+        return Err(ClusterError::Config(format!(
+            "strategy {} saves no checkpoints: there is nothing to resume from",
+            cfg.strategy.name()
+        )));
+    }
+    run_job(cfg, true)
+}
+
+fn run_job(cfg: &RunConfig, resume: bool) -> Result<RunReport, ClusterError> {
     cfg.validate()?;
     let start = Instant::now();
     // The store creates its own directory (and may not be local at all).
@@ -173,6 +197,14 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
         }
         None => None,
     };
+    let resume_at = match (&store, resume) {
+        (Some(st), true) => Some(resume::resume_point(&rt, st, cfg.steps)?),
+        _ => None,
+    };
+    // The job record: what the job is, so that it can be resumed from its store alone.
+    if let Some(st) = &store {
+        rt.block_on(crate::job::write(&st.ckpts, cfg))?;
+    }
     let pool = WorkerPool::listen(
         cfg.control_listen,
         cfg.workers,
@@ -220,6 +252,8 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
         rewinds: 0,
         final_save_s: 0.0,
         plan,
+        attempt_base: 0,
+        resumed: None,
     };
     c.rt.spawn(heartbeat(
         hb_rx,
@@ -229,8 +263,14 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
     ));
     let result = c
         .start_all()
-        .and_then(|()| {
-            if c.cfg.sync {
+        .and_then(|()| match resume_at {
+            Some(p) => c.resume_from(p),
+            None => Ok(true),
+        })
+        .and_then(|go_on| {
+            if !go_on {
+                Ok(())
+            } else if c.cfg.sync {
                 c.train_sync()
             } else {
                 c.train_async()
@@ -308,6 +348,11 @@ struct Coordinator {
     final_save_s: f64,
     /// TSV data: where every global batch starts ([`crate::plan`]).
     plan: Option<BatchPlan>,
+    /// Added to the recovery count in checkpoint ids (`-a<N>`): a resumed run counts on past
+    /// the attempts its store holds.
+    attempt_base: u32,
+    /// Where a resumed run started.
+    resumed: Option<ResumeReport>,
 }
 
 /// A worker's answer that the batch's data cannot be read.
@@ -1654,6 +1699,9 @@ impl Coordinator {
         outcome?;
         let samples = self.samples_in(self.batches);
         let data = self.data_report();
+        // A resumed run trained the batches after its checkpoint.
+        let resumed_batches = self.resumed.as_ref().map_or(0, |r| r.batches);
+        let trained = samples - self.samples_in(resumed_batches);
         let mut overheads = Overheads {
             // Eq. 1 counts the saves that protect training, not the save of its result.
             o_save: self.pause_s - self.final_save_s,
@@ -1678,7 +1726,7 @@ impl Coordinator {
             samples_redone: self.samples_redone,
             wall_s: self.start.elapsed().as_secs_f64(),
             train_s,
-            samples_per_s: samples as f64 / train_s.max(1e-9),
+            samples_per_s: trained as f64 / train_s.max(1e-9),
             train_loss: self.last_loss,
             events: self.events,
             failures: self.failures,
@@ -1702,6 +1750,7 @@ impl Coordinator {
             config: self.cfg,
             ec: self.ec.map(|e| e.report),
             cpu: self.cpu,
+            resumed: self.resumed,
             cpr: match self.strategy.report() {
                 Some(ftrec_strategy::StrategyReport::Cpr(c)) => Some(c),
                 _ => None,

@@ -44,7 +44,11 @@
 //! - `cpr` ([`cpr`], cpr.txt §2.3, §4): partial recovery (a lost server is replaced and its
 //!   shard alone restored from the newest saves of each row; survivors and workers go on, no
 //!   step is redone), full saves every `T_save` from a target PLS or a step count, prioritized
-//!   saves (MFU, SSU, SCAR) in between, PLS per failure in the report.
+//!   saves (MFU, SSU, SCAR) in between, PLS per failure in the report;
+//! - whole-job resume ([`job`], [`resume`]): a saving run records its configuration in its
+//!   store; a job whose processes all died starts again from the store alone, through the
+//!   recovery path (every server restores the newest committed checkpoint, re-sharded onto
+//!   another number of servers if need be; the workers rewind to its data position).
 //!
 //! The data split: the training stream (synthetic, or Criteo TSV files with the batch order
 //! of [`plan`]) is cut into global batches of `batch` samples. In
@@ -76,6 +80,7 @@ pub mod control;
 pub mod coordinator;
 pub mod cpr;
 pub mod ecrec;
+pub mod job;
 pub mod launcher;
 pub mod merger;
 pub mod plan;
@@ -84,7 +89,7 @@ pub mod shard_server;
 pub mod spec;
 pub mod worker;
 
-pub use coordinator::run;
+pub use coordinator::{resume, run, ResumeReport};
 pub use cpr::{CprFlags, ServerPriority};
 pub use ecrec::{EcFlags, EcReport, EcServerSpec};
 pub use ftrec_ec::CodeKind;

@@ -32,6 +32,8 @@ pub enum EventKind {
     /// A lost worker's half-done transactions were committed or aborted everywhere.
     TransactionsResolved,
     Aborted,
+    /// The job was started again from its store (`ftrec run --resume`).
+    JobResumed,
 }
 
 /// One event, `t_s` seconds after the run started.
@@ -220,6 +222,10 @@ pub struct RunReport {
     /// TSV data: where the stream stands after the last step, and whether the data ended.
     #[serde(default)]
     pub data: Option<DataReport>,
+    /// A run resumed from its store (`ftrec run --resume`): the checkpoint, its step, and the
+    /// servers that saved it and restored it.
+    #[serde(default)]
+    pub resumed: Option<crate::coordinator::ResumeReport>,
 }
 
 /// What a run on Criteo TSV data read.
@@ -330,6 +336,13 @@ impl RunReport {
             self.bytes_written,
             self.failures.len()
         );
+        if let Some(r) = &self.resumed {
+            s += &format!(
+                "  resumed from checkpoint {} at step {} of {} (saved by {} servers, restored \
+                 onto {})\n",
+                r.checkpoint, r.step, r.location, r.saved_servers, r.servers
+            );
+        }
         let secs = |v: Option<f64>| v.map_or("-".to_string(), |d| format!("{d:.3}s"));
         for f in &self.failures {
             s += &format!(

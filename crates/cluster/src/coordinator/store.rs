@@ -150,7 +150,10 @@ fn batches_of(m: &Manifest) -> Result<u64, ClusterError> {
 /// The manifest of the checkpoint that holds the state `id` names: `id`'s own, or, when the
 /// merger has replaced that delta (DECK §3.3) and collected it, the one of the merged checkpoint
 /// that stands for it now (a merged manifest carries its last input's data position).
-async fn state_manifest(ckpts: &Checkpoints, id: &CheckpointId) -> ftrec_ckpt::Result<Manifest> {
+pub(super) async fn state_manifest(
+    ckpts: &Checkpoints,
+    id: &CheckpointId,
+) -> ftrec_ckpt::Result<Manifest> {
     match ckpts.read_manifest(id, None).await {
         Err(ftrec_ckpt::CkptError::NotFound { .. }) => {
             let chain = deck::select_chain(ckpts, &deck::RestoreAt::Id(id.clone()), false).await?;
@@ -310,7 +313,7 @@ impl Coordinator {
             format!("{what} at step {step}"),
         );
         let t0 = Instant::now();
-        let attempt = self.recoveries;
+        let attempt = self.attempt_base + self.recoveries;
         let id = match prioritized {
             Some(_) => CheckpointId::new(format!("{step:020}-prioritized-a{attempt}"))
                 .expect("a valid key segment"),
