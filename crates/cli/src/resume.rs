@@ -122,6 +122,7 @@ fn check(a: &RunArgs, rec: &RunConfig, location: &str) -> Result<()> {
             rec.dense_optimizer.lr.to_string(),
         )?;
     }
+    check_data(a, rec, location)?;
     let name = rec.strategy.name();
     if let Some(s) = &a.strategy {
         clash("--strategy", s.clone(), name.to_string())?;
@@ -134,6 +135,86 @@ fn check(a: &RunArgs, rec: &RunConfig, location: &str) -> Result<()> {
                 "{flag} does not apply to the job recorded in {location}, whose strategy is {name}"
             ),
         }
+    }
+    Ok(())
+}
+
+/// The data flags given against the recorded data: each one must say what the record says (a
+/// job trained on synthetic data takes none of them).
+fn check_data(a: &RunArgs, rec: &RunConfig, location: &str) -> Result<()> {
+    let d = &a.data;
+    let given = [
+        ("--data", !d.data.is_empty()),
+        ("--layout", d.layout.is_some()),
+        ("--rows-per-table", d.rows_per_table.is_some()),
+        ("--skip-malformed", d.skip_malformed),
+        ("--holdout-every", d.holdout_every.is_some()),
+        ("--epochs", d.epochs.is_some()),
+    ];
+    let Some(tsv) = &rec.data else {
+        if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
+            bail!(
+                "{flag} contradicts the job recorded in {location}, which trains on synthetic data"
+            );
+        }
+        return Ok(());
+    };
+    let differs = |flag: &str, given: String, recorded: String| -> Result<()> {
+        if given != recorded {
+            bail!("{flag} {given} contradicts the job recorded in {location}, whose {flag} is {recorded}");
+        }
+        Ok(())
+    };
+    if !d.data.is_empty() {
+        let paths = d
+            .data
+            .iter()
+            .map(|p| {
+                std::fs::canonicalize(p).map_err(|e| anyhow::anyhow!("--data {}: {e}", p.display()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let path =
+            ftrec_data::DataPath::from_paths(&paths).map_err(|e| anyhow::anyhow!("--data: {e}"))?;
+        differs("--data", format!("{path:?}"), format!("{:?}", tsv.path))?;
+    }
+    if let Some(l) = d.layout {
+        let layout = match l {
+            crate::flags::LayoutArg::Kaggle => ftrec_data::Layout::Kaggle,
+            crate::flags::LayoutArg::Terabyte => ftrec_data::Layout::Terabyte,
+        };
+        differs(
+            "--layout",
+            format!("{layout:?}"),
+            format!("{:?}", tsv.layout),
+        )?;
+    }
+    if let Some(cap) = d.rows_per_table {
+        let capped: Vec<u64> = tsv
+            .layout
+            .default_table_rows()
+            .iter()
+            .map(|&r| r.min(cap))
+            .collect();
+        if capped != tsv.table_rows {
+            bail!("--rows-per-table {cap} contradicts the job recorded in {location}, whose tables are not capped at {cap} rows");
+        }
+    }
+    if d.skip_malformed && !tsv.skip_malformed {
+        bail!("--skip-malformed contradicts the job recorded in {location}, which runs without it");
+    }
+    if let Some(h) = d.holdout_every {
+        differs(
+            "--holdout-every",
+            h.to_string(),
+            tsv.holdout_every.to_string(),
+        )?;
+    }
+    if let Some(e) = d.epochs {
+        differs(
+            "--epochs",
+            e.to_string(),
+            tsv.epochs.map_or("unlimited".into(), |n| n.to_string()),
+        )?;
     }
     Ok(())
 }
@@ -307,6 +388,41 @@ mod tests {
 
     fn err(a: &RunArgs) -> String {
         check(a, &rec(), "/s").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn data_flags_must_agree_with_the_recorded_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a_file, b_file) = (dir.path().join("a.tsv"), dir.path().join("b.tsv"));
+        std::fs::write(&a_file, "").unwrap();
+        std::fs::write(&b_file, "").unwrap();
+        let mut a = RunArgs::default();
+        a.data.data = vec![a_file.clone()];
+        // Synthetic record: no data flag at all.
+        assert!(err(&a).contains("synthetic"), "{}", err(&a));
+        let mut r = rec();
+        let path = ftrec_data::DataPath::File(std::fs::canonicalize(&a_file).unwrap());
+        r.data = Some(
+            ftrec_data::TsvConfig::new(path, ftrec_data::Layout::Kaggle).with_rows_per_table(1000),
+        );
+        check(&a, &r, "/s").unwrap();
+        a.data.rows_per_table = Some(1000);
+        a.data.holdout_every = Some(ftrec_data::DEFAULT_HOLDOUT_EVERY);
+        check(&a, &r, "/s").unwrap();
+        a.data.rows_per_table = Some(999);
+        let e = check(&a, &r, "/s").unwrap_err().to_string();
+        assert!(e.contains("--rows-per-table 999"), "{e}");
+        a.data.rows_per_table = None;
+        a.data.data = vec![b_file];
+        let e = check(&a, &r, "/s").unwrap_err().to_string();
+        assert!(
+            e.contains("--data") && e.contains("b.tsv") && e.contains("a.tsv"),
+            "{e}"
+        );
+        a.data.data = vec![a_file];
+        a.data.epochs = Some(2);
+        let e = check(&a, &r, "/s").unwrap_err().to_string();
+        assert!(e.contains("--epochs 2") && e.contains("is 1"), "{e}");
     }
 
     #[test]
