@@ -81,7 +81,7 @@ pub fn apply(b: &mut Vec<u8>, m: &Mutation) {
                 _ => 8,
             };
             if b.len() >= w {
-                let i = (at % (b.len() - w + 1)) / w * w;
+                let i = (at % b.len()).min(b.len() - w) / w * w;
                 b[i..i + w].copy_from_slice(&value.to_le_bytes()[..w]);
             }
         }
