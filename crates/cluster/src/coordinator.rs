@@ -72,6 +72,11 @@ const REBUILD_POLL: Duration = Duration::from_millis(100);
 /// process is reaped before this returns.
 pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
     cfg.validate()?;
+    // Every run has a job id: the given one, else a new one (`crate::auth`).
+    let cfg = &RunConfig {
+        auth: crate::auth::with_job(&cfg.auth, cfg.seed),
+        ..cfg.clone()
+    };
     let start = Instant::now();
     // The store creates its own directory (and may not be local at all).
     std::fs::create_dir_all(&cfg.work_dir).map_err(|e| ClusterError::Io {
@@ -153,10 +158,11 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
     } else {
         None
     };
-    let pool = WorkerPool::listen(
+    let pool = WorkerPool::listen_with(
         cfg.control_listen,
         cfg.workers,
         (!cfg.external_workers).then_some(cfg.exe.as_path()),
+        cfg.auth.clone(),
     )?;
     let (hb_targets, hb_rx) = watch::channel(Vec::new());
     let (lost_tx, lost_rx) = tmpsc::unbounded_channel();
@@ -205,6 +211,7 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
         cfg.heartbeat,
         cfg.heartbeat_timeout,
         lost_tx,
+        cfg.auth.clone(),
     ));
     let result = c
         .start_all()
@@ -337,16 +344,27 @@ impl Coordinator {
 
     /// Whether server `id` answers an `info` probe as itself within the heartbeat timeout.
     fn probe(&self, id: u32) -> bool {
+        self.probe_error(id).is_none()
+    }
+
+    /// Why server `id` does not answer an `info` probe as itself (`None`: it does).
+    fn probe_error(&self, id: u32) -> Option<String> {
         let addr = self.server_addrs[id as usize];
         let timeout = self.cfg.heartbeat_timeout;
+        let auth = &self.cfg.auth;
         let alive = self.rt.block_on(async {
             tokio::time::timeout(timeout, async {
-                let c = GrpcClient::connect(addr, GrpcConfig::default()).await?;
+                let c = GrpcClient::connect_with(addr, GrpcConfig::default(), auth).await?;
                 c.info().await
             })
             .await
         });
-        matches!(alive, Ok(Ok(info)) if info.server == ServerId(id))
+        match alive {
+            Ok(Ok(info)) if info.server == ServerId(id) => None,
+            Ok(Ok(info)) => Some(format!("it is server {}", info.server.0)),
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(_) => Some("no answer within the heartbeat timeout".into()),
+        }
     }
 
     /// Start (or reach) the servers, connect, start the workers.
@@ -354,9 +372,10 @@ impl Coordinator {
         if self.external_servers() {
             self.server_addrs = self.cfg.external_servers.clone();
             for id in 0..self.cfg.servers {
-                if !self.probe(id) {
+                if let Some(why) = self.probe_error(id) {
                     return Err(ClusterError::Config(format!(
-                        "server {id} at {} is unreachable or is not server {id} of this job",
+                        "server {id} at {} is unreachable or is not server {id} of this job: \
+                         {why}",
                         self.server_addrs[id as usize]
                     )));
                 }
@@ -370,7 +389,7 @@ impl Coordinator {
             }
         }
         let addrs = self.server_addrs.clone();
-        self.clients = Some(self.rt.block_on(connect_all(&addrs))?);
+        self.clients = Some(self.rt.block_on(connect_all(&addrs, &self.cfg.auth))?);
         self.connect_store_clients()?;
         self.ec_connect()?;
         self.update_heartbeat();
@@ -1402,7 +1421,7 @@ impl Coordinator {
     /// restored batch count.
     fn load(&mut self, checkpoint: &Option<CheckpointRef>) -> Result<u64, ClusterError> {
         let addrs = self.server_addrs.clone();
-        self.clients = Some(self.rt.block_on(connect_all(&addrs))?);
+        self.clients = Some(self.rt.block_on(connect_all(&addrs, &self.cfg.auth))?);
         match checkpoint {
             Some(c) => self.store_restore(&c.id),
             None => self.store_reset(),
@@ -1493,6 +1512,7 @@ impl Coordinator {
         let worker_pids = self.pool.pids.clone();
         let store = self.store_report();
         Ok(RunReport {
+            job_id: self.cfg.auth.job_name(),
             strategy: self.strategy.name().to_string(),
             steps: self.step(),
             samples,
@@ -1538,6 +1558,7 @@ async fn heartbeat(
     every: Duration,
     timeout: Duration,
     lost: tmpsc::UnboundedSender<(u32, u32, String)>,
+    auth: crate::auth::Auth,
 ) {
     let mut conns: HashMap<SocketAddr, GrpcClient> = HashMap::new();
     let mut reported: Vec<(u32, u32)> = Vec::new();
@@ -1555,7 +1576,7 @@ async fn heartbeat(
             let probe = tokio::time::timeout(timeout, async {
                 let c = match conns.get(&addr) {
                     Some(c) => c.clone(),
-                    None => GrpcClient::connect(addr, GrpcConfig::default()).await?,
+                    None => GrpcClient::connect_with(addr, GrpcConfig::default(), &auth).await?,
                 };
                 c.info().await?;
                 Ok::<_, ftrec_ps::PsError>(c)
@@ -1620,6 +1641,7 @@ mod tests {
                 Duration::from_millis(5),
                 Duration::from_secs(2),
                 tx,
+                crate::auth::Auth::none(),
             ));
             // Let it probe the live server at least once: nothing is reported.
             tokio::time::sleep(Duration::from_millis(50)).await;

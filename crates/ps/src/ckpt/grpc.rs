@@ -10,8 +10,10 @@ use ftrec_ckpt::incr::{ExtractConfig, Filters, PieceSpec};
 use ftrec_ckpt::snapshot::ShardReport;
 use ftrec_ckpt::{CheckpointId, CheckpointKind, CkptError};
 use ftrec_core::{RowLayout, ServerId, TableId};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
+
+use crate::auth::{Auth, AuthChannel};
 
 use super::{CkptApi, CkptNode, CkptServiceError, RestoreDone, SaveStarted};
 
@@ -33,7 +35,13 @@ pub struct CkptHandler {
 /// The checkpoint service of `node`, ready for [`crate::grpc::Routes::add_service`].
 pub fn ckpt_service(node: CkptNode) -> CheckpointerServer<CkptHandler> {
     CheckpointerServer::new(CkptHandler { node })
+        .max_decoding_message_size(CKPT_MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(CKPT_MAX_MESSAGE_BYTES)
 }
+
+/// Largest checkpoint-service message either end accepts: the requests are commands (ids,
+/// locations, piece specifications), the replies file lists.
+pub const CKPT_MAX_MESSAGE_BYTES: usize = 16 << 20;
 
 fn status(e: CkptServiceError) -> Status {
     match &e {
@@ -385,7 +393,7 @@ impl Checkpointer for CkptHandler {
 /// A connection to one server's checkpoint service.
 #[derive(Debug, Clone)]
 pub struct CkptGrpcClient {
-    client: CheckpointerClient<Channel>,
+    client: CheckpointerClient<AuthChannel>,
 }
 
 fn remote(s: Status) -> CkptServiceError {
@@ -402,6 +410,11 @@ fn remote(s: Status) -> CkptServiceError {
 
 impl CkptGrpcClient {
     pub async fn connect(addr: SocketAddr) -> Result<Self, CkptServiceError> {
+        Self::connect_with(addr, &Auth::none()).await
+    }
+
+    /// [`CkptGrpcClient::connect`] with every request carrying `auth`'s token and job id.
+    pub async fn connect_with(addr: SocketAddr, auth: &Auth) -> Result<Self, CkptServiceError> {
         let channel = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| CkptServiceError::Internal(format!("address {addr}: {e}")))?
             .connect()
@@ -411,7 +424,9 @@ impl CkptGrpcClient {
                 message: format!("cannot connect to {addr}: {e}"),
             })?;
         Ok(CkptGrpcClient {
-            client: CheckpointerClient::new(channel),
+            client: CheckpointerClient::with_interceptor(channel, auth.client())
+                .max_decoding_message_size(CKPT_MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(CKPT_MAX_MESSAGE_BYTES),
         })
     }
 }

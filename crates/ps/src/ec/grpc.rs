@@ -4,7 +4,7 @@
 use ftrec_core::{ServerId, TableId};
 use std::time::Duration;
 
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
 
 use super::node::EcNode;
@@ -15,6 +15,7 @@ use super::types::{
 };
 use crate::grpc::wire::{bytes_to_f32s, bytes_to_u64s, f32s_to_bytes, from_status, to_status};
 use crate::update::{ApplyReport, DenseBlock, PulledRows, Update};
+use crate::auth::{Auth, AuthChannel};
 use crate::PsError;
 
 /// Messages and stubs generated from `proto/ec.proto`.
@@ -549,7 +550,7 @@ impl EcNodeRpc for EcGrpcHandler {
 /// A connection to one node's ECRec service. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct EcGrpcClient {
-    client: EcNodeClient<Channel>,
+    client: EcNodeClient<AuthChannel>,
     addr: String,
     /// Longest one call may take (`None`: as long as it takes).
     timeout: Option<Duration>,
@@ -559,6 +560,11 @@ impl EcGrpcClient {
     /// A client that connects on first use (so peers can be named before they listen). Must
     /// be called inside a tokio runtime.
     pub fn connect_lazy(addr: &str) -> Result<Self, PsError> {
+        Self::connect_lazy_with(addr, &Auth::none())
+    }
+
+    /// [`EcGrpcClient::connect_lazy`] with every request carrying `auth`'s token and job id.
+    pub fn connect_lazy_with(addr: &str, auth: &Auth) -> Result<Self, PsError> {
         let channel = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| PsError::Unavailable {
                 addr: addr.to_string(),
@@ -567,7 +573,7 @@ impl EcGrpcClient {
             .tcp_nodelay(true)
             .connect_lazy();
         Ok(EcGrpcClient {
-            client: EcNodeClient::new(channel)
+            client: EcNodeClient::with_interceptor(channel, auth.client())
                 .max_decoding_message_size(EC_MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(EC_MAX_MESSAGE_BYTES),
             addr: addr.to_string(),
