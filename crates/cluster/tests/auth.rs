@@ -83,9 +83,11 @@ fn hello(addr: SocketAddr, line: &str) -> (Option<ToWorker>, bool) {
     s.write_all(b"\n").unwrap();
     let mut r = BufReader::new(s);
     let first = read_line::<ToWorker>(&mut r, "the coordinator").unwrap();
-    // After a refusal the coordinator closes the connection.
-    let mut rest = String::new();
-    let closed = matches!(r.read_line(&mut rest), Ok(0));
+    // After a refusal the coordinator closes the connection (an accepted one stays open).
+    let closed = matches!(first, Some(ToWorker::Refused { .. })) && {
+        let mut rest = String::new();
+        matches!(r.read_line(&mut rest), Ok(0))
+    };
     (first, closed)
 }
 

@@ -64,6 +64,14 @@ pub mod service;
 pub mod sharded;
 pub mod update;
 
+#[cfg(test)]
+mod fuzz_support;
+
+/// The decoders' property tests measure allocations (`fuzz_support`).
+#[cfg(test)]
+#[global_allocator]
+static ALLOC: ftrec_core::fuzz::AllocProbe = ftrec_core::fuzz::AllocProbe;
+
 pub use error::PsError;
 pub use observer::{PushObserver, RowImages, UpdateOrigin};
 pub use server::{

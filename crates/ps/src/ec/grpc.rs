@@ -913,3 +913,162 @@ impl EcService for EcGrpcClient {
         })
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    //! The ECRec service's conversions from the wire (`update_from_proto`,
+    //! `batch_from_proto`, `keys_from_proto`), fed arbitrary and mutated messages: a value
+    //! whose parts agree with each other, or an error.
+
+    use super::*;
+    use crate::fuzz_support::{bytes, check, config, huge, mutated_encoding, mutation};
+    use prost::Message;
+    use proptest::prelude::*;
+
+    fn txn() -> TxnId {
+        TxnId {
+            worker: 1,
+            epoch: 2,
+            seq: 3,
+            priority: 4,
+        }
+    }
+
+    fn valid_update() -> proto::TxnUpdate {
+        let u = Update::new()
+            .with_sparse(TableId(0), vec![1, 5], vec![0.5; 6])
+            .with_sparse(TableId(2), vec![7], vec![0.25; 3])
+            .with_dense(16, vec![1.0; 5]);
+        update_to_proto(txn(), &u)
+    }
+
+    fn valid_batch() -> proto::DeltaBatch {
+        proto::DeltaBatch {
+            step: 9,
+            from: 1,
+            apply_now: false,
+            row_tables: vec![0, 1],
+            rows: u64s(&[4, 8]),
+            row_deltas: f32s_to_bytes(&[0.5; 6]),
+            dense_blocks: u64s(&[2]),
+            dense_lens: vec![3],
+            dense_grads: f32s_to_bytes(&[1.0; 3]),
+            txn: Some(txn_to_proto(txn())),
+        }
+    }
+
+    fn valid_keys() -> proto::ReadMembersRequest {
+        keys_to_proto(&[
+            MemberKey::Row {
+                table: TableId(1),
+                local: 4,
+            },
+            MemberKey::Parity {
+                table: TableId(0),
+                slot: 2,
+            },
+        ])
+    }
+
+    /// Whatever a decoder accepts is self-consistent.
+    fn consistent_update(u: &Update) {
+        for p in &u.sparse {
+            assert!(p.rows.is_empty() || p.grads.len() % p.rows.len() == 0);
+        }
+    }
+
+    fn consistent_batch(b: &PackedBatch) {
+        assert_eq!(b.words * b.rows.len(), b.deltas.len());
+        assert_eq!(b.dense_blocks.len(), b.dense_lens.len());
+        let total: usize = b.dense_lens.iter().map(|&l| l as usize).sum();
+        assert_eq!(total, b.dense_grads.len());
+    }
+
+    fn every_reader(wire: &[u8]) {
+        check(wire, |p: proto::TxnUpdate| {
+            if let Ok((_, u)) = update_from_proto(p) {
+                consistent_update(&u);
+            }
+        });
+        check(wire, |p: proto::DeltaBatch| {
+            if let Ok(b) = batch_from_proto(p) {
+                consistent_batch(&b);
+            }
+        });
+        check(wire, keys_from_proto);
+    }
+
+    #[test]
+    fn valid_messages_round_trip() {
+        let (t, u) = update_from_proto(valid_update()).unwrap();
+        assert_eq!(t, txn());
+        assert_eq!(update_to_proto(t, &u), valid_update());
+        let b = batch_from_proto(valid_batch()).unwrap();
+        assert_eq!(batch_to_proto(&b), valid_batch());
+        let k = keys_from_proto(valid_keys()).unwrap();
+        assert_eq!(keys_to_proto(&k), valid_keys());
+    }
+
+    proptest! {
+        #![proptest_config(config(256))]
+
+        #[test]
+        fn arbitrary_bytes_as_every_message(wire in bytes(600)) {
+            every_reader(&wire);
+        }
+
+        #[test]
+        fn mutated_messages(which in 0usize..3, ms in prop::collection::vec(mutation(), 0..6)) {
+            let wire = match which {
+                0 => mutated_encoding(&valid_update(), &ms),
+                1 => mutated_encoding(&valid_batch(), &ms),
+                _ => mutated_encoding(&valid_keys(), &ms),
+            };
+            every_reader(&wire);
+        }
+
+        #[test]
+        fn arbitrary_transaction_updates(
+            tables in prop::collection::vec(any::<u32>(), 0..4),
+            part_rows in prop::collection::vec(prop_oneof![0u32..4, any::<u32>()], 0..4),
+            rows in bytes(80),
+            grads in bytes(80),
+            dense_offsets in prop::collection::vec(huge(), 0..3),
+            dense_lens in prop::collection::vec(prop_oneof![0u32..8, any::<u32>()], 0..3),
+            dense_grads in bytes(40),
+            with_txn in any::<bool>(),
+        ) {
+            let p = proto::TxnUpdate {
+                txn: with_txn.then(|| txn_to_proto(txn())),
+                tables, part_rows, rows, grads, dense_offsets, dense_lens, dense_grads,
+            };
+            every_reader(&p.encode_to_vec());
+        }
+
+        #[test]
+        fn arbitrary_delta_batches(
+            row_tables in prop::collection::vec(any::<u32>(), 0..4),
+            rows in bytes(64),
+            row_deltas in bytes(80),
+            dense_blocks in bytes(32),
+            dense_lens in prop::collection::vec(prop_oneof![0u32..8, any::<u32>()], 0..4),
+            dense_grads in bytes(40),
+            step in huge(),
+        ) {
+            let p = proto::DeltaBatch {
+                step, from: 0, apply_now: true, row_tables, rows, row_deltas, dense_blocks,
+                dense_lens, dense_grads, txn: None,
+            };
+            every_reader(&p.encode_to_vec());
+        }
+
+        #[test]
+        fn arbitrary_member_keys(
+            tables in prop::collection::vec(any::<u32>(), 0..5),
+            indices in bytes(48),
+            parity in prop::collection::vec(any::<bool>(), 0..5),
+        ) {
+            every_reader(&proto::ReadMembersRequest { tables, indices, parity }.encode_to_vec());
+        }
+    }
+}
