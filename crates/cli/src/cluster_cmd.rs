@@ -96,7 +96,11 @@ impl JobFile {
 /// inside a multi-byte character (or past the end) is no problem.
 fn line_of(text: &str, offset: usize) -> usize {
     let end = offset.min(text.len());
-    text.as_bytes()[..end].iter().filter(|&&b| b == b'\n').count() + 1
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
 }
 
 /// Command-line flags over the job file (if any): flags given win.

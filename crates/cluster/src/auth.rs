@@ -113,7 +113,10 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(2));
         let b = new_job_id(7);
         assert_ne!(a, b);
-        assert!(a.as_str().starts_with("job-") && a.as_str().len() == 20, "{a}");
+        assert!(
+            a.as_str().starts_with("job-") && a.as_str().len() == 20,
+            "{a}"
+        );
         let given = Auth {
             token: None,
             job: Some(JobId::new("mine").unwrap()),
@@ -156,7 +159,10 @@ mod tests {
             job_id: None,
         };
         let e = a.resolve().unwrap_err().to_string();
-        assert!(e.contains("empty") && e.contains(&empty.display().to_string()), "{e}");
+        assert!(
+            e.contains("empty") && e.contains(&empty.display().to_string()),
+            "{e}"
+        );
         let good = dir.path().join("good");
         std::fs::write(&good, "s3cret\n").unwrap();
         let a = AuthArgs {

@@ -235,7 +235,9 @@ enum Inbound {
         reason: String,
     },
     /// A connection was refused at its hello.
-    Refused { reason: String },
+    Refused {
+        reason: String,
+    },
 }
 
 struct Slot {
@@ -395,10 +397,9 @@ impl WorkerPool {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                let refused = self
-                    .last_refusal
-                    .as_ref()
-                    .map_or(String::new(), |r| format!(" (last connection refused: {r})"));
+                let refused = self.last_refusal.as_ref().map_or(String::new(), |r| {
+                    format!(" (last connection refused: {r})")
+                });
                 return Err(ClusterError::Timeout(format!(
                     "worker {w} did not connect to {} within {:.1}s{refused}",
                     self.addr,
@@ -669,7 +670,10 @@ fn read_conn(stream: TcpStream, conn: u64, tx: mpsc::Sender<Inbound>, auth: &Aut
             }
         }
         Ok(Some(_)) => {
-            refuse(writer, "the first message on the control socket must be a hello");
+            refuse(
+                writer,
+                "the first message on the control socket must be a hello",
+            );
             return;
         }
         Ok(None) => return,

@@ -8,8 +8,8 @@ use ftrec_ckpt::deck::StagingOptions;
 use ftrec_ckpt::location::LocationOptions;
 use ftrec_core::{Preset, ServerId, ShardMap};
 use ftrec_model::{Dlrm, DlrmConfig};
-use ftrec_ps::ckpt::{grpc::ckpt_service, CkptNode};
 use ftrec_ps::auth::ServeOptions;
+use ftrec_ps::ckpt::{grpc::ckpt_service, CkptNode};
 use ftrec_ps::grpc::{ps_service, serve_routes_with, GrpcConfig, Routes};
 use ftrec_ps::{Server, ServerConfig, SharedServer};
 

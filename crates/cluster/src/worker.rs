@@ -27,8 +27,8 @@ use ftrec_ps::ec::{run_txn, EcGrpcClient, TxnId, TxnPhase};
 use ftrec_ps::grpc::{GrpcClient, GrpcConfig};
 use ftrec_ps::{PulledRows, RowRequest, ShardedClient, Update};
 
-use crate::control::{read_line, send_line, BatchTiming, FromWorker, ToWorker, TxnHold};
 use crate::auth::{Auth, JobId, Secret};
+use crate::control::{read_line, send_line, BatchTiming, FromWorker, ToWorker, TxnHold};
 use crate::ClusterError;
 
 /// A worker's model buffers: the dense model (its values overwritten by each pull), the
@@ -264,7 +264,10 @@ impl WorkerSetup {
             ));
         }
         if self.threads == 0 || self.threads > 256 {
-            return bad(format!("threads {} must be between 1 and 256", self.threads));
+            return bad(format!(
+                "threads {} must be between 1 and 256",
+                self.threads
+            ));
         }
         if self.workers == 0 || self.id >= self.workers {
             return bad(format!(
@@ -449,9 +452,14 @@ pub fn worker_process(
                 });
                 let r = r.and_then(|c| {
                     ec = match state.as_ref().and_then(|s| s.0.ec) {
-                        Some(mode) => {
-                            Some(EcTxns::connect(&rt, &servers, mode, timeout, ec.take(), &auth)?)
-                        }
+                        Some(mode) => Some(EcTxns::connect(
+                            &rt,
+                            &servers,
+                            mode,
+                            timeout,
+                            ec.take(),
+                            &auth,
+                        )?),
                         None => None,
                     };
                     Ok(c)

@@ -94,13 +94,9 @@ fn hello(addr: SocketAddr, line: &str) -> (Option<ToWorker>, bool) {
 #[test]
 fn the_coordinator_refuses_a_worker_with_a_wrong_token_or_of_another_job() {
     let job = auth(Some("good-token"), Some("job-now"));
-    let mut pool = WorkerPool::listen_with(
-        "127.0.0.1:0".parse().unwrap(),
-        1,
-        Some(&exe()),
-        job.clone(),
-    )
-    .unwrap();
+    let mut pool =
+        WorkerPool::listen_with("127.0.0.1:0".parse().unwrap(), 1, Some(&exe()), job.clone())
+            .unwrap();
     let addr = pool.addr();
 
     // Raw hellos: missing token, wrong token, stale job; each gets one refusal line.
@@ -166,7 +162,13 @@ fn a_worker_started_by_hand_without_a_job_joins_and_a_wrong_job_is_refused() {
         other => panic!("expected a welcome, got {other:?}"),
     }
     let out = Command::new(exe())
-        .args(["worker", "--coordinator", &pool.addr().to_string(), "--id", "0"])
+        .args([
+            "worker",
+            "--coordinator",
+            &pool.addr().to_string(),
+            "--id",
+            "0",
+        ])
         .args(["--job-id", "job-stale"])
         .env_remove("FTREC_AUTH_TOKEN")
         .stdin(Stdio::null())
@@ -174,7 +176,10 @@ fn a_worker_started_by_hand_without_a_job_joins_and_a_wrong_job_is_refused() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("job-stale") && err.contains("job-now"), "{err}");
+    assert!(
+        err.contains("job-stale") && err.contains("job-now"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -65,7 +65,9 @@ impl Token {
     pub fn new(text: &str, what: &str) -> Result<Token, PsError> {
         let t = text.trim();
         if t.is_empty() {
-            return Err(PsError::InvalidConfig(format!("the auth token in {what} is empty")));
+            return Err(PsError::InvalidConfig(format!(
+                "the auth token in {what} is empty"
+            )));
         }
         if t.len() > MAX_TOKEN_BYTES {
             return Err(PsError::InvalidConfig(format!(
@@ -164,9 +166,9 @@ impl Auth {
         let var = |name: &str| match std::env::var(name) {
             Ok(v) => Ok(Some(v)),
             Err(std::env::VarError::NotPresent) => Ok(None),
-            Err(std::env::VarError::NotUnicode(_)) => Err(PsError::InvalidConfig(format!(
-                "${name} is not valid text"
-            ))),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                Err(PsError::InvalidConfig(format!("${name} is not valid text")))
+            }
         };
         Ok(Auth {
             token: var(TOKEN_ENV)?
@@ -255,7 +257,9 @@ pub enum Refusal {
 impl Refusal {
     pub fn to_status(&self) -> Status {
         match self {
-            Refusal::MissingToken | Refusal::WrongToken => Status::unauthenticated(self.to_string()),
+            Refusal::MissingToken | Refusal::WrongToken => {
+                Status::unauthenticated(self.to_string())
+            }
             Refusal::OtherJob { .. } => Status::permission_denied(self.to_string()),
         }
     }
@@ -310,7 +314,9 @@ impl ServerAuth {
             let b = v.as_bytes();
             b.strip_prefix(b"Bearer ").unwrap_or(b)
         });
-        let job = md.get(JOB_HEADER).map(|v| v.to_str().unwrap_or("<not text>"));
+        let job = md
+            .get(JOB_HEADER)
+            .map(|v| v.to_str().unwrap_or("<not text>"));
         self.auth.check(token, job).map_err(|r| r.to_status())
     }
 }
@@ -447,7 +453,14 @@ mod tests {
     fn tokens_compare_by_every_byte() {
         let t = Token::new("s3cret\n", "test").unwrap();
         assert!(t.matches(b"s3cret"));
-        for bad in [&b""[..], b"s3cre", b"s3cret!", b"S3cret", b"x3cret", b"s3creu"] {
+        for bad in [
+            &b""[..],
+            b"s3cre",
+            b"s3cret!",
+            b"S3cret",
+            b"x3cret",
+            b"s3creu",
+        ] {
             assert!(!t.matches(bad), "{bad:?}");
         }
         assert!(!format!("{t:?}").contains("s3cret"));
@@ -481,8 +494,13 @@ mod tests {
         let empty = dir.join("empty");
         std::fs::write(&empty, "\n").unwrap();
         let e = Token::read_file(&empty).unwrap_err().to_string();
-        assert!(e.contains("empty") && e.contains("--auth-token-file"), "{e}");
-        let e = Token::read_file(&dir.join("missing")).unwrap_err().to_string();
+        assert!(
+            e.contains("empty") && e.contains("--auth-token-file"),
+            "{e}"
+        );
+        let e = Token::read_file(&dir.join("missing"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("cannot read --auth-token-file"), "{e}");
         let good = dir.join("good");
         std::fs::write(&good, "tok\n").unwrap();
@@ -497,8 +515,14 @@ mod tests {
             job: Some(JobId::new("job-a").unwrap()),
         };
         assert_eq!(auth.check(None, Some("job-a")), Err(Refusal::MissingToken));
-        assert_eq!(auth.check(Some(b"u"), Some("job-a")), Err(Refusal::WrongToken));
-        let e = auth.check(Some(b"t"), Some("job-b")).unwrap_err().to_string();
+        assert_eq!(
+            auth.check(Some(b"u"), Some("job-a")),
+            Err(Refusal::WrongToken)
+        );
+        let e = auth
+            .check(Some(b"t"), Some("job-b"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("job-a") && e.contains("job-b"), "{e}");
         let e = auth.check(Some(b"t"), None).unwrap_err().to_string();
         assert!(e.contains("job-a") && e.contains("no job"), "{e}");
@@ -515,10 +539,18 @@ mod tests {
             job: Some(JobId::new("job-x").unwrap()),
         };
         let req = auth.client().call(tonic::Request::new(())).unwrap();
-        assert!(ServerAuth::new(auth.clone()).check_metadata(req.metadata()).is_ok());
+        assert!(ServerAuth::new(auth.clone())
+            .check_metadata(req.metadata())
+            .is_ok());
         let bare = tonic::Request::new(());
-        let s = ServerAuth::new(auth).check_metadata(bare.metadata()).unwrap_err();
+        let s = ServerAuth::new(auth)
+            .check_metadata(bare.metadata())
+            .unwrap_err();
         assert_eq!(s.code(), tonic::Code::Unauthenticated);
-        assert!(s.message().contains("missing auth token"), "{}", s.message());
+        assert!(
+            s.message().contains("missing auth token"),
+            "{}",
+            s.message()
+        );
     }
 }

@@ -128,7 +128,10 @@ async fn a_request_of_another_job_is_refused_naming_both_ids() {
     for v in verdicts(addr, &auth(Some("t"), Some("job-stale"))).await {
         let (code, msg) = v.unwrap_err();
         assert_eq!(code, "PermissionDenied", "{msg}");
-        assert!(msg.contains("job-new") && msg.contains("job-stale"), "{msg}");
+        assert!(
+            msg.contains("job-new") && msg.contains("job-stale"),
+            "{msg}"
+        );
     }
     for v in verdicts(addr, &auth(Some("t"), None)).await {
         let (code, msg) = v.unwrap_err();

@@ -688,8 +688,8 @@ mod fuzz {
 
     use super::*;
     use crate::fuzz_support::{bytes, check, config, huge, mutated_encoding, mutation};
-    use prost::Message;
     use proptest::prelude::*;
+    use prost::Message;
 
     fn report() -> ShardReport {
         ShardReport {

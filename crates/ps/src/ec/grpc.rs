@@ -13,9 +13,9 @@ use super::types::{
     DeltaBatch, DenseRead, MemberKey, MemberRead, PackedBatch, PrepareReport, RebuildStatus, TxnId,
     TxnStatus,
 };
+use crate::auth::{Auth, AuthChannel};
 use crate::grpc::wire::{bytes_to_f32s, bytes_to_u64s, f32s_to_bytes, from_status, to_status};
 use crate::update::{ApplyReport, DenseBlock, PulledRows, Update};
-use crate::auth::{Auth, AuthChannel};
 use crate::PsError;
 
 /// Messages and stubs generated from `proto/ec.proto`.
@@ -922,8 +922,8 @@ mod fuzz {
 
     use super::*;
     use crate::fuzz_support::{bytes, check, config, huge, mutated_encoding, mutation};
-    use prost::Message;
     use proptest::prelude::*;
+    use prost::Message;
 
     fn txn() -> TxnId {
         TxnId {

@@ -733,7 +733,7 @@ mod fuzz {
         let u = Update::new()
             .with_sparse(TableId(1), vec![3, 9], vec![0.5; 8])
             .with_dense(0, vec![0.25; DENSE_BLOCK + 3]);
-        update_to_chunks(&u, 1 << 20).remove(0)
+        update_to_chunks(&u, 4, 1 << 20).remove(0)
     }
 
     /// Every reader of the wire, on one message of each kind decoded from `wire`.
