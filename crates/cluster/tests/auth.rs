@@ -191,7 +191,7 @@ fn a_run_with_a_token_and_a_server_kill_equals_the_run_without() {
     let plain = run(&cfg).unwrap();
     let dir2 = tempfile::tempdir().unwrap();
     let mut cfg2 = config(&dir2);
-    cfg2.strategy = cfg.strategy.clone();
+    cfg2.strategy = cfg.strategy;
     cfg2.kills = cfg.kills.clone();
     cfg2.auth = auth(Some("s3cret-token"), None);
     let secured = run(&cfg2).unwrap();

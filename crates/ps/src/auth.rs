@@ -224,13 +224,13 @@ impl Auth {
     /// The client side: attaches the token and the job id to every request.
     pub fn client(&self) -> ClientAuth {
         let value = |s: String| MetadataValue::try_from(s).ok();
-        ClientAuth {
+        ClientAuth(Arc::new(ClientValues {
             token: self
                 .token
                 .as_ref()
                 .and_then(|t| value(format!("Bearer {}", t.expose()))),
             job: self.job.as_ref().and_then(|j| value(j.to_string())),
-        }
+        }))
     }
 }
 
@@ -265,9 +265,13 @@ impl Refusal {
     }
 }
 
-/// Client interceptor: the token and the job id on every request.
+/// Client interceptor: the token and the job id on every request (shared by the clones of a
+/// client).
 #[derive(Clone, Default)]
-pub struct ClientAuth {
+pub struct ClientAuth(Arc<ClientValues>);
+
+#[derive(Default)]
+struct ClientValues {
     token: Option<MetadataValue<Ascii>>,
     job: Option<MetadataValue<Ascii>>,
 }
@@ -275,18 +279,18 @@ pub struct ClientAuth {
 impl fmt::Debug for ClientAuth {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientAuth")
-            .field("token", &self.token.is_some())
-            .field("job", &self.job)
+            .field("token", &self.0.token.is_some())
+            .field("job", &self.0.job)
             .finish()
     }
 }
 
 impl Interceptor for ClientAuth {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
-        if let Some(t) = &self.token {
+        if let Some(t) = &self.0.token {
             req.metadata_mut().insert(TOKEN_HEADER, t.clone());
         }
-        if let Some(j) = &self.job {
+        if let Some(j) = &self.0.job {
             req.metadata_mut().insert(JOB_HEADER, j.clone());
         }
         Ok(req)

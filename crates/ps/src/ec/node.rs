@@ -428,8 +428,11 @@ impl EcNode {
                 if a.is_empty() || i == self.inner.me.0 as usize {
                     Ok(None)
                 } else {
-                    super::grpc::EcGrpcClient::connect_lazy_with(a, &auth)
-                        .map(|c| Some(EcClient::Grpc(c.with_timeout(self.inner.cfg.peer_timeout))))
+                    super::grpc::EcGrpcClient::connect_lazy_with(a, &auth).map(|c| {
+                        Some(EcClient::Grpc(Box::new(
+                            c.with_timeout(self.inner.cfg.peer_timeout),
+                        )))
+                    })
                 }
             })
             .collect::<Result<Vec<_>, PsError>>()?;
