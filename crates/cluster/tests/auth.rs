@@ -313,3 +313,33 @@ fn a_worker_refuses_a_huge_batch_and_batch_indices_out_of_range() {
     send_line(&mut w, &ToWorker::Stop).unwrap();
     assert!(child.wait().unwrap().success());
 }
+
+#[test]
+fn an_ecrec_run_with_a_token_rebuilds_a_killed_server_and_equals_the_run_without() {
+    // ECRec's servers call each other (deltas, rebuild reads): those calls carry the token too.
+    let strategy = StrategyChoice::EcRec {
+        k: 2,
+        r: 1,
+        code: ftrec_cluster::CodeKind::Gf256,
+        dense_replication: true,
+        two_phase: true,
+        lock_ranges: 2,
+        rebuild_share_ppm: 1_000_000,
+    };
+    let report = |token: Option<&str>| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(&dir);
+        cfg.servers = 3;
+        cfg.steps = 10;
+        cfg.strategy = strategy;
+        cfg.kills = vec!["server=1@step=4".parse().unwrap()];
+        cfg.auth = auth(token, None);
+        run(&cfg).unwrap()
+    };
+    let plain = report(None);
+    let secured = report(Some("ec-token"));
+    assert_eq!(secured.failures.len(), 1);
+    let ec = secured.ec.as_ref().unwrap();
+    assert!(ec.rebuilds.iter().any(|b| b.finished_s.is_some()), "{ec:?}");
+    assert_eq!(secured.model_digest, plain.model_digest);
+}
