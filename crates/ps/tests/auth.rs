@@ -153,7 +153,6 @@ async fn a_request_of_another_job_is_refused_naming_both_ids() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_past_the_in_flight_limit_are_refused_while_one_is_held() {
-    let dir = temp("inflight");
     let options = ServeOptions {
         max_in_flight: 1,
         ..ServeOptions::default()
@@ -210,7 +209,6 @@ async fn requests_past_the_in_flight_limit_are_refused_while_one_is_held() {
     assert!(served, "requests are served once the held one ends");
     drop(other);
     h.shutdown().await.unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
