@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! CURRENT                              pointer: id + manifest size and checksums
+//! JOB                                  the job record (optional; what job writes the store)
 //! ckpt/<id>/MANIFEST                   the manifest (written create-only)
 //! ckpt/<id>/s<server>/t<table>-<n>.rows
 //! ckpt/<id>/s<server>/dense-<n>.dense
@@ -33,7 +34,7 @@ use crate::format::qrows::QRowChunk;
 use crate::format::rows::RowChunk;
 use crate::format::{
     check_recorded, CheckpointId, CheckpointKind, CurrentPointer, EncodedFile, FileChecksums,
-    FileContent, FileInfo, Manifest,
+    FileContent, FileInfo, JobRecord, Manifest,
 };
 use crate::key::Key;
 use crate::store::{ChunkStore, PutMode};
@@ -100,6 +101,30 @@ impl Checkpoints {
 
     pub fn current_key(&self) -> Key {
         self.key("CURRENT").expect("CURRENT is a valid key")
+    }
+
+    /// The key of the store's job record.
+    pub fn job_key(&self) -> Key {
+        self.key("JOB").expect("JOB is a valid key")
+    }
+
+    /// Write (or replace, atomically) the store's job record. It lives outside `ckpt/`, so
+    /// garbage collection never touches it.
+    pub async fn write_job(&self, record: &JobRecord) -> Result<()> {
+        let file = record.encode()?;
+        self.store
+            .put(&self.job_key(), file.bytes, PutMode::Overwrite)
+            .await
+    }
+
+    /// The store's job record, or `None` if it has none; a damaged one is an error naming it.
+    pub async fn read_job(&self) -> Result<Option<JobRecord>> {
+        let key = self.job_key();
+        match self.store.get(&key).await {
+            Ok(data) => JobRecord::decode(key.as_str(), &data).map(Some),
+            Err(CkptError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// The directory of checkpoint `id`.

@@ -10,7 +10,10 @@
 //!   checksum;
 //! - checkpoint layout, commit and selection ([`Checkpoints`], [`Select`]): files create-only,
 //!   then the manifest create-only, then `CURRENT` swapped atomically; readers verify all three
-//!   levels and can fall back to the newest intact checkpoint;
+//!   levels and can fall back to the newest intact checkpoint; the store's job record
+//!   ([`format::JobRecord`], [`Checkpoints::write_job`]): what job writes the store, as bytes
+//!   this crate frames, checks and never interprets, so a job can be started again from its
+//!   store;
 //! - full snapshots of parameter-server shards ([`snapshot`]): bounded-size chunk files written
 //!   with bounded memory by several servers into one checkpoint, and restore;
 //! - a bandwidth benchmark of the local backend against the raw disk ([`bench`](mod@bench)).
@@ -86,7 +89,7 @@ pub mod testing;
 pub use bytes::Bytes;
 pub use checkpoint::{Checkpoints, Select};
 pub use error::{CkptError, Result};
-pub use format::{CheckpointId, CheckpointKind, DataPosition, Manifest};
+pub use format::{CheckpointId, CheckpointKind, DataPosition, JobRecord, Manifest};
 pub use key::Key;
 pub use store::fault::{FaultPlan, FaultyStore};
 pub use store::local::LocalStore;

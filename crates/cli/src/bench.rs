@@ -51,6 +51,9 @@ fn cluster_bench(
         bail!("ftrec bench cluster chooses --strategy and --kill itself");
     }
     let mut base = crate::cluster_cmd::merge(run)?;
+    if !base.data.data.is_empty() {
+        bail!("ftrec bench cluster compares with the single-process trainer on synthetic data; --data applies to train, run and coordinator");
+    }
     base.strategy = Some("none".into());
     let every = base.ckpt_every_steps.take().unwrap_or(0);
     let none_cfg = crate::cluster_cmd::run_config(&base)?;

@@ -52,6 +52,13 @@ pub struct JobFile {
     pub work_dir: Option<PathBuf>,
     #[serde(default)]
     pub kill: Vec<String>,
+    #[serde(default)]
+    pub data: Vec<PathBuf>,
+    pub layout: Option<crate::flags::LayoutArg>,
+    pub rows_per_table: Option<u64>,
+    pub skip_malformed: Option<bool>,
+    pub holdout_every: Option<u64>,
+    pub epochs: Option<u64>,
     pub steps: Option<u64>,
     pub batch: Option<usize>,
     pub seed: Option<u64>,
@@ -111,6 +118,7 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
     let f = JobFile::read(path)?;
     Ok(RunArgs {
         config: a.config.clone(),
+        resume: a.resume.clone(),
         preset: a.preset.clone().or(f.preset),
         servers: a.servers.or(f.servers),
         workers: a.workers.or(f.workers),
@@ -156,6 +164,18 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
         } else {
             a.kill.clone()
         },
+        data: crate::flags::DataArgs {
+            data: if a.data.data.is_empty() {
+                f.data
+            } else {
+                a.data.data.clone()
+            },
+            layout: a.data.layout.or(f.layout),
+            rows_per_table: a.data.rows_per_table.or(f.rows_per_table),
+            skip_malformed: a.data.skip_malformed || f.skip_malformed.unwrap_or(false),
+            holdout_every: a.data.holdout_every.or(f.holdout_every),
+            epochs: a.data.epochs.or(f.epochs),
+        },
         steps: a.steps.or(f.steps),
         batch: a.batch.or(f.batch),
         seed: a.seed.or(f.seed),
@@ -181,17 +201,30 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
     })
 }
 
-/// Flags (already merged with the job file) -> validated run configuration.
-pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
-    let preset = Preset::by_name(a.preset.as_deref().unwrap_or("tiny"))?;
+/// The executable every process runs, and the work directory (a new one under the temp dir
+/// unless given).
+pub(crate) fn exe_and_work_dir(a: &RunArgs) -> Result<(PathBuf, PathBuf)> {
     let exe = std::env::current_exe().context("finding the ftrec executable to start processes")?;
     let work_dir = match &a.work_dir {
         Some(d) => d.clone(),
         None => std::env::temp_dir().join(format!("ftrec-run-{}", std::process::id())),
     };
+    Ok((exe, work_dir))
+}
+
+/// Flags (already merged with the job file) -> validated run configuration.
+pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
+    if a.resume.is_some() {
+        bail!("--resume applies to ftrec run and ftrec coordinator only");
+    }
+    let preset = Preset::by_name(a.preset.as_deref().unwrap_or("tiny"))?;
+    let (exe, work_dir) = exe_and_work_dir(a)?;
     let mut cfg = RunConfig::new(preset, exe, work_dir);
     cfg.servers = a.servers.unwrap_or(2);
     cfg.workers = a.workers.unwrap_or(1);
+    if cfg.workers == 0 {
+        bail!("--workers must be at least 1");
+    }
     cfg.sync = a.sync;
     let strategy = a.strategy.as_deref().unwrap_or("none");
     cfg.strategy = StrategyChoice::parse(strategy, a.ckpt_every_steps.unwrap_or(100))?;
@@ -259,11 +292,18 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
         .iter()
         .map(|k| k.parse::<KillSpec>())
         .collect::<Result<_, _>>()?;
-    if let Some(s) = a.steps {
-        cfg.steps = s;
-    }
     if let Some(b) = a.batch {
         cfg.batch = b;
+    }
+    if let Some(tsv) = crate::train::tsv_config(&a.data)? {
+        // `--epochs` alone: exactly that many passes, however many steps they make.
+        if a.steps.is_none() && tsv.epochs.is_some() && cfg.batch > 0 {
+            cfg.steps = crate::train::steps_of_epochs(&tsv, cfg.batch, u64::from(cfg.workers))?;
+        }
+        cfg = cfg.with_data(tsv);
+    }
+    if let Some(s) = a.steps {
+        cfg.steps = s;
     }
     if let Some(e) = a.eval_samples {
         cfg.eval_samples = e;
@@ -288,6 +328,10 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
 
 pub fn run(a: RunArgs) -> Result<()> {
     let a = merge(&a)?;
+    if let Some(location) = &a.resume {
+        let cfg = crate::resume::config(&a, location)?;
+        return execute(&a, cfg);
+    }
     let cfg = run_config(&a)?;
     execute(&a, cfg)
 }
@@ -298,15 +342,30 @@ pub fn coordinator(a: RunArgs) -> Result<()> {
     if a.server_addr.is_empty() {
         bail!("ftrec coordinator needs the servers' addresses (--server-addr, one per server)");
     }
-    let mut cfg = run_config(&a)?;
+    let mut cfg = match &a.resume {
+        Some(location) => crate::resume::config(&a, location)?,
+        None => run_config(&a)?,
+    };
     cfg.external_workers = true;
     cfg.validate()?;
     execute(&a, cfg)
 }
 
 fn execute(a: &RunArgs, cfg: RunConfig) -> Result<()> {
+    let data = match &cfg.data {
+        Some(t) => format!(
+            " | data {} ({} epochs)",
+            match &t.path {
+                ftrec_data::DataPath::File(p) | ftrec_data::DataPath::Dir(p) =>
+                    p.display().to_string(),
+                ftrec_data::DataPath::Files(ps) => format!("{} files", ps.len()),
+            },
+            t.epochs.map_or("unlimited".to_string(), |e| e.to_string())
+        ),
+        None => String::new(),
+    };
     eprintln!(
-        "ftrec run: preset {} | {} servers, {} workers ({}) | strategy {} | {} steps x {} x batch {} | seed {} | work dir {}",
+        "ftrec run: preset {}{data} | {} servers, {} workers ({}) | strategy {} | {} steps x {} x batch {} | seed {} | work dir {}",
         cfg.preset.name,
         cfg.servers,
         cfg.workers,
@@ -324,7 +383,13 @@ fn execute(a: &RunArgs, cfg: RunConfig) -> Result<()> {
             cfg.workers, cfg.control_listen
         );
     }
-    let report = ftrec_cluster::run(&cfg);
+    let report = match &a.resume {
+        Some(location) => {
+            eprintln!("resuming the job recorded in {location}");
+            ftrec_cluster::resume(&cfg)
+        }
+        None => ftrec_cluster::run(&cfg),
+    };
     if a.work_dir.is_none() {
         // A work directory of our own making (port files, checkpoints) goes with the run.
         let _ = std::fs::remove_dir_all(&cfg.work_dir);

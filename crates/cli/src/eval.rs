@@ -19,7 +19,7 @@ use ftrec_worker::local::{open_source, Evaluation};
 use ftrec_worker::LocalTrainer;
 use serde::Serialize;
 
-use crate::flags::{LayoutArg, OptimizerArgs, TrainArgs};
+use crate::flags::{DataArgs, LayoutArg, OptimizerArgs, TrainArgs};
 use crate::restored;
 
 #[derive(Args, Debug)]
@@ -132,12 +132,14 @@ pub fn run(a: EvalArgs) -> Result<()> {
     }
     let train = TrainArgs {
         preset: Some(shape.preset.name.clone()),
-        data: a.data.clone(),
-        layout: a.layout,
-        rows_per_table: a.rows_per_table,
-        skip_malformed: a.skip_malformed,
-        holdout_every: a.holdout_every,
-        epochs: 0,
+        data: DataArgs {
+            data: a.data.clone(),
+            layout: (!a.data.is_empty()).then_some(a.layout),
+            rows_per_table: a.rows_per_table,
+            skip_malformed: a.skip_malformed,
+            holdout_every: a.holdout_every,
+            epochs: None,
+        },
         steps: None,
         batch: a.batch,
         opt: OptimizerArgs::default(),

@@ -34,7 +34,7 @@ pub enum Cmd {
         cmd: BenchCmd,
     },
     /// Train with parameter-server processes, a coordinator, a fault-tolerance strategy and
-    /// injected faults (synthetic data).
+    /// injected faults (synthetic data, or Criteo TSV with --data).
     Run(RunArgs),
     /// One parameter-server process (`ftrec run` starts them; start them by hand on other hosts).
     Server(ServerArgs),
@@ -70,7 +70,17 @@ pub struct RunArgs {
     /// Job file (TOML) with any of these settings.
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
-    /// Workload preset: tiny, small or kaggle [default: tiny].
+    /// Start a job again from its checkpoint store (a directory or s3://bucket/prefix) after
+    /// its processes died: the job's settings come from the store's job record; fresh servers
+    /// and workers restore the newest committed checkpoint and train to the job's last step.
+    /// Flags that define the job (preset, workers, sync, strategy and its settings, steps,
+    /// batch, seed, optimizers) must agree with the record; --servers (the rows are
+    /// re-sharded), --work-dir, --kill, --threads, --eval-samples, heartbeats, the report
+    /// interval and --json may differ.
+    #[arg(long, value_name = "LOCATION")]
+    pub resume: Option<String>,
+    /// Workload preset: tiny, small or kaggle [default: tiny]; with --data it gives the model
+    /// shape and the data gives the table sizes.
     #[arg(long)]
     pub preset: Option<String>,
     /// Parameter-server processes [default: 2].
@@ -130,7 +140,10 @@ pub struct RunArgs {
     /// (repeatable).
     #[arg(long, value_name = "ROLE=I@POINT")]
     pub kill: Vec<String>,
-    /// Training steps (each of `workers` batches) [default: the preset's].
+    #[command(flatten)]
+    pub data: DataArgs,
+    /// Training steps (each of `workers` batches) [default: the preset's, or with --epochs
+    /// as many as the data holds].
     #[arg(long)]
     pub steps: Option<u64>,
     /// Samples per worker per step [default: the preset's].
@@ -258,10 +271,36 @@ impl IncrRunArgs {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum LayoutArg {
     Kaggle,
     Terabyte,
+}
+
+/// Criteo TSV data flags, shared by `ftrec train`, `ftrec run` and `ftrec coordinator` (and
+/// the job file's keys of the same names).
+#[derive(Args, Debug, Default, Clone)]
+pub struct DataArgs {
+    /// Criteo TSV data: a file, several files, or a directory (default: synthetic data).
+    #[arg(long, num_args = 1.., value_name = "PATH")]
+    pub data: Vec<PathBuf>,
+    /// Layout of --data: kaggle or terabyte [default: kaggle].
+    #[arg(long, value_enum)]
+    pub layout: Option<LayoutArg>,
+    /// Cap every table at N rows (categoricals are hashed into the table size).
+    #[arg(long, value_name = "N")]
+    pub rows_per_table: Option<u64>,
+    /// Skip and count malformed lines instead of stopping at the first one.
+    #[arg(long)]
+    pub skip_malformed: bool,
+    /// Hold out every N-th line of each file for evaluation (0: none) [default: 64].
+    #[arg(long, value_name = "N")]
+    pub holdout_every: Option<u64>,
+    /// Passes over the TSV data: without --steps the run trains exactly E passes, with
+    /// --steps it stops at whichever comes first [default: as many as the steps need].
+    #[arg(long, value_name = "E")]
+    pub epochs: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -270,24 +309,8 @@ pub struct TrainArgs {
     /// data; with --data it selects the model shape (default kaggle).
     #[arg(long)]
     pub preset: Option<String>,
-    /// Criteo TSV data: a file, several files, or a directory.
-    #[arg(long, num_args = 1..)]
-    pub data: Vec<PathBuf>,
-    /// Layout of --data.
-    #[arg(long, value_enum, default_value = "kaggle")]
-    pub layout: LayoutArg,
-    /// Cap every table at N rows (categoricals are hashed into the table size).
-    #[arg(long, value_name = "N")]
-    pub rows_per_table: Option<u64>,
-    /// Skip and count malformed lines instead of stopping at the first one.
-    #[arg(long)]
-    pub skip_malformed: bool,
-    /// Hold out every N-th line of the TSV data for evaluation.
-    #[arg(long, value_name = "N")]
-    pub holdout_every: Option<u64>,
-    /// Passes over the TSV data (0 = as many as the steps need).
-    #[arg(long, default_value_t = 0)]
-    pub epochs: u64,
+    #[command(flatten)]
+    pub data: DataArgs,
     #[arg(long)]
     pub steps: Option<u64>,
     #[arg(long)]

@@ -18,6 +18,7 @@ mod export;
 mod flags;
 mod plot;
 mod restored;
+mod resume;
 mod train;
 
 use std::process::ExitCode;

@@ -7,54 +7,100 @@ use ftrec_data::{DataPath, Layout, TsvConfig};
 use ftrec_worker::{DataSpec, Progress, TrainConfig, TrainReport};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::flags::{LayoutArg, TrainArgs};
+use crate::flags::{DataArgs, LayoutArg, TrainArgs};
 
-/// Flags -> validated configuration.
-pub fn config_from_args(a: &TrainArgs) -> Result<TrainConfig> {
-    let data = if a.data.is_empty() {
+/// The data flags -> the TSV reader's configuration (`None`: synthetic data). Every data flag
+/// without `--data` is an error naming it, and so is `--epochs 0` or `--rows-per-table 0`; the
+/// files must exist. Shared by `ftrec train`, `ftrec run` and `ftrec coordinator`.
+pub fn tsv_config(a: &DataArgs) -> Result<Option<TsvConfig>> {
+    if a.data.is_empty() {
         for (flag, set) in [
+            ("--layout", a.layout.is_some()),
             ("--rows-per-table", a.rows_per_table.is_some()),
             ("--skip-malformed", a.skip_malformed),
             ("--holdout-every", a.holdout_every.is_some()),
-            ("--epochs", a.epochs != 0),
+            ("--epochs", a.epochs.is_some()),
         ] {
             if set {
-                bail!("{flag} applies to --data only");
+                bail!("{flag} applies to --data only (the synthetic data has no files)");
             }
         }
-        DataSpec::Synthetic
-    } else {
-        let layout = match a.layout {
-            LayoutArg::Kaggle => Layout::Kaggle,
-            LayoutArg::Terabyte => Layout::Terabyte,
-        };
-        let mut tsv = TsvConfig::new(DataPath::from_paths(&a.data)?, layout);
-        if let Some(cap) = a.rows_per_table {
-            if cap == 0 {
-                bail!("--rows-per-table must be at least 1");
-            }
-            tsv = tsv.with_rows_per_table(cap);
-        }
-        if let Some(h) = a.holdout_every {
-            tsv.holdout_every = h;
-        }
-        tsv.skip_malformed = a.skip_malformed;
-        tsv.epochs = if a.epochs == 0 { None } else { Some(a.epochs) };
-        DataSpec::Tsv(tsv)
+        return Ok(None);
+    }
+    let layout = match a.layout.unwrap_or(LayoutArg::Kaggle) {
+        LayoutArg::Kaggle => Layout::Kaggle,
+        LayoutArg::Terabyte => Layout::Terabyte,
     };
+    // Absolute paths: the workers of `ftrec run` read them too, wherever they run.
+    let paths = a
+        .data
+        .iter()
+        .map(|p| {
+            std::fs::canonicalize(p).map_err(|e| anyhow::anyhow!("--data {}: {e}", p.display()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let path = DataPath::from_paths(&paths).map_err(|e| anyhow::anyhow!("--data: {e}"))?;
+    let mut tsv = TsvConfig::new(path, layout);
+    // Every file must be there now, not when the first batch is read.
+    tsv.path
+        .resolve(layout)
+        .map_err(|e| anyhow::anyhow!("--data: {e}"))?;
+    if let Some(cap) = a.rows_per_table {
+        if cap == 0 {
+            bail!("--rows-per-table must be at least 1");
+        }
+        tsv = tsv.with_rows_per_table(cap);
+    }
+    if let Some(h) = a.holdout_every {
+        tsv.holdout_every = h;
+    }
+    tsv.skip_malformed = a.skip_malformed;
+    tsv.epochs = match a.epochs {
+        Some(0) => bail!(
+            "--epochs must be at least 1 (leave it out to pass over the data as often as the \
+             steps need)"
+        ),
+        e => e,
+    };
+    Ok(Some(tsv))
+}
+
+/// Steps when `--epochs` is given without `--steps`: every batch of `batch` samples in the
+/// configured passes over the data, `per_step` batches a step (the last step may have fewer,
+/// and its last batch may be short).
+pub fn steps_of_epochs(tsv: &TsvConfig, batch: usize, per_step: u64) -> Result<u64> {
+    let (batches, _) =
+        ftrec_data::count_batches(tsv, batch).context("counting the batches of --data")?;
+    if batches == 0 {
+        bail!("--data holds no training samples (every line held out or skipped)");
+    }
+    Ok(batches.div_ceil(per_step))
+}
+
+/// Flags -> validated configuration.
+pub fn config_from_args(a: &TrainArgs) -> Result<TrainConfig> {
+    let tsv = tsv_config(&a.data)?;
     let preset = a.preset.clone().unwrap_or_else(|| {
-        if a.data.is_empty() {
+        if tsv.is_none() {
             "small".into()
         } else {
             "kaggle".into()
         }
     });
+    let data = match &tsv {
+        Some(t) => DataSpec::Tsv(t.clone()),
+        None => DataSpec::Synthetic,
+    };
     let mut cfg = TrainConfig::from_preset(&preset, data)?;
-    if let Some(s) = a.steps {
-        cfg.steps = s;
-    }
     if let Some(b) = a.batch {
         cfg.batch = b;
+    }
+    match (a.steps, &tsv) {
+        (Some(s), _) => cfg.steps = s,
+        (None, Some(t)) if t.epochs.is_some() && cfg.batch > 0 => {
+            cfg.steps = steps_of_epochs(t, cfg.batch, 1)?;
+        }
+        _ => {}
     }
     if let Some(t) = a.threads {
         cfg.threads = t;

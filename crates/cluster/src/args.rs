@@ -192,6 +192,10 @@ pub struct ServerArgs {
     pub servers: u32,
     #[arg(long)]
     pub preset: String,
+    /// Rows of each table, comma-separated, instead of the preset's (a job on TSV data: the
+    /// coordinator's tables, which `ftrec run` passes to the servers it starts).
+    #[arg(long, value_name = "R1,R2,...", value_delimiter = ',')]
+    pub table_rows: Vec<u64>,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     #[command(flatten)]
@@ -231,6 +235,9 @@ impl ServerArgs {
         let preset =
             Preset::by_name(&self.preset).map_err(|e| ClusterError::Config(e.to_string()))?;
         let mut spec = ServerSpec::from_preset(&preset, self.id, self.servers, self.seed)?;
+        if !self.table_rows.is_empty() {
+            spec.table_rows = Some(self.table_rows.clone());
+        }
         self.opt
             .apply(&mut spec.sparse_optimizer, &mut spec.dense_optimizer)
             .map_err(|e| ClusterError::Config(e.to_string()))?;

@@ -56,6 +56,10 @@ pub enum ToWorker {
         seq: Option<u64>,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         hold: Vec<TxnHold>,
+        /// On TSV data: where the batch starts (the coordinator's [`crate::plan::BatchPlan`]);
+        /// none on synthetic data, where the index alone gives the batch.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        start: Option<ftrec_data::Position>,
     },
     /// Go on after [`FromWorker::Held`].
     Resume,
@@ -97,6 +101,12 @@ pub enum FromWorker {
     /// The last command failed (`index`: the batch it was about, if any).
     Failed {
         index: Option<u64>,
+        error: String,
+    },
+    /// Batch `index`'s data could not be read (a malformed line without `--skip-malformed`, an
+    /// unreadable file): not a fault any strategy recovers from, so the run stops with it.
+    BadData {
+        index: u64,
         error: String,
     },
     /// Batch `index` stopped before `phase` of its transaction, as asked; waits for
@@ -728,6 +738,13 @@ mod tests {
                 index: 5,
                 seq: Some(1),
                 hold: vec![TxnHold::Commit],
+                start: Some(ftrec_data::Position::Tsv {
+                    file: 0,
+                    file_name: "day_0".into(),
+                    offset: 77,
+                    line: 3,
+                    epoch: 1,
+                }),
             }),
             serde_json::to_vec(&ToWorker::Connect { servers: vec![] }),
         ];

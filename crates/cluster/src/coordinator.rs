@@ -22,7 +22,10 @@
 
 mod ecrec;
 mod partial;
+mod resume;
 mod store;
+
+pub use resume::ResumeReport;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -41,10 +44,11 @@ use ftrec_strategy::{
 use tokio::sync::{mpsc as tmpsc, watch};
 
 use crate::control::{BatchTiming, FromWorker, PoolEvent, ToWorker, WorkerPool};
+use crate::plan::BatchPlan;
 use crate::report::{
     intervals, CpuReport, EventKind, FailureReport, Overheads, RunReport, StepPoint, TimedEvent,
 };
-use crate::worker::{connect_all, Compute, WorkerSetup};
+use crate::worker::{connect_all, Compute, WorkerData, WorkerSetup};
 use crate::{
     ClusterError, KillAt, KillSpec, Phase, Role, RunConfig, ServerProcess, StrategyChoice,
 };
@@ -71,6 +75,27 @@ const REBUILD_POLL: Duration = Duration::from_millis(100);
 /// [`RunReport::aborted`] set; an error that is not a server loss returns `Err`. Every started
 /// process is reaped before this returns.
 pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
+    run_job(cfg, false)
+}
+
+/// Start a job again from its store (`cfg.store_location()`): start fresh servers and workers,
+/// restore every server from the newest committed checkpoint through the recovery path (onto
+/// `cfg.servers` servers, re-sharded if the checkpoint was saved by another number), rewind
+/// the data to its position, and train to `cfg.steps`, ending with the strategy's final save.
+/// `cfg` is the job as its store records it ([`crate::job::read`]) with this invocation's
+/// settings. A store with no committed checkpoint is an error, before any process starts;
+/// [`RunReport::resumed`] says where the run started.
+pub fn resume(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
+    if !cfg.strategy.uses_store() {
+        return Err(ClusterError::Config(format!(
+            "strategy {} saves no checkpoints: there is nothing to resume from",
+            cfg.strategy.name()
+        )));
+    }
+    run_job(cfg, true)
+}
+
+fn run_job(cfg: &RunConfig, resume: bool) -> Result<RunReport, ClusterError> {
     cfg.validate()?;
     // Every run has a job id: the given one, else a new one (`crate::auth`).
     let cfg = &RunConfig {
@@ -158,6 +183,33 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
     } else {
         None
     };
+    let plan = match &cfg.data {
+        Some(tsv) => {
+            let mut plan = BatchPlan::open(tsv, cfg.batch)?;
+            // A kill after step S needs a step after S: refuse one the data does not reach now,
+            // not after training.
+            for k in &cfg.kills {
+                if let KillAt::Step(step) = k.at {
+                    if !plan.has(step.saturating_mul(cfg.workers as u64).saturating_add(1))? {
+                        return Err(ClusterError::Config(format!(
+                            "--kill {k}: the data has no step after step {step} (a kill after \
+                             the last step would not be noticed)"
+                        )));
+                    }
+                }
+            }
+            Some(plan)
+        }
+        None => None,
+    };
+    let resume_at = match (&store, resume) {
+        (Some(st), true) => Some(resume::resume_point(&rt, st, cfg.steps)?),
+        _ => None,
+    };
+    // The job record: what the job is, so that it can be resumed from its store alone.
+    if let Some(st) = &store {
+        rt.block_on(crate::job::write(&st.ckpts, cfg))?;
+    }
     let pool = WorkerPool::listen_with(
         cfg.control_listen,
         cfg.workers,
@@ -205,6 +257,9 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
         cpu: CpuReport::default(),
         rewinds: 0,
         final_save_s: 0.0,
+        plan,
+        attempt_base: 0,
+        resumed: None,
     };
     c.rt.spawn(heartbeat(
         hb_rx,
@@ -215,14 +270,21 @@ pub fn run(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
     ));
     let result = c
         .start_all()
-        .and_then(|()| {
-            if c.cfg.sync {
+        .and_then(|()| match resume_at {
+            Some(p) => c.resume_from(p),
+            None => Ok(true),
+        })
+        .and_then(|go_on| {
+            if !go_on {
+                Ok(())
+            } else if c.cfg.sync {
                 c.train_sync()
             } else {
                 c.train_async()
             }
         })
-        .and_then(|()| c.ec_finish());
+        .and_then(|()| c.ec_finish())
+        .and_then(|()| c.check_step_kills_fired());
     c.finish(result)
 }
 
@@ -232,6 +294,8 @@ enum Failure {
     Workers(Vec<u32>, String),
     /// An RPC to the servers failed (`by`: who saw it).
     Rpc(&'static str, String),
+    /// The training data cannot be read: the run stops.
+    BadData(ClusterError),
 }
 
 struct Coordinator {
@@ -289,6 +353,21 @@ struct Coordinator {
     rewinds: u64,
     /// Pause of the save of the last step at the end of the run.
     final_save_s: f64,
+    /// TSV data: where every global batch starts ([`crate::plan`]).
+    plan: Option<BatchPlan>,
+    /// Added to the recovery count in checkpoint ids (`-a<N>`): a resumed run counts on past
+    /// the attempts its store holds.
+    attempt_base: u32,
+    /// Where a resumed run started.
+    resumed: Option<ResumeReport>,
+}
+
+/// A worker's answer that the batch's data cannot be read.
+fn bad_data(index: u64, worker: u32, error: String) -> ClusterError {
+    ClusterError::BadData {
+        index,
+        reason: format!("worker {worker}: {error}"),
+    }
 }
 
 impl Coordinator {
@@ -300,13 +379,92 @@ impl Coordinator {
         self.cfg.workers
     }
 
-    /// Completed steps (in asynchronous mode, whole multiples of `workers` batches).
+    /// Completed steps (in asynchronous mode, whole multiples of `workers` batches). At the end
+    /// of TSV data the last step may have fewer batches than workers; it counts once done.
     fn step(&self) -> u64 {
-        self.batches / self.workers() as u64
+        let m = self.workers() as u64;
+        if self.at_data_end() {
+            self.batches.div_ceil(m)
+        } else {
+            self.batches / m
+        }
     }
 
+    /// Every batch of the data has been applied (TSV data whose end the plan has found).
+    fn at_data_end(&self) -> bool {
+        self.plan.as_ref().and_then(|p| p.end()) == Some(self.batches)
+    }
+
+    /// Batches of the whole run: `steps * workers`, or fewer if the data ends before (known
+    /// once the plan has walked there, which it does one batch ahead of the batches handed
+    /// out).
     fn total_batches(&self) -> u64 {
-        self.cfg.steps * self.workers() as u64
+        let steps = self.cfg.steps.saturating_mul(self.workers() as u64);
+        match self.plan.as_ref().and_then(|p| p.end()) {
+            Some(end) => steps.min(end),
+            None => steps,
+        }
+    }
+
+    /// Whether global batch `index` is part of the run (walking the plan as needed).
+    fn batch_exists(&mut self, index: u64) -> Result<bool, ClusterError> {
+        if index == 0 || index > self.cfg.steps.saturating_mul(self.workers() as u64) {
+            return Ok(false);
+        }
+        match self.plan.as_mut() {
+            Some(p) => p.has(index),
+            None => Ok(true),
+        }
+    }
+
+    /// The command that trains global batch `index` (with its start on TSV data).
+    fn batch_cmd(
+        &mut self,
+        index: u64,
+        seq: Option<u64>,
+        hold: Vec<crate::control::TxnHold>,
+    ) -> Result<ToWorker, ClusterError> {
+        let start = match self.plan.as_mut() {
+            Some(p) => Some(p.start(index)?.ok_or_else(|| {
+                ClusterError::Protocol(format!("batch {index} is past the end of the data"))
+            })?),
+            None => None,
+        };
+        Ok(ToWorker::Batch {
+            index,
+            seq,
+            hold,
+            start,
+        })
+    }
+
+    /// Training samples in the first `batches` global batches.
+    fn samples_in(&mut self, batches: u64) -> u64 {
+        match self.plan.as_mut() {
+            Some(p) => p
+                .after(batches)
+                .map_or(batches * self.cfg.batch as u64, |a| a.1),
+            None => batches * self.cfg.batch as u64,
+        }
+    }
+
+    /// A kill scheduled after a step the data does not reach never fires: an error, not a run
+    /// that silently missed its fault.
+    fn check_step_kills_fired(&mut self) -> Result<(), ClusterError> {
+        if self.aborted.is_some() || !self.at_data_end() {
+            return Ok(());
+        }
+        match self
+            .kills
+            .iter()
+            .find(|(k, done)| !done && matches!(k.at, KillAt::Step(_)))
+        {
+            Some((k, _)) => Err(ClusterError::Config(format!(
+                "--kill {k} never fired: the data ended after step {}",
+                self.step()
+            ))),
+            None => Ok(()),
+        }
     }
 
     fn event(&mut self, kind: EventKind, server: Option<u32>, detail: String) {
@@ -390,6 +548,29 @@ impl Coordinator {
         }
         let addrs = self.server_addrs.clone();
         self.clients = Some(self.rt.block_on(connect_all(&addrs, &self.cfg.auth))?);
+        // Servers started elsewhere must hold the tables this job trains (the data's sizes on
+        // TSV data: `ftrec server --table-rows`).
+        if let Some(info) = self
+            .client()?
+            .infos()
+            .iter()
+            .find(|i| i.table_rows != self.cfg.preset.table_rows)
+        {
+            return Err(ClusterError::Config(format!(
+                "server {} holds tables of {:?} rows, this job trains {:?} (start it with \
+                 --table-rows {})",
+                info.server.0,
+                info.table_rows,
+                self.cfg.preset.table_rows,
+                self.cfg
+                    .preset
+                    .table_rows
+                    .iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )));
+        }
         self.connect_store_clients()?;
         self.ec_connect()?;
         self.update_heartbeat();
@@ -420,6 +601,13 @@ impl Coordinator {
         } else {
             self.pool.spawn(w, self.cfg.start_timeout)?;
         }
+        let data = match (&self.cfg.data, &self.plan) {
+            (Some(tsv), Some(plan)) => Some(WorkerData {
+                tsv: tsv.clone(),
+                files: crate::plan::file_fingerprints(plan.files())?,
+            }),
+            _ => None,
+        };
         let setup = WorkerSetup {
             id: w,
             workers: self.workers(),
@@ -429,6 +617,7 @@ impl Coordinator {
             threads: self.cfg.threads,
             rpc_timeout: STEP_TIMEOUT,
             ec: self.ec_worker(w),
+            data,
         };
         self.ask_one(w, ToWorker::Setup(Box::new(setup)))?;
         let servers = self.server_addrs.clone();
@@ -682,7 +871,7 @@ impl Coordinator {
         let t = self.train_start.map_or(0.0, |s| s.elapsed().as_secs_f64());
         self.completions.push(t);
         self.note_progress();
-        if !self.batches.is_multiple_of(self.workers() as u64) {
+        if !self.batches.is_multiple_of(self.workers() as u64) && !self.at_data_end() {
             return None;
         }
         let step = self.step();
@@ -711,7 +900,7 @@ impl Coordinator {
     fn train_sync(&mut self) -> Result<(), ClusterError> {
         self.train_start = Some(Instant::now());
         let mut unexplained = 0;
-        while self.batches < self.total_batches() {
+        while self.batch_exists(self.batches + 1)? {
             let done = self.poll_store(false);
             if !self.execute(done)? {
                 return Ok(());
@@ -733,11 +922,12 @@ impl Coordinator {
             let step = self.step() + 1;
             self.seq += 1;
             match self.sync_step(step, self.seq) {
-                Ok(loss) => {
+                Ok((loss, count)) => {
                     unexplained = 0;
-                    // One step is `workers` batches; the strategy hears of it with the last.
+                    // One step is `workers` batches (the last step of TSV data may have
+                    // fewer); the strategy hears of it with the last.
                     let t = self.train_start.map_or(0.0, |s| s.elapsed().as_secs_f64());
-                    for _ in 1..self.workers() {
+                    for _ in 1..count {
                         self.batches += 1;
                         self.completions.push(t);
                     }
@@ -745,6 +935,7 @@ impl Coordinator {
                         return Ok(());
                     }
                 }
+                Err(Failure::BadData(e)) => return Err(e),
                 Err(failure) => {
                     self.abort_staged(self.seq);
                     if !self.handle_failure(failure, step, &mut unexplained)? {
@@ -757,22 +948,25 @@ impl Coordinator {
     }
 
     /// One synchronous step: every worker trains on its batch and stages it as `seq`, then the
-    /// coordinator commits it in worker order.
-    fn sync_step(&mut self, step: u64, seq: u64) -> Result<f64, Failure> {
+    /// coordinator commits it in worker order; returns the mean loss and the batches of the
+    /// step. At the end of TSV data the last step has a batch for the first workers only (the
+    /// others sit it out), committed in worker order like any other.
+    fn sync_step(&mut self, step: u64, seq: u64) -> Result<(f64, u64), Failure> {
         let m = self.workers() as u64;
         let mut waiting: BTreeMap<u32, u64> = BTreeMap::new();
         let mut lost = Vec::new();
         let mut rpc_error = None;
+        let mut order: Vec<u32> = Vec::new();
         for w in 0..self.workers() {
             let index = (step - 1) * m + w as u64 + 1;
-            match self.pool.send(
-                w,
-                &ToWorker::Batch {
-                    index,
-                    seq: Some(seq),
-                    hold: Vec::new(),
-                },
-            ) {
+            let cmd = match self.batch_exists(index) {
+                Ok(false) => break,
+                Ok(true) => self.batch_cmd(index, Some(seq), Vec::new()),
+                Err(e) => Err(e),
+            }
+            .map_err(Failure::BadData)?;
+            order.push(w);
+            match self.pool.send(w, &cmd) {
                 Ok(()) => {
                     waiting.insert(w, index);
                 }
@@ -809,6 +1003,12 @@ impl Coordinator {
                     waiting.remove(&worker);
                     rpc_error.get_or_insert(format!("worker {worker}: {error}"));
                 }
+                Some(PoolEvent::Msg {
+                    worker,
+                    msg: FromWorker::BadData { index, error },
+                }) if waiting.get(&worker) == Some(&index) => {
+                    return Err(Failure::BadData(bad_data(index, worker, error)));
+                }
                 Some(PoolEvent::Lost { worker, reason }) => {
                     waiting.remove(&worker);
                     lost.push(worker);
@@ -828,10 +1028,10 @@ impl Coordinator {
         if let Some(e) = rpc_error {
             return Err(Failure::Rpc("worker_rpc", e));
         }
-        let order: Vec<u32> = (0..self.workers()).collect();
+        let count = order.len() as u64;
         if self.ec.is_some() {
             self.ec_commit(step, seq, &order)?;
-            return Ok(loss / m as f64);
+            return Ok((loss / count as f64, count));
         }
         let client = self
             .client()
@@ -843,7 +1043,7 @@ impl Coordinator {
             })
             .map_err(|_| Failure::Rpc("commit_rpc", format!("committing step {step} timed out")))?
             .map_err(|e| Failure::Rpc("commit_rpc", e.to_string()))?;
-        Ok(loss / m as f64)
+        Ok((loss / count as f64, count))
     }
 
     /// Drop what was staged for `seq` where possible.
@@ -863,6 +1063,7 @@ impl Coordinator {
         unexplained: &mut u32,
     ) -> Result<bool, ClusterError> {
         match failure {
+            Failure::BadData(e) => Err(e),
             Failure::Workers(ws, reason) => {
                 for w in ws {
                     self.ec_worker_lost(w)?;
@@ -920,7 +1121,6 @@ impl Coordinator {
 
     fn train_async(&mut self) -> Result<(), ClusterError> {
         self.train_start = Some(Instant::now());
-        let total = self.total_batches();
         // Batches handed out and not yet answered, by worker; batches to hand out again.
         let mut running: BTreeMap<u32, (u64, Instant)> = BTreeMap::new();
         let mut requeue: Vec<u64> = Vec::new();
@@ -952,21 +1152,15 @@ impl Coordinator {
                     }
                     let index = match requeue.pop() {
                         Some(i) => i,
-                        None if next <= total => {
+                        None if self.batch_exists(next)? => {
                             next += 1;
                             next - 1
                         }
                         None => break,
                     };
                     let hold = self.ec_holds();
-                    match self.pool.send(
-                        w,
-                        &ToWorker::Batch {
-                            index,
-                            seq: None,
-                            hold,
-                        },
-                    ) {
+                    let cmd = self.batch_cmd(index, None, hold)?;
+                    match self.pool.send(w, &cmd) {
                         Ok(()) => {
                             running.insert(w, (index, Instant::now()));
                         }
@@ -1035,7 +1229,7 @@ impl Coordinator {
                     }
                     continue;
                 }
-                if self.batches >= total {
+                if self.batches >= self.total_batches() {
                     return Ok(());
                 }
             }
@@ -1093,6 +1287,12 @@ impl Coordinator {
                     msg: FromWorker::Held { index, phase },
                 }) if running.get(&worker).map(|r| r.0) == Some(index) => {
                     self.ec_held(worker, phase);
+                }
+                Some(PoolEvent::Msg {
+                    worker,
+                    msg: FromWorker::BadData { index, error },
+                }) if running.get(&worker).map(|r| r.0) == Some(index) => {
+                    return Err(bad_data(index, worker, error));
                 }
                 Some(PoolEvent::Msg {
                     worker,
@@ -1405,7 +1605,8 @@ impl Coordinator {
             self.failures[i].steps_redone += redone / m;
             self.recover_at.push((i, before));
         }
-        self.samples_redone += redone * self.cfg.batch as u64;
+        let redone_samples = self.samples_in(before) - self.samples_in(restored.min(before));
+        self.samples_redone += redone_samples;
         self.batches = restored;
         self.rewinds += 1;
         for &i in &open {
@@ -1433,9 +1634,15 @@ impl Coordinator {
         if self.cfg.eval_samples == 0 {
             return Ok((None, None, 0));
         }
-        let src = SyntheticSource::from_preset(&self.cfg.preset, self.cfg.seed)?;
         let batch = self.cfg.batch.min(8192);
-        let eval = src.eval_set(self.cfg.eval_samples, batch)?;
+        // TSV data: the held-out lines (`--holdout-every`), as `ftrec train` evaluates.
+        let eval = match &self.cfg.data {
+            Some(tsv) => {
+                ftrec_data::TsvReader::open(tsv.clone())?.eval_set(self.cfg.eval_samples, batch)?
+            }
+            None => SyntheticSource::from_preset(&self.cfg.preset, self.cfg.seed)?
+                .eval_set(self.cfg.eval_samples, batch)?,
+        };
         let mut compute = Compute::new(&self.cfg.preset, self.cfg.seed, batch, self.cfg.threads)?;
         let client = self.client()?;
         let mut probs = Vec::new();
@@ -1450,6 +1657,22 @@ impl Coordinator {
         let auc = ftrec_model::auc(&probs, &labels).ok();
         let logloss = ftrec_model::logloss(&probs, &labels).ok();
         Ok((auc, logloss, probs.len()))
+    }
+
+    /// What the report says of the TSV data (none on synthetic data).
+    fn data_report(&mut self) -> Option<crate::report::DataReport> {
+        let batches = self.batches;
+        let ended = self.at_data_end();
+        let plan = self.plan.as_mut()?;
+        let (position, samples) = plan.after(batches).ok()?;
+        Some(crate::report::DataReport {
+            files: plan.files().len(),
+            batches,
+            samples,
+            position,
+            ended,
+            malformed_skipped: plan.malformed_skipped(),
+        })
     }
 
     /// Stop everything and build the report.
@@ -1493,7 +1716,11 @@ impl Coordinator {
         }
         self.procs.clear();
         outcome?;
-        let samples = self.batches * self.cfg.batch as u64;
+        let samples = self.samples_in(self.batches);
+        let data = self.data_report();
+        // A resumed run trained the batches after its checkpoint.
+        let resumed_batches = self.resumed.as_ref().map_or(0, |r| r.batches);
+        let trained = samples - self.samples_in(resumed_batches);
         let mut overheads = Overheads {
             // Eq. 1 counts the saves that protect training, not the save of its result.
             o_save: self.pause_s - self.final_save_s,
@@ -1519,7 +1746,7 @@ impl Coordinator {
             samples_redone: self.samples_redone,
             wall_s: self.start.elapsed().as_secs_f64(),
             train_s,
-            samples_per_s: samples as f64 / train_s.max(1e-9),
+            samples_per_s: trained as f64 / train_s.max(1e-9),
             train_loss: self.last_loss,
             events: self.events,
             failures: self.failures,
@@ -1543,10 +1770,12 @@ impl Coordinator {
             config: self.cfg,
             ec: self.ec.map(|e| e.report),
             cpu: self.cpu,
+            resumed: self.resumed,
             cpr: match self.strategy.report() {
                 Some(ftrec_strategy::StrategyReport::Cpr(c)) => Some(c),
                 _ => None,
             },
+            data,
         })
     }
 }

@@ -46,9 +46,14 @@
 //! - `cpr` ([`cpr`], cpr.txt §2.3, §4): partial recovery (a lost server is replaced and its
 //!   shard alone restored from the newest saves of each row; survivors and workers go on, no
 //!   step is redone), full saves every `T_save` from a target PLS or a step count, prioritized
-//!   saves (MFU, SSU, SCAR) in between, PLS per failure in the report.
+//!   saves (MFU, SSU, SCAR) in between, PLS per failure in the report;
+//! - whole-job resume ([`job`], [`resume`]): a saving run records its configuration in its
+//!   store; a job whose processes all died starts again from the store alone, through the
+//!   recovery path (every server restores the newest committed checkpoint, re-sharded onto
+//!   another number of servers if need be; the workers rewind to its data position).
 //!
-//! The data split: the training stream is cut into global batches of `batch` samples. In
+//! The data split: the training stream (synthetic, or Criteo TSV files with the batch order
+//! of [`plan`]) is cut into global batches of `batch` samples. In
 //! synchronous mode step `s` (from 1) is batches `(s-1)*M + 1 ..= s*M`, worker `w` taking the
 //! `w`-th, and the servers sum the workers' contributions in worker order. With `M = 1` this
 //! is exactly the single-process trainer's run, and the final digest equals
@@ -78,21 +83,23 @@ pub mod control;
 pub mod coordinator;
 pub mod cpr;
 pub mod ecrec;
+pub mod job;
 pub mod launcher;
 pub mod merger;
+pub mod plan;
 pub mod report;
 pub mod shard_server;
 pub mod spec;
 pub mod worker;
 
-pub use coordinator::run;
+pub use coordinator::{resume, run, ResumeReport};
 pub use cpr::{CprFlags, ServerPriority};
 pub use ecrec::{EcFlags, EcReport, EcServerSpec};
 pub use ftrec_ec::CodeKind;
 pub use launcher::ServerProcess;
 pub use report::{
-    CpuReport, EventKind, FailureReport, IntervalPoint, Overheads, RunReport, StoreReport,
-    TimedEvent,
+    CpuReport, DataReport, EventKind, FailureReport, IntervalPoint, Overheads, RunReport,
+    StoreReport, TimedEvent,
 };
 pub use shard_server::{build_server, serve_shard};
 pub use spec::{
@@ -135,4 +142,8 @@ pub enum ClusterError {
     /// Recovery could not complete.
     #[error("recovery failed: {0}")]
     Recovery(String),
+    /// A worker could not read a batch of the training data (a malformed line without
+    /// `--skip-malformed`, an unreadable file).
+    #[error("batch {index}: {reason}")]
+    BadData { index: u64, reason: String },
 }

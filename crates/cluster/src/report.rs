@@ -32,6 +32,8 @@ pub enum EventKind {
     /// A lost worker's half-done transactions were committed or aborted everywhere.
     TransactionsResolved,
     Aborted,
+    /// The job was started again from its store (`ftrec run --resume`).
+    JobResumed,
 }
 
 /// One event, `t_s` seconds after the run started.
@@ -166,7 +168,8 @@ pub struct RunReport {
     pub job_id: String,
     pub strategy: String,
     pub steps: u64,
-    /// Training samples of the steps in the final model (`steps * workers * batch`).
+    /// Training samples of the steps in the final model (`steps * workers * batch`, less at the
+    /// end of TSV data).
     pub samples: u64,
     /// Samples computed again after recoveries.
     pub samples_redone: u64,
@@ -219,6 +222,30 @@ pub struct RunReport {
     /// portion of lost samples per failure and in total (CPR Eq. 3).
     #[serde(default)]
     pub cpr: Option<ftrec_strategy::CprReport>,
+    /// TSV data: where the stream stands after the last step, and whether the data ended.
+    #[serde(default)]
+    pub data: Option<DataReport>,
+    /// A run resumed from its store (`ftrec run --resume`): the checkpoint, its step, and the
+    /// servers that saved it and restored it.
+    #[serde(default)]
+    pub resumed: Option<crate::coordinator::ResumeReport>,
+}
+
+/// What a run on Criteo TSV data read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DataReport {
+    /// Files read (in order).
+    pub files: usize,
+    /// Global batches in the final model (the last one may be short).
+    pub batches: u64,
+    /// Training samples in them.
+    pub samples: u64,
+    /// Where the stream stands after them (the position a checkpoint of the end would save).
+    pub position: ftrec_data::Position,
+    /// The run ended because the data did (every configured epoch trained), not at `--steps`.
+    pub ended: bool,
+    /// Malformed training lines skipped (`--skip-malformed`).
+    pub malformed_skipped: u64,
 }
 
 /// CPU time (user + system, seconds) the run's processes used, read from `/proc` just before
@@ -313,6 +340,13 @@ impl RunReport {
             self.bytes_written,
             self.failures.len()
         );
+        if let Some(r) = &self.resumed {
+            s += &format!(
+                "  resumed from checkpoint {} at step {} of {} (saved by {} servers, restored \
+                 onto {})\n",
+                r.checkpoint, r.step, r.location, r.saved_servers, r.servers
+            );
+        }
         let secs = |v: Option<f64>| v.map_or("-".to_string(), |d| format!("{d:.3}s"));
         for f in &self.failures {
             s += &format!(
@@ -410,6 +444,30 @@ impl RunReport {
                 c.partial_saves,
                 c.pls.total,
                 c.pls.per_failure.len()
+            );
+        }
+        if let Some(d) = &self.data {
+            let at = match &d.position {
+                ftrec_data::Position::Tsv {
+                    file_name,
+                    line,
+                    epoch,
+                    ..
+                } => format!("{file_name} line {line}, epoch {epoch}"),
+                other => format!("{other:?}"),
+            };
+            s += &format!(
+                "  data: {} batches, {} samples from {} files, {} (at {at}); {} malformed lines \
+                 skipped\n",
+                d.batches,
+                d.samples,
+                d.files,
+                if d.ended {
+                    "the data ended"
+                } else {
+                    "stopped at --steps"
+                },
+                d.malformed_skipped
             );
         }
         if let Some(r) = &self.aborted {

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use ftrec_ckpt::deck::StagingOptions;
 use ftrec_ckpt::location::LocationOptions;
-use ftrec_core::{Preset, ServerId, ShardMap};
+use ftrec_core::{ServerId, ShardMap};
 use ftrec_model::{Dlrm, DlrmConfig};
 use ftrec_ps::auth::ServeOptions;
 use ftrec_ps::ckpt::{grpc::ckpt_service, CkptNode};
@@ -27,7 +27,7 @@ pub fn build_server(spec: &ServerSpec) -> Result<Server, ClusterError> {
 /// range of them).
 pub(crate) fn server_config(spec: &ServerSpec) -> Result<(ServerConfig, Vec<f32>), ClusterError> {
     spec.validate()?;
-    let preset = Preset::by_name(&spec.preset).map_err(|e| ClusterError::Config(e.to_string()))?;
+    let preset = spec.preset()?;
     let map = ShardMap::new(spec.servers).map_err(|e| ClusterError::Config(e.to_string()))?;
     let mut config = ServerConfig::from_preset(&preset, map, ServerId(spec.id), spec.seed);
     config.sparse_optimizer = spec.sparse_optimizer;

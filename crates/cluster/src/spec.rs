@@ -7,6 +7,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use ftrec_core::{Optimizer, Preset};
+use ftrec_data::TsvConfig;
 use serde::{Deserialize, Serialize};
 
 pub use crate::cpr::ServerPriority;
@@ -24,6 +25,10 @@ pub struct ServerSpec {
     pub id: u32,
     pub servers: u32,
     pub preset: String,
+    /// Rows of every table instead of the preset's (a job on TSV data: the data layout's
+    /// table sizes, capped by `--rows-per-table`; the preset gives the model shape).
+    #[serde(default)]
+    pub table_rows: Option<Vec<u64>>,
     pub seed: u64,
     pub sparse_optimizer: Optimizer,
     pub dense_optimizer: Optimizer,
@@ -99,6 +104,7 @@ impl ServerSpec {
             id,
             servers,
             preset: preset.name.clone(),
+            table_rows: None,
             seed,
             sparse_optimizer: Optimizer::new(preset.sparse_optimizer, preset.sparse_lr),
             dense_optimizer: Optimizer::new(preset.dense_optimizer, preset.dense_lr),
@@ -123,7 +129,10 @@ impl ServerSpec {
                 self.id, self.servers, self.servers
             )));
         }
-        Preset::by_name(&self.preset).map_err(|e| ClusterError::Config(e.to_string()))?;
+        let preset = self.preset()?;
+        preset
+            .validate()
+            .map_err(|e| ClusterError::Config(format!("--table-rows: {e}")))?;
         for (flag, o) in [
             ("--optimizer", &self.sparse_optimizer),
             ("--dense-optimizer", &self.dense_optimizer),
@@ -146,6 +155,24 @@ impl ServerSpec {
             }
         }
         Ok(())
+    }
+
+    /// The preset the shard is built from: the named one, with [`ServerSpec::table_rows`] if
+    /// given.
+    pub fn preset(&self) -> Result<Preset, ClusterError> {
+        let mut preset =
+            Preset::by_name(&self.preset).map_err(|e| ClusterError::Config(e.to_string()))?;
+        if let Some(rows) = &self.table_rows {
+            if rows.len() != preset.table_rows.len() {
+                return Err(ClusterError::Config(format!(
+                    "--table-rows gives {} tables, the model has {}",
+                    rows.len(),
+                    preset.table_rows.len()
+                )));
+            }
+            preset.table_rows = rows.clone();
+        }
+        Ok(preset)
     }
 
     /// The arguments of `ftrec server` (after the executable name) that rebuild this spec.
@@ -173,6 +200,15 @@ impl ServerSpec {
         ];
         a.push("--until".into());
         a.push(self.until.to_string());
+        if let Some(rows) = &self.table_rows {
+            a.push("--table-rows".into());
+            a.push(
+                rows.iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            );
+        }
         if let Some(p) = &self.port_file {
             a.push("--port-file".into());
             a.push(p.display().to_string());
@@ -663,6 +699,11 @@ pub struct RunConfig {
     /// process gets them through its environment. Never serialized.
     #[serde(skip)]
     pub auth: crate::auth::Auth,
+    /// Criteo TSV training data (`--data`; none: the synthetic generator of the preset). The
+    /// preset's table sizes must be the reader's ([`RunConfig::with_data`]); the held-out
+    /// lines are the evaluation set. Every worker reads these paths on its own host.
+    #[serde(default)]
+    pub data: Option<TsvConfig>,
 }
 
 fn default_control() -> SocketAddr {
@@ -720,7 +761,16 @@ impl RunConfig {
             control_listen: default_control(),
             report_interval_s: default_interval(),
             auth: crate::auth::Auth::none(),
+            data: None,
         }
+    }
+
+    /// Train on `tsv`: the model's tables take the reader's sizes (the preset keeps giving the
+    /// model shape).
+    pub fn with_data(mut self, tsv: TsvConfig) -> RunConfig {
+        self.preset.table_rows = tsv.table_rows.clone();
+        self.data = Some(tsv);
+        self
     }
 
     /// Check every field; the error names the offending one.
@@ -743,6 +793,24 @@ impl RunConfig {
         }
         if self.steps == 0 {
             return bad("--steps must be at least 1".into());
+        }
+        if let Some(tsv) = &self.data {
+            tsv.validate()
+                .map_err(|e| ClusterError::Config(format!("--data: {e}")))?;
+            if tsv.table_rows != self.preset.table_rows {
+                return bad(
+                    "the model's table sizes differ from the TSV data's (RunConfig::with_data \
+                     sets them)"
+                        .into(),
+                );
+            }
+            if tsv.holdout_every == 0 && self.eval_samples > 0 {
+                return bad(
+                    "--holdout-every 0 holds no line out for evaluation; give --eval-samples 0 \
+                     to train without one"
+                        .into(),
+                );
+            }
         }
         if self.batch == 0 || self.batch > crate::worker::MAX_BATCH {
             return bad(format!(
@@ -900,6 +968,7 @@ impl RunConfig {
             id,
             servers: self.servers,
             preset: self.preset.name.clone(),
+            table_rows: self.data.as_ref().map(|_| self.preset.table_rows.clone()),
             seed: self.seed,
             sparse_optimizer: self.sparse_optimizer,
             dense_optimizer: self.dense_optimizer,
@@ -963,6 +1032,11 @@ mod tests {
         spec.port_file = Some(PathBuf::from("/tmp/x.port"));
         spec.sparse_optimizer.lr = 0.125;
         assert_eq!(ServerSpec::from_args(&spec.to_args()).unwrap(), spec);
+        spec.table_rows = Some((1..=26).collect());
+        assert_eq!(ServerSpec::from_args(&spec.to_args()).unwrap(), spec);
+        spec.table_rows = Some(vec![5; 3]);
+        assert!(matches!(spec.validate(), Err(ClusterError::Config(m)) if m.contains("3 tables")));
+        spec.table_rows = Some((1..=26).collect());
         spec.ckpt = Some(CkptSpec {
             staging_dir: PathBuf::from("/tmp/staging"),
             chunk_bytes: 64 << 10,

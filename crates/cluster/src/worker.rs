@@ -1,8 +1,11 @@
 //! A worker: the same math as the single-process trainer (`ftrec_worker::LocalTrainer::step`),
 //! with rows and dense values pulled from the servers and gradients pushed back.
 //!
-//! The training stream is cut into global batches of `B` samples, numbered from 1: batch `g`
-//! holds samples `(g-1)*B .. g*B`. In synchronous mode step `s` (from 1) of `M` workers is
+//! The training stream is cut into global batches of `B` samples, numbered from 1: on
+//! synthetic data batch `g` holds samples `(g-1)*B .. g*B`, which the worker generates from
+//! `g`; on TSV data it is the `B` training samples after batch `g-1`, and the coordinator's
+//! [`crate::plan::BatchPlan`] sends where it starts, which the worker seeks its own reader to.
+//! In synchronous mode step `s` (from 1) of `M` workers is
 //! batches `(s-1)*M + 1 ..= s*M`, worker `w` taking batch `(s-1)*M + w + 1`, so with `M = 1`
 //! a worker reads exactly the batches the single-process trainer reads. In asynchronous mode
 //! the coordinator hands the next batch to whichever worker is free.
@@ -21,7 +24,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use ftrec_core::{Batch, Preset, RowId, SparseGradAccumulator, TableId};
-use ftrec_data::{Position, Split, SyntheticSource};
+use ftrec_data::{BatchSource, Position, Split, SyntheticSource, TsvConfig, TsvReader};
 use ftrec_model::{pool_sum, scatter_grads, Dlrm, DlrmConfig, Workspace};
 use ftrec_ps::ec::{run_txn, EcGrpcClient, TxnId, TxnPhase};
 use ftrec_ps::grpc::{GrpcClient, GrpcConfig};
@@ -236,6 +239,79 @@ pub struct WorkerSetup {
     /// ECRec in asynchronous training: every update is a transaction this worker coordinates.
     #[serde(default)]
     pub ec: Option<EcWorker>,
+    /// TSV data (none: the synthetic generator): every batch comes with its start.
+    #[serde(default)]
+    pub data: Option<WorkerData>,
+}
+
+/// The TSV data a worker reads: the reader's configuration (the coordinator's paths, which a
+/// worker on another host must see at the same place) and the names and sizes of the files the
+/// coordinator planned, which the worker checks its own files against.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerData {
+    pub tsv: TsvConfig,
+    pub files: Vec<(String, u64)>,
+}
+
+/// Where a worker's batches come from.
+enum Source {
+    Synthetic(SyntheticSource),
+    Tsv(TsvReader),
+}
+
+impl Source {
+    fn open(setup: &WorkerSetup) -> Result<Source, ClusterError> {
+        let Some(data) = &setup.data else {
+            return Ok(Source::Synthetic(SyntheticSource::from_preset(
+                &setup.preset,
+                setup.seed,
+            )?));
+        };
+        let reader = TsvReader::open(data.tsv.clone())?;
+        let here = crate::plan::file_fingerprints(reader.files())?;
+        if here != data.files {
+            let show = |f: &[(String, u64)]| {
+                f.iter()
+                    .map(|(n, b)| format!("{n} ({b} bytes)"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            return Err(ClusterError::Config(format!(
+                "worker {}: the data files here are {}, the coordinator's are {}",
+                setup.id,
+                show(&here),
+                show(&data.files)
+            )));
+        }
+        Ok(Source::Tsv(reader))
+    }
+
+    /// Global batch `index`: generated from its index, or read from `start`.
+    fn batch(
+        &mut self,
+        size: usize,
+        index: u64,
+        start: Option<&Position>,
+    ) -> Result<Batch, ClusterError> {
+        match self {
+            Source::Synthetic(src) => Ok(src
+                .batch_at(Split::Train, first_sample(size, index)?, size)
+                .0),
+            Source::Tsv(reader) => {
+                let start = start.ok_or_else(|| {
+                    ClusterError::Protocol(format!(
+                        "batch {index} of TSV data came without its start"
+                    ))
+                })?;
+                reader.seek(start)?;
+                reader.next_batch(size)?.ok_or_else(|| {
+                    ClusterError::Protocol(format!(
+                        "batch {index} starts at the end of the data ({start:?})"
+                    ))
+                })
+            }
+        }
+    }
 }
 
 /// A worker's part of ECRec in asynchronous training (ECRec §3.5): its updates are
@@ -406,7 +482,7 @@ pub fn worker_process(
             what: format!("starting worker {id}'s runtime"),
             source: e,
         })?;
-    let mut state: Option<(WorkerSetup, SyntheticSource, Compute)> = None;
+    let mut state: Option<(WorkerSetup, Source, Compute)> = None;
     let mut client: Option<ShardedClient<GrpcClient>> = None;
     let mut ec: Option<EcTxns> = None;
     loop {
@@ -424,7 +500,7 @@ pub fn worker_process(
                     }
                     setup.validate()?;
                     ftrec_model::set_gemm_threads(setup.threads)?;
-                    let source = SyntheticSource::from_preset(&setup.preset, setup.seed)?;
+                    let source = Source::open(&setup)?;
                     let compute =
                         Compute::new(&setup.preset, setup.seed, setup.batch, setup.threads)?;
                     Ok((*setup, source, compute))
@@ -488,7 +564,12 @@ pub fn worker_process(
                 index: None,
                 error: format!("worker {id} was told to resume but holds no batch"),
             },
-            Some(ToWorker::Batch { index, seq, hold }) => {
+            Some(ToWorker::Batch {
+                index,
+                seq,
+                hold,
+                start,
+            }) => {
                 let mut stop = false;
                 let mut at_hold = |phase: TxnHold| {
                     // The coordinator injects its fault, then lets the batch go on.
@@ -504,11 +585,24 @@ pub fn worker_process(
                 let txns = ec
                     .as_mut()
                     .map(|e| (e, hold.as_slice(), &mut at_hold as &mut dyn FnMut(TxnHold)));
-                let r = run_batch(&rt, state.as_mut(), client.as_ref(), txns, id, index, seq);
+                let r = run_batch(
+                    &rt,
+                    state.as_mut(),
+                    client.as_ref(),
+                    txns,
+                    id,
+                    (index, start.as_ref()),
+                    seq,
+                );
                 if stop {
                     return Ok(());
                 }
                 match r {
+                    // The batch's data cannot be read: no retry or recovery helps.
+                    Err(ClusterError::Data(e)) => FromWorker::BadData {
+                        index,
+                        error: e.to_string(),
+                    },
                     Ok((loss, timing)) => FromWorker::Done {
                         index,
                         loss,
@@ -561,15 +655,15 @@ impl EcTxns {
 /// ECRec transactions of a batch: the clients, the phases to hold at, and what to do there.
 type Txns<'a> = (&'a mut EcTxns, &'a [TxnHold], &'a mut dyn FnMut(TxnHold));
 
-/// Train on global batch `index`: stage it as `seq`, push it, or (ECRec in asynchronous
-/// training) run it as one transaction.
+/// Train on global batch `index` (starting at `start` on TSV data): stage it as `seq`, push
+/// it, or (ECRec in asynchronous training) run it as one transaction.
 fn run_batch(
     rt: &tokio::runtime::Runtime,
-    state: Option<&mut (WorkerSetup, SyntheticSource, Compute)>,
+    state: Option<&mut (WorkerSetup, Source, Compute)>,
     client: Option<&ShardedClient<GrpcClient>>,
     txns: Option<Txns<'_>>,
     id: u32,
-    index: u64,
+    (index, start): (u64, Option<&Position>),
     seq: Option<u64>,
 ) -> Result<(f64, BatchTiming), ClusterError> {
     let Some((setup, source, compute)) = state else {
@@ -577,7 +671,8 @@ fn run_batch(
             "worker {id} was sent batch {index} before its setup"
         )));
     };
-    let first = first_sample(setup.batch, index)?;
+    // Refuses index 0 and indices whose samples run past the stream, whatever the source.
+    first_sample(setup.batch, index)?;
     let Some(c) = client else {
         return Err(ClusterError::Protocol(format!(
             "worker {id} was sent batch {index} before it was connected"
@@ -585,7 +680,7 @@ fn run_batch(
     };
     let mut timing = BatchTiming::default();
     let t0 = std::time::Instant::now();
-    let (batch, _) = source.batch_at(Split::Train, first, setup.batch);
+    let batch = source.batch(setup.batch, index, start)?;
     timing.data_s = t0.elapsed().as_secs_f64();
     rt.block_on(async {
         let work = async {

@@ -271,6 +271,7 @@ fn setup(batch: usize) -> ToWorker {
         threads: 1,
         rpc_timeout: Duration::from_secs(5),
         ec: None,
+        data: None,
     }))
 }
 
@@ -291,6 +292,7 @@ fn a_worker_refuses_a_huge_batch_and_batch_indices_out_of_range() {
             index,
             seq: None,
             hold: Vec::new(),
+            start: None,
         };
         match ask(&mut w, &mut r, &batch) {
             FromWorker::Failed { index: i, error } => {
@@ -305,6 +307,7 @@ fn a_worker_refuses_a_huge_batch_and_batch_indices_out_of_range() {
         index: 1,
         seq: None,
         hold: Vec::new(),
+        start: None,
     };
     match ask(&mut w, &mut r, &batch) {
         FromWorker::Failed { error, .. } => assert!(error.contains("connected"), "{error}"),

@@ -144,6 +144,7 @@ fn full_recovery_after_a_kill_gives_the_failure_free_model() {
         m.data_position,
         DataPosition::Json(serde_json::json!({
             "batches": 40,
+            "samples": 40 * 64,
             "position": {"kind": "synthetic", "sample": 40 * 64},
         }))
     );

@@ -4,7 +4,8 @@
 //! - the [`BatchSource`] trait the trainer pulls [`Batch`](ftrec_core::Batch)es from, with a
 //!   serializable, resumable [`Position`] and a held-out [`EvalSet`];
 //! - [`TsvReader`], a streaming reader of Criteo TSV files in the Kaggle and Terabyte
-//!   [`Layout`]s ([`TsvConfig`], [`DataPath`]);
+//!   [`Layout`]s ([`TsvConfig`], [`DataPath`]), which can also skip samples without building
+//!   them ([`TsvReader::skip_samples`], [`count_batches`]) for whoever plans batch starts;
 //! - [`SyntheticSource`], a deterministic Criteo-like stream with Zipf-distributed ids and a
 //!   planted [`Teacher`], so that AUC means something without the real data set;
 //! - [`write_tsv`] / [`synth_to_dir`], which write the synthetic stream as Kaggle-layout TSV;
@@ -81,8 +82,8 @@ pub use sample::{categorical_row, parse_line, transform_dense, RawSample};
 pub use source::{BatchSource, EvalSet, Position};
 pub use synth::{Split, SynthConfig, SyntheticSource, Teacher, TeacherScales};
 pub use tsv::{
-    DataPath, Layout, TsvConfig, TsvReader, DEFAULT_HOLDOUT_EVERY, KEPT_FAULTS, MAX_LINE_BYTES,
-    TERABYTE_ROW_CAP, TERABYTE_TABLE_ROWS,
+    count_batches, DataPath, Layout, TsvConfig, TsvReader, DEFAULT_HOLDOUT_EVERY, KEPT_FAULTS,
+    MAX_LINE_BYTES, TERABYTE_ROW_CAP, TERABYTE_TABLE_ROWS,
 };
 pub use write::{synth_to_dir, write_tsv, SYNTH_FILE};
 pub use zipf::Zipf;

@@ -376,10 +376,44 @@ fn is_held_out(holdout_every: u64, line: u64) -> bool {
     holdout_every > 0 && line % holdout_every == 0
 }
 
-fn file_name(p: &Path) -> String {
+/// The name a [`Position::Tsv`] records for file `p`: its last component.
+pub fn file_name(p: &Path) -> String {
     p.file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| p.display().to_string())
+}
+
+/// Where [`TsvReader::walk`] puts the training samples it passes.
+enum Sink<'a> {
+    /// Parsed into this batch.
+    Batch(&'a mut Batch),
+    /// Only counted; parsed first if `parse` (to skip malformed lines).
+    Count { parse: bool },
+}
+
+/// Batches of up to `batch` samples, and samples, in one whole run over `cfg`'s data: what
+/// [`BatchSource::next_batch`] yields until the end of the last epoch (the last batch may be
+/// short). `cfg.epochs` must be finite. Without `skip_malformed` this is a scan for newlines
+/// ([`TsvReader::skip_samples`]).
+pub fn count_batches(cfg: &TsvConfig, batch: usize) -> Result<(u64, u64), DataError> {
+    check_batch_size(batch)?;
+    if cfg.epochs.is_none() {
+        return Err(DataError::InvalidConfig(
+            "an unlimited number of epochs has no end to count batches to".into(),
+        ));
+    }
+    let mut reader = TsvReader::open(cfg.clone())?;
+    let (mut batches, mut samples) = (0u64, 0u64);
+    loop {
+        let n = reader.skip_samples(batch)?;
+        if n > 0 {
+            batches += 1;
+            samples += n as u64;
+        }
+        if n < batch {
+            return Ok((batches, samples));
+        }
+    }
 }
 
 /// Streaming reader of Criteo TSV files; a [`BatchSource`].
@@ -451,21 +485,24 @@ impl TsvReader {
         }
     }
 
-    fn fill(&mut self, batch: &mut Batch, size: usize) -> Result<(), DataError> {
-        // Batch size when the last wrap happened in this call: a second wrap with no sample in
-        // between means a whole epoch yields nothing, and wrapping again would spin forever.
+    /// Pass the next `size` training samples into `sink`, wrapping epochs as configured;
+    /// returns how many there were (fewer only at the end of the last epoch).
+    fn walk(&mut self, sink: &mut Sink<'_>, size: usize) -> Result<usize, DataError> {
+        let mut taken = 0usize;
+        // Samples taken when the last wrap happened in this call: a second wrap with no sample
+        // in between means a whole epoch yields nothing, and wrapping again would spin forever.
         let mut last_wrap: Option<usize> = None;
-        while batch.size < size {
+        while taken < size {
             let Some(line) = self.lines.next()? else {
                 if !self.more_epochs() {
                     break;
                 }
-                if last_wrap == Some(batch.size) {
+                if last_wrap == Some(taken) {
                     return Err(DataError::NoSamples {
                         what: self.describe_files(),
                     });
                 }
-                last_wrap = Some(batch.size);
+                last_wrap = Some(taken);
                 self.epoch += 1;
                 self.lines.set(0, 0, 0);
                 continue;
@@ -473,13 +510,53 @@ impl TsvReader {
             if is_held_out(self.cfg.holdout_every, line.line) {
                 continue;
             }
+            if let Sink::Count { parse: false } = sink {
+                taken += 1;
+                continue;
+            }
             match self.parse_current(&line) {
-                Ok(s) => s.append_to(batch, &self.cfg.table_rows),
+                Ok(s) => {
+                    if let Sink::Batch(batch) = sink {
+                        s.append_to(batch, &self.cfg.table_rows);
+                    }
+                    taken += 1;
+                }
                 Err(fault) if self.cfg.skip_malformed => self.note_skip(fault),
                 Err(fault) => return Err(DataError::Malformed { fault }),
             }
         }
-        Ok(())
+        Ok(taken)
+    }
+
+    /// [`Self::walk`], leaving the reader where it started on error.
+    fn walk_or_rewind(&mut self, sink: &mut Sink<'_>, size: usize) -> Result<usize, DataError> {
+        let start = self.position();
+        let (skipped, kept) = (self.skipped, self.faults.len());
+        match self.walk(sink, size) {
+            Ok(n) => Ok(n),
+            Err(e) => {
+                // Leave the reader where the walk started, as the trait promises; the seek
+                // only reopens a file that was readable a moment ago, and if even that fails
+                // the original error is the one worth reporting.
+                let _ = self.seek(&start);
+                self.skipped = skipped;
+                self.faults.truncate(kept);
+                Err(e)
+            }
+        }
+    }
+
+    /// Move past the next `n` training samples exactly as `next_batch(n)` would, without
+    /// building them; returns how many there were (fewer than `n` only at the end of the last
+    /// epoch). With `skip_malformed` every line is parsed, to know which ones are skipped;
+    /// without it no line is parsed and every training line counts as a sample (a malformed
+    /// one is reported by whoever reads it into a batch), so the walk is a scan for newlines.
+    /// On error the reader stays where it was.
+    pub fn skip_samples(&mut self, n: usize) -> Result<usize, DataError> {
+        let mut sink = Sink::Count {
+            parse: self.cfg.skip_malformed,
+        };
+        self.walk_or_rewind(&mut sink, n)
     }
 
     fn describe_files(&self) -> String {
@@ -497,18 +574,8 @@ impl BatchSource for TsvReader {
 
     fn next_batch(&mut self, size: usize) -> Result<Option<Batch>, DataError> {
         check_batch_size(size)?;
-        let start = self.position();
-        let (skipped, kept) = (self.skipped, self.faults.len());
         let mut batch = Batch::with_capacity(size, NUM_DENSE, NUM_SPARSE);
-        if let Err(e) = self.fill(&mut batch, size) {
-            // Leave the reader where the batch started, as the trait promises; the seek only
-            // reopens a file that was readable a moment ago, and if even that fails the
-            // original error is the one worth reporting.
-            let _ = self.seek(&start);
-            self.skipped = skipped;
-            self.faults.truncate(kept);
-            return Err(e);
-        }
+        self.walk_or_rewind(&mut Sink::Batch(&mut batch), size)?;
         Ok((batch.size > 0).then_some(batch))
     }
 

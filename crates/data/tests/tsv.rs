@@ -536,3 +536,69 @@ fn bad_configurations_and_positions_are_refused() {
         assert_eq!(r.position(), good, "a refused seek leaves the reader alone");
     }
 }
+
+/// Where every batch starts and how big it is, as `next_batch` reads them.
+fn batch_starts(c: &TsvConfig, size: usize) -> Vec<(Position, usize)> {
+    let mut r = open(c.clone());
+    let mut out = Vec::new();
+    loop {
+        let start = r.position();
+        match r.next_batch(size).unwrap() {
+            Some(b) => out.push((start, b.size)),
+            None => return out,
+        }
+    }
+}
+
+#[test]
+fn skipping_samples_stops_where_reading_them_stops_and_counts_the_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    for f in 0..2 {
+        let text: String = (0..23).map(|i| numbered(f * 100 + i)).collect();
+        files.push(write_file(dir.path(), &format!("part{f}.txt"), &text));
+    }
+    // Malformed lines, found only by parsing (skip mode) or by reading them into a batch.
+    let bad: String =
+        numbered(300) + "garbage\n" + &numbered(301) + "1\tx\n" + &numbered(302) + &numbered(303);
+    files.push(write_file(dir.path(), "part2.txt", &bad));
+    for (holdout, skip, epochs) in [(0, true, 1), (5, true, 2), (4, true, 3), (7, true, 1)] {
+        let mut c = config(DataPath::Files(files.clone()));
+        c.holdout_every = holdout;
+        c.skip_malformed = skip;
+        c.epochs = Some(epochs);
+        for size in [1, 4, 9] {
+            let want = batch_starts(&c, size);
+            let mut r = open(c.clone());
+            let mut got = Vec::new();
+            loop {
+                let start = r.position();
+                let n = r.skip_samples(size).unwrap();
+                if n == 0 {
+                    break;
+                }
+                got.push((start, n));
+            }
+            assert_eq!(got, want, "holdout {holdout}, epochs {epochs}, size {size}");
+            let samples = want.iter().map(|w| w.1 as u64).sum::<u64>();
+            assert_eq!(
+                ftrec_data::count_batches(&c, size).unwrap(),
+                (want.len() as u64, samples)
+            );
+        }
+    }
+    // Without skip mode nothing is parsed: every training line counts, and reading the batch
+    // that holds a malformed one reports it.
+    let mut c = config(DataPath::Files(files.clone()));
+    c.epochs = Some(1);
+    assert_eq!(ftrec_data::count_batches(&c, 10).unwrap(), (6, 52));
+    let mut r = open(c.clone());
+    assert_eq!(r.skip_samples(46).unwrap(), 46);
+    assert!(matches!(r.next_batch(2), Err(DataError::Malformed { .. })));
+    // Endless epochs have no count.
+    c.epochs = None;
+    assert!(matches!(
+        ftrec_data::count_batches(&c, 10),
+        Err(DataError::InvalidConfig(_))
+    ));
+}

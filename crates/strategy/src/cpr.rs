@@ -216,6 +216,9 @@ pub struct Cpr {
     full_saves: u64,
     partial_saves: u64,
     failed_saves: u64,
+    /// The committed state is no base for a prioritized save (resumed onto another number of
+    /// servers): the next save is a full.
+    need_full: bool,
 }
 
 impl Cpr {
@@ -268,6 +271,7 @@ impl Cpr {
             full_saves: 0,
             partial_saves: 0,
             failed_saves: 0,
+            need_full: false,
         })
     }
 
@@ -460,7 +464,7 @@ impl Strategy for Cpr {
             (Event::StepDone { step, now_s }, Phase::Training) => {
                 self.last_step = *step;
                 // Partial saves apply on top of a full: the first save is always one.
-                let need_base = self.committed.is_none();
+                let need_base = self.committed.is_none() || self.need_full;
                 if self.full_due(*step, *now_s) {
                     self.save(*step, *now_s, true)
                 } else if self.partial_due(*step, *now_s) {
@@ -482,6 +486,7 @@ impl Strategy for Cpr {
                 self.committed = Some(checkpoint.clone());
                 self.phase = Phase::Training;
                 if full {
+                    self.need_full = false;
                     self.full_step = Some(step);
                     self.full_saves += 1;
                     self.full_costs.push(*cost_s);
@@ -537,6 +542,26 @@ impl Strategy for Cpr {
                     self.last_save = (*step, *now_s);
                 }
                 vec![Action::ResumeTraining]
+            }
+            (
+                Event::Resumed {
+                    checkpoint,
+                    continues,
+                    now_s,
+                },
+                _,
+            ) => {
+                // Every row of the resumed state is at least as new as its step; intervals
+                // run from there. Prioritized saves apply on top of a full of this cluster's
+                // shards: restored onto another number of servers, the next save is a full.
+                self.committed = Some(checkpoint.clone());
+                self.full_step = Some(checkpoint.step);
+                self.last_step = checkpoint.step;
+                self.last_full = (checkpoint.step, *now_s);
+                self.last_save = (checkpoint.step, *now_s);
+                self.need_full = !*continues;
+                self.phase = Phase::Training;
+                Vec::new()
             }
             _ => Vec::new(),
         }
@@ -971,6 +996,28 @@ mod tests {
                 Err(StrategyError::InvalidConfig(m)) => assert!(m.contains(what), "{m}"),
                 other => panic!("{what}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn a_job_resumed_onto_other_shards_takes_a_full_before_prioritized_saves() {
+        for (continues, first) in [
+            (true, Action::SavePartial { step: 18 }),
+            (false, Action::SaveFull { step: 18 }),
+        ] {
+            let mut s = Cpr::new(steps_cfg(16, 8)).unwrap();
+            assert!(s
+                .on(&Event::Resumed {
+                    checkpoint: ckpt(16),
+                    continues,
+                    now_s: 0.0,
+                })
+                .is_empty());
+            assert_eq!(s.committed(), Some(&ckpt(16)));
+            assert!(step(&mut s, 17).is_empty());
+            assert_eq!(step(&mut s, 18)[1], first, "continues {continues}");
+            done(&mut s, 18, 0.1);
+            assert_eq!(step(&mut s, 20)[1], Action::SavePartial { step: 20 });
         }
     }
 }

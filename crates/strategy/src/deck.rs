@@ -272,6 +272,25 @@ impl Strategy for Deck {
                 }
                 vec![Action::ResumeTraining]
             }
+            (
+                Event::Resumed {
+                    checkpoint,
+                    continues,
+                    now_s,
+                },
+                _,
+            ) => {
+                // Deltas continue over the resumed state when the servers' shards are the
+                // saved ones (as after a recovery); otherwise a new lineage starts with a full.
+                self.committed = Some(checkpoint.clone());
+                self.have_base = *continues;
+                self.deltas_since_full = 0;
+                self.last_save_step = checkpoint.step;
+                self.last_save_s = *now_s;
+                self.due_while_saving = None;
+                self.phase = Phase::Training;
+                Vec::new()
+            }
             _ => Vec::new(),
         }
     }
@@ -571,5 +590,30 @@ mod tests {
         assert_eq!(n, 5, "n = 6 reaches the bound 6");
         assert!(full_every(0.5, 2, 20.0, 1000).unwrap() > n);
         assert_eq!(full_every(0.5, 1, 20.0, 10), None);
+    }
+
+    #[test]
+    fn a_resumed_job_continues_with_deltas_only_over_its_own_shards() {
+        for (continues, first) in [
+            (true, Action::SaveDelta { step: 9 }),
+            (false, Action::SaveFull { step: 9 }),
+        ] {
+            let mut s = Deck::new(DeckConfig {
+                delta_every: Interval::Steps(3),
+                full_every_deltas: None,
+            })
+            .unwrap();
+            assert!(s
+                .on(&Event::Resumed {
+                    checkpoint: ckpt(6),
+                    continues,
+                    now_s: 0.0,
+                })
+                .is_empty());
+            assert_eq!(s.committed(), Some(&ckpt(6)));
+            assert!(step(&mut s, 7).is_empty());
+            assert!(step(&mut s, 8).is_empty());
+            assert_eq!(step(&mut s, 9)[1], first, "continues {continues}");
+        }
     }
 }

@@ -162,6 +162,19 @@ impl Strategy for FullCheckpoint {
                 self.last_save_s = *now_s;
                 vec![Action::ResumeTraining]
             }
+            (
+                Event::Resumed {
+                    checkpoint, now_s, ..
+                },
+                _,
+            ) => {
+                // Intervals run from the resumed checkpoint, as from a save.
+                self.committed = Some(checkpoint.clone());
+                self.last_save_step = checkpoint.step;
+                self.last_save_s = *now_s;
+                self.phase = Phase::Training;
+                Vec::new()
+            }
             // The store ends at the model the run ends with (unless the last step was saved
             // already), so the job can be resumed, evaluated or exported from it.
             (Event::TrainingDone { step, now_s }, Phase::Training)
@@ -402,5 +415,53 @@ mod tests {
             first_after_steps: 1
         })
         .is_err());
+    }
+
+    #[test]
+    fn a_resumed_job_saves_on_from_its_checkpoint_and_a_loss_restores_it() {
+        let mut s = FullCheckpoint::new(Interval::Steps(5)).unwrap();
+        let r = s.on(&Event::Resumed {
+            checkpoint: ckpt(10),
+            continues: false,
+            now_s: 0.5,
+        });
+        assert!(r.is_empty());
+        assert_eq!(s.committed(), Some(&ckpt(10)));
+        for step in 11..15 {
+            assert!(s.on(&Event::StepDone { step, now_s: 1.0 }).is_empty());
+        }
+        assert_eq!(
+            s.on(&Event::StepDone {
+                step: 15,
+                now_s: 1.0
+            }),
+            vec![Action::PauseTraining, Action::SaveFull { step: 15 }]
+        );
+        // Before that save commits, a loss restores the resumed checkpoint.
+        assert_eq!(
+            s.on(&Event::ServerLost {
+                server: ServerId(0),
+                now_s: 2.0
+            }),
+            vec![
+                Action::PauseTraining,
+                Action::RestoreAll {
+                    checkpoint: Some(ckpt(10))
+                }
+            ]
+        );
+        // A job resumed at its last step has its final model saved already.
+        let mut s = FullCheckpoint::new(Interval::Steps(5)).unwrap();
+        s.on(&Event::Resumed {
+            checkpoint: ckpt(20),
+            continues: true,
+            now_s: 0.0,
+        });
+        assert!(s
+            .on(&Event::TrainingDone {
+                step: 20,
+                now_s: 1.0
+            })
+            .is_empty());
     }
 }

@@ -235,6 +235,24 @@ impl<P: ResetPolicy> Strategy for Pieces<P> {
                 }
                 vec![Action::ResumeTraining]
             }
+            (
+                Event::Resumed {
+                    checkpoint, now_s, ..
+                },
+                _,
+            ) => {
+                // The reset rule's measurements (IncrCP §4.5's costs, Check-N-Run's full size)
+                // ended with the job that made them: pieces start over from a new full at the
+                // first save point. Until it commits, a loss restores the resumed state.
+                self.committed = Some(checkpoint.clone());
+                self.have_base = false;
+                self.pieces = 0;
+                self.last_save_step = checkpoint.step;
+                self.last_save_s = *now_s;
+                self.due_while_saving = None;
+                self.phase = Phase::Training;
+                Vec::new()
+            }
             _ => Vec::new(),
         }
     }
@@ -459,6 +477,26 @@ pub(crate) mod tests {
                 None
             ),
             Err(StrategyError::InvalidConfig(_))
+        ));
+    }
+
+    #[test]
+    fn a_resumed_job_starts_its_pieces_over_from_a_full() {
+        let mut s = Incremental::new(Interval::Steps(2), None).unwrap();
+        assert!(s
+            .on(&Event::Resumed {
+                checkpoint: ckpt(4),
+                continues: true,
+                now_s: 0.0,
+            })
+            .is_empty());
+        assert_eq!(s.committed(), Some(&ckpt(4)));
+        assert!(step(&mut s, 5).is_empty());
+        assert_eq!(step(&mut s, 6)[1], Action::SaveFull { step: 6 });
+        done(&mut s, 6, 0.1, 100);
+        assert!(matches!(
+            step(&mut s, 8)[1],
+            Action::SavePiece { step: 8, .. }
         ));
     }
 }

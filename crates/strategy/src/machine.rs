@@ -45,6 +45,16 @@ pub enum Event {
     RestoreEstimate { base_s: f64, chain_s: f64 },
     /// The rebuild of `server` failed (for example the replacement died too).
     RebuildFailed { server: ServerId, reason: String },
+    /// The job was started again from its store (`ftrec run --resume`): every server holds
+    /// `checkpoint`'s state, restored as a recovery restores it, and training goes on from its
+    /// step. It is the committed point a loss restores until the next save commits. With
+    /// `continues` false (restored onto a different number of servers than saved it) no delta
+    /// or piece may apply to it: the next save must be a full.
+    Resumed {
+        checkpoint: CheckpointRef,
+        continues: bool,
+        now_s: f64,
+    },
 }
 
 /// What the cluster must do.

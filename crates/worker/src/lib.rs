@@ -37,8 +37,10 @@ pub enum WorkerError {
     Data(#[from] ftrec_data::DataError),
     #[error("invalid training configuration: {0}")]
     Config(String),
-    #[error("the data ran out after {steps} steps ({samples} samples); ask for fewer steps or allow more epochs")]
-    DataExhausted { steps: u64, samples: u64 },
+    /// The data held no training sample at all (a run stops early, without error, when its
+    /// data ends after some steps).
+    #[error("the data has no training samples (every line held out, skipped or none at all)")]
+    NoTrainingData,
     #[error("no usable held-out set: {0}")]
     NoEvalData(String),
 }

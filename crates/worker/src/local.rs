@@ -350,8 +350,9 @@ pub fn open_source(cfg: &TrainConfig) -> Result<Box<dyn BatchSource>, WorkerErro
 
 type Prefetched = Result<Option<(Batch, Position)>, ftrec_data::DataError>;
 
-/// Train for `cfg.steps` steps, evaluate on the held-out split, report. `on_step` sees every
-/// step's progress.
+/// Train for `cfg.steps` steps or until the data ends (finite epochs), whichever comes first;
+/// evaluate on the held-out split, report. `on_step` sees every step's progress. The last
+/// batch of finite data may be short.
 pub fn train(
     cfg: &TrainConfig,
     on_step: &mut dyn FnMut(&Progress),
@@ -411,10 +412,12 @@ pub fn train(
         let next = rx.recv().unwrap_or(Ok(None))?;
         trainer.timing.data_wait_s += wait.elapsed().as_secs_f64();
         let Some((batch, position)) = next else {
-            return Err(WorkerError::DataExhausted {
-                steps: step,
-                samples,
-            });
+            // The data ended before `steps` (finite epochs): the run is over, and the report
+            // says how many steps and samples it had.
+            if step == 0 {
+                return Err(WorkerError::NoTrainingData);
+            }
+            break;
         };
         let loss = trainer.step(&batch)?;
         samples += batch.size as u64;
@@ -434,6 +437,7 @@ pub fn train(
         });
     }
     let train_s = train_start.elapsed().as_secs_f64();
+    let steps = trainer.step_count();
     drop(rx);
     let (end_position, malformed_skipped) = producer
         .join()

@@ -648,6 +648,41 @@ impl Merger {
     }
 }
 
+/// Remove every checkpoint directory without a manifest (the files of saves and merges that
+/// never committed) and return their names. Only safe when nothing is writing to the store:
+/// a save or merge in flight has no manifest yet.
+pub async fn remove_orphans(ckpts: &Checkpoints) -> Result<Vec<String>> {
+    let with_manifest: std::collections::BTreeSet<String> = ckpts
+        .list_checkpoints()
+        .await?
+        .into_iter()
+        .map(|i| i.to_string())
+        .collect();
+    let dir = ckpts.checkpoint_dir(&CheckpointId::new("x")?);
+    let root = match dir.as_str().rsplit_once('/') {
+        Some((r, _)) => crate::key::Key::new(r)?,
+        None => return Ok(Vec::new()),
+    };
+    let mut orphans = std::collections::BTreeSet::new();
+    for meta in ckpts.store().list(Some(&root)).await? {
+        if let Some(rest) = meta.key.strip_prefix(&root) {
+            if let Some((id, _)) = rest.split_once('/') {
+                if !with_manifest.contains(id) {
+                    orphans.insert(id.to_string());
+                }
+            }
+        }
+    }
+    let mut removed = Vec::with_capacity(orphans.len());
+    for o in orphans {
+        ckpts
+            .delete_checkpoint(&CheckpointId::new(o.clone())?)
+            .await?;
+        removed.push(o);
+    }
+    Ok(removed)
+}
+
 /// What [`gc`] removes besides unneeded checkpoints.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GcOptions {
@@ -680,33 +715,7 @@ pub async fn gc(ckpts: &Checkpoints, opts: &GcOptions) -> Result<GcReport> {
         }
     }
     if opts.remove_orphans {
-        let with_manifest: std::collections::BTreeSet<String> = ckpts
-            .list_checkpoints()
-            .await?
-            .into_iter()
-            .map(|i| i.to_string())
-            .collect();
-        let dir = ckpts.checkpoint_dir(&CheckpointId::new("x")?);
-        let root = match dir.as_str().rsplit_once('/') {
-            Some((r, _)) => crate::key::Key::new(r)?,
-            None => return Ok(report),
-        };
-        let mut orphans = std::collections::BTreeSet::new();
-        for meta in ckpts.store().list(Some(&root)).await? {
-            if let Some(rest) = meta.key.strip_prefix(&root) {
-                if let Some((id, _)) = rest.split_once('/') {
-                    if !with_manifest.contains(id) {
-                        orphans.insert(id.to_string());
-                    }
-                }
-            }
-        }
-        for o in orphans {
-            ckpts
-                .delete_checkpoint(&CheckpointId::new(o.clone())?)
-                .await?;
-            report.orphans_removed.push(o);
-        }
+        report.orphans_removed = remove_orphans(ckpts).await?;
     }
     Ok(report)
 }

@@ -32,13 +32,15 @@
 //! the kinds a full checkpoint uses so a later change cannot silently stop reading them.
 //!
 //! Incremental checkpoints (`crate::incr`) add three kinds: bundles (`BNDL`, [`bundle`]),
-//! quantized rows (`QROW`, [`qrows`]) and piece indexes (`PIDX`, [`piece`]).
+//! quantized rows (`QROW`, [`qrows`]) and piece indexes (`PIDX`, [`piece`]). A store may also
+//! hold one job record (`JOBR`, [`job`]): what the job writing it is, to start it again.
 
 use crate::error::{CkptError, Result};
 
 pub mod bundle;
 pub mod current;
 pub mod dense;
+pub mod job;
 pub mod manifest;
 pub mod piece;
 pub mod qrows;
@@ -47,6 +49,7 @@ pub mod rows;
 pub use bundle::{Bundle, BundleSection, SectionIn};
 pub use current::CurrentPointer;
 pub use dense::{DenseChunk, DenseChunkHeader};
+pub use job::JobRecord;
 pub use manifest::{
     CheckpointId, CheckpointKind, DataPosition, DenseInfo, FileContent, FileInfo, Manifest,
     PieceScheme, ShardInfo, TableInfo,
@@ -108,6 +111,8 @@ pub enum FileKind {
     QuantRows,
     /// One server's record of an incremental piece: its scheme, column and chunk index.
     PieceIndex,
+    /// The record of the job writing a store (its configuration, opaque to the store).
+    Job,
 }
 
 impl FileKind {
@@ -120,6 +125,7 @@ impl FileKind {
             FileKind::Bundle => *b"BNDL",
             FileKind::QuantRows => *b"QROW",
             FileKind::PieceIndex => *b"PIDX",
+            FileKind::Job => *b"JOBR",
         }
     }
 
@@ -132,6 +138,7 @@ impl FileKind {
             FileKind::Bundle => "bundle",
             FileKind::QuantRows => "quantized rows",
             FileKind::PieceIndex => "piece index",
+            FileKind::Job => "job record",
         }
     }
 

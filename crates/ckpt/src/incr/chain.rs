@@ -345,7 +345,15 @@ impl ServerChain {
         writer: &mut dyn ShardWriter,
     ) -> Result<RestoreOutcome> {
         self.clear();
+        let resharded = writer
+            .shard_map()
+            .is_some_and(|m| m.servers() as usize != chain.base.shards.len());
         let mut out = restore_server(ckpts, chain, writer).await?;
+        if resharded {
+            // Saved by a different number of servers: no base or list of this cluster's
+            // shards to grow from; the next save is a full.
+            return Ok(out);
+        }
         let base_bytes = chain
             .base
             .files_of(self.server)

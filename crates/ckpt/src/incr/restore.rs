@@ -10,11 +10,19 @@
 //!
 //! Every file is checked against its manifest entry (chunk-list files against the size and
 //! checksums the piece index recorded).
+//!
+//! A state saved by a different number of servers than the writer's shard map has (an elastic
+//! restore) is re-sharded: the base re-shards itself ([`deck::restore_chain`]); then each saved
+//! server's pieces are replayed exactly as that server would replay them, through a writer that
+//! keeps the rows the new shard map gives the writer's server and the dense blocks of its range.
+//! Every row lives on one saved server, so replaying the saved servers one after the other
+//! keeps each row's newest copy. Such a restore continues no chunk list (the next save must be
+//! a full).
 
 use std::collections::HashMap;
 use std::time::Instant;
 
-use ftrec_core::{RowId, ServerId, ShardMap, TableId};
+use ftrec_core::{RowId, RowLayout, ServerId, ShardMap, TableId, DENSE_BLOCK};
 use futures_util::StreamExt;
 
 use super::list::{ChunkList, LivePart};
@@ -23,7 +31,8 @@ use crate::checkpoint::{Checkpoints, VerifiedFile};
 use crate::deck::{self, Lineage, RestoreAt, ShardWriter};
 use crate::error::{CkptError, Result};
 use crate::format::{
-    copy_le_into_f32s, CheckpointId, CheckpointKind, FileContent, Manifest, PieceIndex, PieceScheme,
+    copy_le_into_f32s, CheckpointId, CheckpointKind, FileContent, Manifest, PieceIndex,
+    PieceScheme, ShardInfo,
 };
 
 /// The manifests a restore needs.
@@ -193,6 +202,11 @@ pub async fn restore_server(
     chain: &IncrChain,
     writer: &mut dyn ShardWriter,
 ) -> Result<RestoreOutcome> {
+    if let Some(map) = writer.shard_map() {
+        if map.servers() as usize != chain.base.shards.len() {
+            return restore_resharded(ckpts, chain, writer, map).await;
+        }
+    }
     let server = writer.server();
     let t0 = Instant::now();
     let stats = deck::restore_chain(ckpts, std::slice::from_ref(&chain.base), writer).await?;
@@ -222,6 +236,161 @@ pub async fn restore_server(
     apply_dense(ckpts, &target, server, writer, &mut out).await?;
     out.chain_s = t1.elapsed().as_secs_f64();
     Ok(out)
+}
+
+/// [`restore_server`] of a state saved by a different number of servers than `map` has.
+async fn restore_resharded(
+    ckpts: &Checkpoints,
+    chain: &IncrChain,
+    writer: &mut dyn ShardWriter,
+    map: ShardMap,
+) -> Result<RestoreOutcome> {
+    let t0 = Instant::now();
+    // The base re-shards itself and checks that the writer's shard came back whole.
+    let stats = deck::restore_chain(ckpts, std::slice::from_ref(&chain.base), writer).await?;
+    let mut out = RestoreOutcome {
+        base_s: t0.elapsed().as_secs_f64(),
+        base_bytes: stats.bytes_read,
+        ..Default::default()
+    };
+    if chain.target == 0 {
+        return Ok(out);
+    }
+    let t1 = Instant::now();
+    let target = chain.target_manifest().clone();
+    let want_dense = writer.dense_shape().map_or(0, |(_, values, _)| {
+        (values as usize).div_ceil(DENSE_BLOCK) as u64
+    });
+    let mut dense_blocks = 0;
+    for shard in &chain.base.shards {
+        let mut w = AsSavedServer::new(&mut *writer, map, shard);
+        match chain.scheme {
+            Some(PieceScheme::ChunkList) => restore_list(ckpts, chain, &mut w, &mut out).await?,
+            Some(PieceScheme::Differential) => {
+                apply_rows(ckpts, &target, &mut w, &mut out, None).await?
+            }
+            _ => {
+                for m in chain.pieces.iter().take(chain.target as usize) {
+                    apply_rows(ckpts, m, &mut w, &mut out, None).await?;
+                }
+            }
+        }
+        apply_dense(ckpts, &target, shard.server, &mut w, &mut out).await?;
+        dense_blocks += w.dense_blocks;
+    }
+    // Every piece writes its server's whole dense range, so the target covers the writer's.
+    if dense_blocks != want_dense {
+        return Err(CkptError::InvalidCheckpoint {
+            id: target.id.to_string(),
+            reason: format!(
+                "re-sharding gave server {} {dense_blocks} dense blocks, its range has {want_dense}",
+                writer.server().0
+            ),
+        });
+    }
+    // The saved servers' lists are no list of this cluster's servers: nothing continues them.
+    out.list = None;
+    out.row0_ids.clear();
+    out.since_base = None;
+    out.chain_s = t1.elapsed().as_secs_f64();
+    Ok(out)
+}
+
+/// A writer that stands for saved server `shard.server` (its shapes, as the base recorded
+/// them) and passes on what the shard map `map` gives the inner writer's server: its rows, and
+/// the dense blocks of its range.
+struct AsSavedServer<'a> {
+    inner: &'a mut dyn ShardWriter,
+    map: ShardMap,
+    me: ServerId,
+    shard: &'a ShardInfo,
+    ids: Vec<RowId>,
+    words: Vec<f32>,
+    dense_blocks: u64,
+}
+
+impl<'a> AsSavedServer<'a> {
+    fn new(inner: &'a mut dyn ShardWriter, map: ShardMap, shard: &'a ShardInfo) -> Self {
+        let me = inner.server();
+        AsSavedServer {
+            inner,
+            map,
+            me,
+            shard,
+            ids: Vec::new(),
+            words: Vec::new(),
+            dense_blocks: 0,
+        }
+    }
+}
+
+impl ShardWriter for AsSavedServer<'_> {
+    fn server(&self) -> ServerId {
+        self.shard.server
+    }
+
+    fn table_shape(&self, table: TableId) -> Option<(u64, RowLayout)> {
+        self.shard
+            .tables
+            .iter()
+            .find(|t| t.table == table)
+            .map(|t| (t.rows, t.layout))
+    }
+
+    fn write_rows(&mut self, table: TableId, ids: &[RowId], words: &[f32]) -> Result<()> {
+        let w = if ids.is_empty() {
+            return Ok(());
+        } else {
+            words.len() / ids.len()
+        };
+        self.ids.clear();
+        self.words.clear();
+        for (i, &id) in ids.iter().enumerate() {
+            if self.map.owner(table, id) == self.me {
+                self.ids.push(id);
+                self.words.extend_from_slice(&words[i * w..(i + 1) * w]);
+            }
+        }
+        if self.ids.is_empty() {
+            return Ok(());
+        }
+        self.inner.write_rows(table, &self.ids, &self.words)
+    }
+
+    fn dense_shape(&self) -> Option<(u64, u64, u32)> {
+        self.shard
+            .dense
+            .map(|d| (d.first_block, d.values, d.state_per_block))
+    }
+
+    fn write_dense(&mut self, first_block: u64, values: &[f32], state: &[f32]) -> Result<()> {
+        let Some((t_first, t_values, t_spb)) = self.inner.dense_shape() else {
+            return Ok(());
+        };
+        let blocks = values.len().div_ceil(DENSE_BLOCK) as u64;
+        let spb = if blocks == 0 {
+            return Ok(());
+        } else {
+            state.len() / blocks as usize
+        };
+        if spb != t_spb as usize {
+            return Err(CkptError::InvalidArgument(format!(
+                "dense blocks with {spb} state words per block, the target has {t_spb}"
+            )));
+        }
+        let t_end = t_first + (t_values as usize).div_ceil(DENSE_BLOCK) as u64;
+        let (lo, hi) = (first_block.max(t_first), (first_block + blocks).min(t_end));
+        if lo >= hi {
+            return Ok(());
+        }
+        let (b0, b1) = ((lo - first_block) as usize, (hi - first_block) as usize);
+        let v1 = (b1 * DENSE_BLOCK).min(values.len());
+        let v0 = (b0 * DENSE_BLOCK).min(v1);
+        self.inner
+            .write_dense(lo, &values[v0..v1], &state[b0 * spb..b1 * spb])?;
+        self.dense_blocks += hi - lo;
+        Ok(())
+    }
 }
 
 /// Write every row file of `m` of the writer's server (quantized ones dequantized); with

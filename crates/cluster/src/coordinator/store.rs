@@ -42,6 +42,7 @@ use ftrec_strategy::{Action, CheckpointRef, Event, PieceLayout};
 
 use super::Coordinator;
 use crate::merger::MergerArgs;
+use crate::plan::BatchPlan;
 use crate::report::EventKind;
 use crate::spec::MergeSettings;
 use crate::worker::position_after;
@@ -114,12 +115,23 @@ pub(super) struct MergerProc {
     entered: bool,
 }
 
-/// The batch count a manifest records in its data position.
-fn position_json(batch: usize, batches: u64) -> DataPosition {
-    DataPosition::Json(serde_json::json!({
+/// The data position every manifest records: the global batches in the saved model, the
+/// training samples they hold and where the stream stands after them (a synthetic sample
+/// index, or on TSV data the plan's file, byte offset, line and epoch).
+fn position_json(
+    batch: usize,
+    batches: u64,
+    plan: Option<&mut BatchPlan>,
+) -> Result<DataPosition, ClusterError> {
+    let (position, samples) = match plan {
+        Some(p) => p.after(batches)?,
+        None => (position_after(batch, batches), batches * batch as u64),
+    };
+    Ok(DataPosition::Json(serde_json::json!({
         "batches": batches,
-        "position": position_after(batch, batches),
-    }))
+        "samples": samples,
+        "position": position,
+    })))
 }
 
 fn batches_of(m: &Manifest) -> Result<u64, ClusterError> {
@@ -138,7 +150,10 @@ fn batches_of(m: &Manifest) -> Result<u64, ClusterError> {
 /// The manifest of the checkpoint that holds the state `id` names: `id`'s own, or, when the
 /// merger has replaced that delta (DECK §3.3) and collected it, the one of the merged checkpoint
 /// that stands for it now (a merged manifest carries its last input's data position).
-async fn state_manifest(ckpts: &Checkpoints, id: &CheckpointId) -> ftrec_ckpt::Result<Manifest> {
+pub(super) async fn state_manifest(
+    ckpts: &Checkpoints,
+    id: &CheckpointId,
+) -> ftrec_ckpt::Result<Manifest> {
     match ckpts.read_manifest(id, None).await {
         Err(ftrec_ckpt::CkptError::NotFound { .. }) => {
             let chain = deck::select_chain(ckpts, &deck::RestoreAt::Id(id.clone()), false).await?;
@@ -299,14 +314,16 @@ impl Coordinator {
             format!("{what} at step {step}"),
         );
         let t0 = Instant::now();
-        let attempt = self.recoveries;
+        let attempt = self.attempt_base + self.recoveries;
         let id = match prioritized {
             Some(_) => CheckpointId::new(format!("{step:020}-prioritized-a{attempt}"))
                 .expect("a valid key segment"),
             None => checkpoint_id(step, kind, attempt),
         };
-        let position = position_json(self.cfg.batch, self.batches);
-        let result = self.start_save(kind, piece, step, id.clone(), position, t0, prioritized);
+        let result =
+            position_json(self.cfg.batch, self.batches, self.plan.as_mut()).and_then(|position| {
+                self.start_save(kind, piece, step, id.clone(), position, t0, prioritized)
+            });
         let pause_s = t0.elapsed().as_secs_f64();
         self.pause_s += pause_s;
         // A kill "during the write" lands after the copy-out, while the uploads (and a
@@ -660,6 +677,14 @@ impl Coordinator {
             .rt
             .block_on(state_manifest(&ckpts, &id))
             .map_err(|e| ClusterError::Checkpoint(e.to_string()))?;
+        let batches = batches_of(&manifest)?;
+        // The training data continues from the checkpoint's position: it must be the data
+        // this run reads.
+        let recorded = match &manifest.data_position {
+            DataPosition::Json(v) => v.get("position"),
+            _ => None,
+        };
+        crate::plan::check_position(manifest.id.as_str(), recorded, batches, self.plan.as_mut())?;
         // A restoring server holds its shard's write lock while it reads the lineage, and its
         // request handlers wait for that lock on the runtime's threads; heartbeat probes
         // arriving meanwhile would occupy every thread, and a store whose reads need the
@@ -687,7 +712,7 @@ impl Coordinator {
             st.committed = Some(id);
             st.base = base;
         }
-        batches_of(&manifest)
+        Ok(batches)
     }
 
     /// After a commit: start a merger pass (which collects garbage after merging) if the

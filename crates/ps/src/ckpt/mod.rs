@@ -270,9 +270,10 @@ pub trait CkptApi: Send + Sync {
         id: CheckpointId,
     ) -> impl Future<Output = Result<ShardReport, CkptServiceError>> + Send;
 
-    /// Load the state `id` names at `location` (its lineage: full + merged + deltas). A
-    /// checkpoint saved by a different number of servers is re-sharded: the server keeps the
-    /// rows and dense blocks the shard map gives it.
+    /// Load the state `id` names at `location` (its lineage: full + merged + deltas, or a base
+    /// and its incremental pieces). A checkpoint saved by a different number of servers is
+    /// re-sharded: the server keeps the rows and dense blocks the shard map gives it, and
+    /// nothing continues from it but a new full.
     fn restore(
         &self,
         location: String,
@@ -592,7 +593,8 @@ impl CkptApi for CkptNode {
         let ckpts = self.ckpts(&location).await?;
         let manifest = ckpts.read_manifest(&id, None).await?;
         // A full saved by as many servers as this cluster has is also the base incremental
-        // pieces grow from; one saved by a different number is re-sharded below.
+        // pieces grow from; one saved by a different number is re-sharded below (pieces
+        // re-shard in `ftrec_ckpt::incr`'s restore).
         let servers = self.server.read()?.config().shard_map.servers();
         let same_shape = manifest.shards.len() as u32 == servers;
         if manifest.piece_scheme().is_some()

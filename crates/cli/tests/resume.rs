@@ -1,0 +1,382 @@
+//! `ftrec run --resume LOCATION` end to end: a synchronous job SIGKILLed as a whole (the
+//! coordinator and every child, one process group) once its store holds a committed checkpoint
+//! at or past a given step, then resumed from the store alone, ends with the uninterrupted
+//! run's digest; a finished job's store resumed onto another number of servers restores the
+//! saved model bit for bit (rows re-sharded); flags that contradict the job record, a store
+//! without a record and a store with nothing committed are one clear error each.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{ftrec, read_json, succeed};
+use ftrec_ckpt::deck::Lineage;
+use ftrec_ckpt::{Checkpoints, LocalStore};
+
+/// The job of every test here: synchronous (the digest is the oracle), tiny, 2 workers.
+fn job(servers: u32, steps: u64) -> Vec<String> {
+    [
+        "run",
+        "--preset",
+        "tiny",
+        "--workers",
+        "2",
+        "--sync",
+        "--batch",
+        "32",
+        "--eval-samples",
+        "0",
+        "--seed",
+        "5",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([
+        "--servers".into(),
+        servers.to_string(),
+        "--steps".into(),
+        steps.to_string(),
+    ])
+    .collect()
+}
+
+fn strings(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
+}
+
+/// The step of the newest committed state in the store (a checkpoint with a manifest, or the
+/// delta a merged checkpoint stands for), if any.
+fn committed_step(store: &Path) -> Option<u64> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let ckpts = Checkpoints::new(Arc::new(LocalStore::new(store).ok()?));
+        let lineage = Lineage::load(&ckpts).await.ok()?;
+        lineage.states_newest_first().first().map(|(step, _)| *step)
+    })
+}
+
+/// Start `args` in a process group of its own (its servers, workers and merger join it).
+fn spawn_group(args: &[String], dir: &Path) -> Child {
+    ftrec()
+        .args(args)
+        .arg("--work-dir")
+        .arg(dir)
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Poll until `done` holds (bounded: the test fails rather than hangs); the job must still be
+/// running then.
+fn wait_until(child: &mut Child, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !done() {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the job ended ({status}) before {what}");
+        }
+        assert!(Instant::now() < deadline, "no {what} within 300 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the job ended before it could be killed at {what}"
+    );
+}
+
+/// SIGKILL the whole process group of `child` and reap it.
+fn kill_group(child: &mut Child) {
+    // SAFETY: kill(2) on the group this test created; no memory is touched.
+    let r = unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
+    assert_eq!(r, 0, "killing the job's process group");
+    child.wait().unwrap();
+}
+
+/// A clean run of `strategy`, the same job SIGKILLed as a whole once its store holds a
+/// committed checkpoint at step `at` or later, then `ftrec run --resume` onto `servers`
+/// servers (re-sharded when not 3): the same digest.
+fn killed_and_resumed(strategy: &[&str], at: u64, servers: u32) {
+    let steps = 150;
+    let dir = tempfile::tempdir().unwrap();
+    let clean_json = dir.path().join("clean.json");
+    let mut args = job(3, steps);
+    args.extend(strings(strategy));
+    succeed(
+        ftrec()
+            .args(&args)
+            .arg("--work-dir")
+            .arg(dir.path().join("clean"))
+            .arg("--json")
+            .arg(&clean_json),
+    );
+    let clean = read_json(&clean_json);
+
+    let store = dir.path().join("store");
+    let mut killed_args = args.clone();
+    killed_args.push("--store".into());
+    killed_args.push(store.display().to_string());
+    let mut child = spawn_group(&killed_args, &dir.path().join("killed"));
+    wait_until(&mut child, &format!("a checkpoint at step {at}"), || {
+        committed_step(&store).is_some_and(|s| s >= at)
+    });
+    kill_group(&mut child);
+    let saved = committed_step(&store).unwrap();
+    assert!(saved >= at && saved < steps, "committed step {saved}");
+
+    // The store alone: no preset, strategy or step flag.
+    let json = dir.path().join("resumed.json");
+    let out = succeed(
+        ftrec()
+            .arg("run")
+            .arg("--resume")
+            .arg(&store)
+            .args(["--servers", &servers.to_string()])
+            .arg("--work-dir")
+            .arg(dir.path().join("resumed"))
+            .arg("--json")
+            .arg(&json),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("resumed from checkpoint"), "{stdout}");
+    let rep = read_json(&json);
+    assert_eq!(rep["steps"], steps);
+    assert_eq!(rep["strategy"], strategy[1]);
+    let r = &rep["resumed"];
+    assert_eq!(r["step"], saved, "{r}");
+    assert_eq!(r["batches"], saved * 2, "{r}");
+    assert_eq!(r["saved_servers"], 3, "{r}");
+    assert_eq!(r["servers"], servers, "{r}");
+    assert!(r["checkpoint"].as_str().unwrap().len() > 20, "{r}");
+    assert!(clean["model_digest"].as_str().unwrap().len() >= 16);
+    assert_eq!(rep["model_digest"], clean["model_digest"]);
+    // It ends with the same final save: the store's head is the last step.
+    assert_eq!(committed_step(&store), Some(steps));
+}
+
+#[test]
+fn a_full_job_killed_as_a_whole_resumes_to_the_uninterrupted_digest() {
+    killed_and_resumed(&["--strategy", "full", "--ckpt-every-steps", "5"], 10, 3);
+}
+
+#[test]
+fn a_deck_job_killed_as_a_whole_resumes_to_the_uninterrupted_digest() {
+    killed_and_resumed(&["--strategy", "deck", "--delta-every-steps", "4"], 12, 3);
+}
+
+/// A finished job on 3 servers, resumed onto `servers`: nothing is left to train, so the
+/// final digest is the restored model's, and it must be the saved one.
+fn resumed_digest(store: &Path, servers: u32, dir: &Path) -> serde_json::Value {
+    let json = dir.join(format!("onto-{servers}.json"));
+    succeed(
+        ftrec()
+            .arg("run")
+            .arg("--resume")
+            .arg(store)
+            .args(["--servers", &servers.to_string()])
+            .arg("--work-dir")
+            .arg(dir.join(format!("onto-{servers}")))
+            .arg("--json")
+            .arg(&json),
+    );
+    let rep = read_json(&json);
+    assert_eq!(rep["resumed"]["saved_servers"], 3, "{}", rep["resumed"]);
+    assert_eq!(rep["resumed"]["servers"], servers, "{}", rep["resumed"]);
+    assert_eq!(rep["checkpoints"], 0, "a finished job saves nothing more");
+    rep["model_digest"].clone()
+}
+
+fn elastic(strategy: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let json = dir.path().join("run.json");
+    let mut args = job(3, 10);
+    args.extend(strings(strategy));
+    succeed(
+        ftrec()
+            .args(&args)
+            .arg("--store")
+            .arg(&store)
+            .arg("--work-dir")
+            .arg(dir.path().join("run"))
+            .arg("--json")
+            .arg(&json),
+    );
+    let saved = read_json(&json)["model_digest"].clone();
+    for servers in [2, 5] {
+        assert_eq!(
+            resumed_digest(&store, servers, dir.path()),
+            saved,
+            "{strategy:?} onto {servers} servers"
+        );
+    }
+}
+
+#[test]
+fn a_full_checkpoint_of_3_servers_resumes_onto_2_and_5_with_the_saved_digest() {
+    elastic(&["--strategy", "full", "--ckpt-every-steps", "4"]);
+}
+
+#[test]
+fn a_deck_lineage_of_3_servers_resumes_onto_2_and_5_with_the_saved_digest() {
+    elastic(&[
+        "--strategy",
+        "deck",
+        "--delta-every-steps",
+        "3",
+        "--merge-stride",
+        "0",
+    ]);
+    // With the merger on, the head delta is merged and collected at the end of the run: the
+    // merged checkpoint standing for it is what is restored.
+    elastic(&["--strategy", "deck", "--delta-every-steps", "2"]);
+}
+
+#[test]
+fn incremental_pieces_of_3_servers_resume_onto_2_and_5_with_the_saved_digest() {
+    for strategy in [
+        &[
+            "--strategy",
+            "incrcp",
+            "--ckpt-every-steps",
+            "3",
+            "--base-reset",
+            "never",
+        ][..],
+        &["--strategy", "incremental", "--ckpt-every-steps", "3"][..],
+        &[
+            "--strategy",
+            "cnr",
+            "--ckpt-every-steps",
+            "3",
+            "--cnr-reset-fraction",
+            "0",
+        ][..],
+    ] {
+        elastic(strategy);
+    }
+}
+
+#[test]
+fn an_incrcp_job_killed_as_a_whole_resumes_onto_2_servers_to_the_uninterrupted_digest() {
+    killed_and_resumed(&["--strategy", "incrcp", "--ckpt-every-steps", "3"], 9, 2);
+}
+
+fn fail_line(args: &[&str], store: &Path) -> String {
+    let out = ftrec()
+        .args(["run", "--resume"])
+        .arg(store)
+        .args(args)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{args:?}");
+    // One error line (after the run's header lines, when the job got that far).
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("ftrec: error: "))
+        .collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert_eq!(
+        stderr.trim_end().lines().last(),
+        Some(errors[0]),
+        "{stderr}"
+    );
+    errors[0].to_string()
+}
+
+#[test]
+fn contradicting_flags_and_stores_without_a_job_are_one_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let mut args = job(2, 6);
+    args.extend(strings(&["--strategy", "full", "--ckpt-every-steps", "3"]));
+    succeed(
+        ftrec()
+            .args(&args)
+            .arg("--store")
+            .arg(&store)
+            .arg("--work-dir")
+            .arg(dir.path().join("run")),
+    );
+    for (flags, want) in [
+        (&["--seed", "6"][..], &["--seed 6", "--seed is 5"][..]),
+        (&["--preset", "small"], &["--preset small", "is tiny"]),
+        (&["--strategy", "deck"], &["--strategy deck", "is full"]),
+        (&["--batch", "64"], &["--batch 64", "is 32"]),
+        (&["--workers", "3"], &["--workers 3", "is 2"]),
+        (
+            &["--ckpt-every-steps", "4"],
+            &["--ckpt-every-steps 4", "is 3"],
+        ),
+        (
+            &["--optimizer", "sgd"],
+            &["--optimizer sgd", "is rowwise_adagrad"],
+        ),
+        (
+            &["--delta-every-steps", "4"],
+            &["--delta-every-steps", "full"],
+        ),
+        (&["--steps", "7"], &["--steps 7", "is 6"]),
+    ] {
+        let e = fail_line(flags, &store);
+        for w in want {
+            assert!(e.contains(w), "{flags:?}: {e}");
+        }
+        assert!(e.contains(&store.display().to_string()), "{e}");
+    }
+    // Flags that agree, and those that may differ, are accepted.
+    succeed(
+        ftrec()
+            .args(["run", "--resume"])
+            .arg(&store)
+            .args([
+                "--seed",
+                "5",
+                "--sync",
+                "--strategy",
+                "full",
+                "--servers",
+                "1",
+            ])
+            .args(["--threads", "2", "--work-dir"])
+            .arg(dir.path().join("again")),
+    );
+
+    let empty = dir.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let e = fail_line(&[], &empty);
+    assert!(e.contains("no job record"), "{e}");
+
+    // A job killed before its first checkpoint: a record, nothing committed.
+    let early: PathBuf = dir.path().join("early");
+    let mut long = job(2, 100_000);
+    long.extend(strings(&[
+        "--strategy",
+        "full",
+        "--ckpt-every-steps",
+        "50000",
+        "--store",
+    ]));
+    long.push(early.display().to_string());
+    let mut child = spawn_group(&long, &dir.path().join("early-work"));
+    wait_until(&mut child, "the job record", || early.join("JOB").exists());
+    kill_group(&mut child);
+    let e = fail_line(&[], &early);
+    assert!(e.contains("no committed checkpoint"), "{e}");
+    // A damaged record is named.
+    let job_file = store.join("JOB");
+    let mut b = std::fs::read(&job_file).unwrap();
+    let i = b.len() / 2;
+    b[i] ^= 1;
+    std::fs::write(&job_file, b).unwrap();
+    let e = fail_line(&[], &store);
+    assert!(e.contains("JOB") && e.contains("checksum"), "{e}");
+}
