@@ -83,21 +83,31 @@ impl JobFile {
     pub fn read(path: &Path) -> Result<JobFile> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading the job file {}", path.display()))?;
-        toml::from_str(&text).map_err(|e| {
+        JobFile::parse(&text).map_err(|e| anyhow::anyhow!("job file {}{e}", path.display()))
+    }
+
+    /// Parse a job file's text; the error is one line: the place (for TOML errors) and what
+    /// is wrong.
+    pub fn parse(text: &str) -> std::result::Result<JobFile, String> {
+        toml::from_str(text).map_err(|e| {
             let place = e
                 .span()
-                .map(|s| {
-                    let line = text[..s.start.min(text.len())].matches('\n').count() + 1;
-                    format!(" (line {line})")
-                })
+                .map(|s| format!(" (line {})", line_of(text, s.start)))
                 .unwrap_or_default();
-            anyhow::anyhow!(
-                "job file {}{place}: {}",
-                path.display(),
-                e.message().replace('\n', " ")
-            )
+            format!("{place}: {}", e.message().replace('\n', " "))
         })
     }
+}
+
+/// The line (from 1) holding byte `offset` of `text`: newlines counted in bytes, so an offset
+/// inside a multi-byte character (or past the end) is no problem.
+fn line_of(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
 }
 
 /// Command-line flags over the job file (if any): flags given win.
@@ -187,6 +197,7 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
         },
         control_listen: a.control_listen.or(f.control_listen),
         json: a.json.clone().or(f.json),
+        auth: a.auth.clone(),
     })
 }
 
@@ -310,6 +321,7 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
     if let Some(c) = a.control_listen {
         cfg.control_listen = c;
     }
+    cfg.auth = a.auth.resolve()?;
     cfg.validate()?;
     Ok(cfg)
 }
@@ -486,4 +498,76 @@ fn incr_strategy(choice: StrategyChoice, f: &crate::flags::IncrRunArgs) -> Resul
             other
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ftrec_core::fuzz::{mutated, Mutation};
+    use proptest::prelude::*;
+
+    const VALID: &str = "# a job\npreset = \"tiny\"\nservers = 3\nworkers = 2\nsync = true\n\
+        strategy = \"full\"\nkill = [\"server=1@step=12\", \"worker=0@step=15\"]\n\
+        server_addr = [\"127.0.0.1:7001\"]\nlr = 0.05\njson = \"r\u{e9}port.json\"\n";
+
+    #[test]
+    fn the_valid_job_parses() {
+        let f = JobFile::parse(VALID).unwrap();
+        assert_eq!((f.servers, f.workers, f.kill.len()), (Some(3), Some(2), 2));
+    }
+
+    #[test]
+    fn lines_are_counted_in_bytes_even_inside_a_character() {
+        let text = "a = 1\n\u{e9}\u{e9}\nb";
+        assert_eq!(line_of(text, 0), 1);
+        assert_eq!(line_of(text, 6), 2);
+        // Offset 7 is inside the first two-byte character: slicing the str there would panic.
+        assert!(!text.is_char_boundary(7));
+        assert_eq!(line_of(text, 7), 2);
+        assert_eq!(line_of(text, 11), 3);
+        assert_eq!(line_of(text, usize::MAX), 3);
+    }
+
+    #[test]
+    fn errors_name_the_line_and_stay_on_one() {
+        let e = JobFile::parse("preset = \"t\u{e9}ny\"\nservers = \"two\"\n").unwrap_err();
+        assert!(e.contains("line 2") && !e.contains('\n'), "{e}");
+        let e = JobFile::parse("\u{e9}t\u{e9} = 1\n").unwrap_err();
+        assert!(e.contains("line 1") && !e.contains('\n'), "{e}");
+    }
+
+    fn mutation() -> impl Strategy<Value = Mutation> {
+        prop_oneof![
+            (any::<usize>(), any::<u8>()).prop_map(|(at, bit)| Mutation::Flip { at, bit }),
+            (
+                any::<usize>(),
+                prop::sample::select(b"\n\"'[]=.,#\\0-9e \xc3\xa9\xff".to_vec())
+            )
+                .prop_map(|(at, byte)| Mutation::Insert { at, byte }),
+            any::<usize>().prop_map(|at| Mutation::Delete { at }),
+            any::<usize>().prop_map(|len| Mutation::Truncate { len }),
+        ]
+    }
+
+    fn check(text: &str) {
+        if let Err(e) = JobFile::parse(text) {
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn job_files_of_arbitrary_text(text in "\\PC*") {
+            check(&text);
+        }
+
+        #[test]
+        fn mutated_job_files(ms in prop::collection::vec(mutation(), 0..6)) {
+            let bytes = mutated(VALID.as_bytes(), &ms);
+            // A job file is read as text: invalid UTF-8 never gets this far.
+            check(&String::from_utf8_lossy(&bytes));
+        }
+    }
 }

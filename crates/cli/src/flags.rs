@@ -179,6 +179,8 @@ pub struct RunArgs {
     /// Write the report as JSON here.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub auth: ftrec_cluster::args::AuthArgs,
 }
 
 /// CPR flags of `ftrec run` (strategy cpr only; cpr.txt §4).

@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand};
 use ftrec_ckpt::location::LocationOptions;
 use ftrec_core::{Optimizer, OptimizerKind, Preset};
 
+pub use crate::auth::AuthArgs;
 use crate::cpr::{ServerPriority, DEFAULT_LARGEST_TABLES, DEFAULT_R, DEFAULT_SSU_PERIOD};
 use crate::ecrec::EcFlags;
 use crate::merger::MergerArgs;
@@ -156,6 +157,8 @@ pub struct WorkerArgs {
     /// the workers it starts).
     #[arg(long, default_value = "control")]
     pub until: String,
+    #[command(flatten)]
+    pub auth: AuthArgs,
 }
 
 impl WorkerArgs {
@@ -171,7 +174,12 @@ impl WorkerArgs {
 
     /// Run the worker process until its coordinator ends the session.
     pub fn run(&self) -> Result<(), ClusterError> {
-        crate::worker_process(self.coordinator, self.id, self.lifetime()?)
+        crate::worker_process(
+            self.coordinator,
+            self.id,
+            self.lifetime()?,
+            &self.auth.resolve()?,
+        )
     }
 }
 
@@ -217,6 +225,8 @@ pub struct ServerArgs {
     /// ECRec: start as the empty replacement of a lost server, to be rebuilt.
     #[arg(long)]
     pub ec_replacement: bool,
+    #[command(flatten)]
+    pub auth: AuthArgs,
 }
 
 impl ServerArgs {
@@ -261,6 +271,7 @@ impl ServerArgs {
         let mut ec = self.ec.flags();
         ec.replacement = self.ec_replacement;
         spec.ec = ec.server_spec()?;
+        spec.auth = self.auth.resolve()?;
         spec.validate()?;
         Ok(spec)
     }
@@ -462,6 +473,7 @@ mod tests {
             coordinator: "127.0.0.1:1".parse().unwrap(),
             id: 0,
             until: until.into(),
+            auth: AuthArgs::default(),
         };
         assert_eq!(a("stdin").lifetime().unwrap(), WorkerLifetime::Stdin);
         assert_eq!(a("control").lifetime().unwrap(), WorkerLifetime::Control);

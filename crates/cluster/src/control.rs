@@ -21,17 +21,23 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::auth::{check_hello, Auth, Secret};
 use crate::worker::WorkerSetup;
 use crate::ClusterError;
 
 /// Longest line either side accepts (a setup message is the largest, a few kilobytes).
-const MAX_LINE: usize = 1 << 20;
+pub const MAX_LINE: usize = 1 << 20;
+/// Longest a new connection may take to say hello before it is dropped.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Open control connections beyond the job's workers (replacements joining, stray
+/// connections) before new ones are refused.
+pub const EXTRA_CONNECTIONS: usize = 16;
 
 /// What the coordinator asks of a worker.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -59,6 +65,15 @@ pub enum ToWorker {
     Resume,
     /// Exit.
     Stop,
+    /// The answer to an accepted [`FromWorker::Hello`]: the coordinator's job id (a worker
+    /// started without one takes it for its RPCs).
+    Welcome {
+        #[serde(default)]
+        job: Option<String>,
+    },
+    /// The answer to a refused hello (a missing or wrong token, another job, too many
+    /// connections); the coordinator closes the connection after it.
+    Refused { reason: String },
 }
 
 /// A worker's messages.
@@ -68,6 +83,12 @@ pub enum FromWorker {
     Hello {
         id: u32,
         pid: u32,
+        /// The shared token, when the worker has one (`ftrec_ps::auth`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token: Option<Secret>,
+        /// The worker's job id, when it has one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        job: Option<String>,
     },
     Ready,
     Connected,
@@ -223,6 +244,10 @@ enum Inbound {
         conn: u64,
         reason: String,
     },
+    /// A connection was refused at its hello.
+    Refused {
+        reason: String,
+    },
 }
 
 struct Slot {
@@ -242,6 +267,10 @@ pub struct WorkerPool {
     /// Every worker process started, replacements included.
     pub pids: Vec<u32>,
     stop: Arc<AtomicBool>,
+    /// What the workers this pool starts prove, and what every hello must carry.
+    auth: Auth,
+    /// The last hello refused, to explain a worker that never joins.
+    last_refusal: Option<String>,
 }
 
 impl WorkerPool {
@@ -251,6 +280,18 @@ impl WorkerPool {
         listen: SocketAddr,
         workers: u32,
         exe: Option<&Path>,
+    ) -> Result<WorkerPool, ClusterError> {
+        Self::listen_with(listen, workers, exe, Auth::none())
+    }
+
+    /// [`WorkerPool::listen`] for a job with `auth`: a hello without its token or from another
+    /// job is refused (one [`ToWorker::Refused`] line, then the connection closes), and the
+    /// workers this pool starts get the token and job id through their environment.
+    pub fn listen_with(
+        listen: SocketAddr,
+        workers: u32,
+        exe: Option<&Path>,
+        auth: Auth,
     ) -> Result<WorkerPool, ClusterError> {
         let listener = TcpListener::bind(listen).map_err(|e| ClusterError::Io {
             what: format!("binding the control socket {listen}"),
@@ -269,9 +310,14 @@ impl WorkerPool {
         let (tx, inbox) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
         let stop_accept = stop.clone();
+        let gate = Gate {
+            auth: auth.clone(),
+            open: Arc::new(AtomicUsize::new(0)),
+            max_open: workers as usize + EXTRA_CONNECTIONS,
+        };
         std::thread::Builder::new()
             .name("ftrec-control-accept".into())
-            .spawn(move || accept_loop(listener, tx, stop_accept))
+            .spawn(move || accept_loop(listener, tx, stop_accept, gate))
             .map_err(|e| ClusterError::Io {
                 what: "starting the control acceptor".into(),
                 source: e,
@@ -290,6 +336,8 @@ impl WorkerPool {
             exe: exe.map(Path::to_path_buf),
             pids: Vec::new(),
             stop,
+            auth,
+            last_refusal: None,
         })
     }
 
@@ -324,6 +372,10 @@ impl WorkerPool {
                 "--until",
                 "stdin",
             ])
+            // The token never goes on the command line, which `ps` shows.
+            .env_remove(ftrec_ps::auth::TOKEN_ENV)
+            .env_remove(ftrec_ps::auth::JOB_ENV)
+            .envs(self.auth.env_vars())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -355,8 +407,11 @@ impl WorkerPool {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
+                let refused = self.last_refusal.as_ref().map_or(String::new(), |r| {
+                    format!(" (last connection refused: {r})")
+                });
                 return Err(ClusterError::Timeout(format!(
-                    "worker {w} did not connect to {} within {:.1}s",
+                    "worker {w} did not connect to {} within {:.1}s{refused}",
                     self.addr,
                     timeout.as_secs_f64()
                 )));
@@ -429,6 +484,7 @@ impl WorkerPool {
                         return Some(PoolEvent::Lost { worker, reason });
                     }
                 }
+                Inbound::Refused { reason } => self.last_refusal = Some(reason),
             }
         }
     }
@@ -503,20 +559,71 @@ impl Drop for WorkerPool {
     }
 }
 
+/// What the acceptor checks: the job's auth on every hello, and how many connections may be
+/// open at once.
+#[derive(Clone)]
+struct Gate {
+    auth: Auth,
+    open: Arc<AtomicUsize>,
+    max_open: usize,
+}
+
+/// Decrements the open-connection count when a reader thread ends.
+struct OpenGuard(Arc<AtomicUsize>);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Refuse a connection: one [`ToWorker::Refused`] line, then close it.
+fn refuse(mut stream: TcpStream, reason: &str) {
+    let _ = send_line(
+        &mut stream,
+        &ToWorker::Refused {
+            reason: reason.to_string(),
+        },
+    );
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+}
+
 /// Accept connections until the pool stops it; each gets a reader thread. The listener is
 /// polled (non-blocking) so that the socket is closed as soon as the pool is dropped.
-fn accept_loop(listener: TcpListener, tx: mpsc::Sender<Inbound>, stop: Arc<AtomicBool>) {
+fn accept_loop(
+    listener: TcpListener,
+    tx: mpsc::Sender<Inbound>,
+    stop: Arc<AtomicBool>,
+    gate: Gate,
+) {
     let mut next_conn = 0u64;
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((stream, _)) => {
                 let _ = stream.set_nonblocking(false);
+                if gate.open.fetch_add(1, Ordering::Relaxed) >= gate.max_open {
+                    gate.open.fetch_sub(1, Ordering::Relaxed);
+                    let reason = format!(
+                        "too many control connections: {} open, the limit is {}",
+                        gate.max_open, gate.max_open
+                    );
+                    let _ = tx.send(Inbound::Refused {
+                        reason: reason.clone(),
+                    });
+                    refuse(stream, &reason);
+                    continue;
+                }
+                let guard = OpenGuard(gate.open.clone());
                 next_conn += 1;
                 let conn = next_conn;
                 let tx = tx.clone();
+                let auth = gate.auth.clone();
                 let _ = std::thread::Builder::new()
                     .name(format!("ftrec-control-{conn}"))
-                    .spawn(move || read_conn(stream, conn, tx));
+                    .spawn(move || {
+                        let _guard = guard;
+                        read_conn(stream, conn, tx, &auth)
+                    });
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_millis(10));
@@ -526,18 +633,40 @@ fn accept_loop(listener: TcpListener, tx: mpsc::Sender<Inbound>, stop: Arc<Atomi
     }
 }
 
-fn read_conn(stream: TcpStream, conn: u64, tx: mpsc::Sender<Inbound>) {
+fn read_conn(stream: TcpStream, conn: u64, tx: mpsc::Sender<Inbound>, auth: &Auth) {
     let _ = stream.set_nodelay(true);
-    let Ok(writer) = stream.try_clone() else {
+    let Ok(mut writer) = stream.try_clone() else {
         return;
     };
     let peer = stream
         .peer_addr()
         .map_or_else(|_| "a worker".to_string(), |a| format!("worker at {a}"));
+    // A connection that never says hello must not hold its thread forever.
+    let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
     let mut reader = BufReader::new(stream);
     // The first message says who it is; anything else is not a worker.
     match read_line::<FromWorker>(&mut reader, &peer) {
-        Ok(Some(FromWorker::Hello { id, pid })) => {
+        Ok(Some(FromWorker::Hello {
+            id,
+            pid,
+            token,
+            job,
+        })) => {
+            if let Err(r) = check_hello(auth, token.as_ref(), job.as_deref()) {
+                let reason = format!("worker {id} ({peer}) refused: {r}");
+                let _ = tx.send(Inbound::Refused {
+                    reason: reason.clone(),
+                });
+                refuse(writer, &reason);
+                return;
+            }
+            let _ = reader.get_ref().set_read_timeout(None);
+            let welcome = ToWorker::Welcome {
+                job: auth.job.as_ref().map(|j| j.to_string()),
+            };
+            if send_line(&mut writer, &welcome).is_err() {
+                return;
+            }
             if tx
                 .send(Inbound::Joined {
                     worker: id,
@@ -550,7 +679,18 @@ fn read_conn(stream: TcpStream, conn: u64, tx: mpsc::Sender<Inbound>) {
                 return;
             }
         }
-        _ => return,
+        Ok(Some(_)) => {
+            refuse(
+                writer,
+                "the first message on the control socket must be a hello",
+            );
+            return;
+        }
+        Ok(None) => return,
+        Err(e) => {
+            refuse(writer, &e);
+            return;
+        }
     }
     loop {
         let inbound = match read_line::<FromWorker>(&mut reader, &peer) {
@@ -576,7 +716,12 @@ mod tests {
 
     fn valid_lines() -> Vec<Vec<u8>> {
         let msgs = [
-            serde_json::to_vec(&FromWorker::Hello { id: 3, pid: 77 }),
+            serde_json::to_vec(&FromWorker::Hello {
+                id: 3,
+                pid: 77,
+                token: Some(Secret("t".into())),
+                job: Some("job-1".into()),
+            }),
             serde_json::to_vec(&FromWorker::Done {
                 index: 9,
                 loss: 0.5,

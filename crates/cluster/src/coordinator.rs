@@ -97,6 +97,11 @@ pub fn resume(cfg: &RunConfig) -> Result<RunReport, ClusterError> {
 
 fn run_job(cfg: &RunConfig, resume: bool) -> Result<RunReport, ClusterError> {
     cfg.validate()?;
+    // Every run has a job id: the given one, else a new one (`crate::auth`).
+    let cfg = &RunConfig {
+        auth: crate::auth::with_job(&cfg.auth, cfg.seed),
+        ..cfg.clone()
+    };
     let start = Instant::now();
     // The store creates its own directory (and may not be local at all).
     std::fs::create_dir_all(&cfg.work_dir).map_err(|e| ClusterError::Io {
@@ -205,10 +210,11 @@ fn run_job(cfg: &RunConfig, resume: bool) -> Result<RunReport, ClusterError> {
     if let Some(st) = &store {
         rt.block_on(crate::job::write(&st.ckpts, cfg))?;
     }
-    let pool = WorkerPool::listen(
+    let pool = WorkerPool::listen_with(
         cfg.control_listen,
         cfg.workers,
         (!cfg.external_workers).then_some(cfg.exe.as_path()),
+        cfg.auth.clone(),
     )?;
     let (hb_targets, hb_rx) = watch::channel(Vec::new());
     let (lost_tx, lost_rx) = tmpsc::unbounded_channel();
@@ -260,6 +266,7 @@ fn run_job(cfg: &RunConfig, resume: bool) -> Result<RunReport, ClusterError> {
         cfg.heartbeat,
         cfg.heartbeat_timeout,
         lost_tx,
+        cfg.auth.clone(),
     ));
     let result = c
         .start_all()
@@ -495,16 +502,27 @@ impl Coordinator {
 
     /// Whether server `id` answers an `info` probe as itself within the heartbeat timeout.
     fn probe(&self, id: u32) -> bool {
+        self.probe_error(id).is_none()
+    }
+
+    /// Why server `id` does not answer an `info` probe as itself (`None`: it does).
+    fn probe_error(&self, id: u32) -> Option<String> {
         let addr = self.server_addrs[id as usize];
         let timeout = self.cfg.heartbeat_timeout;
+        let auth = &self.cfg.auth;
         let alive = self.rt.block_on(async {
             tokio::time::timeout(timeout, async {
-                let c = GrpcClient::connect(addr, GrpcConfig::default()).await?;
+                let c = GrpcClient::connect_with(addr, GrpcConfig::default(), auth).await?;
                 c.info().await
             })
             .await
         });
-        matches!(alive, Ok(Ok(info)) if info.server == ServerId(id))
+        match alive {
+            Ok(Ok(info)) if info.server == ServerId(id) => None,
+            Ok(Ok(info)) => Some(format!("it is server {}", info.server.0)),
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(_) => Some("no answer within the heartbeat timeout".into()),
+        }
     }
 
     /// Start (or reach) the servers, connect, start the workers.
@@ -512,9 +530,10 @@ impl Coordinator {
         if self.external_servers() {
             self.server_addrs = self.cfg.external_servers.clone();
             for id in 0..self.cfg.servers {
-                if !self.probe(id) {
+                if let Some(why) = self.probe_error(id) {
                     return Err(ClusterError::Config(format!(
-                        "server {id} at {} is unreachable or is not server {id} of this job",
+                        "server {id} at {} is unreachable or is not server {id} of this job: \
+                         {why}",
                         self.server_addrs[id as usize]
                     )));
                 }
@@ -528,7 +547,7 @@ impl Coordinator {
             }
         }
         let addrs = self.server_addrs.clone();
-        self.clients = Some(self.rt.block_on(connect_all(&addrs))?);
+        self.clients = Some(self.rt.block_on(connect_all(&addrs, &self.cfg.auth))?);
         // Servers started elsewhere must hold the tables this job trains (the data's sizes on
         // TSV data: `ftrec server --table-rows`).
         if let Some(info) = self
@@ -1603,7 +1622,7 @@ impl Coordinator {
     /// restored batch count.
     fn load(&mut self, checkpoint: &Option<CheckpointRef>) -> Result<u64, ClusterError> {
         let addrs = self.server_addrs.clone();
-        self.clients = Some(self.rt.block_on(connect_all(&addrs))?);
+        self.clients = Some(self.rt.block_on(connect_all(&addrs, &self.cfg.auth))?);
         match checkpoint {
             Some(c) => self.store_restore(&c.id),
             None => self.store_reset(),
@@ -1720,6 +1739,7 @@ impl Coordinator {
         let worker_pids = self.pool.pids.clone();
         let store = self.store_report();
         Ok(RunReport {
+            job_id: self.cfg.auth.job_name(),
             strategy: self.strategy.name().to_string(),
             steps: self.step(),
             samples,
@@ -1767,6 +1787,7 @@ async fn heartbeat(
     every: Duration,
     timeout: Duration,
     lost: tmpsc::UnboundedSender<(u32, u32, String)>,
+    auth: crate::auth::Auth,
 ) {
     let mut conns: HashMap<SocketAddr, GrpcClient> = HashMap::new();
     let mut reported: Vec<(u32, u32)> = Vec::new();
@@ -1784,7 +1805,7 @@ async fn heartbeat(
             let probe = tokio::time::timeout(timeout, async {
                 let c = match conns.get(&addr) {
                     Some(c) => c.clone(),
-                    None => GrpcClient::connect(addr, GrpcConfig::default()).await?,
+                    None => GrpcClient::connect_with(addr, GrpcConfig::default(), &auth).await?,
                 };
                 c.info().await?;
                 Ok::<_, ftrec_ps::PsError>(c)
@@ -1849,6 +1870,7 @@ mod tests {
                 Duration::from_millis(5),
                 Duration::from_secs(2),
                 tx,
+                crate::auth::Auth::none(),
             ));
             // Let it probe the live server at least once: nothing is reported.
             tokio::time::sleep(Duration::from_millis(50)).await;

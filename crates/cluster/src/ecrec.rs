@@ -302,6 +302,8 @@ pub(crate) fn ec_routes(spec: &ServerSpec, ec: &EcServerSpec) -> Result<Routes, 
     } else {
         EcNode::new(config, &dense, ec.ec_config())?
     };
+    // Calls to the peers (servers of the same job) carry this process's token and job id.
+    node.set_peer_auth(spec.auth.clone())?;
     Ok(
         Routes::new(ps_service(node.shared().clone(), GrpcConfig::default()))
             .add_service(ec_service(node)),

@@ -33,6 +33,10 @@ impl ServerProcess {
         spec.until = crate::spec::Lifetime::Stdin;
         let child = Command::new(exe)
             .args(spec.to_args())
+            // The token and job id go through the environment: a command line is public.
+            .env_remove(ftrec_ps::auth::TOKEN_ENV)
+            .env_remove(ftrec_ps::auth::JOB_ENV)
+            .envs(spec.auth.env_vars())
             // The server lives until this pipe closes (see `serve_shard`).
             .stdin(Stdio::piped())
             .stdout(Stdio::null())

@@ -28,6 +28,8 @@
 //!   (parities, dense replicas, 2PC, rebuild; [`EcServerSpec`]), each step commits by two-phase
 //!   commit across the nodes, and a lost server is replaced by an empty process that rebuilds
 //!   in the background while training goes on, with no rollback ([`EcReport`] in the report);
+//! - who may join a run ([`auth`]): the shared token and the job id every gRPC request and
+//!   control connection carries, checked by every server and by the coordinator;
 //! - fault injection ([`KillSpec`]: SIGKILL a server or a worker after a step, at a time, or in
 //!   a named [`Phase`], ECRec's 2PC phases and rebuilds included) and the run's report with its event timeline, per-failure detect /
 //!   replace / resume / recover times, CPR Eq. 1's overhead terms and a throughput timeline
@@ -76,6 +78,7 @@
 //! ```
 
 pub mod args;
+pub mod auth;
 pub mod control;
 pub mod coordinator;
 pub mod cpr;

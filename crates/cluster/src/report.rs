@@ -163,6 +163,9 @@ pub fn intervals(completions: &[f64], samples_per_batch: u64, width_s: f64) -> V
 /// The report of [`crate::run`] (the `--json` output of `ftrec run`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunReport {
+    /// The run's job id (`crate::auth`): every request and control connection carried it.
+    #[serde(default)]
+    pub job_id: String,
     pub strategy: String,
     pub steps: u64,
     /// Training samples of the steps in the final model (`steps * workers * batch`, less at the
@@ -324,8 +327,9 @@ impl RunReport {
     /// A few human-readable lines.
     pub fn summary(&self) -> String {
         let mut s = format!(
-            "strategy {}: {} steps, {} samples in {:.2}s ({:.0} samples/s), {} checkpoints \
+            "job {}: strategy {}: {} steps, {} samples in {:.2}s ({:.0} samples/s), {} checkpoints \
              ({:.3}s paused, {} bytes), {} failures\n",
+            self.job_id,
             self.strategy,
             self.steps,
             self.samples,

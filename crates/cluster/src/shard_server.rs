@@ -8,8 +8,9 @@ use ftrec_ckpt::deck::StagingOptions;
 use ftrec_ckpt::location::LocationOptions;
 use ftrec_core::{ServerId, ShardMap};
 use ftrec_model::{Dlrm, DlrmConfig};
+use ftrec_ps::auth::ServeOptions;
 use ftrec_ps::ckpt::{grpc::ckpt_service, CkptNode};
-use ftrec_ps::grpc::{ps_service, serve_routes, GrpcConfig, Routes};
+use ftrec_ps::grpc::{ps_service, serve_routes_with, GrpcConfig, Routes};
 use ftrec_ps::{Server, ServerConfig, SharedServer};
 
 use crate::spec::Lifetime;
@@ -138,7 +139,8 @@ pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
             source: e,
         })?;
     rt.block_on(async {
-        let handle = serve_routes(routes, spec.listen).await?;
+        let options = ServeOptions::with_auth(spec.auth.clone());
+        let handle = serve_routes_with(routes, spec.listen, &options).await?;
         let addr = handle.local_addr();
         if let Some(path) = &spec.port_file {
             write_atomic(path, format!("{addr}\n").as_bytes())?;

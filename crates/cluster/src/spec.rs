@@ -43,6 +43,10 @@ pub struct ServerSpec {
     /// Serve the checkpoint service too (DECK's server side: tracking, staging, save, restore).
     #[serde(default)]
     pub ckpt: Option<CkptSpec>,
+    /// The token and job id the server demands and its own calls carry; given to a started
+    /// process through its environment, never its command line (nor serialized).
+    #[serde(skip)]
+    pub auth: crate::auth::Auth,
 }
 
 /// A server's checkpoint service: where it stages chunks on local disk (DECK §3.2's SSD layer)
@@ -109,6 +113,7 @@ impl ServerSpec {
             until: Lifetime::Signal,
             ckpt: None,
             ec: None,
+            auth: crate::auth::Auth::none(),
         };
         spec.validate()?;
         Ok(spec)
@@ -690,6 +695,10 @@ pub struct RunConfig {
     /// Width of the throughput timeline's intervals, in seconds.
     #[serde(default = "default_interval")]
     pub report_interval_s: f64,
+    /// The run's token and job id (a job id is made up at start when none is given); every
+    /// process gets them through its environment. Never serialized.
+    #[serde(skip)]
+    pub auth: crate::auth::Auth,
     /// Criteo TSV training data (`--data`; none: the synthetic generator of the preset). The
     /// preset's table sizes must be the reader's ([`RunConfig::with_data`]); the held-out
     /// lines are the evaluation set. Every worker reads these paths on its own host.
@@ -751,6 +760,7 @@ impl RunConfig {
             external_workers: false,
             control_listen: default_control(),
             report_interval_s: default_interval(),
+            auth: crate::auth::Auth::none(),
             data: None,
         }
     }
@@ -802,8 +812,11 @@ impl RunConfig {
                 );
             }
         }
-        if self.batch == 0 {
-            return bad("--batch must be at least 1".into());
+        if self.batch == 0 || self.batch > crate::worker::MAX_BATCH {
+            return bad(format!(
+                "--batch must be between 1 and {}",
+                crate::worker::MAX_BATCH
+            ));
         }
         if self.threads == 0 || self.threads > 256 {
             return bad("--threads must be between 1 and 256".into());
@@ -968,6 +981,7 @@ impl RunConfig {
                 priority: ServerPriority::of_strategy(&self.strategy),
             }),
             ec: EcServerSpec::of_strategy(&self.strategy),
+            auth: self.auth.clone(),
         }
     }
 }

@@ -30,6 +30,7 @@ use ftrec_ps::ec::{run_txn, EcGrpcClient, TxnId, TxnPhase};
 use ftrec_ps::grpc::{GrpcClient, GrpcConfig};
 use ftrec_ps::{PulledRows, RowRequest, ShardedClient, Update};
 
+use crate::auth::{Auth, JobId, Secret};
 use crate::control::{read_line, send_line, BatchTiming, FromWorker, ToWorker, TxnHold};
 use crate::ClusterError;
 
@@ -209,11 +210,14 @@ where
     }
 }
 
-/// Connect to servers `0..n` at `addrs` (in server order).
-pub async fn connect_all(addrs: &[SocketAddr]) -> Result<ShardedClient<GrpcClient>, ClusterError> {
+/// Connect to servers `0..n` at `addrs` (in server order), every request carrying `auth`.
+pub async fn connect_all(
+    addrs: &[SocketAddr],
+    auth: &Auth,
+) -> Result<ShardedClient<GrpcClient>, ClusterError> {
     let mut clients = Vec::with_capacity(addrs.len());
     for &a in addrs {
-        clients.push(GrpcClient::connect(a, GrpcConfig::default()).await?);
+        clients.push(GrpcClient::connect_with(a, GrpcConfig::default(), auth).await?);
     }
     Ok(ShardedClient::new(clients).await?)
 }
@@ -291,7 +295,7 @@ impl Source {
     ) -> Result<Batch, ClusterError> {
         match self {
             Source::Synthetic(src) => Ok(src
-                .batch_at(Split::Train, first_sample(size, index), size)
+                .batch_at(Split::Train, first_sample(size, index)?, size)
                 .0),
             Source::Tsv(reader) => {
                 let start = start.ok_or_else(|| {
@@ -321,9 +325,54 @@ pub struct EcWorker {
     pub epoch: u32,
 }
 
-/// First training sample of global batch `index` (from 1).
-pub fn first_sample(batch: usize, index: u64) -> u64 {
-    (index - 1) * batch as u64
+/// Most samples one batch may hold (a setup asking for more is refused before anything is
+/// allocated).
+pub const MAX_BATCH: usize = 1 << 20;
+
+impl WorkerSetup {
+    /// Check what a setup asks for before building anything from it.
+    pub fn validate(&self) -> Result<(), ClusterError> {
+        let bad = |m: String| Err(ClusterError::Protocol(format!("setup: {m}")));
+        if self.batch == 0 || self.batch > MAX_BATCH {
+            return bad(format!(
+                "batch {} must be between 1 and {MAX_BATCH} samples",
+                self.batch
+            ));
+        }
+        if self.threads == 0 || self.threads > 256 {
+            return bad(format!(
+                "threads {} must be between 1 and 256",
+                self.threads
+            ));
+        }
+        if self.workers == 0 || self.id >= self.workers {
+            return bad(format!(
+                "worker {} of {} workers is not a worker of the job",
+                self.id, self.workers
+            ));
+        }
+        self.preset
+            .validate()
+            .map_err(|e| ClusterError::Protocol(format!("setup: {e}")))
+    }
+}
+
+/// First training sample of global batch `index` (from 1); an error for index 0 and for an
+/// index whose samples lie past the end of the stream (`u64` samples).
+pub fn first_sample(batch: usize, index: u64) -> Result<u64, ClusterError> {
+    let out_of_range = || {
+        ClusterError::Protocol(format!(
+            "batch index {index} is out of range (indices start at 1; with {batch} samples per \
+             batch its samples would lie past sample {})",
+            u64::MAX
+        ))
+    };
+    let first = index
+        .checked_sub(1)
+        .and_then(|i| i.checked_mul(batch as u64))
+        .ok_or_else(out_of_range)?;
+    first.checked_add(batch as u64).ok_or_else(out_of_range)?;
+    Ok(first)
 }
 
 /// Where the data stream stands after `batches` global batches (the position saved in a
@@ -344,13 +393,17 @@ pub enum WorkerLifetime {
 }
 
 /// The body of a worker process (`ftrec worker --coordinator ADDR --id W`): connect to the
-/// coordinator, then answer its commands until it says stop or goes away. Returns `Ok` when
-/// the coordinator ends the session, `Err` when it cannot be reached or breaks the protocol.
+/// coordinator, say hello with `auth`'s token and job id, then answer its commands until it
+/// says stop or goes away. Returns `Ok` when the coordinator ends the session, `Err` when it
+/// cannot be reached, refuses the worker or breaks the protocol. A worker without a job id
+/// takes the coordinator's for its RPCs.
 pub fn worker_process(
     coordinator: SocketAddr,
     id: u32,
     lifetime: WorkerLifetime,
+    auth: &Auth,
 ) -> Result<(), ClusterError> {
+    let mut auth = auth.clone();
     if lifetime == WorkerLifetime::Stdin {
         // The launcher holds the other end: when it exits or dies, so does this worker, even
         // in the middle of a batch.
@@ -386,9 +439,42 @@ pub fn worker_process(
         &FromWorker::Hello {
             id,
             pid: std::process::id(),
+            token: Secret::of(&auth),
+            job: auth.job.as_ref().map(|j| j.to_string()),
         },
     )
     .map_err(io)?;
+    match read_line::<ToWorker>(&mut reader, "the coordinator").map_err(ClusterError::Protocol)? {
+        Some(ToWorker::Welcome { job }) => {
+            let theirs = job.as_deref().map(JobId::new).transpose()?;
+            match (&auth.job, theirs) {
+                (Some(mine), Some(theirs)) if *mine != theirs => {
+                    return Err(ClusterError::Protocol(format!(
+                        "worker {id} belongs to job {mine}, the coordinator at {coordinator} \
+                         to job {theirs}"
+                    )))
+                }
+                (None, theirs) => auth.job = theirs,
+                _ => {}
+            }
+        }
+        Some(ToWorker::Refused { reason }) => {
+            return Err(ClusterError::Protocol(format!(
+                "the coordinator at {coordinator} refused worker {id}: {reason}"
+            )))
+        }
+        None => {
+            return Err(ClusterError::Protocol(format!(
+                "the coordinator at {coordinator} closed the connection before welcoming worker \
+                 {id}"
+            )))
+        }
+        Some(other) => {
+            return Err(ClusterError::Protocol(format!(
+                "the coordinator at {coordinator} answered worker {id}'s hello with {other:?}"
+            )))
+        }
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -412,6 +498,7 @@ pub fn worker_process(
                             setup.id
                         )));
                     }
+                    setup.validate()?;
                     ftrec_model::set_gemm_threads(setup.threads)?;
                     let source = Source::open(&setup)?;
                     let compute =
@@ -435,15 +522,20 @@ pub fn worker_process(
                     .as_ref()
                     .map_or(Duration::from_secs(30), |s| s.0.rpc_timeout);
                 let r = rt.block_on(async {
-                    tokio::time::timeout(timeout, connect_all(&servers))
+                    tokio::time::timeout(timeout, connect_all(&servers, &auth))
                         .await
                         .map_err(|_| ClusterError::Timeout("connecting to the servers".into()))?
                 });
                 let r = r.and_then(|c| {
                     ec = match state.as_ref().and_then(|s| s.0.ec) {
-                        Some(mode) => {
-                            Some(EcTxns::connect(&rt, &servers, mode, timeout, ec.take())?)
-                        }
+                        Some(mode) => Some(EcTxns::connect(
+                            &rt,
+                            &servers,
+                            mode,
+                            timeout,
+                            ec.take(),
+                            &auth,
+                        )?),
                         None => None,
                     };
                     Ok(c)
@@ -459,6 +551,15 @@ pub fn worker_process(
                     },
                 }
             }
+            Some(ToWorker::Refused { reason }) => {
+                return Err(ClusterError::Protocol(format!(
+                    "the coordinator at {coordinator} refused worker {id}: {reason}"
+                )))
+            }
+            Some(ToWorker::Welcome { .. }) => FromWorker::Failed {
+                index: None,
+                error: format!("worker {id} was welcomed twice"),
+            },
             Some(ToWorker::Resume) => FromWorker::Failed {
                 index: None,
                 error: format!("worker {id} was told to resume but holds no batch"),
@@ -533,11 +634,15 @@ impl EcTxns {
         mode: EcWorker,
         timeout: Duration,
         previous: Option<EcTxns>,
+        auth: &Auth,
     ) -> Result<EcTxns, ClusterError> {
         let _rt = rt.enter();
         let clients = servers
             .iter()
-            .map(|a| EcGrpcClient::connect_lazy(&a.to_string()).map(|c| c.with_timeout(timeout)))
+            .map(|a| {
+                EcGrpcClient::connect_lazy_with(&a.to_string(), auth)
+                    .map(|c| c.with_timeout(timeout))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(EcTxns {
             mode,
@@ -566,14 +671,13 @@ fn run_batch(
             "worker {id} was sent batch {index} before its setup"
         )));
     };
+    // Refuses index 0 and indices whose samples run past the stream, whatever the source.
+    first_sample(setup.batch, index)?;
     let Some(c) = client else {
         return Err(ClusterError::Protocol(format!(
             "worker {id} was sent batch {index} before it was connected"
         )));
     };
-    if index == 0 {
-        return Err(ClusterError::Protocol("batch indices start at 1".into()));
-    }
     let mut timing = BatchTiming::default();
     let t0 = std::time::Instant::now();
     let batch = source.batch(setup.batch, index, start)?;

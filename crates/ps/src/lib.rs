@@ -17,6 +17,8 @@
 //!   [`grpc::GrpcClient`]);
 //! - [`ShardedClient`], which routes a worker's rows and dense values to the servers that hold
 //!   them;
+//! - who may call a server ([`auth`]: the shared token, the job id, the in-flight limits),
+//!   checked by an interceptor on every service and attached by every client;
 //! - [`ec`]: ECRec on top of the server (parity rows, difference propagation server to server,
 //!   dense replicas, two-phase commit, degraded reads, rebuild of a lost server).
 //!
@@ -51,6 +53,7 @@
 //! });
 //! ```
 
+pub mod auth;
 pub mod ckpt;
 pub mod ec;
 pub mod error;
@@ -60,6 +63,14 @@ pub mod server;
 pub mod service;
 pub mod sharded;
 pub mod update;
+
+#[cfg(test)]
+mod fuzz_support;
+
+/// The decoders' property tests measure allocations (`fuzz_support`).
+#[cfg(test)]
+#[global_allocator]
+static ALLOC: ftrec_core::fuzz::AllocProbe = ftrec_core::fuzz::AllocProbe;
 
 pub use error::PsError;
 pub use observer::{PushObserver, RowImages, UpdateOrigin};

@@ -174,7 +174,7 @@ impl Coordinator {
             let _rt = self.rt.enter();
             addrs
                 .iter()
-                .map(|a| EcGrpcClient::connect_lazy(a))
+                .map(|a| EcGrpcClient::connect_lazy_with(a, &self.cfg.auth))
                 .collect::<Result<Vec<_>, _>>()?
         };
         if let Some(ec) = self.ec.as_mut() {
@@ -458,7 +458,7 @@ impl Coordinator {
     /// rebuild of each of `servers` against the lost set `lost`.
     fn ec_join(&mut self, servers: &[u32], lost: &[u32]) -> Result<(), ClusterError> {
         let addrs = self.server_addrs.clone();
-        self.clients = Some(self.rt.block_on(connect_all(&addrs))?);
+        self.clients = Some(self.rt.block_on(connect_all(&addrs, &self.cfg.auth))?);
         self.ec_set_peers()?;
         let lost_ids: Vec<ServerId> = lost.iter().map(|&s| ServerId(s)).collect();
         let timeout = self.rpc_timeout();

@@ -108,7 +108,7 @@ impl Coordinator {
         id: Option<&CheckpointId>,
     ) -> Result<(), ClusterError> {
         let addrs = self.server_addrs.clone();
-        self.clients = Some(self.rt.block_on(connect_all(&addrs))?);
+        self.clients = Some(self.rt.block_on(connect_all(&addrs, &self.cfg.auth))?);
         self.connect_store_clients()?;
         let Some(id) = id else {
             // The replacements started from the seed: the initial state is what they hold.

@@ -217,11 +217,12 @@ impl Coordinator {
             return Ok(());
         }
         let addrs = self.server_addrs.clone();
+        let auth = self.cfg.auth.clone();
         let clients = self.rt.block_on(async {
             let mut out = Vec::with_capacity(addrs.len());
             for a in addrs {
                 out.push(
-                    CkptGrpcClient::connect(a)
+                    CkptGrpcClient::connect_with(a, &auth)
                         .await
                         .map_err(|e| ClusterError::Checkpoint(format!("server at {a}: {e}")))?,
                 );

@@ -10,8 +10,10 @@ use ftrec_ckpt::incr::{ExtractConfig, Filters, PieceSpec};
 use ftrec_ckpt::snapshot::ShardReport;
 use ftrec_ckpt::{CheckpointId, CheckpointKind, CkptError};
 use ftrec_core::{RowLayout, ServerId, TableId};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
+
+use crate::auth::{Auth, AuthChannel};
 
 use super::{CkptApi, CkptNode, CkptServiceError, RestoreDone, SaveStarted};
 
@@ -33,7 +35,13 @@ pub struct CkptHandler {
 /// The checkpoint service of `node`, ready for [`crate::grpc::Routes::add_service`].
 pub fn ckpt_service(node: CkptNode) -> CheckpointerServer<CkptHandler> {
     CheckpointerServer::new(CkptHandler { node })
+        .max_decoding_message_size(CKPT_MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(CKPT_MAX_MESSAGE_BYTES)
 }
+
+/// Largest checkpoint-service message either end accepts: the requests are commands (ids,
+/// locations, piece specifications), the replies file lists.
+pub const CKPT_MAX_MESSAGE_BYTES: usize = 16 << 20;
 
 fn status(e: CkptServiceError) -> Status {
     match &e {
@@ -385,7 +393,7 @@ impl Checkpointer for CkptHandler {
 /// A connection to one server's checkpoint service.
 #[derive(Debug, Clone)]
 pub struct CkptGrpcClient {
-    client: CheckpointerClient<Channel>,
+    client: CheckpointerClient<AuthChannel>,
 }
 
 fn remote(s: Status) -> CkptServiceError {
@@ -402,6 +410,11 @@ fn remote(s: Status) -> CkptServiceError {
 
 impl CkptGrpcClient {
     pub async fn connect(addr: SocketAddr) -> Result<Self, CkptServiceError> {
+        Self::connect_with(addr, &Auth::none()).await
+    }
+
+    /// [`CkptGrpcClient::connect`] with every request carrying `auth`'s token and job id.
+    pub async fn connect_with(addr: SocketAddr, auth: &Auth) -> Result<Self, CkptServiceError> {
         let channel = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| CkptServiceError::Internal(format!("address {addr}: {e}")))?
             .connect()
@@ -411,7 +424,9 @@ impl CkptGrpcClient {
                 message: format!("cannot connect to {addr}: {e}"),
             })?;
         Ok(CkptGrpcClient {
-            client: CheckpointerClient::new(channel),
+            client: CheckpointerClient::with_interceptor(channel, auth.client())
+                .max_decoding_message_size(CKPT_MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(CKPT_MAX_MESSAGE_BYTES),
         })
     }
 }
@@ -663,5 +678,122 @@ mod tests {
             Err(CkptServiceError::Remote { .. })
         ));
         assert!(to_kind(7).is_err());
+    }
+}
+
+#[cfg(test)]
+mod fuzz {
+    //! The checkpoint service's conversions from the wire (`report_from_wire`,
+    //! `piece_from_wire`, kinds and ids), fed arbitrary and mutated messages.
+
+    use super::*;
+    use crate::fuzz_support::{bytes, check, config, huge, mutated_encoding, mutation};
+    use proptest::prelude::*;
+    use prost::Message;
+
+    fn report() -> ShardReport {
+        ShardReport {
+            shard: ShardInfo {
+                server: ServerId(1),
+                tables: vec![TableInfo {
+                    table: TableId(0),
+                    rows: 9,
+                    layout: RowLayout::new(4, 1),
+                }],
+                dense: Some(DenseInfo {
+                    first_block: 0,
+                    blocks: 1,
+                    values: 10,
+                    state_per_block: 2,
+                }),
+            },
+            files: vec![
+                FileInfo {
+                    path: "s0001/t0000-000000.qrows".into(),
+                    size: 11,
+                    crc32c: FileChecksums {
+                        header: 7,
+                        payload: 8,
+                    },
+                    content: FileContent::QuantRows {
+                        server: ServerId(1),
+                        table: TableId(0),
+                        rows: 2,
+                        first_row: 4,
+                        last_row: 7,
+                        bits: 8,
+                    },
+                },
+                FileInfo {
+                    path: "s0001/piece.pidx".into(),
+                    size: 12,
+                    crc32c: FileChecksums {
+                        header: 9,
+                        payload: 10,
+                    },
+                    content: FileContent::PieceIndex {
+                        server: ServerId(1),
+                        scheme: PieceScheme::Differential,
+                        column: 6,
+                    },
+                },
+            ],
+            bytes: 23,
+        }
+    }
+
+    fn every_reader(wire: &[u8]) {
+        check(wire, report_from_wire);
+        check(wire, |p: proto::PieceSpec| {
+            if let Ok(spec) = piece_from_wire(p) {
+                // What is accepted is valid and survives the way back.
+                assert!(spec.validate().is_ok());
+                assert_eq!(piece_from_wire(piece_to_wire(&spec)).unwrap(), spec);
+            }
+        });
+    }
+
+    proptest! {
+        #![proptest_config(config(256))]
+
+        #[test]
+        fn arbitrary_bytes_as_every_message(wire in bytes(600)) {
+            every_reader(&wire);
+        }
+
+        #[test]
+        fn mutated_messages(piece in any::<bool>(), ms in prop::collection::vec(mutation(), 0..6)) {
+            let wire = if piece {
+                mutated_encoding(&piece_to_wire(&PieceSpec::chunk_list(0.05)), &ms)
+            } else {
+                mutated_encoding(&report_to_wire(&report()), &ms)
+            };
+            every_reader(&wire);
+        }
+
+        #[test]
+        fn arbitrary_piece_specs(
+            scheme in -1i32..5,
+            quant_bits in prop_oneof![0u32..10, any::<u32>()],
+            threshold in any::<f64>(),
+            range_rows in huge(),
+            bundle_bytes in huge(),
+            bloom_bits_per_key in any::<u32>(),
+            compact_below in any::<f64>(),
+            flags in any::<[bool; 4]>(),
+        ) {
+            let p = proto::PieceSpec {
+                scheme, quant_bits, threshold, range_rows,
+                concat: flags[0], range_filter: flags[1], bloom_filter: flags[2],
+                actual_filter: flags[3], bundle_bytes, bloom_bits_per_key, compact_below,
+            };
+            every_reader(&p.encode_to_vec());
+        }
+
+        #[test]
+        fn arbitrary_kinds_and_ids(kind in any::<i32>(), id in "\\PC{0,80}") {
+            let _ = to_kind(kind);
+            let _ = parse_id(&id);
+        }
     }
 }

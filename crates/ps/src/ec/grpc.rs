@@ -4,7 +4,7 @@
 use ftrec_core::{ServerId, TableId};
 use std::time::Duration;
 
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
 
 use super::node::EcNode;
@@ -13,6 +13,7 @@ use super::types::{
     DeltaBatch, DenseRead, MemberKey, MemberRead, PackedBatch, PrepareReport, RebuildStatus, TxnId,
     TxnStatus,
 };
+use crate::auth::{Auth, AuthChannel};
 use crate::grpc::wire::{bytes_to_f32s, bytes_to_u64s, f32s_to_bytes, from_status, to_status};
 use crate::update::{ApplyReport, DenseBlock, PulledRows, Update};
 use crate::PsError;
@@ -549,7 +550,7 @@ impl EcNodeRpc for EcGrpcHandler {
 /// A connection to one node's ECRec service. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct EcGrpcClient {
-    client: EcNodeClient<Channel>,
+    client: EcNodeClient<AuthChannel>,
     addr: String,
     /// Longest one call may take (`None`: as long as it takes).
     timeout: Option<Duration>,
@@ -559,6 +560,11 @@ impl EcGrpcClient {
     /// A client that connects on first use (so peers can be named before they listen). Must
     /// be called inside a tokio runtime.
     pub fn connect_lazy(addr: &str) -> Result<Self, PsError> {
+        Self::connect_lazy_with(addr, &Auth::none())
+    }
+
+    /// [`EcGrpcClient::connect_lazy`] with every request carrying `auth`'s token and job id.
+    pub fn connect_lazy_with(addr: &str, auth: &Auth) -> Result<Self, PsError> {
         let channel = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| PsError::Unavailable {
                 addr: addr.to_string(),
@@ -567,7 +573,7 @@ impl EcGrpcClient {
             .tcp_nodelay(true)
             .connect_lazy();
         Ok(EcGrpcClient {
-            client: EcNodeClient::new(channel)
+            client: EcNodeClient::with_interceptor(channel, auth.client())
                 .max_decoding_message_size(EC_MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(EC_MAX_MESSAGE_BYTES),
             addr: addr.to_string(),
@@ -905,5 +911,164 @@ impl EcService for EcGrpcClient {
             commits_in_lock: r.commits_in_lock,
             range_spans_us: r.range_start_us.into_iter().zip(r.range_end_us).collect(),
         })
+    }
+}
+
+#[cfg(test)]
+mod fuzz {
+    //! The ECRec service's conversions from the wire (`update_from_proto`,
+    //! `batch_from_proto`, `keys_from_proto`), fed arbitrary and mutated messages: a value
+    //! whose parts agree with each other, or an error.
+
+    use super::*;
+    use crate::fuzz_support::{bytes, check, config, huge, mutated_encoding, mutation};
+    use proptest::prelude::*;
+    use prost::Message;
+
+    fn txn() -> TxnId {
+        TxnId {
+            worker: 1,
+            epoch: 2,
+            seq: 3,
+            priority: 4,
+        }
+    }
+
+    fn valid_update() -> proto::TxnUpdate {
+        let u = Update::new()
+            .with_sparse(TableId(0), vec![1, 5], vec![0.5; 6])
+            .with_sparse(TableId(2), vec![7], vec![0.25; 3])
+            .with_dense(16, vec![1.0; 5]);
+        update_to_proto(txn(), &u)
+    }
+
+    fn valid_batch() -> proto::DeltaBatch {
+        proto::DeltaBatch {
+            step: 9,
+            from: 1,
+            apply_now: false,
+            row_tables: vec![0, 1],
+            rows: u64s(&[4, 8]),
+            row_deltas: f32s_to_bytes(&[0.5; 6]),
+            dense_blocks: u64s(&[2]),
+            dense_lens: vec![3],
+            dense_grads: f32s_to_bytes(&[1.0; 3]),
+            txn: Some(txn_to_proto(txn())),
+        }
+    }
+
+    fn valid_keys() -> proto::ReadMembersRequest {
+        keys_to_proto(&[
+            MemberKey::Row {
+                table: TableId(1),
+                local: 4,
+            },
+            MemberKey::Parity {
+                table: TableId(0),
+                slot: 2,
+            },
+        ])
+    }
+
+    /// Whatever a decoder accepts is self-consistent.
+    fn consistent_update(u: &Update) {
+        for p in &u.sparse {
+            assert!(p.rows.is_empty() || p.grads.len() % p.rows.len() == 0);
+        }
+    }
+
+    fn consistent_batch(b: &PackedBatch) {
+        assert_eq!(b.words * b.rows.len(), b.deltas.len());
+        assert_eq!(b.dense_blocks.len(), b.dense_lens.len());
+        let total: usize = b.dense_lens.iter().map(|&l| l as usize).sum();
+        assert_eq!(total, b.dense_grads.len());
+    }
+
+    fn every_reader(wire: &[u8]) {
+        check(wire, |p: proto::TxnUpdate| {
+            if let Ok((_, u)) = update_from_proto(p) {
+                consistent_update(&u);
+            }
+        });
+        check(wire, |p: proto::DeltaBatch| {
+            if let Ok(b) = batch_from_proto(p) {
+                consistent_batch(&b);
+            }
+        });
+        check(wire, keys_from_proto);
+    }
+
+    #[test]
+    fn valid_messages_round_trip() {
+        let (t, u) = update_from_proto(valid_update()).unwrap();
+        assert_eq!(t, txn());
+        assert_eq!(update_to_proto(t, &u), valid_update());
+        let b = batch_from_proto(valid_batch()).unwrap();
+        assert_eq!(batch_to_proto(&b), valid_batch());
+        let k = keys_from_proto(valid_keys()).unwrap();
+        assert_eq!(keys_to_proto(&k), valid_keys());
+    }
+
+    proptest! {
+        #![proptest_config(config(256))]
+
+        #[test]
+        fn arbitrary_bytes_as_every_message(wire in bytes(600)) {
+            every_reader(&wire);
+        }
+
+        #[test]
+        fn mutated_messages(which in 0usize..3, ms in prop::collection::vec(mutation(), 0..6)) {
+            let wire = match which {
+                0 => mutated_encoding(&valid_update(), &ms),
+                1 => mutated_encoding(&valid_batch(), &ms),
+                _ => mutated_encoding(&valid_keys(), &ms),
+            };
+            every_reader(&wire);
+        }
+
+        #[test]
+        fn arbitrary_transaction_updates(
+            tables in prop::collection::vec(any::<u32>(), 0..4),
+            part_rows in prop::collection::vec(prop_oneof![0u32..4, any::<u32>()], 0..4),
+            rows in bytes(80),
+            grads in bytes(80),
+            dense_offsets in prop::collection::vec(huge(), 0..3),
+            dense_lens in prop::collection::vec(prop_oneof![0u32..8, any::<u32>()], 0..3),
+            dense_grads in bytes(40),
+            with_txn in any::<bool>(),
+        ) {
+            let p = proto::TxnUpdate {
+                txn: with_txn.then(|| txn_to_proto(txn())),
+                tables, part_rows, rows, grads, dense_offsets, dense_lens, dense_grads,
+            };
+            every_reader(&p.encode_to_vec());
+        }
+
+        #[test]
+        fn arbitrary_delta_batches(
+            row_tables in prop::collection::vec(any::<u32>(), 0..4),
+            rows in bytes(64),
+            row_deltas in bytes(80),
+            dense_blocks in bytes(32),
+            dense_lens in prop::collection::vec(prop_oneof![0u32..8, any::<u32>()], 0..4),
+            dense_grads in bytes(40),
+            step in huge(),
+        ) {
+            let p = proto::DeltaBatch {
+                step, from: 0, apply_now: true, row_tables, rows, row_deltas, dense_blocks,
+                dense_lens, dense_grads, txn: None,
+            };
+            every_reader(&p.encode_to_vec());
+        }
+
+        #[test]
+        fn arbitrary_member_keys(
+            tables in prop::collection::vec(any::<u32>(), 0..5),
+            indices in bytes(48),
+            parity in prop::collection::vec(any::<bool>(), 0..5),
+        ) {
+            every_reader(&proto::ReadMembersRequest { tables, indices, parity }.encode_to_vec());
+        }
     }
 }

@@ -172,6 +172,8 @@ pub(crate) struct EcInner {
     pub dense_opt: Optimizer,
     pub state: Mutex<EcState>,
     pub peers: RwLock<Vec<Option<EcClient>>>,
+    /// What this node's gRPC clients of its peers prove ([`EcNode::set_peer_auth`]).
+    pub peer_auth: RwLock<crate::auth::Auth>,
     /// Set by [`EcNode::kill`]: in-process peers see the node as gone.
     pub killed: std::sync::atomic::AtomicBool,
     pub hook: RwLock<Option<RebuildHook>>,
@@ -262,6 +264,7 @@ impl EcNode {
                 dense_opt: config.dense_optimizer,
                 state: Mutex::new(state),
                 peers: RwLock::new(vec![None; n as usize]),
+                peer_auth: RwLock::new(crate::auth::Auth::none()),
                 killed: std::sync::atomic::AtomicBool::new(false),
                 hook: RwLock::new(None),
                 driver: Mutex::new(None),
@@ -407,9 +410,17 @@ impl EcNode {
         Ok(())
     }
 
+    /// The token and job id this node's calls to its peers carry (the process's own: the
+    /// peers are servers of the same job). Applies to peers set after the call.
+    pub fn set_peer_auth(&self, auth: crate::auth::Auth) -> Result<(), PsError> {
+        *self.inner.peer_auth.write().map_err(|_| poisoned())? = auth;
+        Ok(())
+    }
+
     /// Peers from `host:port` addresses by server id (empty: unknown); gRPC clients connect
     /// lazily on first use. Must be called inside a tokio runtime.
     pub fn set_peer_addrs(&self, addrs: &[String]) -> Result<(), PsError> {
+        let auth = self.inner.peer_auth.read().map_err(|_| poisoned())?.clone();
         let peers = addrs
             .iter()
             .enumerate()
@@ -417,8 +428,11 @@ impl EcNode {
                 if a.is_empty() || i == self.inner.me.0 as usize {
                     Ok(None)
                 } else {
-                    super::grpc::EcGrpcClient::connect_lazy(a)
-                        .map(|c| Some(EcClient::Grpc(c.with_timeout(self.inner.cfg.peer_timeout))))
+                    super::grpc::EcGrpcClient::connect_lazy_with(a, &auth).map(|c| {
+                        Some(EcClient::Grpc(Box::new(
+                            c.with_timeout(self.inner.cfg.peer_timeout),
+                        )))
+                    })
                 }
             })
             .collect::<Result<Vec<_>, PsError>>()?;

@@ -127,7 +127,7 @@ pub enum EcClient {
     /// Holds the node weakly: once every strong handle is dropped, calls fail as they would
     /// for a dead process.
     InProcess(WeakNode),
-    Grpc(EcGrpcClient),
+    Grpc(Box<EcGrpcClient>),
 }
 
 impl std::fmt::Debug for EcClient {
@@ -254,7 +254,10 @@ macro_rules! delegate {
                 let $c = &EcClient::node(w)?;
                 $call.await
             }
-            EcClient::Grpc($c) => $call.await,
+            EcClient::Grpc(b) => {
+                let $c = &**b;
+                $call.await
+            }
         }
     };
 }

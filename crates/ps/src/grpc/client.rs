@@ -3,7 +3,9 @@
 use std::net::SocketAddr;
 use std::ops::Range;
 
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
+
+use crate::auth::{Auth, AuthChannel};
 
 use super::proto::{self, parameter_server_client::ParameterServerClient};
 use super::wire::{self, from_status};
@@ -17,7 +19,7 @@ use ftrec_core::{ModelDigest, TableId};
 /// A connection to one parameter server. Cheap to clone (clones share the connection).
 #[derive(Debug, Clone)]
 pub struct GrpcClient {
-    client: ParameterServerClient<Channel>,
+    client: ParameterServerClient<AuthChannel>,
     addr: String,
     config: GrpcConfig,
     dim: usize,
@@ -29,7 +31,17 @@ pub struct GrpcClient {
 
 impl GrpcClient {
     /// Connect to the server at `addr` and read its shape (the row width sizes the chunks).
+    /// Proves nothing: for a server without a token or job id ([`GrpcClient::connect_with`]).
     pub async fn connect(addr: SocketAddr, config: GrpcConfig) -> Result<Self, PsError> {
+        Self::connect_with(addr, config, &Auth::none()).await
+    }
+
+    /// [`GrpcClient::connect`] with every request carrying `auth`'s token and job id.
+    pub async fn connect_with(
+        addr: SocketAddr,
+        config: GrpcConfig,
+        auth: &Auth,
+    ) -> Result<Self, PsError> {
         config.validate()?;
         let name = addr.to_string();
         let unavailable = |reason: String| PsError::Unavailable {
@@ -42,7 +54,7 @@ impl GrpcClient {
             .connect()
             .await
             .map_err(|e| unavailable(format!("cannot connect: {e}")))?;
-        let client = ParameterServerClient::new(channel)
+        let client = ParameterServerClient::with_interceptor(channel, auth.client())
             .max_decoding_message_size(config.max_message_bytes)
             .max_encoding_message_size(config.max_message_bytes);
         let mut c = GrpcClient {

@@ -24,6 +24,7 @@ use tokio::task::JoinHandle;
 pub use client::GrpcClient;
 pub use tonic::service::Routes;
 
+use crate::auth::{InFlightLayer, ServeOptions, ServerAuth};
 use crate::{PsError, SharedServer};
 
 /// Transport settings, the same on both ends.
@@ -116,8 +117,20 @@ pub async fn serve(
 
 /// Serve several gRPC services on one socket: the parameter-server service and the services the
 /// fault-tolerance strategies add (ECRec's parity and recovery traffic, checkpoint writes).
-/// Build `routes` with [`Routes::new`] and [`Routes::add_service`].
+/// Build `routes` with [`Routes::new`] and [`Routes::add_service`]. No token, no job id, the
+/// default in-flight limits ([`serve_routes_with`] sets them).
 pub async fn serve_routes(routes: Routes, addr: SocketAddr) -> Result<ServeHandle, PsError> {
+    serve_routes_with(routes, addr, &ServeOptions::default()).await
+}
+
+/// [`serve_routes`] with `options`: every request to every service first passes the token
+/// and job check of `options.auth` ([`crate::auth::ServerAuth`]), then the in-flight limits.
+pub async fn serve_routes_with(
+    routes: Routes,
+    addr: SocketAddr,
+    options: &ServeOptions,
+) -> Result<ServeHandle, PsError> {
+    options.validate()?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| PsError::Unavailable {
@@ -132,6 +145,12 @@ pub async fn serve_routes(routes: Routes, addr: SocketAddr) -> Result<ServeHandl
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(
         tonic::transport::Server::builder()
+            .concurrency_limit_per_connection(options.max_in_flight_per_connection)
+            // The check runs first: a refused request takes no in-flight slot.
+            .layer(tonic::service::InterceptorLayer::new(ServerAuth::new(
+                options.auth.clone(),
+            )))
+            .layer(InFlightLayer::new(options.max_in_flight))
             .add_routes(routes)
             .serve_with_incoming_shutdown(incoming, async move {
                 // A sent signal and a dropped handle both stop the server.

@@ -720,3 +720,105 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    //! Every conversion from the parameter-server wire, fed arbitrary and mutated messages.
+
+    use super::*;
+    use crate::fuzz_support::{bytes, check, config, huge, mutated_encoding, mutation};
+    use proptest::prelude::*;
+
+    fn valid_chunk() -> proto::UpdateChunk {
+        let u = Update::new()
+            .with_sparse(TableId(1), vec![3, 9], vec![0.5; 8])
+            .with_dense(0, vec![0.25; DENSE_BLOCK + 3]);
+        update_to_chunks(&u, 4, 1 << 20).remove(0)
+    }
+
+    /// Every reader of the wire, on one message of each kind decoded from `wire`.
+    fn every_reader(wire: &[u8]) {
+        check(wire, |c: proto::UpdateChunk| {
+            let mut u = Update::new();
+            let _ = chunk_bytes_of(&c);
+            append_chunk(&mut u, c)
+        });
+        check(wire, |c: proto::RowsChunk| {
+            let a = rows_from_chunk(c.clone())?;
+            let mut acc = Some(a.clone());
+            join_rows(&mut acc, rows_from_chunk(c)?, 3)?;
+            join_rows(&mut acc, a, 0)
+        });
+        check(wire, |c: proto::DenseChunk| {
+            let a = dense_from_chunk(c)?;
+            let mut acc = Some(a.clone());
+            join_dense(&mut acc, a)
+        });
+        check(wire, info_from_proto);
+        check(wire, |d: proto::ErrorDetail| {
+            let s = Status::with_details(Code::Internal, "x", d.encode_to_vec().into());
+            from_status(&s, "server")
+        });
+        // Status details are bytes a peer chose: decoded as they come.
+        let s = Status::with_details(Code::Internal, "x", wire.to_vec().into());
+        let _ = from_status(&s, "server");
+    }
+
+    proptest! {
+        #![proptest_config(config(256))]
+
+        #[test]
+        fn arbitrary_bytes_as_every_message(wire in bytes(600)) {
+            every_reader(&wire);
+        }
+
+        #[test]
+        fn mutated_update_chunks(ms in prop::collection::vec(mutation(), 0..6)) {
+            every_reader(&mutated_encoding(&valid_chunk(), &ms));
+        }
+
+        #[test]
+        fn arbitrary_update_chunks(
+            parts in prop::collection::vec((any::<u32>(), bytes(80), bytes(80)), 0..4),
+            dense in prop::collection::vec((huge(), bytes(80)), 0..3),
+        ) {
+            let c = proto::UpdateChunk {
+                sparse: parts
+                    .into_iter()
+                    .map(|(table, rows, grads)| proto::SparsePart { table, rows, grads })
+                    .collect(),
+                dense: dense
+                    .into_iter()
+                    .map(|(offset, grads)| proto::DensePart { offset, grads })
+                    .collect(),
+            };
+            every_reader(&c.encode_to_vec());
+        }
+
+        #[test]
+        fn arbitrary_row_and_dense_chunks(
+            table in any::<u32>(),
+            first in huge(),
+            words in bytes(120),
+            values in bytes(120),
+        ) {
+            every_reader(&proto::RowsChunk { table, first_local: first, words }.encode_to_vec());
+            let d = proto::DenseChunk { first_block: first, values, state: Vec::new() };
+            every_reader(&d.encode_to_vec());
+            // Two chunks that do not continue each other are refused, whatever their numbers.
+            let a = rows_from_chunk(proto::RowsChunk { table, first_local: first, words: vec![0; 4] }).unwrap();
+            let mut acc = Some(a.clone());
+            let b = RowBlock { first_local: first.wrapping_add(7), ..a };
+            prop_assert!(join_rows(&mut acc, b, 1).is_err());
+        }
+
+        #[test]
+        fn arbitrary_error_details(
+            kind in -2i32..40,
+            args in prop::collection::vec(huge(), 0..6),
+            text in ".{0,40}",
+        ) {
+            every_reader(&proto::ErrorDetail { kind, args, text }.encode_to_vec());
+        }
+    }
+}
