@@ -17,8 +17,10 @@
 //! The terms are not single measured timings: on a loaded machine one save's pause or one
 //! read's rate swings by 10x, and a rule fed them resets at random. Each term is bytes times a
 //! per-byte cost ([`reset_costs`], a pure function):
-//! - `C_base = c * F`, `C_incre = c * P`: `F` the last full's bytes, `P` the last piece's, `c`
-//!   the median of `pause / bytes` over the run's last [`WINDOW`] saves (fulls and pieces);
+//! - `C_base = c * F`: `F` the current base's bytes, `c` the median of `pause / bytes` over the
+//!   run's last [`WINDOW`] fulls (a full's pause copies all of its bytes);
+//! - `C_incre`: the median pause of the run's last [`WINDOW`] pieces (a piece's bytes include
+//!   what its extraction round wrote after the pause, so its pause is not per byte);
 //! - `R_base = r * F`, `R_i = r * B_i`: `r` the median of the restore estimates' seconds per
 //!   byte over the last [`WINDOW`] estimates, and `B_i` the bytes restoring the next piece would
 //!   read over the base, extrapolated along the line through the last two (the paper infers
@@ -78,11 +80,12 @@ pub fn median(v: &[f64]) -> Option<f64> {
 /// What one §4.5 decision is computed from.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ResetInputs {
-    /// Bytes of the current base (`F`) and of the last piece (`P`).
+    /// Bytes of the current base (`F`).
     pub full_bytes: f64,
-    pub piece_bytes: f64,
-    /// Seconds a save blocks training per byte saved (`c`).
-    pub construct_s_per_byte: f64,
+    /// Seconds a full blocks training per byte (`c`).
+    pub full_s_per_byte: f64,
+    /// Seconds a piece blocks training (`C_incre`).
+    pub piece_pause_s: f64,
     /// Seconds a restore takes per byte read (`r`).
     pub restore_s_per_byte: f64,
     /// Bytes restoring the next piece would read over the base (`B_i`).
@@ -109,8 +112,8 @@ impl ResetCosts {
 
 /// IncrCP §4.5's terms from bytes and per-byte costs.
 pub fn reset_costs(i: &ResetInputs) -> ResetCosts {
-    let c_base = i.construct_s_per_byte * i.full_bytes;
-    let c_incre = i.construct_s_per_byte * i.piece_bytes;
+    let c_base = i.full_s_per_byte * i.full_bytes;
+    let c_incre = i.piece_pause_s;
     let r_base = i.restore_s_per_byte * i.full_bytes;
     let r_i = i.restore_s_per_byte * i.next_restore_bytes;
     ResetCosts {
@@ -173,11 +176,11 @@ impl IncrCpConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub struct IncrCpReset {
     config: IncrCpConfig,
-    /// Bytes of the current base and of the last piece.
+    /// Bytes of the current base.
     full_bytes: Option<f64>,
-    piece_bytes: Option<f64>,
-    /// Per-byte samples: pauses (every save of the run), restore estimates.
-    construct: Vec<f64>,
+    /// Samples: fulls' pauses per byte, pieces' pauses, restore estimates per byte.
+    full_cost: Vec<f64>,
+    piece_pause: Vec<f64>,
     restore: Vec<f64>,
     /// Bytes a restore of each piece since the base reads over the base.
     restore_bytes: Vec<f64>,
@@ -215,15 +218,15 @@ impl ResetPolicy for IncrCpReset {
             BaseReset::Auto => {
                 let inputs = match (
                     self.full_bytes,
-                    self.piece_bytes,
-                    median(&self.construct),
+                    median(&self.full_cost),
+                    median(&self.piece_pause),
                     median(&self.restore),
                     predict_next(&self.restore_bytes),
                 ) {
-                    (Some(f), Some(p), Some(c), Some(r), Some(b)) => ResetInputs {
+                    (Some(f), Some(c), Some(p), Some(r), Some(b)) => ResetInputs {
                         full_bytes: f,
-                        piece_bytes: p,
-                        construct_s_per_byte: c,
+                        full_s_per_byte: c,
+                        piece_pause_s: p,
                         restore_s_per_byte: r,
                         next_restore_bytes: b,
                     },
@@ -242,8 +245,8 @@ impl ResetPolicy for IncrCpReset {
                     full,
                     format!(
                         "T_base {:.4}s {} T_incre {:.4}s (C_base {:.4}, C_incre {:.4}, R_base \
-                         {:.4}, R_i {:.4}; F {:.0} B, P {:.0} B, B_i {:.0} B, c {:.3e} s/B, r \
-                         {:.3e} s/B)",
+                         {:.4}, R_i {:.4}; F {:.0} B, B_i {:.0} B, c {:.3e} s/B, r {:.3e} \
+                         s/B)",
                         k.t_base,
                         if full { "<" } else { ">=" },
                         k.t_incre,
@@ -252,9 +255,8 @@ impl ResetPolicy for IncrCpReset {
                         k.r_base,
                         k.r_i,
                         inputs.full_bytes,
-                        inputs.piece_bytes,
                         inputs.next_restore_bytes,
-                        inputs.construct_s_per_byte,
+                        inputs.full_s_per_byte,
                         inputs.restore_s_per_byte,
                     ),
                     Some(k.t_base),
@@ -265,16 +267,16 @@ impl ResetPolicy for IncrCpReset {
     }
 
     fn committed(&mut self, full: bool, cost_s: f64, bytes: u64) {
-        if bytes > 0 && cost_s.is_finite() && cost_s >= 0.0 {
-            push_window(&mut self.construct, cost_s / bytes as f64);
-        }
+        let ok = cost_s.is_finite() && cost_s >= 0.0;
         if full {
+            if ok && bytes > 0 {
+                push_window(&mut self.full_cost, cost_s / bytes as f64);
+            }
             self.full_bytes = Some(bytes as f64);
-            self.piece_bytes = None;
             // A new list: its restore cost starts over.
             self.restore_bytes.clear();
-        } else {
-            self.piece_bytes = Some(bytes as f64);
+        } else if ok {
+            push_window(&mut self.piece_pause, cost_s);
         }
     }
 
@@ -318,8 +320,8 @@ impl IncrCp {
             IncrCpReset {
                 config,
                 full_bytes: None,
-                piece_bytes: None,
-                construct: Vec::new(),
+                full_cost: Vec::new(),
+                piece_pause: Vec::new(),
                 restore: Vec::new(),
                 restore_bytes: Vec::new(),
             },
@@ -353,14 +355,14 @@ mod tests {
         assert_eq!(median(&[]), None);
         assert_eq!(median(&[3.0, 1.0, 100.0]), Some(3.0));
         assert_eq!(median(&[4.0, 1.0, 2.0, 100.0]), Some(3.0));
-        // The same rule from bytes: a 1000-byte base, 100-byte pieces, saving at 1 ms a byte,
-        // restoring at 2 ms a byte: C_base 1, C_incre 0.1, R_base 2, and R_i = 0.002 * B_i,
-        // so a reset once the next piece's restore reads more than 450 bytes.
+        // The same rule from bytes: a 1000-byte base saved at 1 ms a byte, pieces pausing
+        // 0.1 s, restoring at 2 ms a byte: C_base 1, C_incre 0.1, R_base 2, and
+        // R_i = 0.002 * B_i, so a reset once the next piece's restore reads more than 450 bytes.
         let at = |b: f64| {
             reset_costs(&ResetInputs {
                 full_bytes: 1000.0,
-                piece_bytes: 100.0,
-                construct_s_per_byte: 1e-3,
+                full_s_per_byte: 1e-3,
+                piece_pause_s: 0.1,
                 restore_s_per_byte: 2e-3,
                 next_restore_bytes: b,
             })
@@ -374,9 +376,9 @@ mod tests {
         assert!(at(451.0).reset());
     }
 
-    /// Hand-built events: the chain's restore grows linearly by 300 bytes a piece over a
-    /// 1000-byte base; saving costs 1 ms a byte, restoring 2 ms. The strategy resets at the
-    /// first save point whose extrapolated restore passes 450 bytes (the case above).
+    /// Hand-built events: the chain's restore grows over a 1000-byte base whose full pauses
+    /// 1 s, pieces pause 0.1 s, restoring costs 2 ms a byte. The strategy resets at the first
+    /// save point whose extrapolated restore passes 450 bytes (the case above).
     #[test]
     fn resets_when_t_base_beats_t_incre() {
         let mut s = IncrCp::new(IncrCpConfig::every_steps(1)).unwrap();
@@ -408,10 +410,10 @@ mod tests {
         assert!(s.policy().history().is_empty());
     }
 
-    /// A run with every measured figure disturbed: a quarter of the pauses 10x too long, and
-    /// a third of the estimates assuming a read rate 14x off (both ways) for both of their
-    /// figures. Single samples would reset on the spikes; the medians and the exact byte ratio
-    /// give the undisturbed run's decisions.
+    /// A run with every measured figure disturbed: a quarter of the piece pauses and one full
+    /// pause in three 10x too long, and a third of the estimates assuming a read rate 14x off
+    /// (both ways) for both of their figures. Single samples would reset on the spikes; the
+    /// medians and the exact byte ratio give the undisturbed run's decisions.
     #[test]
     fn noisy_measurements_give_the_same_decisions() {
         let run = |noisy: bool| -> Vec<bool> {
@@ -419,12 +421,18 @@ mod tests {
             let mut fulls = Vec::new();
             // Restore bytes over the base by piece: 300, 300, 340, 380, ... (+40 a piece):
             // with the costs above (a reset past 450), a new base after every 5 pieces.
-            let (mut pieces, mut all_pieces) = (0u64, 0u64);
+            let (mut pieces, mut all_pieces, mut all_fulls) = (0u64, 0u64, 0u64);
             for n in 1..=40u64 {
                 let full = matches!(step(&mut s, n)[1], Action::SaveFull { .. });
                 fulls.push(full);
                 let spike = if noisy && n % 4 == 0 { 10.0 } else { 1.0 };
                 if full {
+                    all_fulls += 1;
+                    let spike = if noisy && all_fulls % 3 == 0 {
+                        10.0
+                    } else {
+                        1.0
+                    };
                     done(&mut s, n, 1.0 * spike, 1000);
                     pieces = 0;
                 } else {
