@@ -12,11 +12,24 @@
 //! T_incre = C_incre + R_base + R_i
 //! ```
 //!
-//! and writes a new full when `T_base < T_incre`. `C_base` and `C_incre` are the measured
-//! pauses of the last full and the last piece; `R_base` and the history of `R` (the restore time
-//! of the pieces over the base) come from [`Event::RestoreEstimate`]; `R_i`, the restore time
-//! with one more piece, is extrapolated from the last two estimates (the paper infers it from
-//! the last two recoveries, having observed a near-linear growth).
+//! and writes a new full when `T_base < T_incre`.
+//!
+//! The terms are not single measured timings: on a loaded machine one save's pause or one
+//! read's rate swings by 10x, and a rule fed them resets at random. Each term is bytes times a
+//! per-byte cost ([`reset_costs`], a pure function):
+//! - `C_base = c * F`: `F` the current base's bytes, `c` the median of `pause / bytes` over the
+//!   run's last [`WINDOW`] fulls (a full's pause copies all of its bytes);
+//! - `C_incre`: the median pause of the run's last [`WINDOW`] pieces (a piece's bytes include
+//!   what its extraction round wrote after the pause, so its pause is not per byte);
+//! - `R_base = r * F`, `R_i = r * B_i`: `r` the median of the restore estimates' seconds per
+//!   byte over the last [`WINDOW`] estimates, and `B_i` the bytes restoring the next piece would
+//!   read over the base, extrapolated along the line through the last two (the paper infers
+//!   `R_i` "from the last two recoveries", having observed a near-linear growth). The bytes
+//!   are exact: an estimate's `chain_s / base_s` is the ratio of the bytes the two restores
+//!   read, whatever read rate the estimate assumed.
+//!
+//! So a decision moves only with the bytes (exact) and two medians (stable once a few samples
+//! are in); `docs/DESIGN.md` has the reasoning.
 
 use serde::{Deserialize, Serialize};
 
@@ -36,14 +49,89 @@ pub fn t_incre(c_incre: f64, r_base: f64, r_i: f64) -> f64 {
     c_incre + r_base + r_i
 }
 
-/// `R_i` for the next piece from the history of chain-restore estimates (oldest first): the
-/// line through the last two, never below the last (one estimate: the last).
+/// The next value of a series along the line through its last two values, never below the
+/// last (one value: the last).
 pub fn predict_next(history: &[f64]) -> Option<f64> {
     match history {
         [] => None,
         [last] => Some(*last),
         [.., prev, last] => Some((last + (last - prev)).max(*last)),
     }
+}
+
+/// Samples the per-byte costs are the medians of (the most recent ones).
+pub const WINDOW: usize = 64;
+
+/// The median of `v` (`None` when empty; the mean of the middle two for an even count).
+pub fn median(v: &[f64]) -> Option<f64> {
+    let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if s.is_empty() {
+        return None;
+    }
+    s.sort_by(|a, b| a.total_cmp(b));
+    let m = s.len() / 2;
+    Some(if s.len() % 2 == 1 {
+        s[m]
+    } else {
+        0.5 * (s[m - 1] + s[m])
+    })
+}
+
+/// What one §4.5 decision is computed from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ResetInputs {
+    /// Bytes of the current base (`F`).
+    pub full_bytes: f64,
+    /// Seconds a full blocks training per byte (`c`).
+    pub full_s_per_byte: f64,
+    /// Seconds a piece blocks training (`C_incre`).
+    pub piece_pause_s: f64,
+    /// Seconds a restore takes per byte read (`r`).
+    pub restore_s_per_byte: f64,
+    /// Bytes restoring the next piece would read over the base (`B_i`).
+    pub next_restore_bytes: f64,
+}
+
+/// The terms of one §4.5 decision, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ResetCosts {
+    pub c_base: f64,
+    pub c_incre: f64,
+    pub r_base: f64,
+    pub r_i: f64,
+    pub t_base: f64,
+    pub t_incre: f64,
+}
+
+impl ResetCosts {
+    /// IncrCP §4.5: a new base when `T_base < T_incre`.
+    pub fn reset(&self) -> bool {
+        self.t_base < self.t_incre
+    }
+}
+
+/// IncrCP §4.5's terms from bytes and per-byte costs.
+pub fn reset_costs(i: &ResetInputs) -> ResetCosts {
+    let c_base = i.full_s_per_byte * i.full_bytes;
+    let c_incre = i.piece_pause_s;
+    let r_base = i.restore_s_per_byte * i.full_bytes;
+    let r_i = i.restore_s_per_byte * i.next_restore_bytes;
+    ResetCosts {
+        c_base,
+        c_incre,
+        r_base,
+        r_i,
+        t_base: t_base(c_base, r_base),
+        t_incre: t_incre(c_incre, r_base, r_i),
+    }
+}
+
+/// Push `x` onto a window of the last [`WINDOW`] samples.
+fn push_window(v: &mut Vec<f64>, x: f64) {
+    if v.len() == WINDOW {
+        v.remove(0);
+    }
+    v.push(x);
 }
 
 /// When `incrcp` writes a new base.
@@ -88,10 +176,14 @@ impl IncrCpConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub struct IncrCpReset {
     config: IncrCpConfig,
-    c_base: Option<f64>,
-    c_incre: Option<f64>,
-    r_base: Option<f64>,
-    r_history: Vec<f64>,
+    /// Bytes of the current base.
+    full_bytes: Option<f64>,
+    /// Samples: fulls' pauses per byte, pieces' pauses, restore estimates per byte.
+    full_cost: Vec<f64>,
+    piece_pause: Vec<f64>,
+    restore: Vec<f64>,
+    /// Bytes a restore of each piece since the base reads over the base.
+    restore_bytes: Vec<f64>,
 }
 
 impl ResetPolicy for IncrCpReset {
@@ -124,56 +216,87 @@ impl ResetPolicy for IncrCpReset {
                 None,
             ),
             BaseReset::Auto => {
-                let r_i = predict_next(&self.r_history);
-                let (Some(c_base), Some(c_incre), Some(r_base), Some(r_i)) =
-                    (self.c_base, self.c_incre, self.r_base, r_i)
-                else {
-                    return decision(
-                        false,
-                        "a piece: not every cost of the rule is measured yet".into(),
-                        None,
-                        None,
-                    );
+                let inputs = match (
+                    self.full_bytes,
+                    median(&self.full_cost),
+                    median(&self.piece_pause),
+                    median(&self.restore),
+                    predict_next(&self.restore_bytes),
+                ) {
+                    (Some(f), Some(c), Some(p), Some(r), Some(b)) => ResetInputs {
+                        full_bytes: f,
+                        full_s_per_byte: c,
+                        piece_pause_s: p,
+                        restore_s_per_byte: r,
+                        next_restore_bytes: b,
+                    },
+                    _ => {
+                        return decision(
+                            false,
+                            "a piece: not every cost of the rule is measured yet".into(),
+                            None,
+                            None,
+                        )
+                    }
                 };
-                let tb = t_base(c_base, r_base);
-                let ti = t_incre(c_incre, r_base, r_i);
-                let full = tb < ti;
+                let k = reset_costs(&inputs);
+                let full = k.reset();
                 decision(
                     full,
                     format!(
-                        "T_base {tb:.4}s {} T_incre {ti:.4}s (C_base {c_base:.4}, C_incre \
-                         {c_incre:.4}, R_base {r_base:.4}, R_i {r_i:.4})",
-                        if full { "<" } else { ">=" }
+                        "T_base {:.4}s {} T_incre {:.4}s (C_base {:.4}, C_incre {:.4}, R_base \
+                         {:.4}, R_i {:.4}; F {:.0} B, B_i {:.0} B, c {:.3e} s/B, r {:.3e} \
+                         s/B)",
+                        k.t_base,
+                        if full { "<" } else { ">=" },
+                        k.t_incre,
+                        k.c_base,
+                        k.c_incre,
+                        k.r_base,
+                        k.r_i,
+                        inputs.full_bytes,
+                        inputs.next_restore_bytes,
+                        inputs.full_s_per_byte,
+                        inputs.restore_s_per_byte,
                     ),
-                    Some(tb),
-                    Some(ti),
+                    Some(k.t_base),
+                    Some(k.t_incre),
                 )
             }
         }
     }
 
-    fn committed(&mut self, full: bool, cost_s: f64, _bytes: u64) {
+    fn committed(&mut self, full: bool, cost_s: f64, bytes: u64) {
+        let ok = cost_s.is_finite() && cost_s >= 0.0;
         if full {
-            self.c_base = Some(cost_s);
+            if ok && bytes > 0 {
+                push_window(&mut self.full_cost, cost_s / bytes as f64);
+            }
+            self.full_bytes = Some(bytes as f64);
             // A new list: its restore cost starts over.
-            self.r_history.clear();
-        } else {
-            self.c_incre = Some(cost_s);
+            self.restore_bytes.clear();
+        } else if ok {
+            push_window(&mut self.piece_pause, cost_s);
         }
     }
 
     fn estimate(&mut self, base_s: f64, chain_s: f64) {
-        if base_s.is_finite() && base_s >= 0.0 && chain_s.is_finite() && chain_s >= 0.0 {
-            self.r_base = Some(base_s);
-            self.r_history.push(chain_s);
+        let ok = |x: f64| x.is_finite() && x >= 0.0;
+        let Some(f) = self.full_bytes.filter(|&f| f > 0.0) else {
+            return;
+        };
+        if ok(chain_s) && ok(base_s) && base_s > 0.0 {
+            // Both figures are bytes over one assumed read rate: their ratio is exact.
+            self.restore_bytes.push(f * chain_s / base_s);
+            push_window(&mut self.restore, base_s / f);
         }
     }
 }
 
 impl IncrCpReset {
-    /// The chain-restore estimates since the base.
+    /// Bytes a restore of each piece since the base reads over the base, as estimated.
     pub fn history(&self) -> &[f64] {
-        &self.r_history
+        &self.restore_bytes
     }
 }
 
@@ -196,10 +319,11 @@ impl IncrCp {
             config.every,
             IncrCpReset {
                 config,
-                c_base: None,
-                c_incre: None,
-                r_base: None,
-                r_history: Vec::new(),
+                full_bytes: None,
+                full_cost: Vec::new(),
+                piece_pause: Vec::new(),
+                restore: Vec::new(),
+                restore_bytes: Vec::new(),
             },
         )
     }
@@ -228,31 +352,54 @@ mod tests {
         assert_eq!(predict_next(&[0.2, 0.5]), Some(0.8));
         // A shrinking estimate never predicts below the last one.
         assert_eq!(predict_next(&[0.5, 0.2]), Some(0.2));
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0, 1.0, 100.0]), Some(3.0));
+        assert_eq!(median(&[4.0, 1.0, 2.0, 100.0]), Some(3.0));
+        // The same rule from bytes: a 1000-byte base saved at 1 ms a byte, pieces pausing
+        // 0.1 s, restoring at 2 ms a byte: C_base 1, C_incre 0.1, R_base 2, and
+        // R_i = 0.002 * B_i, so a reset once the next piece's restore reads more than 450 bytes.
+        let at = |b: f64| {
+            reset_costs(&ResetInputs {
+                full_bytes: 1000.0,
+                full_s_per_byte: 1e-3,
+                piece_pause_s: 0.1,
+                restore_s_per_byte: 2e-3,
+                next_restore_bytes: b,
+            })
+        };
+        let k = at(400.0);
+        assert!((k.c_base - 1.0).abs() < 1e-12 && (k.c_incre - 0.1).abs() < 1e-12);
+        assert!((k.r_base - 2.0).abs() < 1e-12 && (k.r_i - 0.8).abs() < 1e-12);
+        assert!((k.t_base - 3.0).abs() < 1e-12 && (k.t_incre - 2.9).abs() < 1e-12);
+        assert!(!k.reset());
+        assert!(!at(449.0).reset());
+        assert!(at(451.0).reset());
     }
 
-    /// Hand-built events: the chain's restore estimate grows linearly by 0.3 s a piece, a
-    /// full costs 1.0 s more than a piece: the strategy resets at the first save point whose
-    /// extrapolated R_i passes the difference.
+    /// Hand-built events: the chain's restore grows over a 1000-byte base whose full pauses
+    /// 1 s, pieces pause 0.1 s, restoring costs 2 ms a byte. The strategy resets at the first
+    /// save point whose extrapolated restore passes 450 bytes (the case above).
     #[test]
     fn resets_when_t_base_beats_t_incre() {
         let mut s = IncrCp::new(IncrCpConfig::every_steps(1)).unwrap();
         assert_eq!(step(&mut s, 1)[1], Action::SaveFull { step: 1 });
-        done(&mut s, 1, 1.1, 1000);
+        done(&mut s, 1, 1.0, 1000);
         // Nothing measured about pieces yet: a piece.
         assert!(matches!(step(&mut s, 2)[1], Action::SavePiece { .. }));
-        done(&mut s, 2, 0.1, 10);
-        s.on(&estimate(2.0, 0.3));
-        // R_i = 0.3 (one estimate): 0.1 + 2 + 0.3 = 2.4 < 3.1.
-        assert!(matches!(step(&mut s, 3)[1], Action::SavePiece { .. }));
-        done(&mut s, 3, 0.1, 10);
+        done(&mut s, 2, 0.1, 100);
         s.on(&estimate(2.0, 0.6));
-        // R_i = 0.9: 3.0 < 3.1, a piece.
+        assert_eq!(s.policy().history(), &[300.0]);
+        // B_i = 300: 0.1 + 2 + 0.6 = 2.7 < 3, a piece.
+        assert!(matches!(step(&mut s, 3)[1], Action::SavePiece { .. }));
+        done(&mut s, 3, 0.1, 100);
+        s.on(&estimate(2.0, 0.6));
+        // B_i = 300 again (no growth): a piece.
         assert!(matches!(step(&mut s, 4)[1], Action::SavePiece { .. }));
-        done(&mut s, 4, 0.1, 10);
-        s.on(&estimate(2.0, 0.9));
-        // R_i = 1.2: 3.3 > 3.1, a new base.
+        done(&mut s, 4, 0.1, 100);
+        s.on(&estimate(2.0, 0.8));
+        // 300 -> 400: B_i = 500 > 450, a new base.
         assert_eq!(step(&mut s, 5)[1], Action::SaveFull { step: 5 });
-        done(&mut s, 5, 1.1, 1000);
+        done(&mut s, 5, 1.0, 1000);
         let d = s.decisions();
         assert_eq!(d.iter().filter(|d| d.full).count(), 1);
         let last = d.last().unwrap();
@@ -261,6 +408,53 @@ mod tests {
         // The new list's history starts over: a piece again.
         assert!(matches!(step(&mut s, 6)[1], Action::SavePiece { .. }));
         assert!(s.policy().history().is_empty());
+    }
+
+    /// A run with every measured figure disturbed: a quarter of the piece pauses and one full
+    /// pause in three 10x too long, and a third of the estimates assuming a read rate 14x off
+    /// (both ways) for both of their figures. Single samples would reset on the spikes; the
+    /// medians and the exact byte ratio give the undisturbed run's decisions.
+    #[test]
+    fn noisy_measurements_give_the_same_decisions() {
+        let run = |noisy: bool| -> Vec<bool> {
+            let mut s = IncrCp::new(IncrCpConfig::every_steps(1)).unwrap();
+            let mut fulls = Vec::new();
+            // Restore bytes over the base by piece: 300, 300, 340, 380, ... (+40 a piece):
+            // with the costs above (a reset past 450), a new base after every 5 pieces.
+            let (mut pieces, mut all_pieces, mut all_fulls) = (0u64, 0u64, 0u64);
+            for n in 1..=40u64 {
+                let full = matches!(step(&mut s, n)[1], Action::SaveFull { .. });
+                fulls.push(full);
+                let spike = if noisy && n % 4 == 0 { 10.0 } else { 1.0 };
+                if full {
+                    all_fulls += 1;
+                    let spike = if noisy && all_fulls % 3 == 0 {
+                        10.0
+                    } else {
+                        1.0
+                    };
+                    done(&mut s, n, 1.0 * spike, 1000);
+                    pieces = 0;
+                } else {
+                    done(&mut s, n, 0.1 * spike, 100);
+                    pieces += 1;
+                    all_pieces += 1;
+                    let bytes = 300.0 + 40.0 * pieces.saturating_sub(2) as f64;
+                    let off = match (noisy, all_pieces % 3, (all_pieces / 3) % 2) {
+                        (true, 0, 0) => 1.0 / 14.0,
+                        (true, 0, _) => 14.0,
+                        _ => 1.0,
+                    };
+                    let rate = 2e-3 * off;
+                    s.on(&estimate(1000.0 * rate, bytes * rate));
+                }
+            }
+            fulls
+        };
+        let clean = run(false);
+        assert_eq!(run(true), clean);
+        let at: Vec<usize> = (0..clean.len()).filter(|&i| clean[i]).collect();
+        assert_eq!(at, vec![0, 6, 12, 18, 24, 30, 36], "{clean:?}");
     }
 
     #[test]

@@ -17,6 +17,10 @@ use crate::format::{FileRef, Part};
 
 /// Parts of one file closer than this are read in one request.
 const COALESCE_GAP: u64 = 64 << 10;
+/// A single span covering at least this share of its file reads the whole file instead (one
+/// sequential read into a buffer that needs no zero-filling first; a bundle with dead sections
+/// below the share keeps its ranged read).
+const WHOLE_FILE_SHARE: f64 = 0.9;
 
 /// The bytes of one part, verified.
 #[derive(Debug, Clone)]
@@ -51,6 +55,15 @@ impl PartData {
 
     pub fn rows(&self) -> &[u8] {
         &self.rows
+    }
+
+    /// The id bytes (8 little-endian bytes an id, ascending: [`read_parts`] checked).
+    pub fn id_bytes(&self) -> &[u8] {
+        &self.ids
+    }
+
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
     }
 }
 
@@ -100,16 +113,33 @@ pub async fn read_parts(
     }
     let t0 = Instant::now();
     let mut data = Vec::with_capacity(spans.len());
-    for &(a, b) in &spans {
-        if b > f.size {
-            return Err(CkptError::Corrupt {
-                file: key.to_string(),
-                reason: format!("a chunk part ends at byte {b}, the file has {}", f.size),
-            });
+    if let Some(&(_, b)) = spans.iter().find(|s| s.1 > f.size) {
+        return Err(CkptError::Corrupt {
+            file: key.to_string(),
+            reason: format!("a chunk part ends at byte {b}, the file has {}", f.size),
+        });
+    }
+    match spans[..] {
+        [(a, b)] if (b - a) as f64 >= WHOLE_FILE_SHARE * f.size as f64 => {
+            // Most of the file: read it whole, in one sequential read.
+            let all = ckpts.store().get(&key).await?;
+            if all.len() as u64 != f.size {
+                return Err(CkptError::Corrupt {
+                    file: key.to_string(),
+                    reason: format!("{} bytes, the piece index says {}", all.len(), f.size),
+                });
+            }
+            data.push(all.slice(a as usize..b as usize));
+            stats.requests += 1;
+            stats.bytes += f.size;
         }
-        data.push(ckpts.store().get_range(&key, a..b).await?);
-        stats.requests += 1;
-        stats.bytes += b - a;
+        _ => {
+            for &(a, b) in &spans {
+                data.push(ckpts.store().get_range(&key, a..b).await?);
+                stats.requests += 1;
+                stats.bytes += b - a;
+            }
+        }
     }
     stats.seconds += t0.elapsed().as_secs_f64();
     let slice = |a: u64, b: u64| -> Bytes {
@@ -136,7 +166,7 @@ pub async fn read_parts(
             rows,
             row_bytes: p.row_bytes as usize,
         };
-        if let Some(w) = (1..d.len()).find(|&i| d.id(i) <= d.id(i - 1)) {
+        if let Some(w) = first_not_ascending(&d.ids) {
             return Err(CkptError::Corrupt {
                 file: key.to_string(),
                 reason: format!("chunk part ids not ascending at row {w}"),
@@ -145,4 +175,17 @@ pub async fn read_parts(
         out.push(d);
     }
     Ok(out)
+}
+
+/// The first row whose id (8 little-endian bytes each in `ids`) is not above the one before.
+fn first_not_ascending(ids: &[u8]) -> Option<usize> {
+    let mut prev: Option<u64> = None;
+    for (i, c) in ids.chunks_exact(8).enumerate() {
+        let id = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+        if prev.is_some_and(|p| id <= p) {
+            return Some(i);
+        }
+        prev = Some(id);
+    }
+    None
 }

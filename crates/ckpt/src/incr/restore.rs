@@ -5,11 +5,19 @@
 //! - Check-N-Run differential: the base, then the target differential;
 //! - IncrCP chunk list: the base, then the rectangle of the target column in the list folded
 //!   from every piece's index (IncrCP §4.2). A row may sit in several chunks of the rectangle
-//!   when an extraction was skipped; the copy of the newest column wins, whatever order the
-//!   files arrive in (a per-row column map), so each row is written once.
+//!   when an extraction was skipped (§4.3: a chunk whose duplicate share is below `R` is left
+//!   whole); the copy of the newest column wins, whatever order the files arrive in (a per-row
+//!   column map), so each row is written once.
 //!
 //! Every file is checked against its manifest entry (chunk-list files against the size and
-//! checksums the piece index recorded).
+//! checksums the piece index recorded; every chunk part against its own crc32c before a byte
+//! of it is written).
+//!
+//! A chunk list's restore costs per byte what a differential's does: each file is read once
+//! (whole, when the rectangle wants most of it), rows go to the shard in runs straight from
+//! the read buffer (no per-row decoding or allocation), and the column map costs one compare
+//! per row on the local index the write needs anyway (a shift, not a division, for a
+//! power-of-two server count). `docs/BENCHMARKS.md` has the profile this came from.
 //!
 //! A state saved by a different number of servers than the writer's shard map has (an elastic
 //! restore) is re-sharded: the base re-shards itself ([`deck::restore_chain`]); then each saved
@@ -564,6 +572,44 @@ pub async fn fold_list(
     Ok(list)
 }
 
+/// Where the rows of one table sit on this server: local index `id / n` for ids `≡ residue
+/// (mod n)`, the division a shift when `n` is a power of two (one server: none at all).
+#[derive(Debug, Clone, Copy)]
+struct Placement {
+    n: u64,
+    shift: Option<u32>,
+    residue: u64,
+}
+
+impl Placement {
+    fn new(map: &ShardMap, table: TableId, server: ServerId) -> Placement {
+        let n = map.servers().max(1) as u64;
+        Placement {
+            n,
+            shift: n.is_power_of_two().then(|| n.trailing_zeros()),
+            residue: map.global_row(table, server, 0) % n,
+        }
+    }
+
+    /// The local index of global row `id`, if this server holds it.
+    #[inline]
+    fn local(&self, id: RowId) -> Option<u64> {
+        let (q, r) = match self.shift {
+            Some(s) => (id >> s, id & (self.n - 1)),
+            None => (id / self.n, id % self.n),
+        };
+        (r == self.residue).then_some(q)
+    }
+}
+
+/// One table of the shard being restored: its placement, its row width, and per local row the
+/// newest column written so far (0: the base).
+struct Target {
+    place: Placement,
+    words: usize,
+    newest: Vec<u32>,
+}
+
 async fn restore_list(
     ckpts: &Checkpoints,
     chain: &IncrChain,
@@ -607,34 +653,35 @@ async fn restore_list(
                 .push((*p, c.table, c.range, c.col, c.round));
         }
     }
-    // Newest columns first: then a row's first copy is its newest and each row is written once
-    // (stale copies left by skipped extractions are read later and lose to the column map).
-    let mut files: Vec<u32> = by_file.keys().copied().collect();
-    let newest_col = |f: &u32| by_file[f].iter().map(|p| p.3).max().unwrap_or(0);
-    files.sort_unstable_by_key(|f| (std::cmp::Reverse(newest_col(f)), *f));
-    // Per table: the column each local row was last written from (0: the base).
-    let mut version: HashMap<u32, Vec<u32>> = HashMap::new();
-    let mut row0_ids: HashMap<(u32, u32, u32), Vec<RowId>> = HashMap::new();
-    let jobs: Vec<_> = files
-        .iter()
-        .map(|&f| {
-            let parts: Vec<Read> = by_file[&f].clone();
-            (list.file(f).file.clone(), parts)
-        })
+    // Newest columns first: then a row's first copy is usually its newest and older copies
+    // (left by skipped extractions, §4.3) are skipped rather than written and overwritten.
+    let mut jobs: Vec<(u32, Vec<Read>)> = by_file.into_iter().collect();
+    jobs.sort_unstable_by_key(|(f, reads)| {
+        (
+            std::cmp::Reverse(reads.iter().map(|r| r.3).max().unwrap_or(0)),
+            *f,
+        )
+    });
+    let jobs: Vec<_> = jobs
+        .into_iter()
+        .map(|(f, reads)| (list.file(f).file.clone(), reads))
         .collect();
+    let mut targets: HashMap<u32, Target> = HashMap::new();
+    let mut row0_ids: HashMap<(u32, u32, u32), Vec<RowId>> = HashMap::new();
     let mut stream = futures_util::stream::iter(jobs)
         .map(|(f, reads)| {
             let ckpts = ckpts.clone();
             async move {
                 let parts: Vec<LivePart> = reads.iter().map(|r| r.0).collect();
                 let mut st = ReadStats::default();
+                // Every part's crc32c is checked here, before a byte of it is written.
                 let data = read_parts(&ckpts, &f, &parts, &mut st).await?;
                 Ok::<_, CkptError>((f, reads, data, st))
             }
         })
         .buffered(4);
-    let mut words: Vec<f32> = Vec::new();
-    let mut ids: Vec<RowId> = Vec::new();
+    // Scratch for parts whose bytes are not aligned for a zero-copy view (or a big-endian host).
+    let (mut id_buf, mut word_buf): (Vec<RowId>, Vec<f32>) = (Vec::new(), Vec::new());
     while let Some(r) = stream.next().await {
         let (f, reads, data, st) = r?;
         out.files += 1;
@@ -642,7 +689,7 @@ async fn restore_list(
         let name = || format!("{}/{}", f.ckpt, f.path);
         for ((p, table, range, ccol, round), d) in reads.into_iter().zip(data) {
             let tid = TableId(table);
-            let v = match version.entry(table) {
+            let t = match targets.entry(table) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(e) => {
                     let (rows, layout) = writer.table_shape(tid).ok_or_else(|| {
@@ -661,60 +708,145 @@ async fn restore_list(
                             ),
                         });
                     }
-                    e.insert(vec![0u32; rows as usize])
+                    e.insert(Target {
+                        place: Placement::new(&map, tid, server),
+                        words: layout.words(),
+                        newest: vec![0u32; rows as usize],
+                    })
                 }
             };
-            ids.clear();
-            words.clear();
-            let w = p.row_bytes as usize / 4;
-            words.reserve(d.len() * w);
-            let mut keep =
-                (newest && round == 0).then(|| row0_ids.entry((table, range, ccol)).or_default());
-            if let Some(k) = keep.as_deref_mut() {
-                k.reserve(d.len());
-            }
-            for i in 0..d.len() {
-                let id = d.id(i);
-                if map.owner(tid, id) != server {
-                    return Err(CkptError::Corrupt {
-                        file: name(),
-                        reason: format!("row {id} of table {table} is not server {}'s", server.0),
-                    });
-                }
-                let local = map.local_index(tid, id) as usize;
-                let slot = v.get_mut(local).ok_or_else(|| CkptError::Corrupt {
+            if d.row_bytes() != t.words * 4 {
+                return Err(CkptError::Corrupt {
                     file: name(),
-                    reason: format!("row {id} of table {table} is outside the shard"),
+                    reason: format!(
+                        "a part of table {table} has rows of {} bytes, the table's are {}",
+                        d.row_bytes(),
+                        t.words * 4
+                    ),
+                });
+            }
+            let ids = le_u64s(d.id_bytes(), &mut id_buf);
+            let words = le_f32s(d.rows(), &mut word_buf);
+            if newest && round == 0 {
+                row0_ids
+                    .entry((table, range, ccol))
+                    .or_default()
+                    .extend_from_slice(ids);
+            }
+            // Rows whose newest column so far is older than this part's are written, in runs
+            // straight from the read buffer; a row a newer column already wrote is skipped (the
+            // newest copy wins whatever order the files arrive in).
+            let w = t.words;
+            let mut run = 0;
+            for (i, &id) in ids.iter().enumerate() {
+                let local = t.place.local(id).ok_or_else(|| CkptError::Corrupt {
+                    file: name(),
+                    reason: format!("row {id} of table {table} is not server {}'s", server.0),
                 })?;
-                // The newest column's copy wins, whatever order files arrive in.
+                let slot = t
+                    .newest
+                    .get_mut(local as usize)
+                    .ok_or_else(|| CkptError::Corrupt {
+                        file: name(),
+                        reason: format!("row {id} of table {table} is outside the shard"),
+                    })?;
                 if *slot < ccol {
                     *slot = ccol;
-                    ids.push(id);
-                    let at = words.len();
-                    words.resize(at + w, 0.0);
-                    copy_le_into_f32s(d.row(i), &mut words[at..]);
-                }
-                if let Some(k) = keep.as_deref_mut() {
-                    k.push(id);
+                } else {
+                    if run < i {
+                        writer.write_rows(tid, &ids[run..i], &words[run * w..i * w])?;
+                        out.rows_written += (i - run) as u64;
+                    }
+                    run = i + 1;
                 }
             }
-            if !ids.is_empty() {
-                writer.write_rows(tid, &ids, &words)?;
-                out.rows_written += ids.len() as u64;
+            if run < ids.len() {
+                writer.write_rows(tid, &ids[run..], &words[run * w..])?;
+                out.rows_written += (ids.len() - run) as u64;
             }
         }
     }
     if newest {
         // The Bloom filters are built later, by the next extraction round that needs them
         // (off the recovery's critical path): keep the ids.
-        out.row0_ids = row0_ids
-            .into_iter()
-            .map(|((t, r, c), mut v)| {
-                v.sort_unstable();
-                ((t, r, c), v)
-            })
-            .collect();
+        out.row0_ids = row0_ids.into_iter().collect();
         out.list = Some(list);
     }
     Ok(())
+}
+
+/// `bytes` (8 little-endian bytes each) as ids: a view of the bytes themselves when they are
+/// aligned on a little-endian host, else decoded into `buf`.
+fn le_u64s<'a>(bytes: &'a [u8], buf: &'a mut Vec<u64>) -> &'a [u64] {
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: every bit pattern is a valid u64; `align_to` only hands out the aligned
+        // middle, used only when it is the whole slice.
+        let (pre, mid, post) = unsafe { bytes.align_to::<u64>() };
+        if pre.is_empty() && post.is_empty() {
+            return mid;
+        }
+    }
+    buf.clear();
+    buf.extend(
+        bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))),
+    );
+    buf
+}
+
+/// `bytes` (4 little-endian bytes each) as f32 words, as [`le_u64s`].
+fn le_f32s<'a>(bytes: &'a [u8], buf: &'a mut Vec<f32>) -> &'a [f32] {
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: every bit pattern is a valid f32; as in `le_u64s`.
+        let (pre, mid, post) = unsafe { bytes.align_to::<f32>() };
+        if pre.is_empty() && post.is_empty() {
+            return mid;
+        }
+    }
+    buf.clear();
+    buf.resize(bytes.len() / 4, 0.0);
+    copy_le_into_f32s(&bytes[..buf.len() * 4], buf);
+    buf
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The restore's placement (a shift for a power of two) is the shard map's owner and
+    /// local index, for every server count, table and row tried.
+    #[test]
+    fn placement_agrees_with_the_shard_map() {
+        for n in 1..=6u32 {
+            let map = ShardMap::new(n).unwrap();
+            for t in 0..5u32 {
+                for s in 0..n {
+                    let (table, server) = (TableId(t), ServerId(s));
+                    let p = Placement::new(&map, table, server);
+                    for id in 0..100u64 {
+                        let want =
+                            (map.owner(table, id) == server).then(|| map.local_index(table, id));
+                        assert_eq!(p.local(id), want, "n {n} table {t} server {s} row {id}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn unaligned_bytes_are_decoded() {
+        let ids: Vec<u64> = vec![3, 9, 1 << 40];
+        let mut b = vec![0u8];
+        b.extend(ids.iter().flat_map(|i| i.to_le_bytes()));
+        let mut buf = Vec::new();
+        assert_eq!(le_u64s(&b[1..], &mut buf), &ids[..]);
+        let words = [1.5f32, -2.0, 7.25];
+        let mut b = vec![0u8];
+        b.extend(words.iter().flat_map(|w| w.to_le_bytes()));
+        let mut buf = Vec::new();
+        assert_eq!(le_f32s(&b[1..], &mut buf), &words[..]);
+    }
 }

@@ -463,7 +463,7 @@ proptest! {
     /// baselines: every restore equals the live state it saved, bit for bit.
     #[test]
     fn newest_wins_for_every_restore(
-        servers in 1u32..=2,
+        servers in 1u32..=3,
         spec in spec_strategy(),
         chunk_rows in prop_oneof![Just(2usize), Just(7), Just(1000)],
         seed in any::<u64>(),
