@@ -216,13 +216,7 @@ pub async fn restore_server(
         }
     }
     let server = writer.server();
-    let t0 = Instant::now();
-    let stats = deck::restore_chain(ckpts, std::slice::from_ref(&chain.base), writer).await?;
-    let mut out = RestoreOutcome {
-        base_s: t0.elapsed().as_secs_f64(),
-        base_bytes: stats.bytes_read,
-        ..Default::default()
-    };
+    let mut out = restore_base(ckpts, chain, writer).await?;
     if chain.target == 0 {
         return Ok(out);
     }
@@ -246,6 +240,21 @@ pub async fn restore_server(
     Ok(out)
 }
 
+/// The chain's base (a full, restored as DECK restores one), timed.
+async fn restore_base(
+    ckpts: &Checkpoints,
+    chain: &IncrChain,
+    writer: &mut dyn ShardWriter,
+) -> Result<RestoreOutcome> {
+    let t0 = Instant::now();
+    let stats = deck::restore_chain(ckpts, std::slice::from_ref(&chain.base), writer).await?;
+    Ok(RestoreOutcome {
+        base_s: t0.elapsed().as_secs_f64(),
+        base_bytes: stats.bytes_read,
+        ..Default::default()
+    })
+}
+
 /// [`restore_server`] of a state saved by a different number of servers than `map` has.
 async fn restore_resharded(
     ckpts: &Checkpoints,
@@ -253,14 +262,8 @@ async fn restore_resharded(
     writer: &mut dyn ShardWriter,
     map: ShardMap,
 ) -> Result<RestoreOutcome> {
-    let t0 = Instant::now();
     // The base re-shards itself and checks that the writer's shard came back whole.
-    let stats = deck::restore_chain(ckpts, std::slice::from_ref(&chain.base), writer).await?;
-    let mut out = RestoreOutcome {
-        base_s: t0.elapsed().as_secs_f64(),
-        base_bytes: stats.bytes_read,
-        ..Default::default()
-    };
+    let mut out = restore_base(ckpts, chain, writer).await?;
     if chain.target == 0 {
         return Ok(out);
     }
