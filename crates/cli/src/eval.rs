@@ -8,6 +8,10 @@
 //! every `--holdout-every`-th line of the TSV data. Pooling sums a bag's rows in bag order and
 //! the dense part's results do not depend on the thread count, so on a run's final checkpoint
 //! this is the run's own end-of-run evaluation, bit for bit.
+//!
+//! A store written by a saving `ftrec run` carries the run's job record: its preset, seed,
+//! batch, held-out samples, optimizers and data are the defaults of every flag not given, so
+//! `ftrec eval --ckpt STORE` alone evaluates the run's model on the run's held-out set.
 
 use std::path::PathBuf;
 
@@ -16,7 +20,7 @@ use clap::Args;
 use ftrec_ckpt::location::LocationOptions;
 use ftrec_core::Optimizer;
 use ftrec_worker::local::{open_source, Evaluation};
-use ftrec_worker::LocalTrainer;
+use ftrec_worker::{DataSpec, LocalTrainer};
 use serde::Serialize;
 
 use crate::flags::{DataArgs, LayoutArg, OptimizerArgs, TrainArgs};
@@ -33,11 +37,11 @@ pub struct EvalArgs {
     #[arg(long, value_name = "STEP|ID")]
     pub at: Option<String>,
     /// Preset the run trained (without --data: also the synthetic held-out set) [default: the
-    /// preset whose tables and MLP the checkpoint has].
+    /// job record's, else the preset whose tables and MLP the checkpoint has].
     #[arg(long)]
     pub preset: Option<String>,
     /// Criteo TSV data the run trained on (a file, several, or a directory); its held-out lines
-    /// are the evaluation set.
+    /// are the evaluation set [default: the job record's data, if the run read TSV data].
     #[arg(long, num_args = 1..)]
     pub data: Vec<PathBuf>,
     /// Layout of --data.
@@ -46,27 +50,30 @@ pub struct EvalArgs {
     /// The run's cap on every table's rows (categoricals hashed into it; --data only).
     #[arg(long, value_name = "N")]
     pub rows_per_table: Option<u64>,
-    /// Skip and count malformed held-out lines instead of stopping at the first one.
+    /// Skip and count malformed held-out lines instead of stopping at the first one [default:
+    /// as the job record's data does].
     #[arg(long)]
     pub skip_malformed: bool,
-    /// Every N-th line of --data is held out (as the run held it out).
+    /// Every N-th line of the data is held out [default: as the run held it out].
     #[arg(long, value_name = "N")]
     pub holdout_every: Option<u64>,
-    /// Held-out samples [default: the preset's, as the run's].
+    /// Held-out samples [default: the job record's, else the preset's].
     #[arg(long, value_name = "N")]
     pub eval_samples: Option<usize>,
-    /// The run's batch size; evaluation batches are min(batch, 8192) [default: the preset's].
+    /// The run's batch size; evaluation batches are min(batch, 8192) [default: the job
+    /// record's, else the preset's].
     #[arg(long)]
     pub batch: Option<usize>,
-    /// The run's seed (the synthetic held-out samples depend on it).
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    /// The run's seed (the synthetic held-out samples depend on it) [default: the job
+    /// record's, else 1].
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// The run's embedding optimizer, checked against the rows' state width [default: the
-    /// preset's].
+    /// job record's, else the preset's].
     #[arg(long)]
     pub optimizer: Option<String>,
-    /// The run's dense optimizer, checked against the dense state width [default: the
-    /// preset's].
+    /// The run's dense optimizer, checked against the dense state width [default: the job
+    /// record's, else the preset's].
     #[arg(long)]
     pub dense_optimizer: Option<String>,
     /// Matrix-kernel threads (results do not depend on it) [default: all cores].
@@ -104,26 +111,62 @@ pub struct EvalReport {
 
 pub fn run(a: EvalArgs) -> Result<()> {
     let at = restored::parse_at(a.at.as_deref())?;
+    let mut state = restored::restore(&a.ckpt, &LocationOptions::default(), &at)?;
+    eprintln!("ftrec eval: restored {}", restored::describe(&state));
+    let job = restored::job_defaults(&a.ckpt, &LocationOptions::default())?;
+    if let Some(j) = &job {
+        eprintln!(
+            "ftrec eval: the store's job record gives {} (flags given override it)",
+            j.describe()
+        );
+    }
+    // The run's TSV data from the record, when no --data is given.
+    let mut job_tsv = match &job {
+        Some(j) if a.data.is_empty() => j.data.clone(),
+        _ => None,
+    };
     if a.data.is_empty() {
-        for (flag, set) in [
-            ("--rows-per-table", a.rows_per_table.is_some()),
-            ("--skip-malformed", a.skip_malformed),
-            ("--holdout-every", a.holdout_every.is_some()),
-        ] {
+        let mut not_for = vec![("--rows-per-table", a.rows_per_table.is_some())];
+        if job_tsv.is_none() {
+            not_for.push(("--skip-malformed", a.skip_malformed));
+            not_for.push(("--holdout-every", a.holdout_every.is_some()));
+        }
+        for (flag, set) in not_for {
             if set {
-                bail!("{flag} applies to --data only");
+                bail!(
+                    "{flag} applies to --data only{}",
+                    if job_tsv.is_some() {
+                        " (the job record's data has the run's tables)"
+                    } else {
+                        ""
+                    }
+                );
             }
         }
     }
-    let mut state = restored::restore(&a.ckpt, &LocationOptions::default(), &at)?;
-    eprintln!("ftrec eval: restored {}", restored::describe(&state));
+    if let Some(t) = &mut job_tsv {
+        if let Some(h) = a.holdout_every {
+            t.holdout_every = h;
+        }
+        t.skip_malformed |= a.skip_malformed;
+    }
+    let sparse_name = a
+        .optimizer
+        .clone()
+        .or(job.as_ref().map(|j| j.sparse.to_string()));
+    let dense_name = a
+        .dense_optimizer
+        .clone()
+        .or(job.as_ref().map(|j| j.dense.to_string()));
     let shape = restored::shape(
         &state,
-        a.preset.as_deref(),
-        a.optimizer.as_deref(),
-        a.dense_optimizer.as_deref(),
+        a.preset
+            .as_deref()
+            .or(job.as_ref().map(|j| j.preset.as_str())),
+        sparse_name.as_deref(),
+        dense_name.as_deref(),
     )?;
-    if a.data.is_empty() && !shape.preset_tables {
+    if a.data.is_empty() && job_tsv.is_none() && !shape.preset_tables {
         bail!(
             "the checkpoint's tables are not preset {}'s (a model of TSV data?): give the run's \
              --data, or the --preset whose synthetic data it trained on",
@@ -136,20 +179,25 @@ pub fn run(a: EvalArgs) -> Result<()> {
             data: a.data.clone(),
             layout: (!a.data.is_empty()).then_some(a.layout),
             rows_per_table: a.rows_per_table,
-            skip_malformed: a.skip_malformed,
-            holdout_every: a.holdout_every,
+            // Without --data these went into the job record's data above.
+            skip_malformed: a.skip_malformed && !a.data.is_empty(),
+            holdout_every: a.holdout_every.filter(|_| !a.data.is_empty()),
             epochs: None,
         },
         steps: None,
-        batch: a.batch,
+        batch: a.batch.or(job.as_ref().map(|j| j.batch)),
         opt: OptimizerArgs::default(),
-        seed: a.seed,
+        seed: a.seed.or(job.as_ref().map(|j| j.seed)).unwrap_or(1),
         deterministic: true,
         threads: a.threads,
-        eval_samples: a.eval_samples,
+        eval_samples: a.eval_samples.or(job.as_ref().map(|j| j.eval_samples)),
         json: None,
     };
     let mut cfg = crate::train::config_from_args(&train)?;
+    if let Some(t) = job_tsv {
+        cfg.preset.table_rows = t.table_rows.clone();
+        cfg.data = DataSpec::Tsv(t);
+    }
     if cfg.preset.table_rows != shape.preset.table_rows {
         bail!(
             "the data's tables ({} rows{}) are not the checkpoint's ({} rows): give the run's \
@@ -194,10 +242,9 @@ pub fn run(a: EvalArgs) -> Result<()> {
         chain: state.chain.iter().map(|c| c.to_string()).collect(),
         servers: state.servers,
         preset: cfg.preset.name.clone(),
-        data: if a.data.is_empty() {
-            "synthetic"
-        } else {
-            "tsv"
+        data: match cfg.data {
+            DataSpec::Synthetic => "synthetic",
+            DataSpec::Tsv(_) => "tsv",
         }
         .into(),
         seed: cfg.seed,

@@ -57,16 +57,16 @@ pub struct ExportArgs {
     /// Overwrite --out if it exists.
     #[arg(long)]
     pub force: bool,
-    /// Preset the run trained (its MLP widths name the dense layers) [default: the preset
-    /// whose tables and MLP the checkpoint has].
+    /// Preset the run trained (its MLP widths name the dense layers) [default: the store's job
+    /// record's, else the preset whose tables and MLP the checkpoint has].
     #[arg(long)]
     pub preset: Option<String>,
-    /// The run's embedding optimizer, checked against the rows' state width [default: the
-    /// preset's].
+    /// The run's embedding optimizer, checked against the rows' state width [default: the job
+    /// record's, else the preset's].
     #[arg(long)]
     pub optimizer: Option<String>,
-    /// The run's dense optimizer, checked against the dense state width [default: the
-    /// preset's].
+    /// The run's dense optimizer, checked against the dense state width [default: the job
+    /// record's, else the preset's].
     #[arg(long)]
     pub dense_optimizer: Option<String>,
 }
@@ -132,11 +132,22 @@ pub fn run(a: ExportArgs) -> Result<()> {
     let at = restored::parse_at(a.at.as_deref())?;
     let state = restored::restore(&a.store.location, &a.store.options(), &at)?;
     eprintln!("ftrec ckpt export: restored {}", restored::describe(&state));
+    let job = restored::job_defaults(&a.store.location, &a.store.options())?;
+    let sparse_name = a
+        .optimizer
+        .clone()
+        .or(job.as_ref().map(|j| j.sparse.to_string()));
+    let dense_name = a
+        .dense_optimizer
+        .clone()
+        .or(job.as_ref().map(|j| j.dense.to_string()));
     let shape = restored::shape(
         &state,
-        a.preset.as_deref(),
-        a.optimizer.as_deref(),
-        a.dense_optimizer.as_deref(),
+        a.preset
+            .as_deref()
+            .or(job.as_ref().map(|j| j.preset.as_str())),
+        sparse_name.as_deref(),
+        dense_name.as_deref(),
     )?;
     let cfg = DlrmConfig::from_preset(&shape.preset);
     let layout = state

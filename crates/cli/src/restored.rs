@@ -3,7 +3,8 @@
 //!
 //! The store's manifests say the tables (rows, dim, optimizer words per row), the dense values
 //! and their optimizer words per block, and how many servers saved them; they do not say the
-//! preset (the MLP widths), the seed or the optimizer kinds. Those come from flags, or are
+//! preset (the MLP widths), the seed or the optimizer kinds. Those come from flags, else from
+//! the store's job record when a saving `ftrec run` wrote one ([`job_defaults`]), else are
 //! inferred (the preset whose tables, dim and dense size fit; the preset's optimizers), and
 //! are checked against what the checkpoint holds: a mismatch is one error line naming both.
 
@@ -13,7 +14,64 @@ use ftrec_ckpt::location::{self, LocationOptions};
 use ftrec_ckpt::model_state::{restore_model, ModelState};
 use ftrec_ckpt::{CheckpointId, Checkpoints};
 use ftrec_core::{DenseParams, Optimizer, OptimizerKind, Preset, DENSE_BLOCK};
+use ftrec_data::tsv::TsvConfig;
 use ftrec_model::DlrmConfig;
+
+/// What a store's job record says about the run that wrote it: the defaults of `ftrec eval`
+/// and `ftrec ckpt export` for the flags not given.
+#[derive(Debug, Clone)]
+pub struct JobDefaults {
+    pub preset: String,
+    pub seed: u64,
+    pub batch: usize,
+    pub eval_samples: usize,
+    pub sparse: OptimizerKind,
+    pub dense: OptimizerKind,
+    /// The run's TSV data (`None`: the preset's synthetic data).
+    pub data: Option<TsvConfig>,
+}
+
+impl JobDefaults {
+    /// One line for the log: what the record supplies.
+    pub fn describe(&self) -> String {
+        format!(
+            "preset {}, seed {}, batch {}, {} held-out samples, optimizers {}/{}, {}",
+            self.preset,
+            self.seed,
+            self.batch,
+            self.eval_samples,
+            self.sparse,
+            self.dense,
+            if self.data.is_some() {
+                "TSV data"
+            } else {
+                "synthetic data"
+            }
+        )
+    }
+}
+
+/// The job record of the store at `location`, if it has one (a damaged one is an error).
+pub fn job_defaults(location: &str, opts: &LocationOptions) -> Result<Option<JobDefaults>> {
+    let opts = opts.clone().or(LocationOptions::from_env());
+    let Some(job) = ftrec_cluster::job::read_if_any(location, &opts)? else {
+        return Ok(None);
+    };
+    let invocation =
+        ftrec_cluster::RunConfig::new(Preset::tiny(), Default::default(), Default::default());
+    let cfg = job
+        .config(&invocation)
+        .with_context(|| format!("the job record of {location}"))?;
+    Ok(Some(JobDefaults {
+        preset: cfg.preset.name.clone(),
+        seed: cfg.seed,
+        batch: cfg.batch,
+        eval_samples: cfg.eval_samples,
+        sparse: cfg.sparse_optimizer.kind,
+        dense: cfg.dense_optimizer.kind,
+        data: cfg.data,
+    }))
+}
 
 /// `--at`: a step (exactly that step's state) or a checkpoint id; none: `CURRENT`.
 pub fn parse_at(at: Option<&str>) -> Result<RestoreAt> {

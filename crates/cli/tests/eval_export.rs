@@ -110,6 +110,25 @@ fn assert_eval_matches_run(strategy: &[&str]) {
     let cur = eval(&store, None, &dir.path().join("cur.json"));
     assert_eq!(cur["auc"], ev["auc"]);
     assert_eq!(cur["checkpoint"], ev["checkpoint"]);
+    // With no flag at all: the run's seed, batch and held-out samples (none of them the
+    // defaults) come from the store's job record.
+    let bare = eval_bare(&store, &dir.path().join("bare.json"));
+    assert_eq!(bare["seed"], 3, "{bare}");
+    assert_eq!(bare["eval_samples"], run["eval_samples"], "{bare}");
+    assert_eq!(bare["auc"], ev["auc"], "{strategy:?}");
+    assert_eq!(bare["logloss"], ev["logloss"], "{strategy:?}");
+}
+
+/// `ftrec eval --ckpt STORE` and nothing else.
+fn eval_bare(store: &Path, json: &Path) -> serde_json::Value {
+    let mut cmd = ftrec();
+    cmd.arg("eval")
+        .arg("--ckpt")
+        .arg(store)
+        .arg("--json")
+        .arg(json);
+    succeed(&mut cmd);
+    read_json(json)
 }
 
 #[test]
@@ -260,6 +279,81 @@ fn eval_on_tsv_data_uses_its_holdout_lines() {
         .output()
         .unwrap();
     assert!(one_error_line(&out).contains("--rows-per-table"));
+}
+
+/// A run on TSV data records its data in the job record: `ftrec eval --ckpt STORE` alone
+/// evaluates on the run's held-out lines and gives the run's own AUC, bit for bit.
+#[test]
+fn eval_of_a_tsv_run_s_store_needs_no_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    succeed(
+        ftrec()
+            .args([
+                "data",
+                "synth",
+                "--preset",
+                "tiny",
+                "--samples",
+                "600",
+                "--out",
+            ])
+            .arg(&data),
+    );
+    let tsv = data.join("train.tsv");
+    let store = dir.path().join("store");
+    let json = dir.path().join("run.json");
+    succeed(
+        ftrec()
+            .args(["run", "--preset", "tiny", "--sync", "--servers", "2"])
+            .args(["--workers", "2", "--steps", "6", "--batch", "16", "--data"])
+            .arg(&tsv)
+            .args(["--rows-per-table", "300", "--holdout-every", "5"])
+            .args([
+                "--strategy",
+                "full",
+                "--ckpt-every-steps",
+                "3",
+                "--work-dir",
+            ])
+            .arg(dir.path().join("work"))
+            .arg("--store")
+            .arg(&store)
+            .arg("--json")
+            .arg(&json),
+    );
+    let run = read_json(&json);
+    let ev = eval_bare(&store, &dir.path().join("eval.json"));
+    assert_eq!(ev["data"], "tsv", "{ev}");
+    assert_eq!(ev["eval_samples"], run["eval_samples"], "{ev}");
+    assert_eq!(ev["eval_samples"], 120, "every 5th of 600 lines");
+    assert_eq!(ev["auc"], run["auc"], "{ev}");
+    assert_eq!(ev["logloss"], run["logloss"], "{ev}");
+    assert_eq!(ev["model_digest"], run["model_digest"]);
+    // A flag still overrides the record: another held-out share is another evaluation set.
+    let json = dir.path().join("other.json");
+    succeed(
+        ftrec()
+            .arg("eval")
+            .arg("--ckpt")
+            .arg(&store)
+            .args(["--holdout-every", "3", "--json"])
+            .arg(&json),
+    );
+    assert_eq!(
+        read_json(&json)["eval_samples"],
+        200,
+        "every 3rd of 600 lines"
+    );
+    // The record's data has the run's tables: no cap to give without --data.
+    let out = ftrec()
+        .arg("eval")
+        .arg("--ckpt")
+        .arg(&store)
+        .args(["--rows-per-table", "300"])
+        .output()
+        .unwrap();
+    assert!(one_error_line(&out).contains("--rows-per-table applies to --data only"));
 }
 
 fn one_error_line(out: &std::process::Output) -> String {

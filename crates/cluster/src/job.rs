@@ -130,6 +130,24 @@ pub(crate) async fn write(ckpts: &Checkpoints, cfg: &RunConfig) -> Result<(), Cl
 /// The job recorded in the store at `location` (S3 settings from the AWS environment
 /// variables). A store without a record, or a damaged record, is an error naming it.
 pub fn read(location: &str) -> Result<Job, ClusterError> {
+    let (file, job) = read_at(location, &LocationOptions::from_env())?;
+    job.ok_or_else(|| {
+        ClusterError::Checkpoint(format!(
+            "{location} has no job record ({file}): it was not written by a saving \
+             `ftrec run` (strategies full, deck, cpr, incrcp, incremental, cnr)"
+        ))
+    })
+}
+
+/// The job recorded in the store at `location`, or `None` when it has no record (a store
+/// written by a benchmark or by a build from before job records). A damaged record is an
+/// error naming it. `opts`: the store's settings (S3 endpoint, credentials).
+pub fn read_if_any(location: &str, opts: &LocationOptions) -> Result<Option<Job>, ClusterError> {
+    Ok(read_at(location, opts)?.1)
+}
+
+/// The record's file name and the record, if any.
+fn read_at(location: &str, opts: &LocationOptions) -> Result<(String, Option<Job>), ClusterError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -138,17 +156,17 @@ pub fn read(location: &str) -> Result<Job, ClusterError> {
             source: e,
         })?;
     rt.block_on(async {
-        let store = location::open(location, &LocationOptions::from_env())
+        let store = location::open(location, opts)
             .await
             .map_err(|e| ClusterError::Checkpoint(format!("store {location}: {e}")))?;
         let ckpts = Checkpoints::new(store);
         let file = format!("{location}/{}", ckpts.job_key().as_str());
         match ckpts.read_job().await {
-            Ok(Some(rec)) => Job::from_record(&file, &rec),
-            Ok(None) => Err(ClusterError::Checkpoint(format!(
-                "{location} has no job record ({file}): it was not written by a saving \
-                 `ftrec run` (strategies full, deck, cpr, incrcp, incremental, cnr)"
-            ))),
+            Ok(Some(rec)) => {
+                let job = Job::from_record(&file, &rec)?;
+                Ok((file, Some(job)))
+            }
+            Ok(None) => Ok((file, None)),
             Err(e) => Err(ClusterError::Checkpoint(format!("job record: {e}"))),
         }
     })
