@@ -150,21 +150,12 @@ pub fn run(a: EvalArgs) -> Result<()> {
         }
         t.skip_malformed |= a.skip_malformed;
     }
-    let sparse_name = a
-        .optimizer
-        .clone()
-        .or(job.as_ref().map(|j| j.sparse.to_string()));
-    let dense_name = a
-        .dense_optimizer
-        .clone()
-        .or(job.as_ref().map(|j| j.dense.to_string()));
-    let shape = restored::shape(
+    let shape = restored::shape_with_job(
         &state,
-        a.preset
-            .as_deref()
-            .or(job.as_ref().map(|j| j.preset.as_str())),
-        sparse_name.as_deref(),
-        dense_name.as_deref(),
+        job.as_ref(),
+        a.preset.as_deref(),
+        a.optimizer.as_deref(),
+        a.dense_optimizer.as_deref(),
     )?;
     if a.data.is_empty() && job_tsv.is_none() && !shape.preset_tables {
         bail!(

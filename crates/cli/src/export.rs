@@ -133,21 +133,12 @@ pub fn run(a: ExportArgs) -> Result<()> {
     let state = restored::restore(&a.store.location, &a.store.options(), &at)?;
     eprintln!("ftrec ckpt export: restored {}", restored::describe(&state));
     let job = restored::job_defaults(&a.store.location, &a.store.options())?;
-    let sparse_name = a
-        .optimizer
-        .clone()
-        .or(job.as_ref().map(|j| j.sparse.to_string()));
-    let dense_name = a
-        .dense_optimizer
-        .clone()
-        .or(job.as_ref().map(|j| j.dense.to_string()));
-    let shape = restored::shape(
+    let shape = restored::shape_with_job(
         &state,
-        a.preset
-            .as_deref()
-            .or(job.as_ref().map(|j| j.preset.as_str())),
-        sparse_name.as_deref(),
-        dense_name.as_deref(),
+        job.as_ref(),
+        a.preset.as_deref(),
+        a.optimizer.as_deref(),
+        a.dense_optimizer.as_deref(),
     )?;
     let cfg = DlrmConfig::from_preset(&shape.preset);
     let layout = state

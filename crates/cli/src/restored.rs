@@ -223,6 +223,28 @@ pub fn shape(
     })
 }
 
+/// [`shape`] with every setting not given by a flag taken from the job record `job`, if any.
+pub fn shape_with_job(
+    state: &ModelState,
+    job: Option<&JobDefaults>,
+    preset: Option<&str>,
+    sparse: Option<&str>,
+    dense: Option<&str>,
+) -> Result<Shape> {
+    let sparse = sparse
+        .map(str::to_string)
+        .or(job.map(|j| j.sparse.to_string()));
+    let dense = dense
+        .map(str::to_string)
+        .or(job.map(|j| j.dense.to_string()));
+    shape(
+        state,
+        preset.or(job.map(|j| j.preset.as_str())),
+        sparse.as_deref(),
+        dense.as_deref(),
+    )
+}
+
 /// The dense parameters of `state` with `opt`'s state layout (checked by [`shape`]).
 pub fn dense_params(state: &mut ModelState, opt: &Optimizer) -> Result<DenseParams> {
     let mut d = DenseParams::new(std::mem::take(&mut state.dense_values), opt);

@@ -237,21 +237,7 @@ fn eval_on_tsv_data_uses_its_holdout_lines() {
         &store,
         &["--strategy", "full", "--ckpt-every-steps", "4"],
     );
-    let data = dir.path().join("data");
-    succeed(
-        ftrec()
-            .args([
-                "data",
-                "synth",
-                "--preset",
-                "tiny",
-                "--samples",
-                "400",
-                "--out",
-            ])
-            .arg(&data),
-    );
-    let tsv = data.join("train.tsv");
+    let tsv = synth_tsv(dir.path(), 400);
     let json = dir.path().join("tsv.json");
     succeed(
         ftrec()
@@ -286,21 +272,7 @@ fn eval_on_tsv_data_uses_its_holdout_lines() {
 #[test]
 fn eval_of_a_tsv_run_s_store_needs_no_flags() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    succeed(
-        ftrec()
-            .args([
-                "data",
-                "synth",
-                "--preset",
-                "tiny",
-                "--samples",
-                "600",
-                "--out",
-            ])
-            .arg(&data),
-    );
-    let tsv = data.join("train.tsv");
+    let tsv = synth_tsv(dir.path(), 600);
     let store = dir.path().join("store");
     let json = dir.path().join("run.json");
     succeed(
@@ -354,6 +326,19 @@ fn eval_of_a_tsv_run_s_store_needs_no_flags() {
         .output()
         .unwrap();
     assert!(one_error_line(&out).contains("--rows-per-table applies to --data only"));
+}
+
+/// `samples` lines of the tiny preset's synthetic data as a TSV file under `dir`.
+fn synth_tsv(dir: &Path, samples: u32) -> std::path::PathBuf {
+    let data = dir.join("data");
+    succeed(
+        ftrec()
+            .args(["data", "synth", "--preset", "tiny", "--samples"])
+            .arg(samples.to_string())
+            .arg("--out")
+            .arg(&data),
+    );
+    data.join("train.tsv")
 }
 
 fn one_error_line(out: &std::process::Output) -> String {
