@@ -232,7 +232,10 @@ fn matrix(s: Strat, phase: &str, role: &str) -> Cell {
 
         ("recovery", "server") => k(&["server=0@step=4", "server=1@phase=recovery"]),
         ("recovery", "worker") => k(&["server=1@step=4", "worker=0@phase=recovery"]),
-        ("recovery", "merger") => k(&["server=1@step=10", "merger=0@phase=recovery"]),
+        ("recovery", "merger") => Na(
+            "a recovery stops the merger first (the save in flight and the merge pass are \
+             dropped): no merger runs during a recovery",
+        ),
         ("recovery", "replacement") => k(&["server=1@step=4", "server=1@phase=recovery"]),
 
         ("merge", "server") => k(&["server=1@phase=merge"]),
@@ -391,7 +394,10 @@ fn run_cell(s: Strat, kills: &[String]) -> Result<(), String> {
         return Err(format!("ended after {} of {STEPS} steps", report.steps));
     }
     if let Some(f) = report.failures.iter().find(|f| f.recovered_s.is_none()) {
-        return Err(format!("{} {} lost after step {} never recovered", f.role, f.id, f.step));
+        return Err(format!(
+            "{} {} lost after step {} never recovered",
+            f.role, f.id, f.step
+        ));
     }
     // A worker holds no model state: a run that lost no server is exact for every strategy.
     if s.kind == Kind::Approximate && server_lost {
@@ -455,13 +461,13 @@ fn run_one(s: Strat, phase: &str, role: &str) -> Outcome {
 fn kill_matrix_subset() {
     let cells = [
         ("none", "step", "server"),
-        ("full", "recovery", "replacement"),
+        ("full", "recovery", "worker"),
         ("deck", "merge", "merger"),
         ("ecrec", "commit", "server"),
-        ("cpr", "step", "server"),
+        ("cpr", "recovery", "server"),
         ("incrcp", "piece-write", "server"),
         ("incremental", "checkpoint-write", "worker"),
-        ("cnr", "step", "replacement"),
+        ("cnr", "recovery", "replacement"),
         ("cnr-q8", "step", "server"),
     ];
     let mut failed = Vec::new();
@@ -485,8 +491,13 @@ fn kill_matrix_full() {
         .map(|v| v.split(',').map(str::to_string).collect());
     let mut rows = Vec::new();
     let (mut pass, mut fail, mut na) = (0, 0, 0);
+    // Reasons a cell does not apply, numbered in order of first use.
+    let mut reasons: Vec<&'static str> = Vec::new();
     for &s in STRATEGIES {
-        if only.as_ref().is_some_and(|o| !o.iter().any(|x| x == s.label)) {
+        if only
+            .as_ref()
+            .is_some_and(|o| !o.iter().any(|x| x == s.label))
+        {
             continue;
         }
         for &role in ROLES {
@@ -503,7 +514,14 @@ fn kill_matrix_full() {
                     }
                     Outcome::NotApplicable(why) => {
                         na += 1;
-                        format!("n/a ({why})")
+                        let n = match reasons.iter().position(|r| *r == why) {
+                            Some(i) => i + 1,
+                            None => {
+                                reasons.push(why);
+                                reasons.len()
+                            }
+                        };
+                        format!("n/a [{n}]")
                     }
                 };
                 row.push_str(&format!(" {text} |"));
@@ -537,6 +555,10 @@ fn kill_matrix_full() {
     for r in rows {
         md.push_str(&r);
         md.push('\n');
+    }
+    md.push_str("\nWhy a cell does not apply:\n\n");
+    for (i, why) in reasons.iter().enumerate() {
+        md.push_str(&format!("{}. {why}\n", i + 1));
     }
     if let Ok(out) = std::env::var("KILL_MATRIX_OUT") {
         std::fs::write(&out, &md).unwrap();
