@@ -3,7 +3,7 @@
 # worker, merger, replacement), each cell a synchronous run of real processes with that
 # SIGKILL, checked against the failure-free digest (crates/cluster/tests/kill_matrix.rs).
 # Writes the table to docs/kill-matrix.md (or $KILL_MATRIX_OUT) and exits non-zero if a cell
-# failed. Debug build (the test profile); a few minutes on two cores.
+# failed. The test profile (opt-level 2, as `cargo test` builds); a few minutes on two cores.
 #
 #   scripts/kill-matrix.sh                 # every strategy
 #   scripts/kill-matrix.sh deck,ecrec      # only these rows (the table holds only them)

@@ -103,7 +103,7 @@ sampler() {
         pids="$coord $(cat /proc/"$coord"/task/*/children 2>/dev/null || true)"
         for p in $pids; do
             if [ "$p" = "$coord" ]; then role=coordinator
-            else role=$(tr '\0' ' ' </proc/"$p"/cmdline 2>/dev/null | awk '{ print $2 }') || continue
+            else role=$({ tr '\0' ' ' </proc/"$p"/cmdline; } 2>/dev/null | awk '{ print $2 }') || continue
             fi
             [ -n "$role" ] || continue
             rss=$(awk '/^VmRSS:/ { print $2 }' /proc/"$p"/status 2>/dev/null) || continue
