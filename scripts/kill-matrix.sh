@@ -8,9 +8,11 @@
 #   scripts/kill-matrix.sh                 # every strategy
 #   scripts/kill-matrix.sh deck,ecrec      # only these rows (the table holds only them)
 set -euo pipefail
+here="$PWD"
 cd "$(dirname "$0")/.."
 out="${KILL_MATRIX_OUT:-$PWD/docs/kill-matrix.md}"
-case "$out" in /*) ;; *) out="$PWD/$out" ;; esac
+# A relative KILL_MATRIX_OUT is relative to the directory the script was started from.
+case "$out" in /*) ;; *) out="$here/$out" ;; esac
 if [ $# -gt 0 ]; then export KILL_MATRIX_ONLY="$1"; fi
 export KILL_MATRIX_OUT="$out"
 CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}" cargo test -p ftrec-cluster --test kill_matrix \

@@ -4,7 +4,7 @@
 #   - the job finished (exit 0) and every failure in its report was recovered;
 #   - `ftrec ckpt verify` passes on its final store (strategies that save);
 #   - resident memory (VmRSS) of the long-lived processes (the coordinator, and every server
-#     that lived through the whole job) is flat: the least-squares slope of the samples after
+#     and worker that lived through the whole job) is flat: the least-squares slope of the samples after
 #     the first 20% of the job, times the sampled span, is below 5% of the mean RSS (or
 #     2 MiB, whichever is larger);
 #   - no file descriptors leak: a long-lived process ends with at most 4 more open fds
@@ -20,6 +20,7 @@
 # run of the same strategy. Needs bash, jq and the ftrec binary (built with
 # `cargo build -p ftrec-cli` if --bin is not given and target/debug/ftrec is missing).
 set -euo pipefail
+here="$PWD"
 cd "$(dirname "$0")/.."
 
 minutes=""
@@ -41,17 +42,20 @@ while [ $# -gt 0 ]; do
         --out) out="${2:?--out needs a value}"; shift 2 ;;
         --strategies) strategies="${2:?--strategies needs a value}"; shift 2 ;;
         --bin) bin="${2:?--bin needs a value}"; shift 2 ;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
         *) die "unknown argument $1 (see --help)" ;;
     esac
 done
+# Paths given are relative to the directory the script was started from.
+case "$out" in /*) ;; *) out="$here/$out" ;; esac
+case "$bin" in /*|"") ;; *) bin="$here/$bin" ;; esac
 [ -n "$minutes" ] || die "--minutes M is required"
 [[ "$minutes" =~ ^[0-9]+([.][0-9]+)?$ ]] || die "--minutes $minutes is not a number"
 [[ "$seed" =~ ^[0-9]+$ ]] || die "--seed $seed is not a non-negative integer"
 [[ "$kills" =~ ^[0-9]+$ ]] || die "--kills $kills is not a non-negative integer"
 command -v jq >/dev/null || die "jq is needed to read the run reports"
 if [ -z "$bin" ]; then
-    bin=target/debug/ftrec
+    bin="$PWD/target/debug/ftrec"
     [ -x "$bin" ] || CARGO_INCREMENTAL=0 cargo build -p ftrec-cli
 fi
 [ -x "$bin" ] || die "--bin $bin is not an executable"
