@@ -656,11 +656,18 @@ impl Coordinator {
         }
     }
 
-    /// Tell every worker the servers' current addresses.
+    /// Tell every worker the servers' current addresses. A worker lost meanwhile (during a
+    /// recovery, say) holds no state: a new one takes its place, set up and connected to the
+    /// current addresses.
     fn reconnect_workers(&mut self) -> Result<(), ClusterError> {
         for w in 0..self.workers() {
             let servers = self.server_addrs.clone();
-            self.ask_one(w, ToWorker::Connect { servers })?;
+            if let Err(e) = self.ask_one(w, ToWorker::Connect { servers }) {
+                if self.pool.is_connected(w) {
+                    return Err(e);
+                }
+                self.replace_worker(w, &e.to_string())?;
+            }
         }
         Ok(())
     }
@@ -1464,7 +1471,7 @@ impl Coordinator {
                     checkpoint,
                 } => {
                     let ids: Vec<u32> = servers.iter().map(|s| s.0).collect();
-                    self.restore_partial(&ids, checkpoint)?;
+                    let mut others = self.restore_partial(&ids, checkpoint)?;
                     let next = self.strategy.on(&Event::RestoreFinished {
                         step: self.step(),
                         now_s: self.now(),
@@ -1472,8 +1479,13 @@ impl Coordinator {
                     if !self.execute(next)? {
                         return Ok(false);
                     }
-                    // Servers lost meanwhile that were not part of this recovery.
-                    let others = self.probe_lost();
+                    // Servers lost meanwhile that were not part of this recovery (replaced
+                    // during it, or lost since).
+                    for s in self.probe_lost() {
+                        if !others.contains(&s) {
+                            others.push(s);
+                        }
+                    }
                     if !others.is_empty() && !self.handle_server_losses(others, "recovery")? {
                         return Ok(false);
                     }

@@ -7,8 +7,9 @@
 //! from the seed) is what the lost shard gets back.
 //!
 //! A named server lost again during its restore is replaced again and the restore starts over;
-//! a server *not* named that is lost meanwhile is reported to the strategy once this recovery
-//! is done (it decides what to do about it).
+//! a server *not* named that is lost meanwhile is replaced at once (every server must answer
+//! for the restore to go on) but not restored here: it is reported to the strategy once this
+//! recovery is done, which decides what to do about it (CPR restores its shard in turn).
 
 use ftrec_ckpt::CheckpointId;
 use ftrec_ps::ckpt::CkptApi;
@@ -21,12 +22,14 @@ use crate::{ClusterError, Phase, Role};
 
 impl Coordinator {
     /// Replace `servers` and restore their shards alone from `checkpoint` (see the module
-    /// docs). Survivors, the data position and the batch count are left as they are.
+    /// docs). Survivors, the data position and the batch count are left as they are. Returns
+    /// the servers not named that were lost meanwhile (replaced, not restored: still to be
+    /// reported to the strategy).
     pub(super) fn restore_partial(
         &mut self,
         servers: &[u32],
         checkpoint: Option<CheckpointRef>,
-    ) -> Result<(), ClusterError> {
+    ) -> Result<Vec<u32>, ClusterError> {
         self.event(
             EventKind::RecoveryStart,
             None,
@@ -49,6 +52,7 @@ impl Coordinator {
             .transpose()?;
         let rec = |e: ClusterError| ClusterError::Recovery(e.to_string());
         let mut replace: Vec<u32> = servers.to_vec();
+        let mut others: Vec<u32> = Vec::new();
         loop {
             self.recoveries += 1;
             if self.recoveries > MAX_RECOVERIES {
@@ -80,8 +84,21 @@ impl Coordinator {
                 Ok(()) => break,
                 Err(e) => {
                     let lost = self.probe_lost();
+                    // Servers outside this recovery: a new process each, so that every server
+                    // answers again; what they held is restored once the strategy hears of it.
+                    let outside: Vec<u32> = lost
+                        .iter()
+                        .copied()
+                        .filter(|s| !servers.contains(s))
+                        .collect();
+                    for &s in &outside {
+                        self.replace_server(s).map_err(rec)?;
+                        if !others.contains(&s) {
+                            others.push(s);
+                        }
+                    }
                     replace = lost.into_iter().filter(|s| servers.contains(s)).collect();
-                    if replace.is_empty() {
+                    if replace.is_empty() && outside.is_empty() {
                         return Err(rec(e));
                     }
                 }
@@ -98,7 +115,7 @@ impl Coordinator {
         self.reconnect_workers().map_err(rec)?;
         // Reports about the servers just replaced are stale.
         let _ = self.heartbeat_losses();
-        Ok(())
+        Ok(others)
     }
 
     /// Connect to every server and load `id` into `servers` only.

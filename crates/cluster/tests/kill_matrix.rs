@@ -1,0 +1,568 @@
+//! The kill matrix: every strategy x every phase it has x every role a SIGKILL can hit, each
+//! cell one synchronous (deterministic) run of real processes with that kill, checked against
+//! the failure-free run of the same configuration.
+//!
+//! - [`matrix`] is the one list of strategies, phases and roles: which cells apply, the kills
+//!   that express each, and why a cell does not apply.
+//! - [`run_cell`] runs one cell and checks it: every kill fired (and a `replacement` kill hit a
+//!   server that had already been replaced), exact strategies end with the failure-free
+//!   digest, approximate ones (`cpr`'s partial recovery, `cnr` with 8-bit pieces) finish with
+//!   their error in the report, `none` ends with one error line naming the lost server, every
+//!   started process is reaped (servers, workers and the merger: no child of this process is
+//!   left) and every server port can be bound again.
+//! - `kill_matrix_subset` (in every test run) runs a few cells covering each strategy once;
+//!   `kill_matrix_full` (ignored; `scripts/kill-matrix.sh`) runs them all and, with
+//!   `KILL_MATRIX_OUT=FILE`, writes the table (markdown).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use ftrec_cluster::{run, EventKind, Role, RunConfig, RunReport, StrategyChoice};
+use ftrec_core::Preset;
+use ftrec_ec::CodeKind;
+
+/// Steps of every run; saves every [`EVERY`] steps.
+const STEPS: u64 = 16;
+const EVERY: u64 = 3;
+
+/// The phases, in table column order. `step` is a kill right after a step completes.
+const PHASES: &[&str] = &[
+    "step",
+    "checkpoint-write",
+    "piece-write",
+    "recovery",
+    "merge",
+    "prepare",
+    "commit",
+    "rebuild",
+];
+/// The roles, in table row order. `replacement`: a server that is itself a replacement (the
+/// second kill of the same server id, after its first loss was replaced).
+const ROLES: &[&str] = &["server", "worker", "merger", "replacement"];
+
+/// One row group of the table: a strategy configuration.
+#[derive(Clone, Copy)]
+struct Strat {
+    /// Row label.
+    label: &'static str,
+    /// How its runs end after a server loss.
+    kind: Kind,
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Kind {
+    /// The failure-free digest, bit for bit.
+    Exact,
+    /// Finishes; the report gives the error of the restored state (CPR's PLS, the
+    /// quantization error).
+    Approximate,
+    /// A server loss ends the run with one error line.
+    Fails,
+}
+
+const STRATEGIES: &[Strat] = &[
+    Strat {
+        label: "none",
+        kind: Kind::Fails,
+    },
+    Strat {
+        label: "full",
+        kind: Kind::Exact,
+    },
+    Strat {
+        label: "deck",
+        kind: Kind::Exact,
+    },
+    Strat {
+        label: "ecrec",
+        kind: Kind::Exact,
+    },
+    Strat {
+        label: "cpr",
+        kind: Kind::Approximate,
+    },
+    Strat {
+        label: "incrcp",
+        kind: Kind::Exact,
+    },
+    Strat {
+        label: "incremental",
+        kind: Kind::Exact,
+    },
+    Strat {
+        label: "cnr",
+        kind: Kind::Exact,
+    },
+    Strat {
+        label: "cnr-q8",
+        kind: Kind::Approximate,
+    },
+];
+
+impl Strat {
+    fn by_label(label: &str) -> Strat {
+        *STRATEGIES.iter().find(|s| s.label == label).unwrap()
+    }
+
+    /// Servers of its runs: `ecrec` stripes 2 data rows and 2 parities over 4 servers, so a
+    /// second server may die while the first one rebuilds (ECRec §3.4 tolerates r losses).
+    fn servers(&self) -> u32 {
+        if self.label == "ecrec" {
+            4
+        } else {
+            2
+        }
+    }
+
+    fn strategy(&self) -> StrategyChoice {
+        match self.label {
+            "ecrec" => StrategyChoice::EcRec {
+                k: 2,
+                r: 2,
+                code: CodeKind::Gf256,
+                dense_replication: true,
+                two_phase: true,
+                lock_ranges: 4,
+                rebuild_share_ppm: 1_000_000,
+            },
+            "cnr-q8" => StrategyChoice::Cnr {
+                every_steps: EVERY,
+                reset_fraction: Some(ftrec_cluster::spec::DEFAULT_CNR_RESET_FRACTION),
+                quant_bits: Some(8),
+            },
+            // IncrCP's §4.5 reset rule decides from measured times; off, a kill's restore point
+            // does not depend on the machine's speed.
+            "incrcp" => match StrategyChoice::parse("incrcp", EVERY).unwrap() {
+                StrategyChoice::IncrCp {
+                    every_steps,
+                    threshold,
+                    range_rows,
+                    concat,
+                    ..
+                } => StrategyChoice::IncrCp {
+                    every_steps,
+                    reset: ftrec_strategy::BaseReset::Never,
+                    threshold,
+                    range_rows,
+                    concat,
+                },
+                other => panic!("not incrcp: {other:?}"),
+            },
+            name => StrategyChoice::parse(name, EVERY).unwrap(),
+        }
+    }
+
+    fn saves(&self) -> bool {
+        !matches!(self.label, "none" | "ecrec")
+    }
+    fn pieces(&self) -> bool {
+        matches!(self.label, "incrcp" | "incremental" | "cnr" | "cnr-q8")
+    }
+}
+
+/// A cell of the matrix: the kills that express it, or why it does not apply.
+enum Cell {
+    Kills(Vec<String>),
+    NotApplicable(&'static str),
+}
+
+/// The one definition of the matrix: what `strategy` x `phase` x `role` means.
+///
+/// Saves are at steps 3, 6, 9, ... A first loss is at step 4 (after the first save); a
+/// recovery from it restores step 3 and redoes step 4, so the save at step 6 is the second
+/// `checkpoint-write` (and, for the piece strategies, the first `piece-write` after the
+/// recovery). `ecrec` commits every step in two phases, so `prepare#6`/`commit#6` fall after a
+/// loss at step 3.
+fn matrix(s: Strat, phase: &str, role: &str) -> Cell {
+    use Cell::NotApplicable as Na;
+    let k = |v: &[&str]| Cell::Kills(v.iter().map(|s| s.to_string()).collect());
+    let ec = s.label == "ecrec";
+    if role == "merger" && s.label != "deck" {
+        return Na("no merger: only deck merges (DECK §3.3)");
+    }
+    if s.label == "none" {
+        return match (phase, role) {
+            ("step", "server") => k(&["server=1@step=4"]),
+            ("step", "worker") => k(&["worker=0@step=4"]),
+            (_, "replacement") => Na("none replaces no server: the first server loss ends the run"),
+            _ => Na("none saves, recovers, merges and commits nothing: the phase never occurs"),
+        };
+    }
+    match phase {
+        "checkpoint-write" if !s.saves() => {
+            return Na("ecrec keeps its redundancy in memory: no checkpoint is written")
+        }
+        "piece-write" if !s.pieces() => {
+            return Na("only incrcp, incremental and cnr write incremental pieces")
+        }
+        "recovery" if ec => {
+            return Na(
+                "ecrec has no stop-and-restore recovery: a replacement joins at once and \
+                 rebuilds while training goes on (the rebuild column)",
+            )
+        }
+        "merge" if s.label != "deck" => return Na("only deck runs a merger"),
+        "prepare" | "commit" | "rebuild" if !ec => {
+            return Na("a phase of ecrec's two-phase commit and rebuild only")
+        }
+        _ => {}
+    }
+    // Which server a first loss hits: the one the cell's second kill names, if a replacement.
+    match (phase, role) {
+        ("step", "server") => k(&["server=1@step=4"]),
+        ("step", "worker") => k(&["worker=0@step=4"]),
+        ("step", "merger") => k(&["merger=0@step=10"]),
+        ("step", "replacement") => k(&["server=1@step=4", "server=1@step=10"]),
+
+        // For the piece strategies the first save is the base full; a piece's upload is the
+        // piece-write column.
+        ("checkpoint-write", "server") if s.pieces() => k(&["server=1@phase=checkpoint-write"]),
+        ("checkpoint-write", "worker") if s.pieces() => k(&["worker=0@phase=checkpoint-write"]),
+        ("checkpoint-write", "server") => k(&["server=1@phase=checkpoint-write#2"]),
+        ("checkpoint-write", "worker") => k(&["worker=0@phase=checkpoint-write#2"]),
+        ("checkpoint-write", "merger") => k(&["merger=0@phase=checkpoint-write#4"]),
+        ("checkpoint-write", "replacement") => {
+            k(&["server=1@step=4", "server=1@phase=checkpoint-write#2"])
+        }
+
+        ("piece-write", "server") => k(&["server=1@phase=piece-write#2"]),
+        ("piece-write", "worker") => k(&["worker=0@phase=piece-write#2"]),
+        ("piece-write", "replacement") => k(&["server=1@step=4", "server=1@phase=piece-write#1"]),
+
+        ("recovery", "server") => k(&["server=0@step=4", "server=1@phase=recovery"]),
+        ("recovery", "worker") => k(&["server=1@step=4", "worker=0@phase=recovery"]),
+        ("recovery", "merger") => Na(
+            "a recovery stops the merger first (the save in flight and the merge pass are \
+             dropped): no merger runs during a recovery",
+        ),
+        ("recovery", "replacement") => k(&["server=1@step=4", "server=1@phase=recovery"]),
+
+        ("merge", "server") => k(&["server=1@phase=merge"]),
+        ("merge", "worker") => k(&["worker=0@phase=merge"]),
+        ("merge", "merger") => k(&["merger=0@phase=merge"]),
+        ("merge", "replacement") => k(&["server=1@step=4", "server=1@phase=merge"]),
+
+        ("prepare", "server") => k(&["server=1@phase=prepare#4"]),
+        ("prepare", "worker") => k(&["worker=0@phase=prepare#4"]),
+        ("prepare", "replacement") => k(&["server=1@step=3", "server=1@phase=prepare#6"]),
+        ("commit", "server") => k(&["server=1@phase=commit#4"]),
+        ("commit", "worker") => k(&["worker=0@phase=commit#4"]),
+        ("commit", "replacement") => k(&["server=1@step=3", "server=1@phase=commit#6"]),
+        // With r = 2 a second server may die while the first rebuilds.
+        ("rebuild", "server") => k(&["server=1@step=3", "server=3@phase=rebuild"]),
+        ("rebuild", "worker") => k(&["server=1@step=3", "worker=0@phase=rebuild"]),
+        ("rebuild", "replacement") => k(&["server=1@step=3", "server=1@phase=rebuild"]),
+        (p, r) => panic!("no cell for {p} x {r}"),
+    }
+}
+
+fn config(dir: &std::path::Path, s: Strat) -> RunConfig {
+    let mut cfg = RunConfig::new(
+        Preset::tiny(),
+        PathBuf::from(env!("CARGO_BIN_EXE_ftrec-cluster-server")),
+        dir.to_path_buf(),
+    );
+    cfg.servers = s.servers();
+    cfg.workers = 2;
+    cfg.steps = STEPS;
+    cfg.batch = 32;
+    cfg.seed = 13;
+    cfg.eval_samples = 0;
+    cfg.sync = true;
+    cfg.strategy = s.strategy();
+    cfg
+}
+
+/// The failure-free digest of a configuration: the run without fault tolerance and without
+/// kills (saving or erasure coding changes nothing of the model), computed once per number
+/// of servers.
+fn clean_digest(s: Strat) -> String {
+    static CACHE: Mutex<Option<HashMap<u32, String>>> = Mutex::new(None);
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    let cache = cache.get_or_insert_with(HashMap::new);
+    cache
+        .entry(s.servers())
+        .or_insert_with(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let mut cfg = config(dir.path(), s);
+            cfg.strategy = StrategyChoice::None;
+            let report = run(&cfg).expect("the failure-free run");
+            assert!(report.failures.is_empty() && report.aborted.is_none());
+            report.model_digest
+        })
+        .clone()
+}
+
+/// Live children of this process (a reaped process has no `/proc` entry; a zombie is one not
+/// reaped yet and counts).
+fn children() -> Vec<u32> {
+    let me = std::process::id();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...: comm may hold spaces, so split after the last ')'.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let ppid = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok());
+        if ppid == Some(me) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Every process the run started is gone and every port its servers used can be bound.
+fn check_nothing_left(report: &RunReport) -> Result<(), String> {
+    for &pid in report.server_pids.iter().chain(&report.worker_pids) {
+        // SAFETY: signal 0 only checks for existence; it sends nothing.
+        if unsafe { libc::kill(pid as libc::pid_t, 0) } == 0 {
+            return Err(format!("process {pid} is still alive"));
+        }
+    }
+    let left = children();
+    if !left.is_empty() {
+        return Err(format!("child processes left: {left:?}"));
+    }
+    for addr in &report.server_addrs {
+        if let Err(e) = std::net::TcpListener::bind(addr.as_str()) {
+            return Err(format!("port {addr} is still taken: {e}"));
+        }
+    }
+    Ok(())
+}
+
+/// Run one cell and check it; `Err` says what went wrong, in one line.
+fn run_cell(s: Strat, kills: &[String]) -> Result<(), String> {
+    let clean = clean_digest(s);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), s);
+    cfg.kills = kills.iter().map(|k| k.parse().unwrap()).collect();
+    let report = run(&cfg).map_err(|e| format!("run error: {e}"))?;
+    check_nothing_left(&report)?;
+
+    // Every kill fired, and a second kill of a server hit its replacement.
+    for (i, k) in kills.iter().enumerate() {
+        let at = report
+            .events
+            .iter()
+            .position(|e| {
+                e.kind == EventKind::FailureInjected && e.detail.ends_with(&format!("({k})"))
+            })
+            .ok_or_else(|| format!("{k} never fired"))?;
+        let spec: ftrec_cluster::KillSpec = k.parse().unwrap();
+        let earlier_same = kills[..i]
+            .iter()
+            .any(|o| o.split('@').next() == k.split('@').next());
+        if spec.role == Role::Server && earlier_same {
+            let replaced = report.events[..at]
+                .iter()
+                .any(|e| e.kind == EventKind::ServerReplaced && e.server == Some(spec.id));
+            if !replaced {
+                return Err(format!("{k} fired before server {} was replaced", spec.id));
+            }
+        }
+    }
+    let server_lost = report.failures.iter().any(|f| f.role == Role::Server);
+
+    if s.kind == Kind::Fails && server_lost {
+        let reason = report
+            .aborted
+            .as_ref()
+            .ok_or("a server was lost and the run did not fail")?;
+        let id = report
+            .failures
+            .iter()
+            .find(|f| f.role == Role::Server)
+            .unwrap()
+            .id;
+        if reason.lines().count() != 1 || !reason.contains(&format!("server {id}")) {
+            return Err(format!("not one line naming server {id}: {reason:?}"));
+        }
+        return Ok(());
+    }
+    if let Some(a) = &report.aborted {
+        return Err(format!("aborted: {a}"));
+    }
+    if report.steps != STEPS {
+        return Err(format!("ended after {} of {STEPS} steps", report.steps));
+    }
+    if let Some(f) = report.failures.iter().find(|f| f.recovered_s.is_none()) {
+        return Err(format!(
+            "{} {} lost after step {} never recovered",
+            f.role, f.id, f.step
+        ));
+    }
+    // A worker holds no model state: a run that lost no server is exact for every strategy.
+    if s.kind == Kind::Approximate && server_lost {
+        match s.label {
+            "cpr" => {
+                let c = report.cpr.as_ref().ok_or("no cpr report")?;
+                if c.pls.per_failure.is_empty() || !c.pls.total.is_finite() {
+                    return Err(format!("no PLS reported: {:?}", c.pls));
+                }
+            }
+            _ => {
+                let st = report.store.as_ref().ok_or("no store report")?;
+                match st.quant_max_abs_error {
+                    Some(e) if e.is_finite() && e > 0.0 => {}
+                    other => return Err(format!("no quantization error reported: {other:?}")),
+                }
+            }
+        }
+    } else if report.model_digest != clean {
+        return Err(format!(
+            "digest {} is not the failure-free {clean}",
+            report.model_digest
+        ));
+    }
+    Ok(())
+}
+
+/// What a cell came to, for the table.
+enum Outcome {
+    Pass,
+    Fail(String),
+    NotApplicable(&'static str),
+}
+
+fn run_one(s: Strat, phase: &str, role: &str) -> Outcome {
+    match matrix(s, phase, role) {
+        Cell::NotApplicable(why) => Outcome::NotApplicable(why),
+        Cell::Kills(kills) => {
+            let t = std::time::Instant::now();
+            let r = run_cell(s, &kills);
+            eprintln!(
+                "{} x {role} x {phase} [{}]: {} ({:.1} s)",
+                s.label,
+                kills.join(" "),
+                match &r {
+                    Ok(()) => "pass".to_string(),
+                    Err(e) => format!("FAIL: {e}"),
+                },
+                t.elapsed().as_secs_f64()
+            );
+            match r {
+                Ok(()) => Outcome::Pass,
+                Err(e) => Outcome::Fail(e),
+            }
+        }
+    }
+}
+
+/// A few cells that cover every strategy once, and different phases and roles.
+#[test]
+fn kill_matrix_subset() {
+    let cells = [
+        ("none", "step", "server"),
+        ("full", "recovery", "worker"),
+        ("deck", "merge", "merger"),
+        ("ecrec", "commit", "server"),
+        ("cpr", "recovery", "server"),
+        ("incrcp", "piece-write", "server"),
+        ("incremental", "checkpoint-write", "worker"),
+        ("cnr", "recovery", "replacement"),
+        ("cnr-q8", "step", "server"),
+    ];
+    let mut failed = Vec::new();
+    for (strategy, phase, role) in cells {
+        match run_one(Strat::by_label(strategy), phase, role) {
+            Outcome::Pass => {}
+            Outcome::Fail(e) => failed.push(format!("{strategy} x {role} x {phase}: {e}")),
+            Outcome::NotApplicable(why) => panic!("{strategy} x {role} x {phase} is n/a: {why}"),
+        }
+    }
+    assert!(failed.is_empty(), "{failed:#?}");
+}
+
+/// Every cell. `KILL_MATRIX_OUT=FILE` writes the table; `KILL_MATRIX_ONLY=a,b` runs only the
+/// strategies named.
+#[test]
+#[ignore = "the whole matrix takes minutes: scripts/kill-matrix.sh"]
+fn kill_matrix_full() {
+    let only: Option<Vec<String>> = std::env::var("KILL_MATRIX_ONLY")
+        .ok()
+        .map(|v| v.split(',').map(str::to_string).collect());
+    let mut rows = Vec::new();
+    let (mut pass, mut fail, mut na) = (0, 0, 0);
+    // Reasons a cell does not apply, numbered in order of first use.
+    let mut reasons: Vec<&'static str> = Vec::new();
+    for &s in STRATEGIES {
+        if only
+            .as_ref()
+            .is_some_and(|o| !o.iter().any(|x| x == s.label))
+        {
+            continue;
+        }
+        for &role in ROLES {
+            let mut row = format!("| {} | {role} |", s.label);
+            for &phase in PHASES {
+                let text = match run_one(s, phase, role) {
+                    Outcome::Pass => {
+                        pass += 1;
+                        "pass".to_string()
+                    }
+                    Outcome::Fail(e) => {
+                        fail += 1;
+                        format!("**FAIL** ({})", e.replace('|', "/"))
+                    }
+                    Outcome::NotApplicable(why) => {
+                        na += 1;
+                        let n = match reasons.iter().position(|r| *r == why) {
+                            Some(i) => i + 1,
+                            None => {
+                                reasons.push(why);
+                                reasons.len()
+                            }
+                        };
+                        format!("n/a [{n}]")
+                    }
+                };
+                row.push_str(&format!(" {text} |"));
+            }
+            rows.push(row);
+        }
+    }
+    let mut md = String::new();
+    md.push_str("# Kill matrix\n\n");
+    md.push_str(&format!(
+        "Written by `scripts/kill-matrix.sh` (`cargo test -p ftrec-cluster --test kill_matrix \
+         kill_matrix_full -- --ignored`; the test profile, opt-level 2). Every cell is one synchronous run of \
+         the `tiny` preset ({STEPS} steps, 2 workers, 2 servers, 4 for ecrec with k = 2, r = 2; \
+         saves every {EVERY} steps) with the cell's SIGKILLs; the kills of each cell are in \
+         `crates/cluster/tests/kill_matrix.rs` (`matrix`). A cell passes when every kill fired \
+         (a `replacement` kill after the server's first loss was replaced), exact strategies \
+         end with the failure-free digest, `cpr` and `cnr-q8` (8-bit quantized pieces) finish \
+         with their PLS or quantization error reported (exact when no server was lost), `none` \
+         ends with one error line naming the lost server, and no process or port is left \
+         behind.\n\n{pass} passed, {fail} failed, {na} not applicable.\n\n"
+    ));
+    md.push_str("| strategy | role |");
+    for p in PHASES {
+        md.push_str(&format!(" {p} |"));
+    }
+    md.push_str("\n| --- | --- |");
+    for _ in PHASES {
+        md.push_str(" --- |");
+    }
+    md.push('\n');
+    for r in rows {
+        md.push_str(&r);
+        md.push('\n');
+    }
+    md.push_str("\nWhy a cell does not apply:\n\n");
+    for (i, why) in reasons.iter().enumerate() {
+        md.push_str(&format!("{}. {why}\n", i + 1));
+    }
+    if let Ok(out) = std::env::var("KILL_MATRIX_OUT") {
+        std::fs::write(&out, &md).unwrap();
+    }
+    println!("{md}");
+    assert_eq!(fail, 0, "{fail} cells failed:\n{md}");
+}
