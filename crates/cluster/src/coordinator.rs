@@ -65,6 +65,8 @@ const MAX_UNEXPLAINED_FAILURES: u32 = 3;
 const STOP_GRACE: Duration = Duration::from_secs(3);
 /// How often the asynchronous loop looks at the clock and the heartbeat when no reply comes.
 const POLL: Duration = Duration::from_millis(10);
+/// Threads of the coordinator runtime's blocking pool (store I/O).
+const COORDINATOR_BLOCKING_THREADS: usize = 16;
 /// How often the asynchronous loop asks rebuilding servers how far they are.
 const REBUILD_POLL: Duration = Duration::from_millis(100);
 
@@ -112,8 +114,15 @@ fn run_job(cfg: &RunConfig, resume: bool) -> Result<RunReport, ClusterError> {
     // on the thread count, so a process that fixed it already (a benchmark that also ran the
     // single-process trainer) keeps its setting.
     let _ = ftrec_model::set_gemm_threads(cfg.threads);
+    // The coordinator's blocking work is store I/O (the local store runs each file operation
+    // on the blocking pool). Left at tokio's default (512) the pool grows to one thread per
+    // file of the widest burst of concurrent reads (~100 threads reading a long incremental
+    // chain's pieces), and every idle-but-living thread keeps its stack's touched pages: the
+    // coordinator's resident memory grew with the chain while its heap stayed at 3 MB. Sixteen
+    // threads keep two cores' disks busy.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .max_blocking_threads(COORDINATOR_BLOCKING_THREADS)
         .enable_all()
         .build()
         .map_err(|e| ClusterError::Io {
