@@ -141,7 +141,10 @@ impl Workload {
                     "--table-cap {cap} is above preset {}'s largest table ({largest} rows), so it \
                      would not change the model; --preset kaggle has tables of up to {} rows",
                     preset.name,
-                    ftrec_core::preset::KAGGLE_TABLE_ROWS.iter().max().unwrap_or(&0)
+                    ftrec_core::preset::KAGGLE_TABLE_ROWS
+                        .iter()
+                        .max()
+                        .unwrap_or(&0)
                 );
             }
         }

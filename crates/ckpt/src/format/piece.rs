@@ -458,7 +458,11 @@ impl PieceIndex {
         if let Some(w) = sorted.windows(2).find(|w| key(w[0]) == key(w[1])) {
             return Err(bad(format!("two entries of {:?}", key(w[1]))));
         }
-        if let Some(c) = self.row0.iter().find(|c| c.op != ChunkOp::Column || c.round != 0) {
+        if let Some(c) = self
+            .row0
+            .iter()
+            .find(|c| c.op != ChunkOp::Column || c.round != 0)
+        {
             return Err(bad(format!("entry {:?} is not a row-0 chunk", key(c))));
         }
         let mut given: std::collections::HashMap<(u32, u32, u32), &ChunkRecord> =
@@ -619,15 +623,21 @@ impl<'a> Reader<'a> {
     }
 
     fn u32(&mut self, what: &str) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().expect("4")))
+        Ok(u32::from_le_bytes(
+            self.take(4, what)?.try_into().expect("4"),
+        ))
     }
 
     fn f32(&mut self, what: &str) -> Result<f32> {
-        Ok(f32::from_le_bytes(self.take(4, what)?.try_into().expect("4")))
+        Ok(f32::from_le_bytes(
+            self.take(4, what)?.try_into().expect("4"),
+        ))
     }
 
     fn f64(&mut self, what: &str) -> Result<f64> {
-        Ok(f64::from_le_bytes(self.take(8, what)?.try_into().expect("8")))
+        Ok(f64::from_le_bytes(
+            self.take(8, what)?.try_into().expect("8"),
+        ))
     }
 
     fn v(&mut self, what: &str) -> Result<u64> {
@@ -820,10 +830,7 @@ fn decode_payload(file: &str, b: &[u8]) -> Result<PieceIndex> {
             }
             let key = |c: &ChunkRecord| (c.table, c.range, c.col);
             if let Some(w) = row0.windows(2).find(|w| key(&w[0]) >= key(&w[1])) {
-                return Err(r.bad(format!(
-                    "row-0 entries out of order at {:?}",
-                    key(&w[1])
-                )));
+                return Err(r.bad(format!("row-0 entries out of order at {:?}", key(&w[1]))));
             }
             for c in chunks.iter().filter(|c| gives_row0(c.op)) {
                 row0.push(ChunkRecord {
