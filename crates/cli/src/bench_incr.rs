@@ -51,9 +51,10 @@ pub struct IncrBenchArgs {
     /// Preset whose tables, dim and optimizers the model takes.
     #[arg(long, default_value = "small")]
     pub preset: String,
-    /// Cap on every table's rows: the model's size (26 tables; the default gives 287,398
-    /// rows, 18.6 MiB). A cap above the preset's largest table is refused: `--preset kaggle`
-    /// has the Criteo Kaggle cardinalities, up to 10,131,227 rows a table [default: 30000].
+    /// Cap on every table's rows: the model's size (26 tables; with the default preset the
+    /// default cap gives 287,398 rows, 18.6 MiB). A cap above the preset's largest table is
+    /// refused: `--preset kaggle` has the Criteo Kaggle cardinalities, up to 10,131,227 rows a
+    /// table [default: 30000].
     #[arg(long, visible_alias = "rows-per-table", value_name = "ROWS")]
     pub table_cap: Option<u64>,
     /// Zipf exponent of the ids [default: the preset's].
