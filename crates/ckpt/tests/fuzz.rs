@@ -343,6 +343,18 @@ fn sample_piece(col: u32) -> PieceIndex {
     }
 }
 
+/// `p` as a version-1 piece index (a JSON payload, as earlier builds wrote it; still read).
+fn piece_v1(p: &PieceIndex) -> Vec<u8> {
+    let mut parts = split(&p.encode().unwrap().bytes);
+    parts.prefix[8..10].copy_from_slice(&1u16.to_le_bytes());
+    seal(
+        &parts.prefix,
+        &parts.head,
+        &serde_json::to_vec(p).unwrap(),
+        None,
+    )
+}
+
 // ---- JSON mutations ----
 
 /// Edit the `n`-th (mod count) leaf or list of `v`, depth first, with `edit`; returns whether a
@@ -554,8 +566,8 @@ proptest! {
 
     #[test]
     fn piece_indexes_edited(col in 1u32..4, edits in json_edits()) {
-        let valid = sample_piece(col).encode().unwrap();
-        let data = json_mutated(&valid.bytes, &edits);
+        let valid = piece_v1(&sample_piece(col));
+        let data = json_mutated(&valid, &edits);
         check("s1/piece.pidx", &data, |n, d| {
             use_piece(&PieceIndex::decode(n, d)?.0);
             Ok(())
@@ -571,12 +583,15 @@ proptest! {
     ) {
         let mut pieces = Vec::new();
         for col in 1..=len {
-            let valid = sample_piece(col).encode().unwrap();
-            let mut bytes = valid.bytes.to_vec();
-            for (which, e) in &edits {
-                if *which == col {
-                    bytes = json_mutated(&bytes, e);
-                }
+            // Version 1 (JSON) for structural edits; version 2 when the piece is not edited.
+            let mine: Vec<_> = edits.iter().filter(|(w, _)| *w == col).collect();
+            let mut bytes = if mine.is_empty() {
+                sample_piece(col).encode().unwrap().bytes.to_vec()
+            } else {
+                piece_v1(&sample_piece(col))
+            };
+            for (_, e) in mine {
+                bytes = json_mutated(&bytes, e);
             }
             if let Ok((p, _)) = PieceIndex::decode("s1/piece.pidx", &bytes) {
                 pieces.push(p);

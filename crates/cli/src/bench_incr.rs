@@ -4,7 +4,8 @@
 //! differentials) and `deck` for reference.
 //!
 //! One server's model in this process (the paper's single-node setting; one list per table, as
-//! its implementation keeps): the tables of a preset capped at `--table-cap` rows, the preset's
+//! its implementation keeps): the tables of a preset capped at `--table-cap` rows (the model's
+//! size; alias `--rows-per-table`), the preset's
 //! embedding dim and optimizers. The workload is the synthetic Criteo-like stream's Zipf ids:
 //! each step applies the optimizer to every row a batch touches, and the same steps (same
 //! touched rows, same updates) run under every strategy. Every save goes through the same path
@@ -50,9 +51,12 @@ pub struct IncrBenchArgs {
     /// Preset whose tables, dim and optimizers the model takes.
     #[arg(long, default_value = "small")]
     pub preset: String,
-    /// Cap on every table's rows.
-    #[arg(long, default_value_t = 30_000)]
-    pub table_cap: u64,
+    /// Cap on every table's rows: the model's size (26 tables; with the default preset the
+    /// default cap gives 287,398 rows, 18.6 MiB). A cap above the preset's largest table is
+    /// refused: `--preset kaggle` has the Criteo Kaggle cardinalities, up to 10,131,227 rows a
+    /// table [default: 30000].
+    #[arg(long, visible_alias = "rows-per-table", value_name = "ROWS")]
+    pub table_cap: Option<u64>,
     /// Zipf exponent of the ids [default: the preset's].
     #[arg(long)]
     pub zipf: Option<f64>,
@@ -74,6 +78,10 @@ pub struct IncrBenchArgs {
     /// IncrCP's row-range size in local rows (0: one list per table).
     #[arg(long, default_value_t = 0)]
     pub range_rows: u64,
+    /// IncrCP's compaction: move the live chunks of a row-0 file whose live share fell below
+    /// this, so the file can go (0: never) [default: the store's, 0.5].
+    #[arg(long, value_name = "SHARE")]
+    pub compact_below: Option<f64>,
     /// Check-N-Run's base reset: a new full once a differential passes this share of the
     /// full (the runs with reset rules on).
     #[arg(long, default_value_t = 0.5)]
@@ -118,12 +126,31 @@ struct Workload {
 
 impl Workload {
     fn new(a: &IncrBenchArgs) -> Result<Workload> {
+        if let Some(c) = a.compact_below {
+            if !(0.0..=1.0).contains(&c) {
+                bail!("--compact-below {c} is not a share in [0, 1]");
+            }
+        }
         let mut preset = Preset::by_name(&a.preset)?;
-        preset.table_rows = preset
-            .table_rows
-            .iter()
-            .map(|&r| r.min(a.table_cap.max(1)))
-            .collect();
+        let largest = preset.table_rows.iter().copied().max().unwrap_or(0);
+        if let Some(cap) = a.table_cap {
+            if cap == 0 {
+                bail!("--table-cap 0: every table needs at least one row");
+            }
+            if cap > largest {
+                bail!(
+                    "--table-cap {cap} is above preset {}'s largest table ({largest} rows), so it \
+                     would not change the model; --preset kaggle has tables of up to {} rows",
+                    preset.name,
+                    ftrec_core::preset::KAGGLE_TABLE_ROWS
+                        .iter()
+                        .max()
+                        .unwrap_or(&0)
+                );
+            }
+        }
+        let cap = a.table_cap.unwrap_or(30_000);
+        preset.table_rows = preset.table_rows.iter().map(|&r| r.min(cap)).collect();
         let mut cfg = SynthConfig::from_preset(&preset, a.seed);
         if let Some(s) = a.zipf {
             cfg.zipf_exponents = vec![s; cfg.table_rows.len()];
@@ -443,7 +470,10 @@ fn run_one(
             };
             let id = deck::checkpoint_id(step, kind, 0);
             let t0 = Instant::now();
-            let spec = layout.flatten().map(piece_spec).transpose()?;
+            let spec = layout
+                .flatten()
+                .map(|l| piece_spec(l, env.args.compact_below))
+                .transpose()?;
             let quant = spec.and_then(|p| p.quant);
             let (mut report, tracked, upto, pause, qerr) =
                 stage(env, &ckpts, &mut model, &id, full, quant)?;
@@ -672,7 +702,7 @@ fn restore_once(
 }
 
 /// The storage-side spec of a strategy's piece layout.
-fn piece_spec(layout: PieceLayout) -> Result<PieceSpec> {
+fn piece_spec(layout: PieceLayout, compact_below: Option<f64>) -> Result<PieceSpec> {
     Ok(match layout {
         PieceLayout::Incremental => PieceSpec::incremental(),
         PieceLayout::Differential { quant_bits } => PieceSpec::differential(
@@ -694,6 +724,7 @@ fn piece_spec(layout: PieceLayout) -> Result<PieceSpec> {
                 threshold,
                 range_rows,
                 concat,
+                compact_below: compact_below.unwrap_or(ExtractConfig::default().compact_below),
                 ..ExtractConfig::default()
             },
         },

@@ -28,8 +28,9 @@
 //! Payloads of row and dense files are raw little-endian words at 8-byte-aligned offsets, so a
 //! reader can stream them or map them.
 //!
-//! Version 1 is the only version of every kind; `tests/fixtures/v1` holds checked-in files of
-//! the kinds a full checkpoint uses so a later change cannot silently stop reading them.
+//! Version 1 is the only version of every kind but the piece index (version 2, a binary
+//! payload; version 1's JSON is still read); `tests/fixtures/v1` holds checked-in files of the
+//! kinds a full checkpoint uses so a later change cannot silently stop reading them.
 //!
 //! Incremental checkpoints (`crate::incr`) add three kinds: bundles (`BNDL`, [`bundle`]),
 //! quantized rows (`QROW`, [`qrows`]) and piece indexes (`PIDX`, [`piece`]). A store may also
@@ -142,9 +143,13 @@ impl FileKind {
         }
     }
 
-    /// The version this build writes and the newest it reads.
+    /// The version this build writes and the newest it reads (every older one is read too).
     pub fn version(self) -> u16 {
-        1
+        match self {
+            // Version 2: a binary payload instead of version 1's JSON ([`piece`]).
+            FileKind::PieceIndex => 2,
+            _ => 1,
+        }
     }
 }
 
@@ -272,6 +277,8 @@ pub(crate) fn f32s_le_bytes(words: &[f32]) -> std::borrow::Cow<'_, [u8]> {
 /// A parsed, checksum-verified frame.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Frame<'a> {
+    /// The format version the file declares (between 1 and its kind's [`FileKind::version`]).
+    pub version: u16,
     /// Header body after the payload length.
     pub header: &'a [u8],
     pub payload: &'a [u8],
@@ -390,6 +397,7 @@ pub(crate) fn parse_frame_checked<'a>(
         });
     }
     Ok(Frame {
+        version,
         header: &data[PREFIX_LEN + 8..head_end],
         payload,
         checksums: FileChecksums {

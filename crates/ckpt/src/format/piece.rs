@@ -1,4 +1,4 @@
-//! Piece indexes (`PIDX`, version 1): what one server's part of an incremental checkpoint is.
+//! Piece indexes (`PIDX`, version 2): what one server's part of an incremental checkpoint is.
 //!
 //! Every incremental piece (naive incremental, Check-N-Run differential, IncrCP chunk list; see
 //! `crate::incr`) carries one per server. It names the scheme, the base full checkpoint the
@@ -8,9 +8,41 @@
 //! round against this column split (each old chunk's remainder and the part extracted to the new
 //! row). Folding the records of a chain of pieces, oldest first, gives the whole 2-D list.
 //!
+//! A chunk-list piece also lists the list's whole row 0 after it ([`PieceIndex::row0`]): the
+//! rectangle of the newest column is row 0 and nothing else (§4.2), so a restore of the newest
+//! state (the common case: a failure restores the newest checkpoint) reads this one index
+//! instead of folding the records of every piece since the base. On disk, row-0 entries that a
+//! record of the same piece already gives (the new column's chunks, remainders, moved chunks)
+//! are not repeated: the decoder puts them back.
+//!
 //! Header body (after the payload length), 8 bytes: `server u32 | column u32`, repeated in the
-//! payload and checked against it. Payload: the [`PieceIndex`] as JSON; chunk records are
-//! arrays rather than objects to keep a long list small.
+//! payload and checked against it.
+//!
+//! Version 2 payload (binary; `v` is an unsigned LEB128 varint of at most 10 bytes, `s` a
+//! varint length and that many UTF-8 bytes; `Δ` a wrapping difference, so any values round-trip):
+//!
+//! ```text
+//! v server | v column | u8 scheme (0 incremental, 1 differential, 2 chunk list)
+//! u8 quant bits (0, 8 or 4) | f32 quant_max_abs_error | s base
+//! v range_rows | v base_bytes | v restore_bytes | f64 read_bytes_per_s
+//! stats: v compared, range_skips, bloom_skips, actual_skips, extracted, rows_extracted,
+//!        rows_rewritten, moved, rows_moved, files_read, bytes_read, files_written,
+//!        bytes_written | f64 seconds
+//! v n, n x s checkpoint id                          (the ids files name, each once)
+//! v n, n x (v id index | s path | v size | u32 header crc | u32 payload crc)
+//! v n, n x (u8 op | v table | v range | v col | v round | record)          chunk records
+//! u8 row0 present (0 or 1), then if 1: v n, n x (v table | v range | v col | record)
+//! record: v min | v Δ(max - min) | v parts, each:
+//!         v file | v section | v lo | v Δ(hi - lo) | v ids_at | v Δ(rows_at - ids_at)
+//!         | v row_bytes | u32 crc
+//! ```
+//!
+//! A record's row count is the sum of its parts' rows (version 1 stored it apart). The stored
+//! row-0 entries are those whose `(table, range, col)` no column, remainder or moved record of
+//! the piece has, in ascending `(table, range, col)` order.
+//!
+//! Version 1 (still read): the same header; the payload is the [`PieceIndex`] as JSON, every
+//! row-0 entry in full.
 
 use ftrec_core::ServerId;
 use serde::{Deserialize, Serialize};
@@ -250,7 +282,8 @@ pub struct PieceIndex {
     #[serde(default)]
     pub chunks: Vec<ChunkRecord>,
     /// The list's whole row 0 after this piece (one chunk per range and column): what
-    /// restoring this newest state reads, without folding every earlier piece.
+    /// restoring this newest state reads, without folding every earlier piece. A decoded
+    /// version-2 index lists it in ascending `(table, range, col)` order.
     #[serde(default)]
     pub row0: Vec<ChunkRecord>,
 }
@@ -343,29 +376,135 @@ impl PieceIndex {
         Ok(())
     }
 
+    /// Encode as a version-2 `PIDX` file.
     pub fn encode(&self) -> Result<EncodedFile> {
-        let json = serde_json::to_vec(self).map_err(|e| {
-            CkptError::InvalidArgument(format!("piece index does not serialize: {e}"))
-        })?;
+        let payload = self.encode_payload()?;
         let mut head = Vec::with_capacity(8);
         head.extend_from_slice(&self.server.0.to_le_bytes());
         head.extend_from_slice(&self.column.to_le_bytes());
-        let mut b = FrameBuilder::new(FileKind::PieceIndex, &head, json.len() as u64);
-        b.push(&json);
+        let mut b = FrameBuilder::new(FileKind::PieceIndex, &head, payload.len() as u64);
+        b.push(&payload);
         Ok(b.finish())
     }
 
-    /// Decode and validate a `PIDX` file named `file`; also returns its checksums.
+    fn encode_payload(&self) -> Result<Vec<u8>> {
+        let mut w = Vec::with_capacity(256 + 48 * (self.chunks.len() + self.row0.len()));
+        put_v(&mut w, self.server.0 as u64);
+        put_v(&mut w, self.column as u64);
+        w.push(scheme_code(self.scheme));
+        w.push(self.quant.map_or(0, |q| q.bits() as u8));
+        w.extend_from_slice(&self.quant_max_abs_error.to_le_bytes());
+        put_s(&mut w, self.base.as_str());
+        put_v(&mut w, self.range_rows);
+        put_v(&mut w, self.base_bytes);
+        put_v(&mut w, self.restore_bytes);
+        w.extend_from_slice(&self.read_bytes_per_s.to_le_bytes());
+        for x in stats_counters(&self.stats) {
+            put_v(&mut w, x);
+        }
+        w.extend_from_slice(&self.stats.seconds.to_le_bytes());
+        let mut ids: Vec<&CheckpointId> = Vec::new();
+        let mut id_ix: std::collections::HashMap<&CheckpointId, u64> = Default::default();
+        for f in &self.files {
+            id_ix.entry(&f.ckpt).or_insert_with(|| {
+                ids.push(&f.ckpt);
+                (ids.len() - 1) as u64
+            });
+        }
+        put_v(&mut w, ids.len() as u64);
+        for id in &ids {
+            put_s(&mut w, id.as_str());
+        }
+        put_v(&mut w, self.files.len() as u64);
+        for f in &self.files {
+            put_v(&mut w, id_ix[&f.ckpt]);
+            put_s(&mut w, &f.path);
+            put_v(&mut w, f.size);
+            w.extend_from_slice(&f.crc32c.header.to_le_bytes());
+            w.extend_from_slice(&f.crc32c.payload.to_le_bytes());
+        }
+        put_v(&mut w, self.chunks.len() as u64);
+        for c in &self.chunks {
+            w.push(op_code(c.op));
+            for x in [c.table, c.range, c.col, c.round] {
+                put_v(&mut w, x as u64);
+            }
+            put_record(&mut w, c);
+        }
+        if self.row0.is_empty() {
+            w.push(0);
+        } else {
+            w.push(1);
+            let stored = self.row0_to_store()?;
+            put_v(&mut w, stored.len() as u64);
+            for c in stored {
+                for x in [c.table, c.range, c.col] {
+                    put_v(&mut w, x as u64);
+                }
+                put_record(&mut w, c);
+            }
+        }
+        Ok(w)
+    }
+
+    /// The row-0 entries no record of this piece gives (what version 2 stores), in ascending
+    /// `(table, range, col)` order; refuses a row 0 with two entries of one key or one that
+    /// disagrees with those records.
+    fn row0_to_store(&self) -> Result<Vec<&ChunkRecord>> {
+        let bad = |m: String| CkptError::InvalidArgument(format!("piece index row 0: {m}"));
+        let key = |c: &ChunkRecord| (c.table, c.range, c.col);
+        let mut sorted: Vec<&ChunkRecord> = self.row0.iter().collect();
+        sorted.sort_by_key(|c| key(c));
+        if let Some(w) = sorted.windows(2).find(|w| key(w[0]) == key(w[1])) {
+            return Err(bad(format!("two entries of {:?}", key(w[1]))));
+        }
+        if let Some(c) = self
+            .row0
+            .iter()
+            .find(|c| c.op != ChunkOp::Column || c.round != 0)
+        {
+            return Err(bad(format!("entry {:?} is not a row-0 chunk", key(c))));
+        }
+        let mut given: std::collections::HashMap<(u32, u32, u32), &ChunkRecord> =
+            Default::default();
+        for c in self.chunks.iter().filter(|c| gives_row0(c.op)) {
+            given.insert(key(c), c);
+        }
+        let mut out = Vec::with_capacity(self.row0.len());
+        for c in sorted {
+            match given.remove(&key(c)) {
+                Some(r) => {
+                    if (r.rows, r.min, r.max, &r.parts) != (c.rows, c.min, c.max, &c.parts) {
+                        return Err(bad(format!(
+                            "entry {:?} differs from this piece's record of it",
+                            key(c)
+                        )));
+                    }
+                }
+                None => out.push(c),
+            }
+        }
+        if let Some(k) = given.keys().next() {
+            return Err(bad(format!("holds no entry {k:?} for this piece's record")));
+        }
+        Ok(out)
+    }
+
+    /// Decode and validate a `PIDX` file named `file` (version 1 or 2); also returns its
+    /// checksums.
     pub fn decode(file: &str, data: &[u8]) -> Result<(PieceIndex, FileChecksums)> {
         let frame = parse_frame(file, FileKind::PieceIndex, data)?;
         let mut f = Fields::new(file, frame.header);
         let server = ServerId(f.u32()?);
         let column = f.u32()?;
-        let p: PieceIndex =
+        let p: PieceIndex = if frame.version == 1 {
             serde_json::from_slice(frame.payload).map_err(|e| CkptError::Corrupt {
                 file: file.to_string(),
                 reason: format!("piece index JSON: {e}"),
-            })?;
+            })?
+        } else {
+            decode_payload(file, frame.payload)?
+        };
         if p.server != server || p.column != column {
             return Err(CkptError::Corrupt {
                 file: file.to_string(),
@@ -378,6 +517,357 @@ impl PieceIndex {
         p.validate(file)?;
         Ok((p, frame.checksums))
     }
+}
+
+/// Records of these kinds give their column's row-0 chunk after the piece.
+fn gives_row0(op: ChunkOp) -> bool {
+    matches!(op, ChunkOp::Column | ChunkOp::Remainder | ChunkOp::Moved)
+}
+
+fn scheme_code(s: PieceScheme) -> u8 {
+    match s {
+        PieceScheme::Incremental => 0,
+        PieceScheme::Differential => 1,
+        PieceScheme::ChunkList => 2,
+    }
+}
+
+fn op_code(op: ChunkOp) -> u8 {
+    match op {
+        ChunkOp::Column => 0,
+        ChunkOp::Remainder => 1,
+        ChunkOp::Extracted => 2,
+        ChunkOp::Moved => 3,
+    }
+}
+
+fn stats_counters(s: &ExtractStats) -> [u64; 13] {
+    [
+        s.compared,
+        s.range_skips,
+        s.bloom_skips,
+        s.actual_skips,
+        s.extracted,
+        s.rows_extracted,
+        s.rows_rewritten,
+        s.moved,
+        s.rows_moved,
+        s.files_read,
+        s.bytes_read,
+        s.files_written,
+        s.bytes_written,
+    ]
+}
+
+fn put_v(w: &mut Vec<u8>, mut x: u64) {
+    while x >= 0x80 {
+        w.push((x as u8) | 0x80);
+        x >>= 7;
+    }
+    w.push(x as u8);
+}
+
+fn put_s(w: &mut Vec<u8>, s: &str) {
+    put_v(w, s.len() as u64);
+    w.extend_from_slice(s.as_bytes());
+}
+
+fn put_record(w: &mut Vec<u8>, c: &ChunkRecord) {
+    put_v(w, c.min);
+    put_v(w, c.max.wrapping_sub(c.min));
+    put_v(w, c.parts.len() as u64);
+    for p in &c.parts {
+        put_v(w, p.file as u64);
+        put_v(w, p.section as u64);
+        put_v(w, p.lo);
+        put_v(w, p.hi.wrapping_sub(p.lo));
+        put_v(w, p.ids_at);
+        put_v(w, p.rows_at.wrapping_sub(p.ids_at));
+        put_v(w, p.row_bytes as u64);
+        w.extend_from_slice(&p.crc.to_le_bytes());
+    }
+}
+
+/// Fewest bytes an encoded part takes (7 one-byte varints and the crc): bounds how many a
+/// declared count can be before the bytes run out.
+const MIN_PART: usize = 11;
+/// Fewest bytes an encoded record takes (op, 4 varints, min, Δ, part count).
+const MIN_RECORD: usize = 8;
+
+/// A reader of a version-2 payload; every error is `Corrupt` naming the file.
+struct Reader<'a> {
+    file: &'a str,
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn bad(&self, reason: String) -> CkptError {
+        CkptError::Corrupt {
+            file: self.file.to_string(),
+            reason: format!("piece index at payload byte {}: {reason}", self.at),
+        }
+    }
+
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
+        if self.b.len() - self.at < n {
+            return Err(self.bad(format!("the payload ends inside {what}")));
+        }
+        let s = &self.b[self.at..self.at + n];
+        self.at += n;
+        Ok(s)
+    }
+
+    fn u8(&mut self, what: &str) -> Result<u8> {
+        Ok(self.take(1, what)?[0])
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        Ok(u32::from_le_bytes(
+            self.take(4, what)?.try_into().expect("4"),
+        ))
+    }
+
+    fn f32(&mut self, what: &str) -> Result<f32> {
+        Ok(f32::from_le_bytes(
+            self.take(4, what)?.try_into().expect("4"),
+        ))
+    }
+
+    fn f64(&mut self, what: &str) -> Result<f64> {
+        Ok(f64::from_le_bytes(
+            self.take(8, what)?.try_into().expect("8"),
+        ))
+    }
+
+    fn v(&mut self, what: &str) -> Result<u64> {
+        let mut x = 0u64;
+        for i in 0..10 {
+            let byte = self.u8(what)?;
+            let bits = (byte & 0x7f) as u64;
+            if i == 9 && bits > 1 {
+                return Err(self.bad(format!("{what} overflows 64 bits")));
+            }
+            x |= bits << (7 * i);
+            if byte & 0x80 == 0 {
+                return Ok(x);
+            }
+        }
+        Err(self.bad(format!("{what} is a varint longer than 10 bytes")))
+    }
+
+    fn v32(&mut self, what: &str) -> Result<u32> {
+        let x = self.v(what)?;
+        u32::try_from(x).map_err(|_| self.bad(format!("{what} {x} is above 2^32")))
+    }
+
+    /// A count of items of at least `min` bytes each, refused if the rest cannot hold them.
+    fn count(&mut self, what: &str, min: usize) -> Result<usize> {
+        let n = self.v(what)?;
+        let left = (self.b.len() - self.at) as u64;
+        if n > left / min as u64 {
+            return Err(self.bad(format!("{n} {what} in {left} bytes")));
+        }
+        Ok(n as usize)
+    }
+
+    fn s(&mut self, what: &str) -> Result<&'a str> {
+        let n = self.count(what, 1)?;
+        let b = self.take(n, what)?;
+        std::str::from_utf8(b).map_err(|_| self.bad(format!("{what} is not UTF-8")))
+    }
+
+    fn id(&mut self, what: &str) -> Result<CheckpointId> {
+        let s = self.s(what)?;
+        CheckpointId::new(s).map_err(|e| self.bad(format!("{what}: {e}")))
+    }
+
+    fn record(&mut self, op: ChunkOp, key: [u32; 4]) -> Result<ChunkRecord> {
+        let min = self.v("a record's min")?;
+        let max = min.wrapping_add(self.v("a record's max")?);
+        let n = self.count("parts", MIN_PART)?;
+        let mut parts = Vec::with_capacity(n);
+        let mut rows = 0u64;
+        for _ in 0..n {
+            let file = self.v32("a part's file")?;
+            let section = self.v32("a part's section")?;
+            let lo = self.v("a part's lo")?;
+            let hi = lo.wrapping_add(self.v("a part's rows")?);
+            let ids_at = self.v("a part's ids offset")?;
+            let rows_at = ids_at.wrapping_add(self.v("a part's rows offset")?);
+            let row_bytes = self.v32("a part's row bytes")?;
+            let crc = self.u32("a part's crc")?;
+            let p = Part {
+                file,
+                section,
+                lo,
+                hi,
+                ids_at,
+                rows_at,
+                row_bytes,
+                crc,
+            };
+            rows = rows
+                .checked_add(p.rows())
+                .ok_or_else(|| self.bad("a record's parts hold more than 2^64 rows".into()))?;
+            parts.push(p);
+        }
+        let [table, range, col, round] = key;
+        Ok(ChunkRecord {
+            op,
+            table,
+            range,
+            col,
+            round,
+            rows,
+            min,
+            max,
+            parts,
+        })
+    }
+}
+
+fn decode_payload(file: &str, b: &[u8]) -> Result<PieceIndex> {
+    let mut r = Reader { file, b, at: 0 };
+    let server = ServerId(r.v32("the server")?);
+    let column = r.v32("the column")?;
+    let scheme = match r.u8("the scheme")? {
+        0 => PieceScheme::Incremental,
+        1 => PieceScheme::Differential,
+        2 => PieceScheme::ChunkList,
+        x => return Err(r.bad(format!("unknown scheme {x}"))),
+    };
+    let quant = match r.u8("the quantization")? {
+        0 => None,
+        x => Some(
+            QuantBits::from_bits(x as u32)
+                .ok_or_else(|| r.bad(format!("quantization to {x} bits")))?,
+        ),
+    };
+    let quant_max_abs_error = r.f32("the quantization error")?;
+    let base = r.id("the base")?;
+    let range_rows = r.v("range rows")?;
+    let base_bytes = r.v("base bytes")?;
+    let restore_bytes = r.v("restore bytes")?;
+    let read_bytes_per_s = r.f64("the read rate")?;
+    let mut c = [0u64; 13];
+    for x in &mut c {
+        *x = r.v("an extraction counter")?;
+    }
+    let stats = ExtractStats {
+        compared: c[0],
+        range_skips: c[1],
+        bloom_skips: c[2],
+        actual_skips: c[3],
+        extracted: c[4],
+        rows_extracted: c[5],
+        rows_rewritten: c[6],
+        moved: c[7],
+        rows_moved: c[8],
+        files_read: c[9],
+        bytes_read: c[10],
+        files_written: c[11],
+        bytes_written: c[12],
+        seconds: r.f64("the extraction time")?,
+    };
+    let n = r.count("checkpoint ids", 1)?;
+    let mut ids = Vec::with_capacity(n);
+    for _ in 0..n {
+        ids.push(r.id("a file's checkpoint")?);
+    }
+    let n = r.count("files", 11)?;
+    let mut files = Vec::with_capacity(n);
+    for _ in 0..n {
+        let i = r.v("a file's checkpoint")?;
+        let ckpt = ids
+            .get(i as usize)
+            .cloned()
+            .ok_or_else(|| r.bad(format!("a file names checkpoint {i} of {}", ids.len())))?;
+        let path = r.s("a file's path")?.to_string();
+        let size = r.v("a file's size")?;
+        let header = r.u32("a file's header crc")?;
+        let payload = r.u32("a file's payload crc")?;
+        files.push(FileRef {
+            ckpt,
+            path,
+            size,
+            crc32c: FileChecksums { header, payload },
+        });
+    }
+    let n = r.count("chunk records", MIN_RECORD)?;
+    let mut chunks = Vec::with_capacity(n);
+    for _ in 0..n {
+        let op = match r.u8("a record's op")? {
+            0 => ChunkOp::Column,
+            1 => ChunkOp::Remainder,
+            2 => ChunkOp::Extracted,
+            3 => ChunkOp::Moved,
+            x => return Err(r.bad(format!("unknown chunk op {x}"))),
+        };
+        let key = [
+            r.v32("a record's table")?,
+            r.v32("a record's range")?,
+            r.v32("a record's column")?,
+            r.v32("a record's round")?,
+        ];
+        chunks.push(r.record(op, key)?);
+    }
+    let mut row0 = Vec::new();
+    match r.u8("the row-0 flag")? {
+        0 => {}
+        1 => {
+            let n = r.count("row-0 entries", MIN_RECORD - 2)?;
+            let given = chunks.iter().filter(|c| gives_row0(c.op)).count();
+            row0.reserve(n.saturating_add(given).min(b.len()));
+            for _ in 0..n {
+                let key = [
+                    r.v32("a row-0 entry's table")?,
+                    r.v32("a row-0 entry's range")?,
+                    r.v32("a row-0 entry's column")?,
+                    0,
+                ];
+                row0.push(r.record(ChunkOp::Column, key)?);
+            }
+            let key = |c: &ChunkRecord| (c.table, c.range, c.col);
+            if let Some(w) = row0.windows(2).find(|w| key(&w[0]) >= key(&w[1])) {
+                return Err(r.bad(format!("row-0 entries out of order at {:?}", key(&w[1]))));
+            }
+            for c in chunks.iter().filter(|c| gives_row0(c.op)) {
+                row0.push(ChunkRecord {
+                    op: ChunkOp::Column,
+                    round: 0,
+                    ..c.clone()
+                });
+            }
+            row0.sort_by_key(key);
+            if let Some(w) = row0.windows(2).find(|w| key(&w[0]) == key(&w[1])) {
+                return Err(r.bad(format!(
+                    "two row-0 chunks of (table, range, column) {:?}",
+                    key(&w[1])
+                )));
+            }
+        }
+        x => return Err(r.bad(format!("row-0 flag {x}"))),
+    }
+    if r.at != b.len() {
+        return Err(r.bad(format!("{} bytes after the last field", b.len() - r.at)));
+    }
+    Ok(PieceIndex {
+        server,
+        scheme,
+        column,
+        base,
+        quant,
+        quant_max_abs_error,
+        range_rows,
+        base_bytes,
+        restore_bytes,
+        read_bytes_per_s,
+        stats,
+        files,
+        chunks,
+        row0,
+    })
 }
 
 #[cfg(test)]
@@ -467,22 +957,154 @@ mod tests {
         }
     }
 
+    /// `p` as a version-1 file (JSON payload), as earlier builds wrote it.
+    fn encode_v1(p: &PieceIndex) -> Vec<u8> {
+        let json = serde_json::to_vec(p).unwrap();
+        let mut head = Vec::new();
+        head.extend_from_slice(&p.server.0.to_le_bytes());
+        head.extend_from_slice(&p.column.to_le_bytes());
+        let mut b = FrameBuilder::new(FileKind::PieceIndex, &head, json.len() as u64);
+        b.push(&json);
+        let mut d = b.finish().bytes.to_vec();
+        // Version 1 in the prefix, the header checksum recomputed.
+        d[8..10].copy_from_slice(&1u16.to_le_bytes());
+        let h = u32::from_le_bytes(d[12..16].try_into().unwrap()) as usize;
+        let crc = crc32c::crc32c(&d[..16 + h]);
+        d[16 + h..20 + h].copy_from_slice(&crc.to_le_bytes());
+        d
+    }
+
+    /// A piece whose row 0 is what folding it gives: its column and remainder, and an older
+    /// column's chunk no record touches.
+    fn with_row0() -> PieceIndex {
+        let mut p = sample();
+        let mut rem = p.chunks[0].clone();
+        rem.op = ChunkOp::Remainder;
+        rem.col = 2;
+        rem.min = 41;
+        rem.max = 50;
+        p.chunks.push(rem.clone());
+        let mut old = p.chunks[0].clone();
+        old.col = 1;
+        old.range = 0;
+        old.parts[0].crc = 99;
+        let row0 = |c: &ChunkRecord| ChunkRecord {
+            op: ChunkOp::Column,
+            ..c.clone()
+        };
+        p.row0 = vec![row0(&old), row0(&rem), row0(&p.chunks[0])];
+        p
+    }
+
     #[test]
     fn round_trip() {
-        let p = sample();
-        let f = p.encode().unwrap();
-        let (back, crc) = PieceIndex::decode("PIDX", &f.bytes).unwrap();
-        assert_eq!(back, p);
-        assert_eq!(crc, f.checksums);
-        let json = String::from_utf8_lossy(&f.bytes);
-        assert!(
-            json.contains("[0,0,2,3,0,5,3,40,[[0,0,10,15,144,344,12,7]]]"),
-            "{json}"
-        );
+        for p in [sample(), with_row0()] {
+            let f = p.encode().unwrap();
+            assert_eq!(&f.bytes[8..10], &2u16.to_le_bytes());
+            let (back, crc) = PieceIndex::decode("PIDX", &f.bytes).unwrap();
+            assert_eq!(back, p);
+            assert_eq!(crc, f.checksums);
+        }
+        // Extreme values round-trip too (varints of 10 bytes, wrapping differences).
         let mut p = sample();
-        p.row0 = vec![p.chunks[0].clone()];
+        p.chunks[0].min = u64::MAX;
+        p.chunks[0].max = 0;
+        p.chunks[0].rows = 0;
+        p.chunks[0].parts.clear();
+        p.base_bytes = u64::MAX;
+        p.stats.bytes_read = u64::MAX - 1;
+        p.quant_max_abs_error = 0.25;
         let (back, _) = PieceIndex::decode("PIDX", &p.encode().unwrap().bytes).unwrap();
         assert_eq!(back, p);
+    }
+
+    /// Row-0 entries a record of the same piece gives are not stored twice.
+    #[test]
+    fn row0_entries_given_by_records_are_stored_once() {
+        let p = with_row0();
+        let full = p.encode().unwrap().size();
+        let bare = {
+            let mut r = p.clone();
+            r.row0.clear();
+            r.encode().unwrap().size()
+        };
+        // Only the older column's entry (and the flag and count) costs bytes.
+        assert!(full - bare < 40, "row 0 added {} bytes", full - bare);
+        // A row 0 that disagrees with the piece's records, or is out of order, is refused.
+        let mut bad = p.clone();
+        bad.row0[2].parts[0].crc ^= 1;
+        let e = bad.encode().unwrap_err();
+        assert!(e.to_string().contains("differs"), "{e}");
+        let mut bad = p.clone();
+        bad.row0.push(bad.row0[0].clone());
+        assert!(bad.encode().is_err());
+        // Any order in memory; ascending on disk.
+        let mut q = p.clone();
+        q.row0.swap(0, 2);
+        let (back, _) = PieceIndex::decode("PIDX", &q.encode().unwrap().bytes).unwrap();
+        assert_eq!(back, p);
+        let mut bad = p;
+        bad.row0.remove(1);
+        assert!(bad.encode().is_err());
+    }
+
+    /// Version-1 files (JSON) are still read, with the same meaning.
+    #[test]
+    fn version_1_is_read() {
+        for p in [sample(), with_row0()] {
+            let v1 = encode_v1(&p);
+            let (back, _) = PieceIndex::decode("s1/piece.pidx", &v1).unwrap();
+            assert_eq!(back, p);
+            assert!(
+                p.encode().unwrap().size() < v1.len() as u64 / 2,
+                "version 2 is less than half of version 1"
+            );
+        }
+        // A version this build does not know is refused, naming the file.
+        let mut d = sample().encode().unwrap().bytes.to_vec();
+        d[8..10].copy_from_slice(&3u16.to_le_bytes());
+        let h = u32::from_le_bytes(d[12..16].try_into().unwrap()) as usize;
+        let crc = crc32c::crc32c(&d[..16 + h]);
+        d[16 + h..20 + h].copy_from_slice(&crc.to_le_bytes());
+        let e = PieceIndex::decode("s1/piece.pidx", &d).unwrap_err();
+        assert!(
+            matches!(e, CkptError::UnsupportedVersion { found: 3, .. }),
+            "{e}"
+        );
+        assert_eq!(e.file(), Some("s1/piece.pidx"));
+    }
+
+    /// A payload re-sealed with correct checksums but damaged inside is refused by the
+    /// decoder itself, naming the file: every truncation and every one-byte change.
+    #[test]
+    fn damaged_payloads_behind_good_checksums_are_errors_naming_the_file() {
+        let p = with_row0();
+        let payload = p.encode_payload().unwrap();
+        let seal = |pl: &[u8]| {
+            let mut head = Vec::new();
+            head.extend_from_slice(&p.server.0.to_le_bytes());
+            head.extend_from_slice(&p.column.to_le_bytes());
+            let mut b = FrameBuilder::new(FileKind::PieceIndex, &head, pl.len() as u64);
+            b.push(pl);
+            b.finish().bytes.to_vec()
+        };
+        for len in 0..payload.len() {
+            let e = PieceIndex::decode("s1/piece.pidx", &seal(&payload[..len])).unwrap_err();
+            assert_eq!(e.file(), Some("s1/piece.pidx"), "len {len}: {e}");
+        }
+        let mut extra = payload.clone();
+        extra.push(0);
+        assert!(PieceIndex::decode("s1/piece.pidx", &seal(&extra)).is_err());
+        for i in 0..payload.len() {
+            for x in [0x01u8, 0x80, 0xff] {
+                let mut d = payload.clone();
+                d[i] ^= x;
+                // Either another valid index or an error naming the file, never a panic.
+                if let Err(e) = PieceIndex::decode("s1/piece.pidx", &seal(&d)) {
+                    assert_eq!(e.file(), Some("s1/piece.pidx"), "byte {i}: {e}");
+                }
+            }
+        }
     }
 
     #[test]
@@ -508,25 +1130,23 @@ mod tests {
         assert!(matches!(p.validate("i"), Err(CkptError::Corrupt { .. })));
         // A decoded file must agree with its header.
         let mut p = sample();
-        let f = p.encode().unwrap();
         p.column = 4;
-        let mut d = f.bytes.to_vec();
-        let json = serde_json::to_vec(&p).unwrap();
-        assert_ne!(d.len(), 0);
+        let payload = p.encode_payload().unwrap();
         let mut b = FrameBuilder::new(
             FileKind::PieceIndex,
             &[1, 0, 0, 0, 3, 0, 0, 0],
-            json.len() as u64,
+            payload.len() as u64,
         );
-        b.push(&json);
-        d = b.finish().bytes.to_vec();
+        b.push(&payload);
+        let d = b.finish().bytes.to_vec();
         let e = PieceIndex::decode("s1/piece.pidx", &d).unwrap_err();
         assert_eq!(e.file(), Some("s1/piece.pidx"));
+        assert!(e.to_string().contains("header says"), "{e}");
     }
 
     #[test]
     fn flip_any_byte_or_truncate_is_an_error_naming_the_file() {
-        let f = sample().encode().unwrap();
+        let f = with_row0().encode().unwrap();
         for i in 0..f.bytes.len() {
             let mut d = f.bytes.to_vec();
             d[i] ^= 0x08;
