@@ -47,8 +47,8 @@ fn strings(a: &[&str]) -> Vec<String> {
     a.iter().map(|s| s.to_string()).collect()
 }
 
-/// The step of the newest committed state in the store (a checkpoint with a manifest, or the
-/// delta a merged checkpoint stands for), if any.
+/// The step of the store's head, the state `ftrec run --resume` starts from (the checkpoint
+/// `CURRENT` names, or the delta a merged checkpoint stands for), if any.
 fn committed_step(store: &Path) -> Option<u64> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -57,7 +57,14 @@ fn committed_step(store: &Path) -> Option<u64> {
     rt.block_on(async {
         let ckpts = Checkpoints::new(Arc::new(LocalStore::new(store).ok()?));
         let lineage = Lineage::load(&ckpts).await.ok()?;
-        lineage.states_newest_first().first().map(|(step, _)| *step)
+        // The state a resume starts from: the head (`CURRENT`). A kill between a save's
+        // manifest and its `CURRENT` leaves a newer complete state that resume passes over.
+        let head = lineage.head()?;
+        lineage
+            .nodes()
+            .filter(|n| n.tip == head || n.id == head)
+            .map(|n| n.step)
+            .max()
     })
 }
 
