@@ -94,6 +94,7 @@ pub use key::Key;
 pub use store::fault::{FaultPlan, FaultyStore};
 pub use store::local::LocalStore;
 pub use store::memory::MemoryStore;
+pub use store::retry::{RetryPolicy, RetryingStore};
 #[cfg(feature = "s3")]
 pub use store::s3::{S3Config, S3Store};
 pub use store::{ChunkStore, ObjectMeta, PutMode};

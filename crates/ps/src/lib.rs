@@ -62,6 +62,7 @@ pub mod observer;
 pub mod server;
 pub mod service;
 pub mod sharded;
+pub mod tls;
 pub mod update;
 
 #[cfg(test)]
