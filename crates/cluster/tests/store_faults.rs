@@ -7,6 +7,10 @@
 //! checkpoint whose every file is intact, and a server killed after the outage is restored
 //! to the failure-free run's digest.
 //!
+//! Outage windows are limited to the objects of the run's first attempt (checkpoint ids
+//! ending `-a0`): a replacement server is a new process whose counters start again, and the
+//! outage should be over by then.
+//!
 //! The S3 endpoint that goes away for a while is played by the same fault store in front of
 //! a local directory: the retry layer sees the same transient errors either way.
 
@@ -125,8 +129,9 @@ fn a_full_disk_on_checkpoint_writes_fails_saves_until_it_clears_and_loses_nothin
         steps,
     );
     cfg.kills = vec!["server=1@step=21".parse().unwrap()];
-    // Every process's checkpoint-file writes 1 to 12 find the disk full.
-    let r = run_with_faults(&cfg, "put:enospc:1-12:ckpt/");
+    // Every process's writes 1 to 12 of the run's first attempt (ids `...-a0`, before the
+    // recovery) find the disk full; the replacement process, a new one, writes `-a1` ids.
+    let r = run_with_faults(&cfg, "put:enospc:1-12:-a0/");
     assert_eq!(r.steps, steps);
     assert_saves_failed_then_committed(&r, "no space left");
     assert_eq!(r.failures.len(), 1);
@@ -147,8 +152,13 @@ fn a_store_that_fails_every_operation_for_a_while_then_a_server_kill_loses_nothi
         steps,
     );
     cfg.kills = vec!["server=2@step=21".parse().unwrap()];
-    // Every operation of every process on checkpoint objects fails for its calls 1 to 12.
-    let r = run_with_faults(&cfg, "seed=4;all:fail:1-12:ckpt/");
+    // Every operation a save makes (writes, the commit's size checks, the cleanup of a failed
+    // save) fails for each process's calls 1 to 12 on the first attempt's objects. Reads are
+    // left alone: the restore after the kill reads those objects in a new process.
+    let r = run_with_faults(
+        &cfg,
+        "seed=4;put:fail:1-12:-a0/;head:fail:1-12:-a0/;delete:fail:1-12:-a0/",
+    );
     assert_eq!(r.steps, steps);
     assert_saves_failed_then_committed(&r, "gave up after 3 tries");
     assert_eq!(r.failures.len(), 1);

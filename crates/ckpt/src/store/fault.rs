@@ -209,10 +209,10 @@ impl FaultPlan {
             let action = match fields[1] {
                 "fail" => FaultAction::Fail,
                 "enospc" => FaultAction::StorageFull,
-                d if d.starts_with("delay=") => {
-                    FaultAction::Delay(Duration::from_millis(num(part, &d[6..])?))
-                }
-                other => return Err(bad(part, format!("unknown action {other:?}"))),
+                other => match other.strip_prefix("delay=") {
+                    Some(ms) => FaultAction::Delay(Duration::from_millis(num(part, ms)?)),
+                    None => return Err(bad(part, format!("unknown action {other:?}"))),
+                },
             };
             let trigger = match fields[2] {
                 "*" => Trigger::Always,
