@@ -58,7 +58,7 @@ impl Default for RetryPolicy {
             attempts: DEFAULT_ATTEMPTS,
             first_backoff: DEFAULT_FIRST_BACKOFF,
             max_backoff: DEFAULT_MAX_BACKOFF,
-            seed: 0x5EED_0F_BAC0FF,
+            seed: 0x5EED_B0FF,
         }
     }
 }
