@@ -4,7 +4,9 @@
 //! - the [`ChunkStore`] trait, an async object store small enough for a local directory
 //!   ([`LocalStore`]), an S3-compatible bucket ([`S3Store`], feature `s3`, on by default) and a
 //!   map in memory ([`MemoryStore`]) to implement with one set of semantics, checked by one
-//!   [`conformance`] suite; and [`FaultyStore`], a seeded fault-injecting wrapper for tests;
+//!   [`conformance`] suite; [`FaultyStore`], a seeded fault-injecting wrapper for tests; and
+//!   [`RetryingStore`], bounded retries with seeded exponential backoff of transient failures
+//!   (outages, a full disk), which every store opened from a location gets;
 //! - the versioned on-disk [formats](mod@format): row files, dense files, manifests and the
 //!   `CURRENT` pointer, each framed with magic, version, a header checksum and a payload
 //!   checksum;
@@ -94,6 +96,7 @@ pub use key::Key;
 pub use store::fault::{FaultPlan, FaultyStore};
 pub use store::local::LocalStore;
 pub use store::memory::MemoryStore;
+pub use store::retry::{RetryPolicy, RetryingStore};
 #[cfg(feature = "s3")]
 pub use store::s3::{S3Config, S3Store};
 pub use store::{ChunkStore, ObjectMeta, PutMode};

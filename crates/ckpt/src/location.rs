@@ -9,10 +9,13 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::error::{CkptError, Result};
 use crate::key::Key;
+use crate::store::fault::{FaultPlan, FaultyStore, FAULTS_ENV};
 use crate::store::local::LocalStore;
+use crate::store::retry::{RetryPolicy, RetryingStore};
 use crate::store::ChunkStore;
 
 /// A parsed location.
@@ -115,11 +118,52 @@ pub fn parse(location: &str) -> Result<Location> {
 
 /// Open the store at `location`. A directory is created if missing; an S3 location needs an
 /// endpoint, credentials and a region from `opts` or the environment, and must answer a list.
+///
+/// The store retries transient failures ([`crate::store::retry`]) with the policy of
+/// [`retry_policy_from_env`]; with `FTREC_STORE_FAULTS` set, it first injects the faults that
+/// variable names ([`FaultPlan::parse`]: tests of whole runs).
 pub async fn open(location: &str, opts: &LocationOptions) -> Result<Arc<dyn ChunkStore>> {
-    match parse(location)? {
-        Location::Dir(path) => Ok(Arc::new(LocalStore::new(path)?)),
-        Location::S3 { bucket, prefix } => open_s3(location, bucket, prefix, opts).await,
+    let mut store: Arc<dyn ChunkStore> = match parse(location)? {
+        Location::Dir(path) => Arc::new(LocalStore::new(path)?),
+        Location::S3 { bucket, prefix } => open_s3(location, bucket, prefix, opts).await?,
+    };
+    if let Ok(spec) = std::env::var(FAULTS_ENV) {
+        store = Arc::new(FaultyStore::new(store, FaultPlan::parse(&spec)?));
     }
+    Ok(Arc::new(RetryingStore::new(
+        store,
+        retry_policy_from_env()?,
+    )?))
+}
+
+/// Environment variable: tries per store operation ([`RetryPolicy::attempts`]).
+pub const ATTEMPTS_ENV: &str = "FTREC_STORE_ATTEMPTS";
+/// Environment variable: the longest wait between two tries, in milliseconds.
+pub const MAX_BACKOFF_ENV: &str = "FTREC_STORE_MAX_BACKOFF_MS";
+
+/// The default retry policy with `FTREC_STORE_ATTEMPTS` and `FTREC_STORE_MAX_BACKOFF_MS`
+/// applied (a first backoff above the longest is lowered to it).
+pub fn retry_policy_from_env() -> Result<RetryPolicy> {
+    let mut p = RetryPolicy::default();
+    let var = |name: &str| -> Result<Option<u64>> {
+        match std::env::var(name) {
+            Ok(v) => v.trim().parse::<u64>().map(Some).map_err(|e| {
+                CkptError::InvalidArgument(format!("${name}={v:?} is not a number: {e}"))
+            }),
+            Err(_) => Ok(None),
+        }
+    };
+    if let Some(n) = var(ATTEMPTS_ENV)? {
+        p.attempts = u32::try_from(n).unwrap_or(u32::MAX);
+    }
+    if let Some(ms) = var(MAX_BACKOFF_ENV)? {
+        p.max_backoff = Duration::from_millis(ms);
+        p.first_backoff = p.first_backoff.min(p.max_backoff);
+    }
+    p.validate().map_err(|e| {
+        CkptError::InvalidArgument(format!("${ATTEMPTS_ENV}/${MAX_BACKOFF_ENV}: {e}"))
+    })?;
+    Ok(p)
 }
 
 #[cfg(feature = "s3")]

@@ -144,6 +144,39 @@ impl EcRunArgs {
     }
 }
 
+/// TLS on every gRPC connection of a process (`ftrec run`, `coordinator`, `server`,
+/// `worker`; see `ftrec_ps::tls`). Part of [`AuthArgs`], passed down the same way: processes
+/// `ftrec run` starts get the paths through their environment.
+#[derive(Args, Debug, Clone, Default, PartialEq)]
+pub struct TlsArgs {
+    /// PEM certificate chain this process presents, as a server and as a client (mutual TLS).
+    /// With --tls-key and --tls-ca; default: $FTREC_TLS_CERT.
+    #[arg(long, value_name = "PATH")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert. Default: $FTREC_TLS_KEY.
+    #[arg(long, value_name = "PATH")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM certificate authority: servers and clients whose certificate does not chain to it
+    /// are refused. Default: $FTREC_TLS_CA.
+    #[arg(long, value_name = "PATH")]
+    pub tls_ca: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    pub fn is_empty(&self) -> bool {
+        self.tls_cert.is_none() && self.tls_key.is_none() && self.tls_ca.is_none()
+    }
+
+    /// The files these flags name, read and checked (`None` without flags).
+    pub fn load(&self) -> Result<Option<ftrec_ps::tls::Tls>, ClusterError> {
+        Ok(ftrec_ps::tls::Tls::load(
+            self.tls_cert.as_deref(),
+            self.tls_key.as_deref(),
+            self.tls_ca.as_deref(),
+        )?)
+    }
+}
+
 /// Flags of one worker process (`ftrec worker`).
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct WorkerArgs {

@@ -31,6 +31,8 @@ pub struct AuthArgs {
     /// without one serves any job.
     #[arg(long, value_name = "ID")]
     pub job_id: Option<String>,
+    #[command(flatten)]
+    pub tls: crate::args::TlsArgs,
 }
 
 impl AuthArgs {
@@ -45,6 +47,11 @@ impl AuthArgs {
             job: match &self.job_id {
                 Some(j) => Some(JobId::new(j)?),
                 None => env.job,
+            },
+            tls: match self.tls.load()? {
+                Some(t) => Some(t),
+                None if self.tls.is_empty() => env.tls,
+                None => None,
             },
         })
     }
@@ -97,6 +104,7 @@ pub fn check_hello(auth: &Auth, token: Option<&Secret>, job: Option<&str>) -> Re
         (Some(_), None) => Auth {
             token: auth.token.clone(),
             job: None,
+            tls: None,
         }
         .check(token, None),
         _ => auth.check(token, job),
@@ -120,6 +128,7 @@ mod tests {
         let given = Auth {
             token: None,
             job: Some(JobId::new("mine").unwrap()),
+            tls: None,
         };
         assert_eq!(with_job(&given, 1), given);
         assert!(with_job(&Auth::none(), 1).job.is_some());
@@ -130,6 +139,7 @@ mod tests {
         let auth = Auth {
             token: Some(Token::new("tok", "test").unwrap()),
             job: Some(JobId::new("job-a").unwrap()),
+            tls: None,
         };
         let good = Secret("tok".into());
         assert_eq!(check_hello(&auth, Some(&good), Some("job-a")), Ok(()));
@@ -157,6 +167,7 @@ mod tests {
         let a = AuthArgs {
             auth_token_file: Some(empty.clone()),
             job_id: None,
+            tls: Default::default(),
         };
         let e = a.resolve().unwrap_err().to_string();
         assert!(
@@ -168,6 +179,7 @@ mod tests {
         let a = AuthArgs {
             auth_token_file: Some(good),
             job_id: Some("job-x".into()),
+            tls: Default::default(),
         };
         let auth = a.resolve().unwrap();
         assert!(auth.token.unwrap().matches(b"s3cret"));
@@ -175,6 +187,7 @@ mod tests {
         let e = AuthArgs {
             auth_token_file: None,
             job_id: Some("bad id".into()),
+            tls: Default::default(),
         }
         .resolve()
         .unwrap_err()

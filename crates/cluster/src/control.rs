@@ -375,6 +375,9 @@ impl WorkerPool {
             // The token never goes on the command line, which `ps` shows.
             .env_remove(ftrec_ps::auth::TOKEN_ENV)
             .env_remove(ftrec_ps::auth::JOB_ENV)
+            .env_remove(ftrec_ps::tls::CERT_ENV)
+            .env_remove(ftrec_ps::tls::KEY_ENV)
+            .env_remove(ftrec_ps::tls::CA_ENV)
             .envs(self.auth.env_vars())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())

@@ -1759,6 +1759,17 @@ impl Coordinator {
         );
         let worker_pids = self.pool.pids.clone();
         let store = self.store_report();
+        let failed_saves: Vec<&TimedEvent> = self
+            .events
+            .iter()
+            .filter(|e| e.kind == EventKind::CheckpointFailed)
+            .collect();
+        let checkpoints_failed = failed_saves.len() as u64;
+        let checkpoint_failures = failed_saves
+            .iter()
+            .take(crate::report::MAX_FAILURE_REASONS)
+            .map(|e| e.detail.clone())
+            .collect();
         Ok(RunReport {
             job_id: self.cfg.auth.job_name(),
             strategy: self.strategy.name().to_string(),
@@ -1772,6 +1783,8 @@ impl Coordinator {
             events: self.events,
             failures: self.failures,
             checkpoints: self.checkpoints,
+            checkpoints_failed,
+            checkpoint_failures,
             checkpoint_pause_s: self.pause_s,
             final_save_s: self.final_save_s,
             overheads,

@@ -36,6 +36,9 @@ impl ServerProcess {
             // The token and job id go through the environment: a command line is public.
             .env_remove(ftrec_ps::auth::TOKEN_ENV)
             .env_remove(ftrec_ps::auth::JOB_ENV)
+            .env_remove(ftrec_ps::tls::CERT_ENV)
+            .env_remove(ftrec_ps::tls::KEY_ENV)
+            .env_remove(ftrec_ps::tls::CA_ENV)
             .envs(spec.auth.env_vars())
             // The server lives until this pipe closes (see `serve_shard`).
             .stdin(Stdio::piped())

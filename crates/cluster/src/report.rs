@@ -160,6 +160,9 @@ pub fn intervals(completions: &[f64], samples_per_batch: u64, width_s: f64) -> V
         .collect()
 }
 
+/// Reasons of failed saves a report keeps.
+pub const MAX_FAILURE_REASONS: usize = 16;
+
 /// The report of [`crate::run`] (the `--json` output of `ftrec run`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunReport {
@@ -182,6 +185,14 @@ pub struct RunReport {
     pub events: Vec<TimedEvent>,
     pub failures: Vec<FailureReport>,
     pub checkpoints: u64,
+    /// Saves that did not commit (the store failed past its retries, a server was lost
+    /// during the write): training went on and the next save tried again; only the restore
+    /// point aged meanwhile.
+    #[serde(default)]
+    pub checkpoints_failed: u64,
+    /// Why, for the first [`MAX_FAILURE_REASONS`] of them.
+    #[serde(default)]
+    pub checkpoint_failures: Vec<String>,
     /// Training paused for checkpoints (seconds, all saves).
     pub checkpoint_pause_s: f64,
     /// Of which the save of the last step at the end of the run (no failure can cost it
@@ -345,6 +356,13 @@ impl RunReport {
                 "  resumed from checkpoint {} at step {} of {} (saved by {} servers, restored \
                  onto {})\n",
                 r.checkpoint, r.step, r.location, r.saved_servers, r.servers
+            );
+        }
+        if self.checkpoints_failed > 0 {
+            s += &format!(
+                "  {} saves failed and were retried at later save points (training went on;                  the restore point aged); first: {}\n",
+                self.checkpoints_failed,
+                self.checkpoint_failures.first().map_or("-", String::as_str)
             );
         }
         let secs = |v: Option<f64>| v.map_or("-".to_string(), |d| format!("{d:.3}s"));

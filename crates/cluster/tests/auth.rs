@@ -25,6 +25,7 @@ fn auth(token: Option<&str>, job: Option<&str>) -> Auth {
     Auth {
         token: token.map(|t| Token::new(t, "test").unwrap()),
         job: job.map(|j| JobId::new(j).unwrap()),
+        tls: None,
     }
 }
 

@@ -33,6 +33,7 @@ use tonic::metadata::{Ascii, MetadataMap, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::Status;
 
+use crate::tls::Tls;
 use crate::PsError;
 
 /// Metadata key of the token (value `Bearer TOKEN`).
@@ -147,12 +148,13 @@ impl fmt::Display for JobId {
     }
 }
 
-/// What a process proves (as a client) and demands (as a server): the token and the job id,
-/// each optional.
+/// What a process proves (as a client) and demands (as a server): the token, the job id and
+/// TLS ([`crate::tls`]), each optional.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Auth {
     pub token: Option<Token>,
     pub job: Option<JobId>,
+    pub tls: Option<Tls>,
 }
 
 impl Auth {
@@ -175,6 +177,7 @@ impl Auth {
                 .map(|t| Token::new(&t, &format!("${TOKEN_ENV}")))
                 .transpose()?,
             job: var(JOB_ENV)?.map(|j| JobId::new(&j)).transpose()?,
+            tls: Tls::from_env()?,
         })
     }
 
@@ -187,6 +190,9 @@ impl Auth {
         }
         if let Some(j) = &self.job {
             v.push((JOB_ENV, j.to_string()));
+        }
+        if let Some(t) = &self.tls {
+            v.extend(t.env_vars());
         }
         v
     }
@@ -219,6 +225,16 @@ impl Auth {
             }
         }
         Ok(())
+    }
+
+    /// The endpoint of a server at `addr`: `https://` with this process's TLS, else `http://`.
+    pub fn endpoint(&self, addr: impl fmt::Display) -> Result<tonic::transport::Endpoint, PsError> {
+        crate::tls::endpoint(&addr.to_string(), self.tls.as_ref())
+    }
+
+    /// What to append to a failed connection's reason ([`crate::tls::mismatch_hint`]).
+    pub fn connect_hint(&self) -> &'static str {
+        crate::tls::mismatch_hint(self.tls.as_ref())
     }
 
     /// The client side: attaches the token and the job id to every request.
@@ -517,6 +533,7 @@ mod tests {
         let auth = Auth {
             token: Some(Token::new("t", "test").unwrap()),
             job: Some(JobId::new("job-a").unwrap()),
+            tls: None,
         };
         assert_eq!(auth.check(None, Some("job-a")), Err(Refusal::MissingToken));
         assert_eq!(
@@ -541,6 +558,7 @@ mod tests {
         let auth = Auth {
             token: Some(Token::new("t0k", "test").unwrap()),
             job: Some(JobId::new("job-x").unwrap()),
+            tls: None,
         };
         let req = auth.client().call(tonic::Request::new(())).unwrap();
         assert!(ServerAuth::new(auth.clone())

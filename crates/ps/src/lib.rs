@@ -18,7 +18,9 @@
 //! - [`ShardedClient`], which routes a worker's rows and dense values to the servers that hold
 //!   them;
 //! - who may call a server ([`auth`]: the shared token, the job id, the in-flight limits),
-//!   checked by an interceptor on every service and attached by every client;
+//!   checked by an interceptor on every service and attached by every client; and mutual TLS
+//!   on every connection ([`tls`]: the three PEM files, `https` endpoints, server and client
+//!   configs);
 //! - [`ec`]: ECRec on top of the server (parity rows, difference propagation server to server,
 //!   dense replicas, two-phase commit, degraded reads, rebuild of a lost server).
 //!
@@ -62,6 +64,7 @@ pub mod observer;
 pub mod server;
 pub mod service;
 pub mod sharded;
+pub mod tls;
 pub mod update;
 
 #[cfg(test)]

@@ -42,6 +42,8 @@ pub enum Trigger {
     Probability(f64),
     /// On every matching call.
     Always,
+    /// On matching calls `from` to `to`, both included (1-based): an outage of a window.
+    Range(u64, u64),
 }
 
 /// How much of a torn write reaches the store.
@@ -70,6 +72,9 @@ pub enum FaultAction {
     FlipByte,
     /// Wait this long, then carry on.
     Delay(Duration),
+    /// Do nothing and fail as a full disk does: [`CkptError::Io`] of kind
+    /// [`std::io::ErrorKind::StorageFull`] (`ENOSPC`).
+    StorageFull,
 }
 
 /// One rule of a [`FaultPlan`].
@@ -156,6 +161,79 @@ impl FaultPlan {
     }
 }
 
+/// Environment variable naming faults that [`crate::location::open`] injects into every store
+/// it opens (see [`FaultPlan::parse`]); for tests of whole runs, whose processes inherit it.
+pub const FAULTS_ENV: &str = "FTREC_STORE_FAULTS";
+
+impl FaultPlan {
+    /// A plan from text: `;`-separated rules `OP:ACTION:CALLS[:KEY]`, optionally after a
+    /// `seed=N;`. `OP` is `put`, `get`, `get_range`, `head`, `list`, `delete` or `all` (one
+    /// rule per op); `ACTION` is `fail`, `enospc` or `delay=MS`; `CALLS` is `N` (the n-th
+    /// matching call), `A-B` (calls A to B), `A-` (from A on) or `*` (every call); `KEY` keeps
+    /// the rule to keys containing it. Example: `put:enospc:3-40;all:delay=20:*`.
+    pub fn parse(spec: &str) -> Result<FaultPlan> {
+        let bad = |what: &str, why: String| {
+            CkptError::InvalidArgument(format!("store faults {spec:?}: {what}: {why}"))
+        };
+        let num = |what: &str, s: &str| {
+            s.parse::<u64>()
+                .map_err(|e| bad(what, format!("{s:?} is not a number: {e}")))
+        };
+        let mut plan = FaultPlan::new(0);
+        for part in spec.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+            if let Some(seed) = part.strip_prefix("seed=") {
+                plan.seed = num(part, seed)?;
+                continue;
+            }
+            let fields: Vec<&str> = part.split(':').collect();
+            if !(3..=4).contains(&fields.len()) {
+                return Err(bad(part, "want OP:ACTION:CALLS[:KEY]".into()));
+            }
+            let ops: Vec<Op> = match fields[0] {
+                "put" => vec![Op::Put],
+                "get" => vec![Op::Get],
+                "get_range" => vec![Op::GetRange],
+                "head" => vec![Op::Head],
+                "list" => vec![Op::List],
+                "delete" => vec![Op::Delete],
+                "all" => vec![
+                    Op::Put,
+                    Op::Get,
+                    Op::GetRange,
+                    Op::Head,
+                    Op::List,
+                    Op::Delete,
+                ],
+                other => return Err(bad(part, format!("unknown op {other:?}"))),
+            };
+            let action = match fields[1] {
+                "fail" => FaultAction::Fail,
+                "enospc" => FaultAction::StorageFull,
+                other => match other.strip_prefix("delay=") {
+                    Some(ms) => FaultAction::Delay(Duration::from_millis(num(part, ms)?)),
+                    None => return Err(bad(part, format!("unknown action {other:?}"))),
+                },
+            };
+            let trigger = match fields[2] {
+                "*" => Trigger::Always,
+                c => match c.split_once('-') {
+                    Some((a, "")) => Trigger::Range(num(part, a)?, u64::MAX),
+                    Some((a, b)) => Trigger::Range(num(part, a)?, num(part, b)?),
+                    None => Trigger::Nth(num(part, c)?),
+                },
+            };
+            for op in ops {
+                let mut rule = FaultRule::new(op, trigger, action);
+                if let Some(k) = fields.get(3) {
+                    rule = rule.on_keys_containing(*k);
+                }
+                plan.rules.push(rule);
+            }
+        }
+        Ok(plan)
+    }
+}
+
 /// A fault that fired, for tests to check what happened.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InjectedFault {
@@ -239,6 +317,7 @@ impl FaultyStore {
                 Trigger::Every(k) => k > 0 && n.is_multiple_of(k),
                 Trigger::Probability(p) => SplitMix::new(draw).next_f64() < p,
                 Trigger::Always => true,
+                Trigger::Range(a, b) => (a..=b).contains(&n),
             };
             if !fires {
                 continue;
@@ -265,6 +344,13 @@ impl FaultyStore {
     fn injected_error(&self, op: Op, key: &Key, action: FaultAction) -> CkptError {
         let reason = format!("injected {action:?} on {op:?} of {key}");
         match action {
+            FaultAction::StorageFull => CkptError::io(
+                key.to_string(),
+                std::io::Error::new(
+                    std::io::ErrorKind::StorageFull,
+                    format!("no space left on device ({reason})"),
+                ),
+            ),
             FaultAction::FailPermanently => CkptError::Unavailable {
                 backend: "faulty",
                 reason,
@@ -282,7 +368,11 @@ impl FaultyStore {
             tokio::time::sleep(d.delay).await;
         }
         match d.fault {
-            Some((i, a @ (FaultAction::Fail | FaultAction::FailPermanently), _)) => {
+            Some((
+                i,
+                a @ (FaultAction::Fail | FaultAction::FailPermanently | FaultAction::StorageFull),
+                _,
+            )) => {
                 self.record(op, key, i, a, None);
                 Err(self.injected_error(op, key, a))
             }
@@ -496,5 +586,54 @@ mod tests {
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert!(!a.is_empty() && a.len() < 40, "{a:?}");
+    }
+
+    #[tokio::test]
+    async fn plans_parse_from_text_and_bad_text_is_one_error() {
+        let plan = FaultPlan::parse("seed=7; put:enospc:2-3:ckpt/ ; all:delay=5:*").unwrap();
+        assert_eq!(plan.seed, 7);
+        assert_eq!(plan.rules.len(), 1 + 6);
+        assert_eq!(plan.rules[0].trigger, Trigger::Range(2, 3));
+        assert_eq!(plan.rules[0].action, FaultAction::StorageFull);
+        assert_eq!(plan.rules[0].key_contains.as_deref(), Some("ckpt/"));
+        assert_eq!(
+            plan.rules[1].action,
+            FaultAction::Delay(Duration::from_millis(5))
+        );
+        assert_eq!(
+            FaultPlan::parse("get:fail:4-").unwrap().rules[0].trigger,
+            Trigger::Range(4, u64::MAX)
+        );
+        for bad in [
+            "put:fail",
+            "pat:fail:1",
+            "put:explode:1",
+            "put:fail:x-2",
+            "seed=q",
+        ] {
+            let e = FaultPlan::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(bad) && !e.contains('\n'), "{e}");
+        }
+        // Puts 2 and 3 under ckpt/ find the disk full, as an ENOSPC I/O error; others pass.
+        let mem = Arc::new(MemoryStore::new());
+        let s = FaultyStore::new(mem, FaultPlan::parse("put:enospc:2-3:ckpt/").unwrap());
+        let mut outcomes = Vec::new();
+        for i in 0..4 {
+            s.put(&key(&format!("other/{i}")), payload(3), PutMode::Create)
+                .await
+                .unwrap();
+            let r = s
+                .put(&key(&format!("ckpt/{i}")), payload(3), PutMode::Create)
+                .await;
+            outcomes.push(match r {
+                Err(CkptError::Io { source, .. }) => {
+                    assert_eq!(source.kind(), std::io::ErrorKind::StorageFull);
+                    "full"
+                }
+                Err(e) => panic!("{e}"),
+                Ok(()) => "ok",
+            });
+        }
+        assert_eq!(outcomes, ["ok", "full", "full", "ok"]);
     }
 }

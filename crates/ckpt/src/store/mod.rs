@@ -4,7 +4,8 @@
 //! get, ranged get, head, list, delete) so that a local directory, an S3 bucket and an
 //! in-memory map can all implement it with the same semantics, checked by one
 //! [conformance suite](crate::conformance). Behaviour that is not storage (fault injection,
-//! later throttling or prefixing) wraps any store instead of living in a backend.
+//! retries with backoff, later throttling or prefixing) wraps any store instead of living in
+//! a backend.
 //!
 //! Semantics every backend keeps:
 //! - `put` is atomic: a reader sees the old object, the new object or nothing, never a prefix.
@@ -28,6 +29,7 @@ use crate::key::Key;
 pub mod fault;
 pub mod local;
 pub mod memory;
+pub mod retry;
 #[cfg(feature = "s3")]
 pub mod s3;
 

@@ -10,7 +10,6 @@ use ftrec_ckpt::incr::{ExtractConfig, Filters, PieceSpec};
 use ftrec_ckpt::snapshot::ShardReport;
 use ftrec_ckpt::{CheckpointId, CheckpointKind, CkptError};
 use ftrec_core::{RowLayout, ServerId, TableId};
-use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
 
 use crate::auth::{Auth, AuthChannel};
@@ -415,13 +414,18 @@ impl CkptGrpcClient {
 
     /// [`CkptGrpcClient::connect`] with every request carrying `auth`'s token and job id.
     pub async fn connect_with(addr: SocketAddr, auth: &Auth) -> Result<Self, CkptServiceError> {
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| CkptServiceError::Internal(format!("address {addr}: {e}")))?
+        let channel = auth
+            .endpoint(addr)
+            .map_err(|e| CkptServiceError::Internal(e.to_string()))?
             .connect()
             .await
             .map_err(|e| CkptServiceError::Remote {
                 code: "Unavailable".into(),
-                message: format!("cannot connect to {addr}: {e}"),
+                message: format!(
+                    "cannot connect to {addr}: {}{}",
+                    crate::tls::chain(&e),
+                    auth.connect_hint()
+                ),
             })?;
         Ok(CkptGrpcClient {
             client: CheckpointerClient::with_interceptor(channel, auth.client())

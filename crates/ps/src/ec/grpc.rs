@@ -4,7 +4,6 @@
 use ftrec_core::{ServerId, TableId};
 use std::time::Duration;
 
-use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
 
 use super::node::EcNode;
@@ -565,13 +564,7 @@ impl EcGrpcClient {
 
     /// [`EcGrpcClient::connect_lazy`] with every request carrying `auth`'s token and job id.
     pub fn connect_lazy_with(addr: &str, auth: &Auth) -> Result<Self, PsError> {
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| PsError::Unavailable {
-                addr: addr.to_string(),
-                reason: format!("bad address: {e}"),
-            })?
-            .tcp_nodelay(true)
-            .connect_lazy();
+        let channel = auth.endpoint(addr)?.tcp_nodelay(true).connect_lazy();
         Ok(EcGrpcClient {
             client: EcNodeClient::with_interceptor(channel, auth.client())
                 .max_decoding_message_size(EC_MAX_MESSAGE_BYTES)

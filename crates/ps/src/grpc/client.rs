@@ -3,8 +3,6 @@
 use std::net::SocketAddr;
 use std::ops::Range;
 
-use tonic::transport::Endpoint;
-
 use crate::auth::{Auth, AuthChannel};
 
 use super::proto::{self, parameter_server_client::ParameterServerClient};
@@ -48,12 +46,18 @@ impl GrpcClient {
             addr: name.clone(),
             reason,
         };
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| unavailable(format!("bad address: {e}")))?
+        let channel = auth
+            .endpoint(addr)?
             .tcp_nodelay(true)
             .connect()
             .await
-            .map_err(|e| unavailable(format!("cannot connect: {e}")))?;
+            .map_err(|e| {
+                unavailable(format!(
+                    "cannot connect: {}{}",
+                    crate::tls::chain(&e),
+                    auth.connect_hint()
+                ))
+            })?;
         let client = ParameterServerClient::with_interceptor(channel, auth.client())
             .max_decoding_message_size(config.max_message_bytes)
             .max_encoding_message_size(config.max_message_bytes);
@@ -65,7 +69,23 @@ impl GrpcClient {
             row_words: 0,
             dense_state_per_block: 0,
         };
-        let info = c.info().await?;
+        // The first call is where a TLS mismatch shows (the handshake, or the first frame).
+        let info = c.info().await.map_err(|e| match e {
+            PsError::Unavailable { addr, reason } => PsError::Unavailable {
+                addr,
+                reason: format!("{reason}{}", auth.connect_hint()),
+            },
+            PsError::Rpc { code, message } if code == "Unknown" || code == "Unavailable" => {
+                PsError::Unavailable {
+                    addr: c.addr.clone(),
+                    reason: format!(
+                        "the first call failed ({code}: {message}){}",
+                        auth.connect_hint()
+                    ),
+                }
+            }
+            other => other,
+        })?;
         c.dim = info.dim;
         c.row_words = info.dim + info.state_words;
         c.dense_state_per_block = info.dense_state_per_block;

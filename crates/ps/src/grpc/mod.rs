@@ -143,8 +143,17 @@ pub async fn serve_routes_with(
     })?;
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let (stop, stopped) = oneshot::channel::<()>();
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &options.auth.tls {
+        builder = builder.tls_config(tls.server_config()).map_err(|e| {
+            PsError::InvalidConfig(format!(
+                "TLS server setup (--tls-cert, --tls-key, --tls-ca): {}",
+                crate::tls::chain(&e)
+            ))
+        })?;
+    }
     let task = tokio::spawn(
-        tonic::transport::Server::builder()
+        builder
             .concurrency_limit_per_connection(options.max_in_flight_per_connection)
             // The check runs first: a refused request takes no in-flight slot.
             .layer(tonic::service::InterceptorLayer::new(ServerAuth::new(
