@@ -313,9 +313,21 @@ fn without_2pc_and_dense_replication_a_failure_free_run_is_unchanged_too() {
 
 /// An asynchronous run of `steps` steps (`workers` batches each) with held-out evaluation.
 fn async_run(servers: u32, steps: u64, strategy: StrategyChoice, kills: &[&str]) -> RunReport {
+    async_run_with(servers, 2, steps, strategy, kills)
+}
+
+/// [`async_run`] with `workers` workers.
+fn async_run_with(
+    servers: u32,
+    workers: u32,
+    steps: u64,
+    strategy: StrategyChoice,
+    kills: &[&str],
+) -> RunReport {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(&dir, servers, steps);
     cfg.sync = false;
+    cfg.workers = workers;
     cfg.eval_samples = 4096;
     cfg.strategy = strategy;
     cfg.kills = kills.iter().map(|k| k.parse().unwrap()).collect();
@@ -332,7 +344,7 @@ fn async_run(servers: u32, steps: u64, strategy: StrategyChoice, kills: &[&str])
         assert!(ec.asynchronous);
         // Every batch was one committed transaction (a batch retried after a phase-1 loss
         // commits once).
-        assert!(ec.steps_committed >= steps * 2, "{ec:?}");
+        assert!(ec.steps_committed >= steps * u64::from(workers), "{ec:?}");
         // Phase 1 sent the parity holders the rows' differences, as the workers counted.
         if ec.two_phase {
             assert!(ec.row_deltas_sent > 0 && ec.delta_bytes_sent > 0, "{ec:?}");
@@ -343,57 +355,77 @@ fn async_run(servers: u32, steps: u64, strategy: StrategyChoice, kills: &[&str])
     report
 }
 
-/// Held-out AUC of an asynchronous `none` run of the same samples.
-fn async_none_auc(servers: u32, steps: u64) -> f64 {
-    async_run(servers, steps, StrategyChoice::None, &[])
-        .auc
-        .unwrap()
-}
-
-/// Asynchronous runs differ in their interleavings, so their AUCs differ by chance; the
-/// bound ECRec must stay within against `none` on the same samples.
-const ASYNC_AUC_TOLERANCE: f64 = 0.01;
-
+/// With one worker, asynchronous training has no interleaving to differ by: the worker
+/// pulls, computes and commits one batch after the other, so a run is a function of its
+/// seed. ECRec loses no update and rebuilds every word exactly (gf256), and a transaction cut
+/// by a loss is either aborted everywhere and retried from the same state or committed on
+/// the survivors (whose parities then carry it into the rebuild): the model after a kill is
+/// the model of the same run without fault tolerance, bit for bit. With two workers the
+/// interleaving (and so the model, and its AUC) differs from run to run, so only what holds
+/// whatever the interleaving is asserted there: every batch committed, no batch redone, the
+/// rebuild finished and parities and replicas exact.
 #[test]
-#[ignore = "statistical: two asynchronous runs' AUCs differ by chance, and on 40 tiny steps by more than 0.01 at times (k=4 r=2 gave 0.7392 against 0.7500 once); needs longer runs or a paired measure"]
 fn asynchronous_ecrec_survives_a_server_killed_mid_run() {
     for (servers, k, r) in [(3, 2, 1), (6, 4, 2)] {
-        let steps = 40;
-        let report = async_run(
-            servers,
-            steps,
-            ecrec(k, r, CodeKind::Gf256),
-            &["server=1@step=12"],
-        );
-        let ec = report.ec.as_ref().unwrap();
-        assert_eq!(ec.rebuilds.len(), 1, "{:?}", ec.rebuilds);
-        assert!(ec.rebuilds[0].finished_s.is_some());
-        let auc = report.auc.unwrap();
-        let none = async_none_auc(servers, steps);
-        assert!(
-            (auc - none).abs() <= ASYNC_AUC_TOLERANCE,
-            "k={k} r={r}: AUC {auc} against {none} without fault tolerance"
-        );
+        let steps = 24;
+        let none = async_run_with(servers, 1, steps, StrategyChoice::None, &[]);
+        assert!(!none.model_digest.is_empty());
+        for workers in [1, 2] {
+            let report = async_run_with(
+                servers,
+                workers,
+                steps,
+                ecrec(k, r, CodeKind::Gf256),
+                &["server=1@step=8"],
+            );
+            let ec = report.ec.as_ref().unwrap();
+            assert_eq!(ec.rebuilds.len(), 1, "{:?}", ec.rebuilds);
+            assert!(ec.rebuilds[0].finished_s.is_some());
+            if workers == 1 {
+                assert_eq!(
+                    report.model_digest, none.model_digest,
+                    "k={k} r={r}: one asynchronous worker, a server killed"
+                );
+            }
+        }
     }
 }
 
 #[test]
-#[ignore = "racy: another worker's phase 2 can reach the dead server before the phase-1 abort is seen, so which RPC detects the loss (and whether a commit failure is counted) depends on timing"]
-fn asynchronous_ecrec_aborts_a_transaction_whose_server_dies_in_phase_1() {
+fn asynchronous_ecrec_a_server_killed_in_phase_1_loses_no_batch() {
+    // The server dies as a worker is about to send phase 1 of its fifth transaction. Which
+    // RPC meets the loss first depends on timing: that worker's phase 1 (`worker_rpc`: it
+    // aborts the transaction everywhere and trains the batch again once the replacement
+    // joined), the other worker's phase 2 of a transaction the dead server had prepared
+    // (`commit_rpc`: committed on the survivors), or the heartbeat. Whichever it is, no batch is lost or applied twice.
     let report = async_run(
         4,
         20,
         ecrec(2, 2, CodeKind::Gf256),
         &["server=2@phase=prepare#5"],
     );
-    // The worker's phase 1 failed on the dead server: it aborted the transaction and the
-    // batch was trained again once the replacement joined.
-    assert_eq!(
-        report.failures[0].detected_by.as_deref(),
-        Some("worker_rpc")
+    let f = &report.failures[0];
+    assert!(
+        matches!(
+            f.detected_by.as_deref(),
+            Some("worker_rpc" | "commit_rpc" | "heartbeat")
+        ),
+        "{f:?}"
     );
-    let ec = report.ec.unwrap();
-    assert_eq!(ec.txn_commit_failures, 0, "{ec:?}");
+    let ec = report.ec.as_ref().unwrap();
+    // The dead server held at most one prepared transaction (one holder at a time), so at
+    // most one phase 2 met it; a loss seen by a phase 2 is such a failure.
+    assert!(ec.txn_commit_failures <= 1, "{ec:?}");
+    if f.detected_by.as_deref() == Some("commit_rpc") {
+        assert_eq!(ec.txn_commit_failures, 1, "{f:?} {ec:?}");
+    }
+    // Every batch committed exactly once: an aborted attempt is not counted, a batch whose
+    // phase 2 failed on the dead server is (the survivors committed it).
+    assert_eq!(ec.steps_committed, 20 * 2, "{ec:?}");
+    assert_eq!(ec.rebuilds.len(), 1, "{:?}", ec.rebuilds);
+    assert!(ec.rebuilds[0].finished_s.is_some());
+    // The parities describe the final rows exactly, so nothing of the aborted attempt was
+    // left applied on one side only (checked by `async_run`'s audit).
 }
 
 #[test]

@@ -153,7 +153,8 @@ impl Accumulator {
             }
         }
         if update.dense.iter().any(|d| !d.grads.is_empty()) && self.dense_sum.is_empty() {
-            self.dense_sum = vec![0.0; dense_len];
+            // Keeps the capacity of a reused buffer.
+            self.dense_sum.resize(dense_len, 0.0);
             self.dense_touched = vec![false; dense_len.div_ceil(DENSE_BLOCK)];
         }
         for part in &update.dense {
@@ -175,35 +176,79 @@ impl Accumulator {
     }
 }
 
-/// Rows of one table as [`Server::prepare_step`] computed them: `old` and `new` hold `words`
-/// words per row (values then optimizer state), aligned with `rows` (sorted, distinct).
+/// Rows of one table as [`Server::prepare_step`] computed them: `new` holds `words` words per
+/// row (values then optimizer state), aligned with `rows` (sorted, distinct).
+///
+/// The words before the step are not copied: they stay in the table, unchanged until the
+/// prepared step is installed (the caller holds the server for the step between its prepare
+/// and its commit, ECRec §3.5), and [`Server::prepared_row_pairs`] reads them from there.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PreparedRows {
     pub table: TableId,
     pub rows: Vec<RowId>,
     pub words: usize,
-    pub old: Vec<f32>,
     pub new: Vec<f32>,
 }
 
-/// One dense block as [`Server::prepare_step`] computed it: the summed gradient and the new
-/// values and optimizer state (the state words the optimizer uses for this block).
-#[derive(Debug, Clone, PartialEq)]
+impl Default for PreparedRows {
+    fn default() -> Self {
+        PreparedRows {
+            table: TableId(0),
+            rows: Vec::new(),
+            words: 0,
+            new: Vec::new(),
+        }
+    }
+}
+
+/// One dense block of a prepared step: its summed gradient is
+/// `PreparedStep::dense_grads[at..at + len]`. Its new words are not precomputed: the
+/// optimizer is deterministic, so applying the gradient at commit to the words the prepare
+/// saw gives the same words (the replicas apply the same gradient, ECRec §3.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PreparedDense {
     /// Global block index.
     pub block: u64,
-    pub grad: Vec<f32>,
-    pub values: Vec<f32>,
-    pub state: Vec<f32>,
+    pub at: usize,
+    pub len: usize,
 }
 
 /// A deterministic step computed but not applied: phase 1 of the two-phase commit.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// A prepared step's buffers can be reused for the next one ([`Server::prepare_update_into`]),
+/// so a node in steady state allocates nothing per update for them.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct PreparedStep {
     pub step: u64,
     pub workers: Vec<u32>,
+    /// Touched tables, in table order; only the first `rows_used` entries belong to this step
+    /// (the rest are spare buffers kept for reuse).
     pub rows: Vec<PreparedRows>,
+    pub rows_used: usize,
     pub dense: Vec<PreparedDense>,
+    /// Summed dense gradients of the touched blocks, block after block.
+    pub dense_grads: Vec<f32>,
+}
+
+impl PreparedStep {
+    /// The rows of this step, per touched table.
+    pub fn tables(&self) -> &[PreparedRows] {
+        &self.rows[..self.rows_used]
+    }
+
+    /// The gradient of dense block `d` of this step.
+    pub fn dense_grad(&self, d: &PreparedDense) -> &[f32] {
+        &self.dense_grads[d.at..d.at + d.len]
+    }
+
+    /// Forget the step, keeping the buffers.
+    pub fn clear(&mut self) {
+        self.step = 0;
+        self.workers.clear();
+        self.rows_used = 0;
+        self.dense.clear();
+        self.dense_grads.clear();
+    }
 }
 
 /// One parameter server's shard of the model.
@@ -615,7 +660,8 @@ impl Server {
         for w in workers {
             acc.add(&staged[w], self.dense_range.start, self.dense.len());
         }
-        let mut p = self.prepare_acc(&acc);
+        let mut p = PreparedStep::default();
+        self.prepare_acc(acc, &mut p);
         p.step = step;
         p.workers = workers.to_vec();
         Ok(p)
@@ -626,65 +672,108 @@ impl Server {
     /// it would produce from the current state, exactly as [`Server::push`] would apply it,
     /// changing nothing. [`Server::install_prepared`] applies the result.
     pub fn prepare_update(&self, update: &Update) -> Result<PreparedStep, PsError> {
-        self.validate_update(update)?;
-        let mut acc = Accumulator::new(self.config.dim);
-        acc.add(update, self.dense_range.start, self.dense.len());
-        Ok(self.prepare_acc(&acc))
+        let mut p = PreparedStep::default();
+        self.prepare_update_into(update, &mut p)?;
+        Ok(p)
     }
 
-    fn prepare_acc(&self, acc: &Accumulator) -> PreparedStep {
+    /// [`Server::prepare_update`] into `out`, reusing its buffers (whatever it held is
+    /// replaced).
+    pub fn prepare_update_into(
+        &self,
+        update: &Update,
+        out: &mut PreparedStep,
+    ) -> Result<(), PsError> {
+        self.validate_update(update)?;
+        let mut acc = Accumulator::new(self.config.dim);
+        acc.dense_sum = std::mem::take(&mut out.dense_grads);
+        acc.dense_sum.clear();
+        acc.add(update, self.dense_range.start, self.dense.len());
+        self.prepare_acc(acc, out);
+        Ok(())
+    }
+
+    fn prepare_acc(&self, mut acc: Accumulator, out: &mut PreparedStep) {
         let dim = self.config.dim;
         let words = self.layout.words();
         let opt = self.config.sparse_optimizer;
         let map = self.config.shard_map;
-        let mut rows_out = Vec::with_capacity(acc.tables.len());
+        out.clear();
         for (table, sums) in &acc.tables {
             let shard = &self.tables[table.0 as usize];
             let sorted = sums.sorted();
-            let mut p = PreparedRows {
-                table: *table,
-                rows: Vec::with_capacity(sorted.len()),
-                words,
-                old: Vec::with_capacity(sorted.len() * words),
-                new: Vec::with_capacity(sorted.len() * words),
-            };
+            if out.rows.len() == out.rows_used {
+                out.rows.push(PreparedRows::default());
+            }
+            let p = &mut out.rows[out.rows_used];
+            out.rows_used += 1;
+            p.table = *table;
+            p.words = words;
+            p.rows.clear();
+            p.new.clear();
+            p.rows.reserve(sorted.len());
+            p.new.reserve(sorted.len() * words);
             for (row, grad) in sorted {
                 let r = shard.row(map.local_index(*table, row));
                 p.rows.push(row);
-                p.old.extend_from_slice(r);
                 let at = p.new.len();
                 p.new.extend_from_slice(r);
                 opt.apply(&mut p.new[at..], dim, grad);
             }
-            rows_out.push(p);
         }
-        let dopt = self.config.dense_optimizer;
-        let spb = self.dense_state_per_block();
-        let mut dense_out = Vec::new();
-        for (b, &touched) in acc.dense_touched.iter().enumerate() {
-            if !touched {
+        // The summed dense gradient becomes `out`'s buffer (the one `prepare_update_into`
+        // lent the accumulator, when reused).
+        self.pack_dense(&acc.dense_touched, &mut acc.dense_sum, out);
+    }
+
+    /// Move the touched blocks of the summed dense gradient `sum` (this server's dense
+    /// layout) to the front of `sum`, block after block, record them in `out`, and make
+    /// `sum` `out`'s gradient buffer.
+    fn pack_dense(&self, touched: &[bool], sum: &mut Vec<f32>, out: &mut PreparedStep) {
+        out.dense.clear();
+        let mut at = 0;
+        for (b, &t) in touched.iter().enumerate() {
+            if !t {
                 continue;
             }
             let lo = b * DENSE_BLOCK;
-            let hi = (lo + DENSE_BLOCK).min(acc.dense_sum.len());
-            let sw = dopt.state_words(hi - lo);
-            let mut values = self.dense.values[lo..hi].to_vec();
-            let mut state = self.dense.state[b * spb..b * spb + sw].to_vec();
-            let grad = acc.dense_sum[lo..hi].to_vec();
-            dopt.apply_split(&mut values, &mut state, &grad);
-            dense_out.push(PreparedDense {
+            let hi = (lo + DENSE_BLOCK).min(sum.len());
+            sum.copy_within(lo..hi, at);
+            out.dense.push(PreparedDense {
                 block: self.dense_blocks.start + b as u64,
-                grad,
-                values,
-                state,
+                at,
+                len: hi - lo,
             });
+            at += hi - lo;
         }
-        PreparedStep {
-            step: 0,
-            workers: Vec::new(),
-            rows: rows_out,
-            dense: dense_out,
+        sum.truncate(at);
+        out.dense_grads = std::mem::take(sum);
+    }
+
+    /// Every prepared row of `prepared` with its words before (read from the table, which
+    /// the step has not changed yet) and after the step: `f(table, row, old, new)`.
+    pub fn prepared_row_pairs<F>(&self, prepared: &PreparedStep, mut f: F) -> Result<(), PsError>
+    where
+        F: FnMut(TableId, RowId, &[f32], &[f32]) -> Result<(), PsError>,
+    {
+        let words = self.layout.words();
+        let map = self.config.shard_map;
+        for p in prepared.tables() {
+            let t = self.table_index(p.table)?;
+            if p.words != words || p.new.len() != p.rows.len() * words {
+                return Err(PsError::ShapeMismatch {
+                    what: format!("prepared rows of table {}", p.table.0),
+                    expected: (p.rows.len() * words) as u64,
+                    got: p.new.len() as u64,
+                });
+            }
+            let shard = &self.tables[t];
+            for (&row, new) in p.rows.iter().zip(p.new.chunks_exact(words)) {
+                self.local_row(t, row)?;
+                f(p.table, row, shard.row(map.local_index(p.table, row)), new)?;
+            }
         }
+        Ok(())
     }
 
     /// Two-phase commit, phase 2: install a step computed by [`Server::prepare_step`] on this
@@ -709,14 +798,21 @@ impl Server {
         Ok(self.install_checked(prepared, UpdateOrigin::Push))
     }
 
-    /// Check that every row and block of `prepared` lives here, with whole rows.
+    /// Check that every row and block of `prepared` lives here, with whole rows and blocks.
     fn check_prepared(&self, prepared: &PreparedStep) -> Result<(), PsError> {
         let step = prepared.step;
         let words = self.layout.words();
-        for p in &prepared.rows {
+        if prepared.rows_used > prepared.rows.len() {
+            return Err(PsError::MalformedRequest(format!(
+                "prepared step {step} names {} tables but holds {}",
+                prepared.rows_used,
+                prepared.rows.len()
+            )));
+        }
+        for p in prepared.tables() {
             let t = self.table_index(p.table)?;
             let expected = p.rows.len() * words;
-            if p.words != words || p.new.len() != expected || p.old.len() != expected {
+            if p.words != words || p.new.len() != expected {
                 return Err(PsError::ShapeMismatch {
                     what: format!("prepared rows of table {} for step {step}", p.table.0),
                     expected: expected as u64,
@@ -729,6 +825,16 @@ impl Server {
         }
         for d in &prepared.dense {
             self.check_block_range(d.block, d.block + 1)?;
+            let b = (d.block - self.dense_blocks.start) as usize;
+            let lo = b * DENSE_BLOCK;
+            let len = (lo + DENSE_BLOCK).min(self.dense.len()) - lo;
+            if d.len != len || d.at + d.len > prepared.dense_grads.len() {
+                return Err(PsError::ShapeMismatch {
+                    what: format!("prepared dense block {} for step {step}", d.block),
+                    expected: len as u64,
+                    got: d.len as u64,
+                });
+            }
         }
         Ok(())
     }
@@ -736,31 +842,39 @@ impl Server {
     fn install_checked(&mut self, prepared: &PreparedStep, origin: UpdateOrigin) -> ApplyReport {
         let words = self.layout.words();
         let map = self.config.shard_map;
+        let want_images = self.observers.iter().any(|o| o.wants_row_images());
+        let mut old = Vec::new();
         let mut report = ApplyReport::default();
-        for p in &prepared.rows {
+        for p in prepared.tables() {
             let shard = &mut self.tables[p.table.0 as usize];
-            for (i, &row) in p.rows.iter().enumerate() {
-                shard
-                    .row_mut(map.local_index(p.table, row))
-                    .copy_from_slice(&p.new[i * words..(i + 1) * words]);
+            if want_images {
+                old.clear();
+                old.reserve(p.new.len());
+            }
+            for (&row, new) in p.rows.iter().zip(p.new.chunks_exact(words)) {
+                let r = shard.row_mut(map.local_index(p.table, row));
+                if want_images {
+                    old.extend_from_slice(r);
+                }
+                r.copy_from_slice(new);
             }
             report.rows_updated += p.rows.len() as u64;
             for o in &mut self.observers {
                 let images = o.wants_row_images().then_some(RowImages {
                     words,
-                    old: &p.old,
+                    old: &old,
                     new: &p.new,
                 });
                 o.rows_updated(origin, p.table, &p.rows, images);
             }
         }
-        let spb = self.dense_state_per_block();
+        let dopt = self.config.dense_optimizer;
         let mut blocks = Vec::with_capacity(prepared.dense.len());
         for d in &prepared.dense {
             let b = (d.block - self.dense_blocks.start) as usize;
-            let lo = b * DENSE_BLOCK;
-            self.dense.values[lo..lo + d.values.len()].copy_from_slice(&d.values);
-            self.dense.state[b * spb..b * spb + d.state.len()].copy_from_slice(&d.state);
+            // The same gradient on the same words the prepare saw: the same new words.
+            let (v, s) = self.dense.block_mut(b, &dopt);
+            dopt.apply_split(v, s, prepared.dense_grad(d));
             blocks.push(d.block);
         }
         report.dense_blocks_updated = blocks.len() as u64;

@@ -13,7 +13,9 @@ use super::types::{
     TxnStatus,
 };
 use crate::auth::{Auth, AuthChannel};
-use crate::grpc::wire::{bytes_to_f32s, bytes_to_u64s, f32s_to_bytes, from_status, to_status};
+use crate::grpc::wire::{
+    bytes_to_f32s, bytes_to_u64s, extend_f32s_le, f32s_to_bytes, from_status, to_status,
+};
 use crate::update::{ApplyReport, DenseBlock, PulledRows, Update};
 use crate::PsError;
 
@@ -102,11 +104,11 @@ fn update_to_proto(txn: TxnId, u: &Update) -> proto::TxnUpdate {
         .collect();
     let mut grads = Vec::with_capacity(u.sparse.iter().map(|p| p.grads.len()).sum::<usize>() * 4);
     for p in &u.sparse {
-        grads.extend_from_slice(&f32s_to_bytes(&p.grads));
+        extend_f32s_le(&mut grads, &p.grads);
     }
     let mut dense = Vec::with_capacity(u.dense.iter().map(|d| d.grads.len()).sum::<usize>() * 4);
     for d in &u.dense {
-        dense.extend_from_slice(&f32s_to_bytes(&d.grads));
+        extend_f32s_le(&mut dense, &d.grads);
     }
     proto::TxnUpdate {
         txn: Some(txn_to_proto(txn)),

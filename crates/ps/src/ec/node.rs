@@ -532,7 +532,7 @@ impl EcNode {
         // One flat batch per peer, indexed by server id.
         let mut batches: Vec<Option<PackedBatch>> = vec![None; n];
         let mut holders = Vec::with_capacity(layout.r());
-        for p in &prepared.rows {
+        for p in prepared.tables() {
             report.rows += p.rows.len() as u64;
             if p.words != w {
                 return Err(PsError::ShapeMismatch {
@@ -541,27 +541,29 @@ impl EcNode {
                     got: p.words as u64,
                 });
             }
-            for ((&row, old), new) in p
-                .rows
-                .iter()
-                .zip(p.old.chunks_exact(w))
-                .zip(p.new.chunks_exact(w))
-            {
+        }
+        // The words before the step are read from the table: the caller holds this node for
+        // the step from its prepare to its commit, so nothing else changes the rows it
+        // touches meanwhile. The read lock is released before anything is sent.
+        self.inner
+            .server
+            .read()?
+            .prepared_row_pairs(prepared, |table, row, old, new| {
                 if old.iter().zip(new).all(|(a, b)| a.to_bits() == b.to_bits()) {
                     // An update that changed no bit changes no parity.
-                    continue;
+                    return Ok(());
                 }
                 // ECRec §3.2: the same difference goes to every parity holder of the stripe,
                 // each multiplies it by its own coefficient. It is computed once, straight
                 // into the first holder's buffer, and copied from there to the others.
-                layout.row_parities_into(p.table, row, &mut holders)?;
+                layout.row_parities_into(table, row, &mut holders)?;
                 let mut first: Option<(usize, usize)> = None;
                 for &(holder, _) in &holders {
                     let h = holder.0 as usize;
                     let b = batches[h].get_or_insert_with(|| {
                         PackedBatch::new(step, me, apply_now, w).for_txn(txn)
                     });
-                    b.rows.push((p.table, row));
+                    b.rows.push((table, row));
                     let at = b.deltas.len();
                     match first {
                         None => {
@@ -578,8 +580,8 @@ impl EcNode {
                     report.row_deltas_sent += 1;
                     report.bytes_sent += 12 + w as u64 * 4;
                 }
-            }
-        }
+                Ok(())
+            })?;
         report.dense_blocks = prepared.dense.len() as u64;
         if !prepared.dense.is_empty() {
             for d in 1..=self.inner.cfg.dense_replicas {
@@ -587,14 +589,13 @@ impl EcNode {
                 let h = (me.0 as usize + d) % n;
                 let b = batches[h]
                     .get_or_insert_with(|| PackedBatch::new(step, me, apply_now, w).for_txn(txn));
-                let len: usize = prepared.dense.iter().map(|pd| pd.grad.len()).sum();
-                b.dense_grads.reserve(len);
+                b.dense_grads.reserve(prepared.dense_grads.len());
                 for pd in &prepared.dense {
                     b.dense_blocks.push(pd.block);
-                    b.dense_lens.push(pd.grad.len() as u32);
-                    b.dense_grads.extend_from_slice(&pd.grad);
+                    b.dense_lens.push(pd.len as u32);
+                    b.dense_grads.extend_from_slice(prepared.dense_grad(pd));
                     report.dense_deltas_sent += 1;
-                    report.bytes_sent += 8 + pd.grad.len() as u64 * 4;
+                    report.bytes_sent += 8 + pd.len as u64 * 4;
                 }
             }
         }

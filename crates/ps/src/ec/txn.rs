@@ -54,6 +54,9 @@ pub(crate) struct TxnState {
     pub last_commit: HashMap<u32, TxnId>,
     /// Highest fenced incarnation per worker: its transactions are refused.
     pub fenced: HashMap<u32, u32>,
+    /// The buffers of the last committed or aborted prepared step, reused by the next
+    /// prepare (one transaction holds the node at a time, so one spare suffices).
+    pub spare: Option<PreparedStep>,
 }
 
 impl TxnState {
@@ -181,7 +184,11 @@ impl EcNode {
         if self.state()?.missing.is_some() {
             report.rows_decoded = self.ensure_present(&rows_of(&share)).await?;
         }
-        let prepared = self.inner.server.read()?.prepare_update(&share)?;
+        let mut prepared = self.state()?.txn.spare.take().unwrap_or_default();
+        self.inner
+            .server
+            .read()?
+            .prepare_update_into(&share, &mut prepared)?;
         self.propagate(0, Some(txn), &prepared, false, &mut report)
             .await?;
         let mut st = self.state()?;
@@ -222,7 +229,9 @@ impl EcNode {
             let (_, prepared) = st.txn.holder.as_ref().expect("checked above");
             self.inner.server.write()?.install_prepared(prepared)?
         };
-        st.txn.holder = None;
+        if let Some((_, prepared)) = st.txn.holder.take() {
+            st.txn.spare = Some(prepared);
+        }
         for (_, inc) in st.txn.incoming.remove(&txn).unwrap_or_default() {
             self.apply_incoming(st, &inc)?;
         }
@@ -251,7 +260,7 @@ impl EcNode {
 
     fn abort_locked(st: &mut EcState, txn: TxnId) {
         if st.txn.holder.as_ref().is_some_and(|(h, _)| *h == txn) {
-            st.txn.holder = None;
+            st.txn.spare = st.txn.holder.take().map(|(_, p)| p);
         }
         if st.txn.preparing == Some(txn) {
             st.txn.preparing = None;
@@ -268,11 +277,16 @@ impl EcNode {
         if self.state()?.missing.is_some() {
             self.ensure_present(&rows_of(&share)).await?;
         }
-        let prepared = self.inner.server.read()?.prepare_update(&share)?;
+        let mut prepared = self.state()?.txn.spare.take().unwrap_or_default();
+        self.inner
+            .server
+            .read()?
+            .prepare_update_into(&share, &mut prepared)?;
         self.propagate(0, Some(txn), &prepared, true, &mut report)
             .await?;
         let mut st = self.state()?;
         let applied = self.inner.server.write()?.install_prepared(&prepared)?;
+        st.txn.spare = Some(prepared);
         self.count_commit(&mut st);
         st.txn.last_commit.insert(txn.worker, txn);
         Ok(applied)

@@ -11,10 +11,18 @@ use ftrec_core::{ServerId, TableId, DENSE_BLOCK};
 
 pub(crate) fn f32s_to_bytes(values: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(values.len() * 4);
-    for v in values {
-        out.extend_from_slice(&v.to_le_bytes());
-    }
+    extend_f32s_le(&mut out, values);
     out
+}
+
+/// Append `values` to `out`, little-endian. Written into a sized buffer in fixed chunks, which
+/// the compiler turns into a plain copy on little-endian targets (a push per float does not).
+pub(crate) fn extend_f32s_le(out: &mut Vec<u8>, values: &[f32]) {
+    let at = out.len();
+    out.resize(at + values.len() * 4, 0);
+    for (c, v) in out[at..].chunks_exact_mut(4).zip(values) {
+        c.copy_from_slice(&v.to_le_bytes());
+    }
 }
 
 pub(crate) fn u64s_to_bytes(values: &[u64]) -> Vec<u8> {
