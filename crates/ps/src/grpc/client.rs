@@ -75,7 +75,15 @@ impl GrpcClient {
                 addr,
                 reason: format!("{reason}{}", auth.connect_hint()),
             },
-            PsError::Rpc { code, message } if code == "Unknown" || code == "Unavailable" => {
+            // What a transport-level failure of the first call surfaces as, depending on
+            // where the TLS mismatch breaks it (the handshake, or the first HTTP/2 frame:
+            // `Internal: h2 protocol error`).
+            PsError::Rpc { code, message }
+                if matches!(
+                    code.as_str(),
+                    "Unknown" | "Unavailable" | "Internal" | "Cancelled"
+                ) =>
+            {
                 PsError::Unavailable {
                     addr: c.addr.clone(),
                     reason: format!(
