@@ -25,7 +25,8 @@ use ftrec_ckpt::format::{
 };
 use ftrec_ckpt::incr::ChunkList;
 use ftrec_ckpt::CkptError;
-use ftrec_core::fuzz::{alloc_bound, largest_allocation, mutated, AllocProbe, Mutation, HUGE};
+use ftrec_core::fuzz::strategies::{config, huge, mutation};
+use ftrec_core::fuzz::{alloc_bound, largest_allocation, mutated, AllocProbe, Mutation};
 use ftrec_core::{RowLayout, ServerId, ShardMap, TableId, DENSE_BLOCK};
 use proptest::prelude::*;
 use serde_json::Value;
@@ -35,41 +36,10 @@ static ALLOC: AllocProbe = AllocProbe;
 
 const CASES: u32 = 192;
 
-fn config() -> ProptestConfig {
-    ProptestConfig {
-        // `PROPTEST_CASES=N` raises the count for a longer local run.
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(CASES),
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
-
 // ---- inputs ----
 
-fn huge() -> impl Strategy<Value = u64> {
-    prop_oneof![prop::sample::select(HUGE.to_vec()), any::<u64>(), 0u64..300]
-}
-
-fn mutation() -> impl Strategy<Value = Mutation> {
-    prop_oneof![
-        (any::<usize>(), any::<u8>()).prop_map(|(at, bit)| Mutation::Flip { at, bit }),
-        (any::<usize>(), any::<u8>()).prop_map(|(at, byte)| Mutation::Insert { at, byte }),
-        any::<usize>().prop_map(|at| Mutation::Delete { at }),
-        any::<usize>().prop_map(|len| Mutation::Truncate { len }),
-        (
-            any::<usize>(),
-            prop::sample::select(vec![1u8, 2, 4, 8]),
-            huge()
-        )
-            .prop_map(|(at, width, value)| Mutation::Overwrite { at, width, value }),
-    ]
-}
-
 fn mutations() -> impl Strategy<Value = Vec<Mutation>> {
-    prop::collection::vec(mutation(), 1..4)
+    prop::collection::vec(mutation(300), 1..4)
 }
 
 /// A file split into its frame parts: the first 12 bytes (magic, tag, version, reserved), the
@@ -125,7 +95,7 @@ fn input() -> impl Strategy<Value = Input> {
         mutations().prop_map(Input::Raw),
         mutations().prop_map(Input::Head),
         mutations().prop_map(Input::Payload),
-        (huge(), prop::collection::vec(mutation(), 0..2))
+        (huge(300), prop::collection::vec(mutation(300), 0..2))
             .prop_map(|(p, m)| Input::PayloadLen(p, m)),
     ]
 }
@@ -430,7 +400,7 @@ impl JsonEdit {
 
 fn json_edit() -> impl Strategy<Value = JsonEdit> {
     prop_oneof![
-        4 => huge().prop_map(JsonEdit::Number),
+        4 => huge(300).prop_map(JsonEdit::Number),
         1 => Just(JsonEdit::Negative),
         1 => Just(JsonEdit::Float),
         1 => prop::sample::select(vec!["", "../x", "a/b", "full", "delta", "\u{1F600}", "zz"])
@@ -458,7 +428,7 @@ fn json_mutated(valid: &[u8], edits: &[(usize, JsonEdit)]) -> Vec<u8> {
 // ---- properties ----
 
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(config(CASES))]
 
     #[test]
     fn row_files(n in 0usize..5, dim in 1usize..4, state in 0usize..2, i in input()) {
@@ -626,11 +596,11 @@ proptest! {
     #[test]
     fn lineage_of_any_manifests(
         nodes in prop::collection::vec(
-            (0u8..3, huge(), prop::option::of(0usize..8), prop::option::of((0usize..8, 0u32..3)), huge()),
+            (0u8..3, huge(300), prop::option::of(0usize..8), prop::option::of((0usize..8, 0u32..3)), huge(300)),
             1..8,
         ),
         current in prop::option::of(0usize..10),
-        every in huge(),
+        every in huge(300),
         keep in 0usize..3,
     ) {
         let name = |k: usize| id(&format!("n{k}"));

@@ -16,6 +16,11 @@
 //! allocation of N bytes failed", naming the size) instead of letting a huge declared length
 //! thrash the machine; an allocator must not unwind, so that is the loudest failure it can give.
 
+//!
+//! With the `proptest` feature (enabled by the dev-dependencies of the crates that fuzz),
+//! [`strategies`] holds the proptest strategies those tests share: the case count, the values
+//! written over length fields, and the mutations themselves.
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
@@ -206,5 +211,60 @@ mod tests {
             .len()
                 == 1
         );
+    }
+}
+
+/// The proptest strategies every fuzzing property test draws from.
+#[cfg(feature = "proptest")]
+pub mod strategies {
+    use super::{Mutation, HUGE};
+    use proptest::prelude::*;
+
+    /// `cases` cases (`PROPTEST_CASES=N` raises the count for a longer local run), no failure
+    /// files written into the source tree.
+    pub fn config(cases: u32) -> ProptestConfig {
+        ProptestConfig {
+            cases: std::env::var("PROPTEST_CASES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(cases),
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        }
+    }
+
+    /// A value to write over a length or count: an edge of [`HUGE`], any `u64`, or a small
+    /// one below `small`.
+    pub fn huge(small: u64) -> impl Strategy<Value = u64> {
+        prop_oneof![prop::sample::select(HUGE.to_vec()), any::<u64>(), 0..small]
+    }
+
+    /// Any [`Mutation`]: inserted bytes from `insert`, overwrites of 1, 2, 4 or 8 bytes with a
+    /// value from `over`.
+    pub fn mutation_with(
+        insert: impl Strategy<Value = u8>,
+        over: impl Strategy<Value = u64>,
+    ) -> impl Strategy<Value = Mutation> {
+        prop_oneof![
+            (any::<usize>(), any::<u8>()).prop_map(|(at, bit)| Mutation::Flip { at, bit }),
+            (any::<usize>(), insert).prop_map(|(at, byte)| Mutation::Insert { at, byte }),
+            any::<usize>().prop_map(|at| Mutation::Delete { at }),
+            any::<usize>().prop_map(|len| Mutation::Truncate { len }),
+            (
+                any::<usize>(),
+                prop::sample::select(vec![1u8, 2, 4, 8]),
+                over
+            )
+                .prop_map(|(at, width, value)| Mutation::Overwrite {
+                    at,
+                    width,
+                    value
+                }),
+        ]
+    }
+
+    /// Any [`Mutation`] of any byte, overwrites from [`huge`]`(small)`.
+    pub fn mutation(small: u64) -> impl Strategy<Value = Mutation> {
+        mutation_with(any::<u8>(), huge(small))
     }
 }

@@ -6,7 +6,8 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use ftrec_core::fuzz::{alloc_bound, largest_allocation, mutated, AllocProbe, Mutation, HUGE};
+use ftrec_core::fuzz::strategies::{config, huge, mutation_with};
+use ftrec_core::fuzz::{alloc_bound, largest_allocation, mutated, AllocProbe, Mutation};
 use ftrec_core::{Preset, NUM_SPARSE};
 use ftrec_data::{
     parse_line, BatchSource, DataPath, Layout, Position, RawSample, SynthConfig, SyntheticSource,
@@ -17,39 +18,12 @@ use proptest::prelude::*;
 #[global_allocator]
 static ALLOC: AllocProbe = AllocProbe;
 
-fn config(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        // `PROPTEST_CASES=N` raises the count for a longer local run.
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(cases),
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
-
-fn huge() -> impl Strategy<Value = u64> {
-    prop_oneof![prop::sample::select(HUGE.to_vec()), any::<u64>(), 0u64..300]
-}
-
+/// Mutations that insert the bytes a TSV line is made of.
 fn mutation() -> impl Strategy<Value = Mutation> {
-    prop_oneof![
-        (any::<usize>(), any::<u8>()).prop_map(|(at, bit)| Mutation::Flip { at, bit }),
-        (
-            any::<usize>(),
-            prop::sample::select(b"\t\n\r-09afAFxZ \x00\xff".to_vec())
-        )
-            .prop_map(|(at, byte)| Mutation::Insert { at, byte }),
-        any::<usize>().prop_map(|at| Mutation::Delete { at }),
-        any::<usize>().prop_map(|len| Mutation::Truncate { len }),
-        (
-            any::<usize>(),
-            prop::sample::select(vec![1u8, 2, 4, 8]),
-            huge()
-        )
-            .prop_map(|(at, width, value)| Mutation::Overwrite { at, width, value }),
-    ]
+    mutation_with(
+        prop::sample::select(b"\t\n\r-09afAFxZ \x00\xff".to_vec()),
+        huge(300),
+    )
 }
 
 fn sample() -> impl Strategy<Value = RawSample> {
@@ -163,9 +137,9 @@ proptest! {
         file in prop_oneof![3 => Just(0usize), 1 => 1usize..3, 1 => Just(usize::MAX)],
         right_name in prop::sample::select(vec![true, true, true, false]),
         at_line in prop::option::of(0usize..5),
-        offset in huge(),
-        line in prop_oneof![huge(), Just(u64::MAX), 0u64..6],
-        epoch in prop_oneof![huge(), Just(u64::MAX)],
+        offset in huge(300),
+        line in prop_oneof![huge(300), Just(u64::MAX), 0u64..6],
+        epoch in prop_oneof![huge(300), Just(u64::MAX)],
         endless in any::<bool>(),
     ) {
         let dir = tempfile::tempdir().unwrap();
@@ -205,7 +179,7 @@ proptest! {
 
     /// The synthetic stream resumed at any sample.
     #[test]
-    fn synthetic_positions(sample in huge(), samples in prop::option::of(huge())) {
+    fn synthetic_positions(sample in huge(300), samples in prop::option::of(huge(300))) {
         let mut cfg = SynthConfig::from_preset(&Preset::tiny(), 7);
         cfg.samples = samples;
         let mut s = SyntheticSource::new(cfg).unwrap();

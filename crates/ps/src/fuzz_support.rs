@@ -3,38 +3,19 @@
 //! wire, which must return a value or an error, never panic, and never allocate by a length
 //! the message does not back (`ftrec_core::fuzz`; the probe is this crate's test allocator).
 
-use ftrec_core::fuzz::{alloc_bound, largest_allocation, mutated, Mutation, HUGE};
+use ftrec_core::fuzz::{alloc_bound, largest_allocation, mutated, Mutation};
 use proptest::prelude::*;
 
-pub fn config(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        // `PROPTEST_CASES=N` raises the count for a longer local run.
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(cases),
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
+pub use ftrec_core::fuzz::strategies::config;
 
+/// A value to write over a length or count (small ones below 64: a message's fields are short).
 pub fn huge() -> impl Strategy<Value = u64> {
-    prop_oneof![prop::sample::select(HUGE.to_vec()), any::<u64>(), 0u64..64]
+    ftrec_core::fuzz::strategies::huge(64)
 }
 
+/// Any mutation, overwrites from [`huge`].
 pub fn mutation() -> impl Strategy<Value = Mutation> {
-    prop_oneof![
-        (any::<usize>(), any::<u8>()).prop_map(|(at, bit)| Mutation::Flip { at, bit }),
-        (any::<usize>(), any::<u8>()).prop_map(|(at, byte)| Mutation::Insert { at, byte }),
-        any::<usize>().prop_map(|at| Mutation::Delete { at }),
-        any::<usize>().prop_map(|len| Mutation::Truncate { len }),
-        (
-            any::<usize>(),
-            prop::sample::select(vec![1u8, 2, 4, 8]),
-            huge()
-        )
-            .prop_map(|(at, width, value)| Mutation::Overwrite { at, width, value }),
-    ]
+    ftrec_core::fuzz::strategies::mutation(64)
 }
 
 /// Byte strings of any length up to `max`, mostly short.
