@@ -215,17 +215,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
     let ev = trainer
         .evaluate(&eval)
         .context("evaluating the restored model")?;
-    let teacher = match &eval.teacher_probs {
-        Some(tp) => {
-            let labels: Vec<f32> = eval
-                .batches
-                .iter()
-                .flat_map(|b| b.labels.iter().copied())
-                .collect();
-            Some(Evaluation::of(tp, &labels)?)
-        }
-        None => None,
-    };
+    let teacher = Evaluation::of_teacher(&eval)?;
     let report = EvalReport {
         location: a.ckpt.clone(),
         checkpoint: state.manifest.id.to_string(),

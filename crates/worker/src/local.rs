@@ -280,6 +280,20 @@ pub struct Evaluation {
 }
 
 impl Evaluation {
+    /// The planted teacher's AUC and logloss on `eval`'s samples (synthetic data only; `None`
+    /// for TSV data, which has no teacher).
+    pub fn of_teacher(eval: &EvalSet) -> Result<Option<Evaluation>, WorkerError> {
+        let Some(tp) = &eval.teacher_probs else {
+            return Ok(None);
+        };
+        let labels: Vec<f32> = eval
+            .batches
+            .iter()
+            .flat_map(|b| b.labels.iter().copied())
+            .collect();
+        Evaluation::of(tp, &labels).map(Some)
+    }
+
     pub fn of(probs: &[f32], labels: &[f32]) -> Result<Evaluation, WorkerError> {
         let auc = metrics::auc(probs, labels)?;
         let logloss = metrics::logloss(probs, labels)?;
@@ -444,17 +458,7 @@ pub fn train(
         .map_err(|_| WorkerError::Config("the data prefetch thread panicked".into()))?;
 
     let evaluation = trainer.evaluate(&eval)?;
-    let teacher = match &eval.teacher_probs {
-        Some(tp) => {
-            let labels: Vec<f32> = eval
-                .batches
-                .iter()
-                .flat_map(|b| b.labels.iter().copied())
-                .collect();
-            Some(Evaluation::of(tp, &labels)?)
-        }
-        None => None,
-    };
+    let teacher = Evaluation::of_teacher(&eval)?;
     Ok(TrainReport {
         steps,
         samples,
