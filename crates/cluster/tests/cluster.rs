@@ -241,6 +241,30 @@ fn a_kill_before_the_first_checkpoint_restarts_from_the_seed() {
 }
 
 #[test]
+fn collections_after_commits_keep_only_the_live_lineage_across_a_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 3, 1, 12);
+    cfg.strategy = StrategyChoice::Full { every_steps: 2 };
+    cfg.kills = vec![KillSpec::server_at_step(2, 7)];
+    cfg.eval_samples = 0;
+    let report = run(&cfg).unwrap();
+    assert_no_children_left(&report);
+    assert!(report.aborted.is_none(), "{:?}", report.aborted);
+    assert!(report.checkpoints >= 6, "{}", report.checkpoints);
+    // Every full replaced the one before it: the store holds the final save only, before
+    // and after the recovery (the coordinator's lineage carries on from its commits).
+    let l = lineage(&cfg);
+    let ids: Vec<_> = l.nodes().map(|n| (n.step, n.kind)).collect();
+    assert_eq!(
+        ids,
+        vec![(12, ftrec_ckpt::CheckpointKind::Full)],
+        "{}",
+        l.render()
+    );
+    assert_eq!(restored_digest(&cfg, 3), report.model_digest);
+}
+
+#[test]
 fn strategy_none_ends_the_run_on_a_kill_and_names_the_server() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(&dir, 2, 1, 10);

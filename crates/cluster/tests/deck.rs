@@ -475,7 +475,31 @@ mod pieces {
         assert!(st.pieces >= 2, "{st:?}");
         assert!(st.fulls >= 1, "{st:?}");
         assert_eq!(restored_current(&cfg), (steps, clean));
+        assert_store_holds_nothing_dead(&cfg);
         report
+    }
+
+    /// The coordinator's collections (from the lineage it keeps, commit by commit) left
+    /// nothing a fresh reading of the store would call dead: no checkpoint off the live
+    /// lineage, no chunk-list file no live chunk points into.
+    fn assert_store_holds_nothing_dead(cfg: &RunConfig) {
+        let mut l = lineage(cfg);
+        let dead = l.take_dead(&ftrec_ckpt::deck::Retention::default());
+        assert!(dead.is_empty(), "dead checkpoints left: {dead:?}");
+        let files = block_on(async {
+            let store = location::open(&cfg.store_location(), &LocationOptions::from_env())
+                .await
+                .unwrap();
+            let ckpts = Checkpoints::new(store);
+            let mut left = Vec::new();
+            for key in incr::store::dead_files(&ckpts).await.unwrap() {
+                if ckpts.store().head(&key).await.is_ok() {
+                    left.push(key.to_string());
+                }
+            }
+            left
+        });
+        assert!(files.is_empty(), "dead chunk-list files left: {files:?}");
     }
 
     #[test]

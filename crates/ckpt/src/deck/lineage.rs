@@ -153,6 +153,31 @@ impl Lineage {
         self.nodes.remove(id);
     }
 
+    /// Put back a node [`Lineage::take_dead`] took (its checkpoint could not be deleted).
+    pub fn insert_node(&mut self, n: Node) {
+        self.nodes.insert(n.id.clone(), n);
+    }
+
+    /// A commit: `m` joins the graph and `CURRENT` names it. A caller that keeps a lineage
+    /// in memory (a coordinator) stays in step with the store without reading it again.
+    pub fn commit(&mut self, m: &Manifest) {
+        self.insert(m);
+        self.current = Some(m.id.clone());
+    }
+
+    /// Remove and return every node no live lineage needs under `retention` (DECK §4.3), the
+    /// checkpoints a collection deletes. In memory: reads nothing.
+    pub fn take_dead(&mut self, retention: &Retention) -> Vec<Node> {
+        let live = self.live(retention);
+        let dead: Vec<CheckpointId> = self
+            .nodes
+            .keys()
+            .filter(|id| !live.contains(*id))
+            .cloned()
+            .collect();
+        dead.iter().filter_map(|id| self.nodes.remove(id)).collect()
+    }
+
     pub fn node(&self, id: &CheckpointId) -> Option<&Node> {
         self.nodes.get(id)
     }
@@ -592,5 +617,79 @@ mod tests {
         assert_eq!(l.live(&Retention::default()).len(), 3);
         assert_eq!(l.newest_state().unwrap().id, id("d2"));
         assert_eq!(l.state_at_or_before(1).unwrap(), id("d1"));
+    }
+
+    /// Which checkpoints a sequence of commits (a full, or a delta or piece over the newest
+    /// commit, as a trainer writes them) leaves, and with what `CURRENT`.
+    fn commits(fulls: &[bool]) -> Vec<Manifest> {
+        let mut out: Vec<Manifest> = Vec::new();
+        for (step, &full) in fulls.iter().enumerate() {
+            let name = format!("c{step:04}");
+            let parent = out.last().map(|p| p.id.to_string());
+            out.push(match (full, parent) {
+                (false, Some(p)) => m(&name, CheckpointKind::Delta, step as u64, Some(&p)),
+                _ => m(&name, CheckpointKind::Full, step as u64, None),
+            });
+        }
+        out
+    }
+
+    proptest::proptest! {
+        /// A lineage kept in memory by commits and [`Lineage::take_dead`] (a coordinator's
+        /// collection after every commit) deletes, commit after commit, exactly what a lineage
+        /// read afresh from the surviving manifests would, and keeps the same graph.
+        #[test]
+        fn a_kept_lineage_collects_what_a_fresh_load_does(
+            fulls in proptest::collection::vec(proptest::bool::weighted(0.2), 1..60),
+        ) {
+            let all = commits(&fulls);
+            let mut kept = Lineage::default();
+            let mut stored: Vec<Manifest> = Vec::new();
+            for c in &all {
+                stored.push(c.clone());
+                kept.commit(c);
+                let fresh = Lineage::from_manifests(&stored, Some(c.id.clone()));
+                let live = fresh.live(&Retention::default());
+                let want: BTreeSet<CheckpointId> = stored
+                    .iter()
+                    .map(|x| x.id.clone())
+                    .filter(|x| !live.contains(x))
+                    .collect();
+                let got: BTreeSet<CheckpointId> = kept
+                    .take_dead(&Retention::default())
+                    .into_iter()
+                    .map(|n| n.id)
+                    .collect();
+                proptest::prop_assert_eq!(&got, &want);
+                stored.retain(|x| !want.contains(&x.id));
+                let left: Vec<&CheckpointId> = kept.nodes().map(|n| &n.id).collect();
+                let stored_ids: Vec<&CheckpointId> = stored.iter().map(|x| &x.id).collect();
+                proptest::prop_assert_eq!(left, stored_ids);
+                // What is left always restores the newest commit.
+                proptest::prop_assert!(kept.resolve(&c.id).is_ok());
+            }
+        }
+    }
+
+    #[test]
+    fn a_node_put_back_is_collected_again() {
+        let mut l = Lineage::default();
+        l.commit(&m("f0", CheckpointKind::Full, 0, None));
+        l.commit(&m("d1", CheckpointKind::Delta, 1, Some("f0")));
+        l.commit(&m("f2", CheckpointKind::Full, 2, None));
+        let dead = l.take_dead(&Retention::default());
+        assert_eq!(dead.len(), 2);
+        assert!(l.take_dead(&Retention::default()).is_empty());
+        // Deleting one failed: the next pass offers it again.
+        for n in dead {
+            l.insert_node(n);
+        }
+        let again: Vec<CheckpointId> = l
+            .take_dead(&Retention::default())
+            .into_iter()
+            .map(|n| n.id)
+            .collect();
+        assert_eq!(again, vec![id("d1"), id("f0")]);
+        assert_eq!(l.head(), Some(id("f2")));
     }
 }

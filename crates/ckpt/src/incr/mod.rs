@@ -52,8 +52,8 @@ pub use extract::{ExtractConfig, Filters};
 pub use list::ChunkList;
 pub use restore::{is_incremental_store, restore_server, select, IncrChain, RestoreOutcome};
 pub use store::{
-    gc, materialize_full, piece_summaries, remove_dead_files, restore_all, verify, write_full,
-    MemShard,
+    gc, materialize_full, piece_summaries, remove_dead_files, remove_dead_files_of, restore_all,
+    verify, write_full, MemShard,
 };
 
 /// What a server saves for one piece.

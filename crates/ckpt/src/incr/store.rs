@@ -26,7 +26,6 @@ use crate::snapshot::{full_manifest, ShardReport};
 /// Keys of the files no live chunk points into any more, in every chunk list of the store
 /// (one per base and server): IncrCP §4.4's bundles whose counter reached 0.
 pub async fn dead_files(ckpts: &Checkpoints) -> Result<BTreeSet<Key>> {
-    let mut out = BTreeSet::new();
     let lineage = Lineage::load(ckpts).await?;
     // The newest piece of every list: a chunk-list piece no other chunk-list piece grows from.
     let mut lists = Vec::new();
@@ -38,8 +37,20 @@ pub async fn dead_files(ckpts: &Checkpoints) -> Result<BTreeSet<Key>> {
             lists.push(m.id.clone());
         }
     }
-    for head in lists.into_iter().filter(|id| !parents.contains(id)) {
-        let chain = super::restore::select(ckpts, &RestoreAt::Id(head)).await?;
+    let heads: Vec<CheckpointId> = lists
+        .into_iter()
+        .filter(|id| !parents.contains(id))
+        .collect();
+    dead_files_of(ckpts, &heads).await
+}
+
+/// Keys of the files no live chunk points into any more, in the chunk lists whose newest
+/// pieces are `heads`: [`dead_files`] for a caller that knows its heads (a coordinator knows
+/// the piece it just committed), without reading every manifest of the store.
+pub async fn dead_files_of(ckpts: &Checkpoints, heads: &[CheckpointId]) -> Result<BTreeSet<Key>> {
+    let mut out = BTreeSet::new();
+    for head in heads {
+        let chain = super::restore::select(ckpts, &RestoreAt::Id(head.clone())).await?;
         for s in &chain.base.shards {
             let list = fold_list(ckpts, &chain, s.server).await?;
             for f in list.dead_files() {
@@ -71,8 +82,22 @@ pub async fn gc(ckpts: &Checkpoints, opts: &GcOptions) -> Result<IncrGcReport> {
 /// Delete the chunk-list files no live chunk points into, and only those (every checkpoint
 /// stays restorable).
 pub async fn remove_dead_files(ckpts: &Checkpoints) -> Result<IncrGcReport> {
+    let dead = dead_files(ckpts).await?;
+    remove_files(ckpts, dead).await
+}
+
+/// [`remove_dead_files`] of the chunk lists whose newest pieces are `heads` only.
+pub async fn remove_dead_files_of(
+    ckpts: &Checkpoints,
+    heads: &[CheckpointId],
+) -> Result<IncrGcReport> {
+    let dead = dead_files_of(ckpts, heads).await?;
+    remove_files(ckpts, dead).await
+}
+
+async fn remove_files(ckpts: &Checkpoints, dead: BTreeSet<Key>) -> Result<IncrGcReport> {
     let mut rep = IncrGcReport::default();
-    for key in dead_files(ckpts).await? {
+    for key in dead {
         match ckpts.store().head(&key).await {
             Ok(meta) => {
                 ckpts.store().delete(&key).await?;

@@ -30,7 +30,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use ftrec_ckpt::cpr::PrioritizedMeta;
-use ftrec_ckpt::deck::{self, checkpoint_id, shard_manifest, GcOptions, Retention};
+use ftrec_ckpt::deck::{self, checkpoint_id, shard_manifest, Lineage, Node, Retention};
 use ftrec_ckpt::format::ExtractStats;
 use ftrec_ckpt::incr::{self, ExtractConfig, PieceScheme, PieceSpec, QuantBits};
 use ftrec_ckpt::location::{self, LocationOptions};
@@ -68,14 +68,20 @@ pub(super) struct StoreState {
     pub pieces: u64,
     pub extraction: Option<ExtractStats>,
     pub quant_max_abs_error: Option<f64>,
-    /// A chunk-list piece committed: garbage collection also removes the files no live chunk
-    /// points into (IncrCP §4.4).
-    pub chunk_lists: bool,
+    /// The newest commit, when it is a chunk-list piece: garbage collection also removes the
+    /// files its list no longer points into (IncrCP §4.4).
+    pub list_head: Option<CheckpointId>,
+    /// The store's lineage as this run knows it: read once, when garbage is first collected,
+    /// then kept in step by every commit and collection, so that a collection after a commit
+    /// reads nothing (DECK §4.3 decides what is live from manifests only). Re-reading the
+    /// store on every commit made each save cost O(chain) listings and manifest reads.
+    pub lineage: Option<Lineage>,
     pub merger: Option<MergerProc>,
     /// The strategy's merger, if it merges (then the merger collects garbage too).
     pub merge: Option<MergeSettings>,
-    /// Garbage collection after a commit, when no merger does it.
-    pub gc: Option<tokio::task::JoinHandle<()>>,
+    /// Garbage collection after a commit, when no merger does it: its task returns the
+    /// checkpoints it could not delete (back into `lineage`, for the next pass).
+    pub gc: Option<tokio::task::JoinHandle<Vec<Node>>>,
     /// A commit happened while a collection ran: collect again when it ends.
     pub gc_pending: bool,
     /// Merger passes that ended normally, and the checkpoints they wrote.
@@ -189,7 +195,8 @@ impl StoreState {
             pieces: 0,
             extraction: None,
             quant_max_abs_error: None,
-            chunk_lists: false,
+            list_head: None,
+            lineage: None,
             merger: None,
             merge: strategy.merger(),
             gc: None,
@@ -559,6 +566,12 @@ impl Coordinator {
                 if let Some(st) = self.store.as_mut() {
                     st.committed = Some(id.clone());
                     st.copy_pause_s += copy_pause_s;
+                    if let Some(l) = st.lineage.as_mut() {
+                        l.commit(&manifest);
+                    }
+                    st.list_head = piece
+                        .filter(|p| p.scheme == PieceScheme::ChunkList)
+                        .map(|_| id.clone());
                     match (kind, &piece) {
                         (CheckpointKind::Full, _) => {
                             st.fulls += 1;
@@ -566,7 +579,6 @@ impl Coordinator {
                         }
                         (_, Some(p)) => {
                             st.pieces += 1;
-                            st.chunk_lists |= p.scheme == PieceScheme::ChunkList;
                             estimate = st.note_piece(p, sums.as_deref().unwrap_or(&[]));
                         }
                         _ => st.deltas += 1,
@@ -732,23 +744,55 @@ impl Coordinator {
         }
         st.gc_pending = false;
         let ckpts = st.ckpts.clone();
-        let chunk_lists = st.chunk_lists;
-        st.gc = Some(self.rt.spawn(async move {
-            let opts = GcOptions {
-                retention: Retention {
-                    full_every_steps: 0,
-                    max_old_fulls: 0,
-                },
-                remove_orphans: false,
-            };
-            // Best effort: what one pass leaves, the next removes. With chunk lists, also the
-            // files no live chunk points into any more.
-            if chunk_lists {
-                let _ = incr::gc(&ckpts, &opts).await;
-            } else {
-                let _ = deck::gc(&ckpts, &opts).await;
+        if st.lineage.is_none() {
+            // Once per run (and again only after a failed read): every later pass works from
+            // what the commits add.
+            match self.rt.block_on(Lineage::load(&ckpts)) {
+                Ok(l) => st.lineage = Some(l),
+                Err(e) => {
+                    self.event(
+                        EventKind::CheckpointFailed,
+                        None,
+                        format!("garbage collection skipped: reading the lineage: {e}"),
+                    );
+                    return;
+                }
             }
+        }
+        let Some(lineage) = st.lineage.as_mut() else {
+            return;
+        };
+        // The active lineage only: no older fulls are kept for rollback.
+        let dead = lineage.take_dead(&Retention::default());
+        let list_head = st.list_head.clone();
+        if dead.is_empty() && list_head.is_none() {
+            return;
+        }
+        st.gc = Some(self.rt.spawn(async move {
+            // Best effort: what one pass cannot delete goes back into the lineage and the next
+            // pass tries again. Manifest first (`delete_checkpoint`), so a half-deleted
+            // checkpoint is never taken for a readable one.
+            let mut kept = Vec::new();
+            for n in dead {
+                if ckpts.delete_checkpoint(&n.id).await.is_err() {
+                    kept.push(n);
+                }
+            }
+            // With a chunk list, also the files no live chunk points into any more.
+            if let Some(head) = list_head {
+                let _ = incr::remove_dead_files_of(&ckpts, std::slice::from_ref(&head)).await;
+            }
+            kept
         }));
+    }
+
+    /// A collection ended: what it could not delete is still in the store.
+    fn gc_done(&mut self, kept: Vec<Node>) {
+        if let Some(l) = self.store.as_mut().and_then(|s| s.lineage.as_mut()) {
+            for n in kept {
+                l.insert_node(n);
+            }
+        }
     }
 
     /// Reap a finished garbage collection; start the next if a commit asked for one.
@@ -757,8 +801,12 @@ impl Coordinator {
             return;
         };
         if st.gc.as_ref().is_some_and(|t| t.is_finished()) {
-            st.gc = None;
-            if st.gc_pending {
+            let pending = st.gc_pending;
+            if let Some(gc) = st.gc.take() {
+                let kept = self.rt.block_on(gc).unwrap_or_default();
+                self.gc_done(kept);
+            }
+            if pending {
                 self.collect_garbage();
             }
         }
@@ -767,7 +815,8 @@ impl Coordinator {
     /// Wait for garbage collection, including a pass a commit asked for meanwhile.
     fn finish_gc(&mut self) {
         while let Some(gc) = self.store.as_mut().and_then(|s| s.gc.take()) {
-            let _ = self.rt.block_on(gc);
+            let kept = self.rt.block_on(gc).unwrap_or_default();
+            self.gc_done(kept);
             if self.store.as_ref().is_some_and(|s| s.gc_pending) {
                 self.collect_garbage();
             }

@@ -413,6 +413,64 @@ impl CkptNode {
     }
 }
 
+impl CkptNode {
+    /// [`CkptApi::restore`]'s work: load checkpoint `id`'s lineage into the server.
+    async fn restore_lineage(
+        &self,
+        location: String,
+        id: CheckpointId,
+    ) -> Result<RestoreDone, CkptServiceError> {
+        let ckpts = self.ckpts(&location).await?;
+        let manifest = ckpts.read_manifest(&id, None).await?;
+        // A full saved by as many servers as this cluster has is also the base incremental
+        // pieces grow from; one saved by a different number is re-sharded below (pieces
+        // re-shard in `ftrec_ckpt::incr`'s restore).
+        let servers = self.server.read()?.config().shard_map.servers();
+        let same_shape = manifest.shards.len() as u32 == servers;
+        if manifest.piece_scheme().is_some()
+            || (manifest.kind == CheckpointKind::Full && same_shape)
+        {
+            return self.restore_incremental(ckpts, id).await;
+        }
+        self.chain.lock().await.clear();
+        let chain = deck::select_chain(&ckpts, &RestoreAt::Id(id), false).await?;
+        // Restore into a copy of the shard's shape first? No: the chain is verified as it is
+        // read, and a failed restore leaves the server to be restored again.
+        let server = self.server.clone();
+        let tracker = self.tracker.clone();
+        let node = self.clone();
+        let handle = tokio::runtime::Handle::current();
+        let stats = tokio::task::spawn_blocking(move || {
+            let mut guard = server.write()?;
+            let mut w = ServerWriter { server: &mut guard };
+            let stats = handle.block_on(deck::restore_chain(&ckpts, &chain, &mut w))?;
+            tracker.lock().map_err(lock_err)?.reset();
+            // The loaded rows count as saved: CPR's priorities start over.
+            node.reset_priority(&guard)?;
+            Ok::<_, CkptServiceError>((stats, chain.len() as u64))
+        })
+        .await
+        .map_err(|e| CkptServiceError::Internal(format!("restore task failed: {e}")))??;
+        Ok(RestoreDone {
+            checkpoints: stats.1,
+            files: stats.0.files_read,
+            bytes: stats.0.bytes_read,
+        })
+    }
+}
+
+/// Give the memory a restore freed back to the operating system. A restore reads a whole
+/// lineage through transient buffers (under naive incremental checkpoints, every manifest and
+/// piece since the full), and glibc keeps freed pages in its arenas: without this, a
+/// long-lived server's resident memory stays at the largest restore it ever ran.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` takes no pointer; it only returns the allocator's free pages.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 impl CkptApi for CkptNode {
     async fn save(
         &self,
@@ -590,42 +648,9 @@ impl CkptApi for CkptNode {
         location: String,
         id: CheckpointId,
     ) -> Result<RestoreDone, CkptServiceError> {
-        let ckpts = self.ckpts(&location).await?;
-        let manifest = ckpts.read_manifest(&id, None).await?;
-        // A full saved by as many servers as this cluster has is also the base incremental
-        // pieces grow from; one saved by a different number is re-sharded below (pieces
-        // re-shard in `ftrec_ckpt::incr`'s restore).
-        let servers = self.server.read()?.config().shard_map.servers();
-        let same_shape = manifest.shards.len() as u32 == servers;
-        if manifest.piece_scheme().is_some()
-            || (manifest.kind == CheckpointKind::Full && same_shape)
-        {
-            return self.restore_incremental(ckpts, id).await;
-        }
-        self.chain.lock().await.clear();
-        let chain = deck::select_chain(&ckpts, &RestoreAt::Id(id), false).await?;
-        // Restore into a copy of the shard's shape first? No: the chain is verified as it is
-        // read, and a failed restore leaves the server to be restored again.
-        let server = self.server.clone();
-        let tracker = self.tracker.clone();
-        let node = self.clone();
-        let handle = tokio::runtime::Handle::current();
-        let stats = tokio::task::spawn_blocking(move || {
-            let mut guard = server.write()?;
-            let mut w = ServerWriter { server: &mut guard };
-            let stats = handle.block_on(deck::restore_chain(&ckpts, &chain, &mut w))?;
-            tracker.lock().map_err(lock_err)?.reset();
-            // The loaded rows count as saved: CPR's priorities start over.
-            node.reset_priority(&guard)?;
-            Ok::<_, CkptServiceError>((stats, chain.len() as u64))
-        })
-        .await
-        .map_err(|e| CkptServiceError::Internal(format!("restore task failed: {e}")))??;
-        Ok(RestoreDone {
-            checkpoints: stats.1,
-            files: stats.0.files_read,
-            bytes: stats.0.bytes_read,
-        })
+        let done = self.restore_lineage(location, id).await;
+        release_free_memory();
+        done
     }
 
     async fn reset(&self) -> Result<(), CkptServiceError> {
