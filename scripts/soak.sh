@@ -3,10 +3,13 @@
 # then checks:
 #   - the job finished (exit 0) and every failure in its report was recovered;
 #   - `ftrec ckpt verify` passes on its final store (strategies that save);
-#   - resident memory (VmRSS) of the long-lived processes (the coordinator, and every server
-#     and worker that lived through the whole job) is flat: the least-squares slope of the samples after
-#     the first 20% of the job, times the sampled span, is below 5% of the mean RSS (or
-#     2 MiB, whichever is larger);
+#   - anonymous resident memory (RssAnon: the heap, stacks and arenas, where a leak shows) of
+#     the long-lived processes (the coordinator, and every server and worker that lived
+#     through the whole job) is flat: the least-squares slope of the samples after the first
+#     20% of the job, times the sampled span, is below 5% of the mean RSS (or 2 MiB, whichever
+#     is larger). VmRSS is reported too; it also counts the binary's code and data pages,
+#     which grow by whatever code runs for the first time (the first restore, say), up to
+#     the size of the binary;
 #   - no file descriptors leak: a long-lived process ends with at most 4 more open fds
 #     (/proc/PID/fd) than it had at the first sample after warm-up (connections in flight).
 # Writes OUT/summary.md (a table, one row per strategy and long-lived process) and
@@ -42,7 +45,7 @@ while [ $# -gt 0 ]; do
         --out) out="${2:?--out needs a value}"; shift 2 ;;
         --strategies) strategies="${2:?--strategies needs a value}"; shift 2 ;;
         --bin) bin="${2:?--bin needs a value}"; shift 2 ;;
-        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
         *) die "unknown argument $1 (see --help)" ;;
     esac
 done
@@ -96,13 +99,14 @@ fit() {
         NR == 1 { tmin = $1 } { tmax = $1 }'
 }
 
-# Sample RSS (KiB) and open fds of the coordinator and its children every $sample_s seconds,
-# as "t_s pid role rss_kib fds" lines, until the coordinator exits.
+# Sample RSS (KiB), open fds and anonymous RSS (KiB) of the coordinator and its children
+# every $sample_s seconds, as "t_s pid role rss_kib fds anon_kib" lines, until the
+# coordinator exits.
 sampler() {
     local coord=$1 file=$2 t0
     t0=$(date +%s.%N)
     while kill -0 "$coord" 2>/dev/null; do
-        local now pids p role rss fds
+        local now pids p role rss fds anon
         now=$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.2f", a - b }')
         pids="$coord $(cat /proc/"$coord"/task/*/children 2>/dev/null || true)"
         for p in $pids; do
@@ -110,10 +114,11 @@ sampler() {
             else role=$({ tr '\0' ' ' </proc/"$p"/cmdline; } 2>/dev/null | awk '{ print $2 }') || continue
             fi
             [ -n "$role" ] || continue
-            rss=$(awk '/^VmRSS:/ { print $2 }' /proc/"$p"/status 2>/dev/null) || continue
-            [ -n "$rss" ] || continue
+            read -r rss anon < <(awk '/^VmRSS:/ { r = $2 } /^RssAnon:/ { a = $2 }
+                END { print r, a }' /proc/"$p"/status 2>/dev/null) || continue
+            [ -n "$rss" ] && [ -n "$anon" ] || continue
             fds=$(ls /proc/"$p"/fd 2>/dev/null | wc -l) || continue
-            echo "$now $p $role $rss $fds"
+            echo "$now $p $role $rss $fds $anon"
         done >>"$file"
         sleep "$sample_s"
     done
@@ -124,8 +129,8 @@ summary="$out/summary.txt"
 table="$out/summary.md"
 : >"$summary"
 {
-    echo "| strategy | steps | wall s | kills fired / recovered | ckpt verify | process | RSS mean MiB | RSS slope KiB/min | fds start -> end | verdict |"
-    echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    echo "| strategy | steps | wall s | kills fired / recovered | ckpt verify | process | RSS mean MiB | RSS slope KiB/min | anon mean MiB | anon slope KiB/min | fds start -> end | verdict |"
+    echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 } >"$table"
 note() { echo "$*" | tee -a "$summary"; }
 note "soak: $minutes min over ${strats[*]} (${budget_s}s each), seed $seed, $kills kills per job, $servers servers, $workers workers, asynchronous, binary $bin"
@@ -231,13 +236,15 @@ for s in "${strats[@]}"; do
         [ "$role" = coordinator ] || [ "$role" = server ] || [ "$role" = worker ] || continue
         read -r slope mean span_s n < <(awk -v p="$pid" -v w="$warm" \
             '$2 == p && $1 >= w { print $1, $4 }' "$dir/samples.txt" | fit)
+        read -r aslope amean _ _ < <(awk -v p="$pid" -v w="$warm" \
+            '$2 == p && $1 >= w { print $1, $6 }' "$dir/samples.txt" | fit)
         fd0=$(awk -v p="$pid" -v w="$warm" '$2 == p && $1 >= w { print $5; exit }' "$dir/samples.txt")
         fd1=$(awk -v p="$pid" '$2 == p { f = $5 } END { print f }' "$dir/samples.txt")
         verdict=ok
         if [ "$n" -ge 3 ]; then
-            awk -v s="$slope" -v m="$mean" -v sp="$span_s" \
+            awk -v s="$aslope" -v m="$mean" -v sp="$span_s" \
                 'BEGIN { g = s * sp / 60; lim = 0.05 * m; if (lim < 2048) lim = 2048; exit !(g < lim) }' ||
-                { verdict="RSS grows"; ok=0; }
+                { verdict="memory grows"; ok=0; }
         else
             verdict="too few samples"
         fi
@@ -246,8 +253,9 @@ for s in "${strats[@]}"; do
             ok=0
         fi
         mib=$(awk -v m="$mean" 'BEGIN { printf "%.1f", m / 1024 }')
-        echo "| $s | $steps | $wall | $fired | $verify | $role $pid | $mib | $slope | $fd0 -> $fd1 | $verdict |" >>"$table"
-        [ "$verdict" = ok ] || note "$s: FAIL $role $pid: $verdict (slope $slope KiB/min, mean $mib MiB, fds $fd0 -> $fd1)"
+        amib=$(awk -v m="$amean" 'BEGIN { printf "%.1f", m / 1024 }')
+        echo "| $s | $steps | $wall | $fired | $verify | $role $pid | $mib | $slope | $amib | $aslope | $fd0 -> $fd1 | $verdict |" >>"$table"
+        [ "$verdict" = ok ] || note "$s: FAIL $role $pid: $verdict (anon slope $aslope KiB/min, RSS slope $slope KiB/min, mean RSS $mib MiB, fds $fd0 -> $fd1)"
     done
     if [ "$ok" -eq 1 ]; then note "$s: ok ($wall s, failures fired/recovered $fired, verify $verify)"; else failed=1; fi
 done

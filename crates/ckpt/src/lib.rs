@@ -100,3 +100,15 @@ pub use store::retry::{RetryPolicy, RetryingStore};
 #[cfg(feature = "s3")]
 pub use store::s3::{S3Config, S3Store};
 pub use store::{ChunkStore, ObjectMeta, PutMode};
+
+/// Give freed memory back to the operating system; call it after reading a lineage. A restore
+/// reads a whole lineage through transient buffers (under naive incremental checkpoints, every
+/// manifest and piece since the full), and glibc keeps freed pages in its arenas: without
+/// this, a long-lived process's resident memory stays at the largest restore it ever ran.
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` takes no pointer; it only returns the allocator's free pages.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

@@ -197,6 +197,10 @@ async fn open_s3(
         config.allow_http = h;
     }
     config.prefix = prefix;
+    // One retry layer: the `RetryingStore` that `open` puts in front retries with its own
+    // bound and backoff. The client's retries inside each of its tries (3, for up to 30 s)
+    // would multiply the time a save takes to give up on an endpoint that went away.
+    config.max_retries = 0;
     Ok(Arc::new(S3Store::connect(config).await?))
 }
 

@@ -25,8 +25,33 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// The processes of a cluster job live for hours, and glibc gives every thread that allocates
+/// under contention an arena of its own (up to 8 per core), which keeps its freed pages: a
+/// server that read a long lineage on a burst of blocking-pool threads kept several MiB per
+/// restore that `malloc_trim` could not return (measured in `docs/BENCHMARKS.md`, "Soak").
+/// Two arenas keep resident memory flat. `MALLOC_ARENA_MAX`, when set, still decides.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: `mallopt` takes two integers and only sets an allocator parameter; it is
+        // called before this process starts any thread.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 2);
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = flags::Cli::parse();
+    if matches!(
+        cli.cmd,
+        flags::Cmd::Run(_)
+            | flags::Cmd::Server(_)
+            | flags::Cmd::Worker(_)
+            | flags::Cmd::Coordinator(_)
+    ) {
+        limit_malloc_arenas();
+    }
     let result = match cli.cmd {
         flags::Cmd::Train(args) => train::run(args),
         flags::Cmd::Data { cmd } => data::run(cmd),

@@ -724,6 +724,8 @@ impl Coordinator {
             st.committed = Some(id);
             st.base = base;
         }
+        // The chain's manifests were read twice above (whole chains under naive pieces).
+        ftrec_ckpt::release_free_memory();
         Ok(batches)
     }
 
@@ -748,7 +750,10 @@ impl Coordinator {
             // Once per run (and again only after a failed read): every later pass works from
             // what the commits add.
             match self.rt.block_on(Lineage::load(&ckpts)) {
-                Ok(l) => st.lineage = Some(l),
+                Ok(l) => {
+                    st.lineage = Some(l);
+                    ftrec_ckpt::release_free_memory();
+                }
                 Err(e) => {
                     self.event(
                         EventKind::CheckpointFailed,

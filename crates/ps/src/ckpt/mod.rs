@@ -459,18 +459,6 @@ impl CkptNode {
     }
 }
 
-/// Give the memory a restore freed back to the operating system. A restore reads a whole
-/// lineage through transient buffers (under naive incremental checkpoints, every manifest and
-/// piece since the full), and glibc keeps freed pages in its arenas: without this, a
-/// long-lived server's resident memory stays at the largest restore it ever ran.
-fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `malloc_trim` takes no pointer; it only returns the allocator's free pages.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 impl CkptApi for CkptNode {
     async fn save(
         &self,
@@ -649,7 +637,7 @@ impl CkptApi for CkptNode {
         id: CheckpointId,
     ) -> Result<RestoreDone, CkptServiceError> {
         let done = self.restore_lineage(location, id).await;
-        release_free_memory();
+        ftrec_ckpt::release_free_memory();
         done
     }
 
