@@ -6,18 +6,22 @@
 //! - IncrCP chunk list: the base, then the rectangle of the target column in the list folded
 //!   from every piece's index (IncrCP §4.2). A row may sit in several chunks of the rectangle
 //!   when an extraction was skipped (§4.3: a chunk whose duplicate share is below `R` is left
-//!   whole); the copy of the newest column wins, whatever order the files arrive in (a per-row
-//!   column map), so each row is written once.
+//!   whole); the copy of the newest column wins, never the copy read last, so each row is
+//!   written once.
 //!
 //! Every file is checked against its manifest entry (chunk-list files against the size and
 //! checksums the piece index recorded; every chunk part against its own crc32c before a byte
 //! of it is written).
 //!
-//! A chunk list's restore costs per byte what a differential's does: each file is read once
-//! (whole, when the rectangle wants most of it), rows go to the shard in runs straight from
-//! the read buffer (no per-row decoding or allocation), and the column map costs one compare
-//! per row on the local index the write needs anyway (a shift, not a division, for a
-//! power-of-two server count). `docs/BENCHMARKS.md` has the profile this came from.
+//! A chunk list's rectangle of up to [`IN_MEMORY_RECTANGLE_BYTES`] is read whole first (each
+//! file once, four at a time, every part's crc32c checked), then written table by table,
+//! newest column first: a
+//! row's first copy is then its newest, and the only bookkeeping is one bit per local row
+//! (a 3-million-row shard's bitset is 384 KB, cache-resident). A larger rectangle streams:
+//! each file is written as it arrives, and a column per local row decides which copy wins
+//! (bounded memory; 12 MB for the same shard, a cache miss a row). Rows go to the shard in runs
+//! straight from the read buffer either way. `docs/BENCHMARKS.md` has the profiles this came
+//! from.
 //!
 //! A state saved by a different number of servers than the writer's shard map has (an elastic
 //! restore) is re-sharded: the base re-shards itself ([`deck::restore_chain`]); then each saved
@@ -237,9 +241,7 @@ pub async fn restore_server_with(
     let t1 = Instant::now();
     let target = chain.target_manifest().clone();
     match chain.scheme {
-        Some(PieceScheme::ChunkList) => {
-            restore_list(ckpts, chain, writer, &mut out, opts).await?
-        }
+        Some(PieceScheme::ChunkList) => restore_list(ckpts, chain, writer, &mut out, opts).await?,
         Some(PieceScheme::Differential) => {
             let mut ids = Vec::new();
             apply_rows(ckpts, &target, writer, &mut out, Some(&mut ids)).await?;
@@ -743,7 +745,10 @@ fn write_part(
     let w = t.words;
     let outside = |id: RowId| CkptError::Corrupt {
         file: file(),
-        reason: format!("row {id} of table {table} is outside server {}'s shard", server.0),
+        reason: format!(
+            "row {id} of table {table} is outside server {}'s shard",
+            server.0
+        ),
     };
     let mut run = 0;
     for (i, &id) in ids.iter().enumerate() {
@@ -839,17 +844,17 @@ async fn restore_list(
         .into_iter()
         .map(|(f, reads)| (list.file(f).file.clone(), reads))
         .collect();
-    // Each file is read, and every part's crc32c checked before a byte of it is written, in a
-    // task of its own: on a multi-threaded runtime the checks run beside the writes.
+    // Each file is read (four at a time, on the store's blocking threads), and every part's
+    // crc32c checked before a byte of it is written.
     let mut stream = futures_util::stream::iter(jobs)
         .map(|(f, reads)| {
             let ckpts = ckpts.clone();
-            tokio::spawn(async move {
+            async move {
                 let parts: Vec<LivePart> = reads.iter().map(|r| r.0).collect();
                 let mut st = ReadStats::default();
                 let data = read_parts(&ckpts, &f, &parts, &mut st).await?;
                 Ok::<_, CkptError>((f, reads, data, st))
-            })
+            }
         })
         .buffered(4);
     let mut targets: HashMap<u32, Target> = HashMap::new();
@@ -862,7 +867,7 @@ async fn restore_list(
         let Some(r) = stream.next().await else { break };
         out.read_wait_s += tw.elapsed().as_secs_f64();
         let ta = Instant::now();
-        let (f, reads, data, st) = r.map_err(join_error)??;
+        let (f, reads, data, st) = r?;
         out.files += 1;
         out.bytes += st.bytes;
         if newest {
@@ -938,17 +943,6 @@ async fn restore_list(
         out.list = Some(list);
     }
     Ok(())
-}
-
-/// A read task that did not finish: its panic goes on, a cancellation is an error.
-fn join_error(e: tokio::task::JoinError) -> CkptError {
-    match e.try_into_panic() {
-        Ok(p) => std::panic::resume_unwind(p),
-        Err(e) => CkptError::TemporarilyUnavailable {
-            backend: "restore",
-            reason: format!("a chunk file's read was cancelled: {e}"),
-        },
-    }
 }
 
 /// `bytes` (8 little-endian bytes each) as ids: a view of the bytes themselves when they are
