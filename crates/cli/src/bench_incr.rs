@@ -293,6 +293,9 @@ struct DepthRestore {
     chain_min_s: f64,
     /// Of `chain_s` (IncrCP): reading the piece index.
     index_s: f64,
+    /// Of `chain_s` (IncrCP): waiting for chunk files, and writing their rows.
+    read_wait_s: f64,
+    apply_s: f64,
     files: u64,
     bytes: u64,
     rows_written: u64,
@@ -629,6 +632,8 @@ fn timed_restore(
     out.total_s = med(&|r| r.total_s);
     out.base_s = out.base_s.map(|_| med(&|r| r.base_s.unwrap_or(0.0)));
     out.index_s = med(&|r| r.index_s);
+    out.read_wait_s = med(&|r| r.read_wait_s);
+    out.apply_s = med(&|r| r.apply_s);
     out.chain_min_s = reps.iter().map(|r| r.chain_s).fold(f64::INFINITY, f64::min);
     Ok(out)
 }
@@ -647,7 +652,7 @@ fn restore_once(
         ftrec_ckpt::bench::drop_dir_cache(dir);
     }
     let t0 = Instant::now();
-    let (target, base_s, chain_s, files, bytes, rows, index_s) = if incremental {
+    let (target, base_s, chain_s, files, bytes, rows, phases) = if incremental {
         let chain = env.rt.block_on(incr::select(ckpts, &RestoreAt::Current))?;
         let mut target = restore_target(&chain.base)?;
         let o = env
@@ -660,7 +665,7 @@ fn restore_once(
             o.files,
             o.bytes,
             o.rows_written,
-            o.index_s,
+            (o.index_s, o.read_wait_s, o.apply_s),
         )
     } else {
         let chain = env
@@ -678,9 +683,10 @@ fn restore_once(
             st.files_read,
             st.bytes_read,
             st.rows_out,
-            0.0,
+            (0.0, 0.0, 0.0),
         )
     };
+    let (index_s, read_wait_s, apply_s) = phases;
     let total_s = t0.elapsed().as_secs_f64();
     let exact = shard_bits(&target) == model.bits();
     if exact_run && !exact {
@@ -693,6 +699,8 @@ fn restore_once(
         total_s,
         chain_min_s: chain_s,
         index_s,
+        read_wait_s,
+        apply_s,
         files,
         bytes,
         rows_written: rows,

@@ -50,7 +50,10 @@ pub use crate::format::{PieceIndex, PieceScheme, QuantBits};
 pub use chain::{PieceDone, ServerChain};
 pub use extract::{ExtractConfig, Filters};
 pub use list::ChunkList;
-pub use restore::{is_incremental_store, restore_server, select, IncrChain, RestoreOutcome};
+pub use restore::{
+    is_incremental_store, restore_server, restore_server_with, select, IncrChain, RestoreOptions,
+    RestoreOutcome,
+};
 pub use store::{
     gc, materialize_full, piece_summaries, remove_dead_files, remove_dead_files_of, restore_all,
     verify, write_full, MemShard,

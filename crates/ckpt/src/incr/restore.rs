@@ -6,18 +6,22 @@
 //! - IncrCP chunk list: the base, then the rectangle of the target column in the list folded
 //!   from every piece's index (IncrCP §4.2). A row may sit in several chunks of the rectangle
 //!   when an extraction was skipped (§4.3: a chunk whose duplicate share is below `R` is left
-//!   whole); the copy of the newest column wins, whatever order the files arrive in (a per-row
-//!   column map), so each row is written once.
+//!   whole); the copy of the newest column wins, never the copy read last, so each row is
+//!   written once.
 //!
 //! Every file is checked against its manifest entry (chunk-list files against the size and
 //! checksums the piece index recorded; every chunk part against its own crc32c before a byte
 //! of it is written).
 //!
-//! A chunk list's restore costs per byte what a differential's does: each file is read once
-//! (whole, when the rectangle wants most of it), rows go to the shard in runs straight from
-//! the read buffer (no per-row decoding or allocation), and the column map costs one compare
-//! per row on the local index the write needs anyway (a shift, not a division, for a
-//! power-of-two server count). `docs/BENCHMARKS.md` has the profile this came from.
+//! A chunk list's rectangle of up to [`IN_MEMORY_RECTANGLE_BYTES`] is read whole first (each
+//! file once, four at a time, every part's crc32c checked), then written table by table,
+//! newest column first: a
+//! row's first copy is then its newest, and the only bookkeeping is one bit per local row
+//! (a 3-million-row shard's bitset is 384 KB, cache-resident). A larger rectangle streams:
+//! each file is written as it arrives, and a column per local row decides which copy wins
+//! (bounded memory; 12 MB for the same shard, a cache miss a row). Rows go to the shard in runs
+//! straight from the read buffer either way. `docs/BENCHMARKS.md` has the profiles this came
+//! from.
 //!
 //! A state saved by a different number of servers than the writer's shard map has (an elastic
 //! restore) is re-sharded: the base re-shards itself ([`deck::restore_chain`]); then each saved
@@ -34,7 +38,7 @@ use ftrec_core::{RowId, RowLayout, ServerId, ShardMap, TableId, DENSE_BLOCK};
 use futures_util::StreamExt;
 
 use super::list::{ChunkList, LivePart};
-use super::read::{read_parts, ReadStats};
+use super::read::{read_parts, PartData, ReadStats};
 use crate::checkpoint::{Checkpoints, VerifiedFile};
 use crate::deck::{self, Lineage, RestoreAt, ShardWriter};
 use crate::error::{CkptError, Result};
@@ -186,6 +190,10 @@ pub struct RestoreOutcome {
     pub rows_written: u64,
     /// Of `chain_s`: reading (and folding) the piece indexes.
     pub index_s: f64,
+    /// Of `chain_s` (a chunk list): waiting for chunk files to arrive (read and checked), and
+    /// writing their rows into the shard (the column map included).
+    pub read_wait_s: f64,
+    pub apply_s: f64,
     pub base_bytes: u64,
     /// A chunk list restored at its newest column: the list, Bloom filters rebuilt, ready to
     /// grow.
@@ -210,9 +218,19 @@ pub async fn restore_server(
     chain: &IncrChain,
     writer: &mut dyn ShardWriter,
 ) -> Result<RestoreOutcome> {
+    restore_server_with(ckpts, chain, writer, RestoreOptions::default()).await
+}
+
+/// [`restore_server`] with `opts`.
+pub async fn restore_server_with(
+    ckpts: &Checkpoints,
+    chain: &IncrChain,
+    writer: &mut dyn ShardWriter,
+    opts: RestoreOptions,
+) -> Result<RestoreOutcome> {
     if let Some(map) = writer.shard_map() {
         if map.servers() as usize != chain.base.shards.len() {
-            return restore_resharded(ckpts, chain, writer, map).await;
+            return restore_resharded(ckpts, chain, writer, map, opts).await;
         }
     }
     let server = writer.server();
@@ -223,7 +241,7 @@ pub async fn restore_server(
     let t1 = Instant::now();
     let target = chain.target_manifest().clone();
     match chain.scheme {
-        Some(PieceScheme::ChunkList) => restore_list(ckpts, chain, writer, &mut out).await?,
+        Some(PieceScheme::ChunkList) => restore_list(ckpts, chain, writer, &mut out, opts).await?,
         Some(PieceScheme::Differential) => {
             let mut ids = Vec::new();
             apply_rows(ckpts, &target, writer, &mut out, Some(&mut ids)).await?;
@@ -261,6 +279,7 @@ async fn restore_resharded(
     chain: &IncrChain,
     writer: &mut dyn ShardWriter,
     map: ShardMap,
+    opts: RestoreOptions,
 ) -> Result<RestoreOutcome> {
     // The base re-shards itself and checks that the writer's shard came back whole.
     let mut out = restore_base(ckpts, chain, writer).await?;
@@ -276,7 +295,9 @@ async fn restore_resharded(
     for shard in &chain.base.shards {
         let mut w = AsSavedServer::new(&mut *writer, map, shard);
         match chain.scheme {
-            Some(PieceScheme::ChunkList) => restore_list(ckpts, chain, &mut w, &mut out).await?,
+            Some(PieceScheme::ChunkList) => {
+                restore_list(ckpts, chain, &mut w, &mut out, opts).await?
+            }
             Some(PieceScheme::Differential) => {
                 apply_rows(ckpts, &target, &mut w, &mut out, None).await?
             }
@@ -605,12 +626,163 @@ impl Placement {
     }
 }
 
-/// One table of the shard being restored: its placement, its row width, and per local row the
-/// newest column written so far (0: the base).
+/// A rectangle of at most this many bytes is read whole before a row of it is written, then
+/// written table by table, newest column first (each row's first copy is its newest; a bitset
+/// of the rows written is all the bookkeeping). A larger one streams: each file is written as it
+/// arrives, and a column per row decides which copy wins (bounded memory, more per row).
+pub const IN_MEMORY_RECTANGLE_BYTES: u64 = 1 << 30;
+
+/// How [`restore_server_with`] restores a chunk list.
+#[derive(Debug, Clone, Copy)]
+pub struct RestoreOptions {
+    /// See [`IN_MEMORY_RECTANGLE_BYTES`] (0: always stream).
+    pub in_memory_bytes: u64,
+}
+
+impl Default for RestoreOptions {
+    fn default() -> Self {
+        RestoreOptions {
+            in_memory_bytes: IN_MEMORY_RECTANGLE_BYTES,
+        }
+    }
+}
+
+/// One table of the shard being restored: its placement and row width, and which local rows
+/// were written so far: the newest column that wrote each (streaming; 0: the base) or one bit
+/// each (newest column first).
 struct Target {
     place: Placement,
     words: usize,
+    rows: usize,
     newest: Vec<u32>,
+    written: Vec<u64>,
+}
+
+/// What the rectangle reads of one file: each part, and its chunk's (table, range, column,
+/// round).
+type Read = (LivePart, u32, u32, u32, u32);
+
+/// The target of `table` (created on first use, its shapes checked against the part's).
+#[allow(clippy::too_many_arguments)]
+fn target_of<'a>(
+    targets: &'a mut HashMap<u32, Target>,
+    writer: &dyn ShardWriter,
+    map: &ShardMap,
+    base: &Manifest,
+    table: u32,
+    p: &LivePart,
+    d: &PartData,
+    file: &dyn Fn() -> String,
+    bitset: bool,
+) -> Result<&'a mut Target> {
+    let server = writer.server();
+    let t = match targets.entry(table) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            let tid = TableId(table);
+            let (rows, layout) = writer.table_shape(tid).ok_or_else(|| {
+                CkptError::InvalidArgument(format!(
+                    "server {} holds no table {table} to restore into",
+                    server.0
+                ))
+            })?;
+            if layout.bytes() != p.row_bytes as usize {
+                return Err(CkptError::InvalidCheckpoint {
+                    id: base.id.to_string(),
+                    reason: format!(
+                        "table {table}: rows of {} bytes saved, the target's are {}",
+                        p.row_bytes,
+                        layout.bytes()
+                    ),
+                });
+            }
+            let (newest, written) = if bitset {
+                (Vec::new(), vec![0u64; (rows as usize).div_ceil(64)])
+            } else {
+                (vec![0u32; rows as usize], Vec::new())
+            };
+            e.insert(Target {
+                place: Placement::new(map, tid, server),
+                words: layout.words(),
+                rows: rows as usize,
+                newest,
+                written,
+            })
+        }
+    };
+    if d.row_bytes() != t.words * 4 {
+        return Err(CkptError::Corrupt {
+            file: file(),
+            reason: format!(
+                "a part of table {table} has rows of {} bytes, the table's are {}",
+                d.row_bytes(),
+                t.words * 4
+            ),
+        });
+    }
+    Ok(t)
+}
+
+/// Write the rows of part `d` (table `table`, column `col`) that `t` does not already hold from
+/// a newer column, in runs straight from the read buffer. `bitset`: parts arrive newest column
+/// first, so a row already written is never overwritten.
+#[allow(clippy::too_many_arguments)]
+fn write_part(
+    writer: &mut dyn ShardWriter,
+    t: &mut Target,
+    table: u32,
+    col: u32,
+    d: &PartData,
+    bitset: bool,
+    file: &dyn Fn() -> String,
+    bufs: &mut (Vec<RowId>, Vec<f32>),
+    out: &mut RestoreOutcome,
+) -> Result<()> {
+    let server = writer.server();
+    let tid = TableId(table);
+    let ids = le_u64s(d.id_bytes(), &mut bufs.0);
+    let words = le_f32s(d.rows(), &mut bufs.1);
+    let w = t.words;
+    let outside = |id: RowId| CkptError::Corrupt {
+        file: file(),
+        reason: format!(
+            "row {id} of table {table} is outside server {}'s shard",
+            server.0
+        ),
+    };
+    let mut run = 0;
+    for (i, &id) in ids.iter().enumerate() {
+        let local = match t.place.local(id) {
+            Some(l) if (l as usize) < t.rows => l as usize,
+            _ => return Err(outside(id)),
+        };
+        let fresh = if bitset {
+            let word = &mut t.written[local / 64];
+            let bit = 1u64 << (local % 64);
+            let fresh = *word & bit == 0;
+            *word |= bit;
+            fresh
+        } else {
+            let slot = &mut t.newest[local];
+            let fresh = *slot < col;
+            if fresh {
+                *slot = col;
+            }
+            fresh
+        };
+        if !fresh {
+            if run < i {
+                writer.write_rows(tid, &ids[run..i], &words[run * w..i * w])?;
+                out.rows_written += (i - run) as u64;
+            }
+            run = i + 1;
+        }
+    }
+    if run < ids.len() {
+        writer.write_rows(tid, &ids[run..], &words[run * w..])?;
+        out.rows_written += (ids.len() - run) as u64;
+    }
+    Ok(())
 }
 
 async fn restore_list(
@@ -618,12 +790,13 @@ async fn restore_list(
     chain: &IncrChain,
     writer: &mut dyn ShardWriter,
     out: &mut RestoreOutcome,
+    opts: RestoreOptions,
 ) -> Result<()> {
     let server = writer.server();
     let col = chain.target;
     let map = server_map(&chain.base)?;
     let newest = col as usize == chain.pieces.len();
-    let t_index = std::time::Instant::now();
+    let t_index = Instant::now();
     // The newest state needs row 0 only, which its own piece index lists whole; an older one
     // needs the list folded from every piece.
     let list = if newest {
@@ -644,20 +817,22 @@ async fn restore_list(
     };
     out.index_s = t_index.elapsed().as_secs_f64();
     // Which parts of which files the rectangle reads, and each part's chunk (for Bloom
-    // filters of row-0 chunks when the list will grow again): (part, table, range, column,
-    // round).
-    type Read = (LivePart, u32, u32, u32, u32);
+    // filters of row-0 chunks when the list will grow again).
     let mut by_file: HashMap<u32, Vec<Read>> = HashMap::new();
+    let mut rect_bytes = 0u64;
     for c in list.rectangle(col) {
         for p in &c.parts {
+            rect_bytes = rect_bytes.saturating_add(p.bytes());
             by_file
                 .entry(p.file)
                 .or_default()
                 .push((*p, c.table, c.range, c.col, c.round));
         }
     }
-    // Newest columns first: then a row's first copy is usually its newest and older copies
-    // (left by skipped extractions, §4.3) are skipped rather than written and overwritten.
+    let in_memory = rect_bytes <= opts.in_memory_bytes;
+    // Newest columns first: streaming, a row's first copy is then usually its newest and older
+    // copies (left by skipped extractions, §4.3) are skipped rather than written and
+    // overwritten.
     let mut jobs: Vec<(u32, Vec<Read>)> = by_file.into_iter().collect();
     jobs.sort_unstable_by_key(|(f, reads)| {
         (
@@ -669,105 +844,97 @@ async fn restore_list(
         .into_iter()
         .map(|(f, reads)| (list.file(f).file.clone(), reads))
         .collect();
-    let mut targets: HashMap<u32, Target> = HashMap::new();
-    let mut row0_ids: HashMap<(u32, u32, u32), Vec<RowId>> = HashMap::new();
+    // Each file is read (four at a time, on the store's blocking threads), and every part's
+    // crc32c checked before a byte of it is written.
     let mut stream = futures_util::stream::iter(jobs)
         .map(|(f, reads)| {
             let ckpts = ckpts.clone();
             async move {
                 let parts: Vec<LivePart> = reads.iter().map(|r| r.0).collect();
                 let mut st = ReadStats::default();
-                // Every part's crc32c is checked here, before a byte of it is written.
                 let data = read_parts(&ckpts, &f, &parts, &mut st).await?;
                 Ok::<_, CkptError>((f, reads, data, st))
             }
         })
         .buffered(4);
+    let mut targets: HashMap<u32, Target> = HashMap::new();
+    let mut row0_ids: HashMap<(u32, u32, u32), Vec<RowId>> = HashMap::new();
     // Scratch for parts whose bytes are not aligned for a zero-copy view (or a big-endian host).
-    let (mut id_buf, mut word_buf): (Vec<RowId>, Vec<f32>) = (Vec::new(), Vec::new());
-    while let Some(r) = stream.next().await {
+    let mut bufs: (Vec<RowId>, Vec<f32>) = (Vec::new(), Vec::new());
+    let mut loaded = Vec::new();
+    loop {
+        let tw = Instant::now();
+        let Some(r) = stream.next().await else { break };
+        out.read_wait_s += tw.elapsed().as_secs_f64();
+        let ta = Instant::now();
         let (f, reads, data, st) = r?;
         out.files += 1;
         out.bytes += st.bytes;
-        let name = || format!("{}/{}", f.ckpt, f.path);
-        for ((p, table, range, ccol, round), d) in reads.into_iter().zip(data) {
-            let tid = TableId(table);
-            let t = match targets.entry(table) {
-                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    let (rows, layout) = writer.table_shape(tid).ok_or_else(|| {
-                        CkptError::InvalidArgument(format!(
-                            "server {} holds no table {table} to restore into",
-                            server.0
-                        ))
-                    })?;
-                    if layout.bytes() != p.row_bytes as usize {
-                        return Err(CkptError::InvalidCheckpoint {
-                            id: chain.base.id.to_string(),
-                            reason: format!(
-                                "table {table}: rows of {} bytes saved, the target's are {}",
-                                p.row_bytes,
-                                layout.bytes()
-                            ),
-                        });
-                    }
-                    e.insert(Target {
-                        place: Placement::new(&map, tid, server),
-                        words: layout.words(),
-                        newest: vec![0u32; rows as usize],
-                    })
+        if newest {
+            for ((_, table, range, ccol, round), d) in reads.iter().zip(&data) {
+                if *round == 0 {
+                    row0_ids
+                        .entry((*table, *range, *ccol))
+                        .or_default()
+                        .extend_from_slice(le_u64s(d.id_bytes(), &mut bufs.0));
                 }
-            };
-            if d.row_bytes() != t.words * 4 {
-                return Err(CkptError::Corrupt {
-                    file: name(),
-                    reason: format!(
-                        "a part of table {table} has rows of {} bytes, the table's are {}",
-                        d.row_bytes(),
-                        t.words * 4
-                    ),
-                });
-            }
-            let ids = le_u64s(d.id_bytes(), &mut id_buf);
-            let words = le_f32s(d.rows(), &mut word_buf);
-            if newest && round == 0 {
-                row0_ids
-                    .entry((table, range, ccol))
-                    .or_default()
-                    .extend_from_slice(ids);
-            }
-            // Rows whose newest column so far is older than this part's are written, in runs
-            // straight from the read buffer; a row a newer column already wrote is skipped (the
-            // newest copy wins whatever order the files arrive in).
-            let w = t.words;
-            let mut run = 0;
-            for (i, &id) in ids.iter().enumerate() {
-                let local = t.place.local(id).ok_or_else(|| CkptError::Corrupt {
-                    file: name(),
-                    reason: format!("row {id} of table {table} is not server {}'s", server.0),
-                })?;
-                let slot = t
-                    .newest
-                    .get_mut(local as usize)
-                    .ok_or_else(|| CkptError::Corrupt {
-                        file: name(),
-                        reason: format!("row {id} of table {table} is outside the shard"),
-                    })?;
-                if *slot < ccol {
-                    *slot = ccol;
-                } else {
-                    if run < i {
-                        writer.write_rows(tid, &ids[run..i], &words[run * w..i * w])?;
-                        out.rows_written += (i - run) as u64;
-                    }
-                    run = i + 1;
-                }
-            }
-            if run < ids.len() {
-                writer.write_rows(tid, &ids[run..], &words[run * w..])?;
-                out.rows_written += (ids.len() - run) as u64;
             }
         }
+        if in_memory {
+            loaded.push((f, reads, data));
+            continue;
+        }
+        // Streaming: rows whose newest column so far is older than this part's are written; a
+        // row a newer column already wrote is skipped (the newest copy wins whatever order
+        // the files arrive in).
+        let name = || format!("{}/{}", f.ckpt, f.path);
+        for ((p, table, _, ccol, _), d) in reads.into_iter().zip(data) {
+            let t = target_of(
+                &mut targets,
+                &*writer,
+                &map,
+                &chain.base,
+                table,
+                &p,
+                &d,
+                &name,
+                false,
+            )?;
+            write_part(writer, t, table, ccol, &d, false, &name, &mut bufs, out)?;
+        }
+        out.apply_s += ta.elapsed().as_secs_f64();
+    }
+    if in_memory {
+        // Table by table, newest column first: a row's first copy is its newest, so a row is
+        // written once, and only if no newer column wrote it.
+        let ta = Instant::now();
+        let mut order: Vec<(u32, u32, usize, usize)> = Vec::new();
+        for (fi, (_, reads, _)) in loaded.iter().enumerate() {
+            for (pi, r) in reads.iter().enumerate() {
+                order.push((r.1, r.3, fi, pi));
+            }
+        }
+        order.sort_unstable_by_key(|&(table, ccol, fi, pi)| {
+            (table, std::cmp::Reverse(ccol), fi, pi)
+        });
+        for (table, ccol, fi, pi) in order {
+            let (f, reads, data) = &loaded[fi];
+            let (p, d) = (&reads[pi].0, &data[pi]);
+            let name = || format!("{}/{}", f.ckpt, f.path);
+            let t = target_of(
+                &mut targets,
+                &*writer,
+                &map,
+                &chain.base,
+                table,
+                p,
+                d,
+                &name,
+                true,
+            )?;
+            write_part(writer, t, table, ccol, d, true, &name, &mut bufs, out)?;
+        }
+        out.apply_s += ta.elapsed().as_secs_f64();
     }
     if newest {
         // The Bloom filters are built later, by the next extraction round that needs them

@@ -334,6 +334,18 @@ impl Run {
             let out = if adopt {
                 c.restore(&self.ckpts, &chain, &mut target).await.unwrap()
             } else {
+                // A chunk list's rectangle streamed (a column per row decides which copy wins)
+                // gives what reading it whole and writing newest column first gives.
+                let mut streamed = MemShard::of(&info, self.model.map);
+                let opts = RestoreOptions { in_memory_bytes: 0 };
+                restore_server_with(&self.ckpts, &chain, &mut streamed, opts)
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    bits_of(&streamed),
+                    want[s],
+                    "server {s}: streamed restore of {id} differs from the model saved in it"
+                );
                 restore_server(&self.ckpts, &chain, &mut target)
                     .await
                     .unwrap()
