@@ -141,7 +141,18 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             kill_server,
             kill_step,
             repeat,
-        } => crate::bench_ecrec::run(run, kill_server, kill_step, repeat),
+            rebuild_shares,
+            no_full,
+        } => crate::bench_ecrec::run(
+            run,
+            crate::bench_ecrec::Plan {
+                kill_server,
+                kill_step,
+                repeats: repeat,
+                rebuild_shares,
+                full: !no_full,
+            },
+        ),
         BenchCmd::Cluster {
             run,
             kill_server,

@@ -108,11 +108,27 @@ struct Variant {
     runs: Vec<RunSummary>,
 }
 
+/// What one invocation runs besides the run flags.
+pub struct Plan {
+    /// Server killed in the recovery runs, and the step after which it is killed (default:
+    /// half the steps).
+    pub kill_server: u32,
+    pub kill_step: Option<u64>,
+    /// Times the `none` run and every variant are run; 0: the recovery runs only.
+    pub repeats: u32,
+    /// One ECRec recovery run per share (fractions); empty: the run flags' share.
+    pub rebuild_shares: Vec<f64>,
+    /// Whether the `full` recovery run is made.
+    pub full: bool,
+}
+
 /// The recovery from one kill.
 #[derive(Serialize)]
 struct Recovery {
     strategy: String,
     kill: String,
+    /// ECRec: the rebuild share the run had (a fraction of the time).
+    rebuild_share: Option<f64>,
     /// Seconds from the kill to training resumed, and to the state being whole again.
     resumed_s: Option<f64>,
     recovered_s: Option<f64>,
@@ -220,12 +236,13 @@ fn ecrec(
     }
 }
 
-fn bench(
-    run: &RunArgs,
-    kill_server: u32,
-    kill_step: Option<u64>,
-    repeats: u32,
-) -> Result<EcrecBench> {
+fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
+    let Plan {
+        kill_server,
+        kill_step,
+        repeats,
+        ..
+    } = *plan;
     if run.strategy.is_some() || !run.kill.is_empty() {
         bail!("ftrec bench ecrec chooses --strategy and --kill itself");
     }
@@ -236,8 +253,8 @@ fn bench(
              --no-dense-replication"
         );
     }
-    if repeats == 0 {
-        bail!("--repeat must be at least 1");
+    if !plan.rebuild_shares.is_empty() && flags.rebuild_share.is_some() {
+        bail!("give either --rebuild-share or --rebuild-shares, not both");
     }
     let mut base = crate::cluster_cmd::merge(run)?;
     base.steps = base.steps.or(Some(DEFAULT_STEPS));
@@ -248,6 +265,21 @@ fn bench(
     let share = match flags.rebuild_share {
         Some(f) => ftrec_cluster::ecrec::rebuild_share_ppm(f)?,
         None => ftrec_cluster::ecrec::DEFAULT_REBUILD_SHARE_PPM,
+    };
+    // Checked before any run, so that a bad share fails at once.
+    let recovery_shares: Vec<u32> = if plan.rebuild_shares.is_empty() {
+        vec![share]
+    } else {
+        plan.rebuild_shares
+            .iter()
+            .map(|&f| {
+                ftrec_cluster::ecrec::rebuild_share_ppm(f).map_err(|_| {
+                    anyhow::anyhow!(
+                        "--rebuild-shares {f} is out of range (fractions of the time from 0 to 1)"
+                    )
+                })
+            })
+            .collect::<Result<_>>()?
     };
     let kill_step = kill_step.unwrap_or((steps / 2).max(1));
     // The paper's ablation (§5.2): all on, no dense replication, no dense replication and no
@@ -329,19 +361,34 @@ fn bench(
         let min = v.iter().copied().fold(f64::INFINITY, f64::min);
         max / min.max(1e-9) - 1.0
     };
-    let none_spread = spread(&|r| r.train_s);
-    let none_cpu_spread = spread(&|r| r.cpu_s());
+    let (none_spread, none_cpu_spread) = if none.is_empty() {
+        (0.0, 0.0)
+    } else {
+        (spread(&|r| r.train_s), spread(&|r| r.cpu_s()))
+    };
     let kill = format!("server={kill_server}@step={kill_step}");
     let mut recoveries = Vec::new();
-    for (name, strategy) in [
-        ("ecrec_k2_killed", ecrec(2, 1, true, true, share)),
-        (
-            "full_killed",
+    let mut runs: Vec<(String, StrategyChoice)> = recovery_shares
+        .iter()
+        .map(|&ppm| {
+            let name = if recovery_shares.len() == 1 {
+                "ecrec_k2_killed".to_string()
+            } else {
+                format!("ecrec_k2_killed_share{ppm}ppm")
+            };
+            (name, ecrec(2, 1, true, true, ppm))
+        })
+        .collect();
+    if plan.full {
+        runs.push((
+            "full_killed".into(),
             StrategyChoice::Full {
                 every_steps: (steps / 4).max(1),
             },
-        ),
-    ] {
+        ));
+    }
+    for (name, strategy) in runs {
+        let name = name.as_str();
         if let StrategyChoice::EcRec { k, r, .. } = strategy {
             if (k + r) as u32 > servers {
                 skipped.push(format!("{name}: needs {} servers", k + r));
@@ -357,9 +404,18 @@ fn bench(
         let rebuild =
             r.ec.as_ref()
                 .and_then(|e| e.rebuilds.iter().find(|b| b.finished_s.is_some()));
+        let rebuild_share = match strategy {
+            StrategyChoice::EcRec {
+                rebuild_share_ppm, ..
+            } => Some(ftrec_cluster::ecrec::rebuild_share_fraction(
+                rebuild_share_ppm,
+            )),
+            _ => None,
+        };
         recoveries.push(Recovery {
             strategy: strategy.name().into(),
             kill: kill.clone(),
+            rebuild_share,
             resumed_s: f.and_then(|f| f.resumed_s),
             recovered_s: f.and_then(|f| f.recovered_s),
             rebuild_s: rebuild.and_then(|b| Some(b.finished_s? - b.joined_s?)),
@@ -383,11 +439,11 @@ fn bench(
     })
 }
 
-pub fn run(run: RunArgs, kill_server: u32, kill_step: Option<u64>, repeats: u32) -> Result<()> {
+pub fn run(run: RunArgs, plan: Plan) -> Result<()> {
     let json = run.json.clone();
     let mut args = run;
     args.json = None;
-    let b = bench(&args, kill_server, kill_step, repeats)?;
+    let b = bench(&args, &plan)?;
     println!(
         "{} training, {} steps, {} repeats",
         if b.asynchronous {
@@ -410,11 +466,13 @@ pub fn run(run: RunArgs, kill_server: u32, kill_step: Option<u64>, repeats: u32)
             n.auc.map_or("-".into(), |a| format!("{a:.4}"))
         );
     }
-    println!(
-        "spread of the none runs: {:.1}% training time, {:.1}% CPU time",
-        b.none_spread * 100.0,
-        b.none_cpu_spread * 100.0
-    );
+    if !b.none.is_empty() {
+        println!(
+            "spread of the none runs: {:.1}% training time, {:.1}% CPU time",
+            b.none_spread * 100.0,
+            b.none_cpu_spread * 100.0
+        );
+    }
     for v in &b.variants {
         println!(
             "{}: training time {}, CPU time {}, servers' CPU time {}; {:.3} ms per commit, \
@@ -435,9 +493,11 @@ pub fn run(run: RunArgs, kill_server: u32, kill_step: Option<u64>, repeats: u32)
     let pct = |v: Option<f64>| v.map_or("-".into(), |s| format!("{:.0}%", s * 100.0));
     for r in &b.recoveries {
         println!(
-            "{} after {}: training resumed {}, fully recovered {} after the kill; throughput \
+            "{}{} after {}: training resumed {}, fully recovered {} after the kill; throughput \
              from the kill to recovered {} of before",
             r.strategy,
+            r.rebuild_share
+                .map_or(String::new(), |s| format!(" (rebuild share {s})")),
             r.kill,
             secs(r.resumed_s),
             secs(r.recovered_s),

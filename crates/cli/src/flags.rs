@@ -422,8 +422,15 @@ pub enum BenchCmd {
         /// Step after which it is killed [default: half the steps].
         #[arg(long)]
         kill_step: Option<u64>,
-        /// Times the `none` run and every variant are run.
+        /// Times the `none` run and every variant are run (0: the recovery runs only).
         #[arg(long, default_value_t = 2)]
         repeat: u32,
+        /// Rebuild shares of the ECRec recovery runs, one run each (comma-separated fractions
+        /// from 0 to 1, e.g. 1,0.5,0.25) [default: --rebuild-share, or the default share].
+        #[arg(long, value_delimiter = ',')]
+        rebuild_shares: Vec<f64>,
+        /// Leave out the `full` recovery run.
+        #[arg(long)]
+        no_full: bool,
     },
 }

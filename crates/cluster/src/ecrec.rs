@@ -44,6 +44,11 @@ pub fn rebuild_share_ppm(share: f64) -> Result<u32, ClusterError> {
     Ok((share * f64::from(ftrec_ps::ec::FULL_SHARE_PPM)).round() as u32)
 }
 
+/// A rebuild share in millionths as the fraction `--rebuild-share` takes.
+pub fn rebuild_share_fraction(ppm: u32) -> f64 {
+    f64::from(ppm) / f64::from(ftrec_ps::ec::FULL_SHARE_PPM)
+}
+
 /// Serde of a [`CodeKind`] as its name (`sum`, `gf256`).
 pub(crate) mod code_serde {
     use ftrec_ec::CodeKind;
@@ -132,8 +137,7 @@ impl EcServerSpec {
             "--recovery-locks".into(),
             self.lock_ranges.to_string(),
             "--rebuild-share".into(),
-            (f64::from(self.rebuild_share_ppm) / f64::from(ftrec_ps::ec::FULL_SHARE_PPM))
-                .to_string(),
+            rebuild_share_fraction(self.rebuild_share_ppm).to_string(),
         ];
         for (on, flag) in [
             (!self.dense_replication, "--no-dense-replication"),
