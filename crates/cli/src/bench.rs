@@ -140,6 +140,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             run,
             kill_server,
             kill_step,
+            recovery_steps,
             repeat,
             rebuild_shares,
             no_full,
@@ -148,6 +149,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             crate::bench_ecrec::Plan {
                 kill_server,
                 kill_step,
+                recovery_steps,
                 repeats: repeat,
                 rebuild_shares,
                 full: !no_full,

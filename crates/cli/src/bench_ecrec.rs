@@ -8,8 +8,10 @@
 //!   same as CPU time (user + system of the servers and workers), which the other load on a
 //!   shared machine disturbs less than wall time;
 //! - the recovery from one SIGKILL (§5.3): time to training resumed, the rebuild's duration,
-//!   and training throughput while it ran, as a whole and per lock range; `full`
-//!   checkpoints' recovery from the same kill for comparison.
+//!   and training throughput while it ran, as a whole and per lock range, for one or several
+//!   rebuild shares (`--rebuild-shares`); `full` checkpoints' recovery from the same kill for
+//!   comparison. Recovery runs are longer than the overhead runs (`--recovery-steps`), so
+//!   that a rebuild that yields to training finishes while training goes on.
 
 use anyhow::{bail, Result};
 use ftrec_cluster::{RunReport, StrategyChoice};
@@ -20,6 +22,11 @@ use crate::flags::RunArgs;
 /// Steps when `--steps` is not given: enough batches that a run's noise stays below the
 /// effects measured (checked against the spread of the repeated `none` runs).
 const DEFAULT_STEPS: u64 = 150;
+
+/// Recovery runs take this many times the steps unless `--recovery-steps`: a rebuild at the
+/// default share (a tenth of the time) takes about 15 times as long as at the full share, and
+/// has to finish while training goes on for its throughput to be measured.
+const RECOVERY_STEPS_FACTOR: u64 = 4;
 
 /// One run, reduced to what the comparison needs (the full report is kept too).
 #[derive(Serialize)]
@@ -111,9 +118,11 @@ struct Variant {
 /// What one invocation runs besides the run flags.
 pub struct Plan {
     /// Server killed in the recovery runs, and the step after which it is killed (default:
-    /// half the steps).
+    /// a quarter of the recovery runs' steps).
     pub kill_server: u32,
     pub kill_step: Option<u64>,
+    /// Steps of the recovery runs (default: [`RECOVERY_STEPS_FACTOR`] x the steps).
+    pub recovery_steps: Option<u64>,
     /// Times the `none` run and every variant are run; 0: the recovery runs only.
     pub repeats: u32,
     /// One ECRec recovery run per share (fractions); empty: the run flags' share.
@@ -138,6 +147,11 @@ struct Recovery {
     /// as a whole and per lock range.
     rebuild_throughput_share: Option<f64>,
     range_throughput_share: Vec<Option<f64>>,
+    /// ECRec: training throughput during the rebuild over the mean of the throughput in the
+    /// [`AROUND_S`] before the kill and in the [`AROUND_S`] after the rebuild finished
+    /// (`None` when training ended before that): a slow drift of the machine's other load
+    /// cancels out of it, where it does not out of a ratio to the time before the kill only.
+    rebuild_throughput_share_around: Option<f64>,
     /// Samples/s in the report's intervals that overlap [kill, recovered], over the mean of
     /// the intervals before the kill (`None` when no interval lies before it): the detection
     /// and replacement pause included.
@@ -149,6 +163,9 @@ struct Recovery {
 struct EcrecBench {
     asynchronous: bool,
     steps: u64,
+    /// Steps of the recovery runs, and the step after which their server is killed.
+    recovery_steps: u64,
+    kill_step: u64,
     repeats: u32,
     none: Vec<RunSummary>,
     /// Largest over smallest training time of the `none` runs, minus one: the noise an
@@ -187,6 +204,36 @@ fn recovery_share(r: &RunReport, from: f64, to: f64) -> Option<f64> {
             .collect(),
     )?;
     Some(during / before.max(1e-9))
+}
+
+/// Seconds of training before the kill and after the rebuild that
+/// [`Recovery::rebuild_throughput_share_around`] compares the rebuild with.
+const AROUND_S: f64 = 10.0;
+
+/// Mean samples/s of the report's whole intervals inside `[from, to]` (seconds after the run
+/// started); `None` when no interval lies inside.
+fn mean_rate(r: &RunReport, from: f64, to: f64) -> Option<f64> {
+    let t0 = r
+        .events
+        .iter()
+        .find(|e| e.kind == ftrec_cluster::EventKind::WorkersStarted)
+        .map_or(0.0, |e| e.t_s);
+    let v: Vec<f64> = r
+        .throughput
+        .iter()
+        .filter(|i| i.t_start_s + t0 >= from && i.t_end_s + t0 <= to)
+        .map(|i| i.samples_per_s)
+        .collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+/// Throughput while a rebuild ran over the mean of the throughput in the [`AROUND_S`] before
+/// the kill at `kill` and in the [`AROUND_S`] after the rebuild finished.
+fn around_share(r: &RunReport, kill: f64, joined: f64, finished: f64) -> Option<f64> {
+    let during = mean_rate(r, joined, finished)?;
+    let before = mean_rate(r, kill - AROUND_S, kill)?;
+    let after = mean_rate(r, finished, finished + AROUND_S)?;
+    Some(during / ((before + after) / 2.0).max(1e-9))
 }
 
 fn run_one(
@@ -281,7 +328,19 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
             })
             .collect::<Result<_>>()?
     };
-    let kill_step = kill_step.unwrap_or((steps / 2).max(1));
+    let recovery_steps = plan
+        .recovery_steps
+        .unwrap_or(steps.saturating_mul(RECOVERY_STEPS_FACTOR));
+    if recovery_steps == 0 {
+        bail!("--recovery-steps must be at least 1");
+    }
+    // A quarter in: the throughput before the kill is measured after the start-up.
+    let kill_step = kill_step.unwrap_or((recovery_steps / 4).max(1));
+    if kill_step >= recovery_steps {
+        bail!("--kill-step {kill_step} is not before the recovery runs' last step ({recovery_steps})");
+    }
+    let mut recovery_base = base.clone();
+    recovery_base.steps = Some(recovery_steps);
     // The paper's ablation (§5.2): all on, no dense replication, no dense replication and no
     // 2PC; all on with k = 4 as well.
     let shapes: Vec<(usize, bool, bool)> = vec![
@@ -383,7 +442,7 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
         runs.push((
             "full_killed".into(),
             StrategyChoice::Full {
-                every_steps: (steps / 4).max(1),
+                every_steps: (recovery_steps / 4).max(1),
             },
         ));
     }
@@ -395,7 +454,7 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
                 continue;
             }
         }
-        let r = run_one(&base, name, strategy, Some(kill.clone()))?;
+        let r = run_one(&recovery_base, name, strategy, Some(kill.clone()))?;
         let f = r.failures.first();
         let share = f.and_then(|f| {
             let end = f.injected_t_s + f.recovered_s?;
@@ -404,6 +463,14 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
         let rebuild =
             r.ec.as_ref()
                 .and_then(|e| e.rebuilds.iter().find(|b| b.finished_s.is_some()));
+        let around = match (f, rebuild) {
+            (Some(f), Some(b)) => {
+                b.joined_s
+                    .zip(b.finished_s)
+                    .and_then(|(j, e)| around_share(&r, f.injected_t_s, j, e))
+            }
+            _ => None,
+        };
         let rebuild_share = match strategy {
             StrategyChoice::EcRec {
                 rebuild_share_ppm, ..
@@ -422,6 +489,7 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
             rebuild_throughput_share: rebuild.and_then(|b| b.throughput_share),
             range_throughput_share: rebuild
                 .map_or(Vec::new(), |b| b.range_throughput_share.clone()),
+            rebuild_throughput_share_around: around,
             kill_to_recovered_throughput_share: share,
             report: r,
         });
@@ -429,6 +497,8 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
     Ok(EcrecBench {
         asynchronous: !none_cfg.sync,
         steps,
+        recovery_steps,
+        kill_step,
         repeats,
         none,
         none_spread,
@@ -445,14 +515,16 @@ pub fn run(run: RunArgs, plan: Plan) -> Result<()> {
     args.json = None;
     let b = bench(&args, &plan)?;
     println!(
-        "{} training, {} steps, {} repeats",
+        "{} training, {} steps, {} repeats; recovery runs of {} steps killed after step {}",
         if b.asynchronous {
             "asynchronous"
         } else {
             "synchronous"
         },
         b.steps,
-        b.repeats
+        b.repeats,
+        b.recovery_steps,
+        b.kill_step
     );
     for n in &b.none {
         println!(
@@ -505,10 +577,12 @@ pub fn run(run: RunArgs, plan: Plan) -> Result<()> {
         );
         if r.rebuild_s.is_some() {
             println!(
-                "  rebuild {} with training going on at {} of the throughput before the kill \
-                 (per lock range: {})",
+                "  rebuild {} with training going on at {} of the throughput before the kill, \
+                 {} of the mean of the {AROUND_S} s before the kill and after the rebuild (per \
+                 lock range, of before: {})",
                 secs(r.rebuild_s),
                 pct(r.rebuild_throughput_share),
+                pct(r.rebuild_throughput_share_around),
                 r.range_throughput_share
                     .iter()
                     .map(|s| pct(*s))

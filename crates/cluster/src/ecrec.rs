@@ -27,8 +27,13 @@ pub const DEFAULT_K: usize = 2;
 pub const DEFAULT_R: usize = 1;
 /// Lock ranges of a rebuild when `--recovery-locks` is not given.
 pub const DEFAULT_LOCK_RANGES: usize = 1;
-/// Rebuild share when `--rebuild-share` is not given: the whole time.
-pub const DEFAULT_REBUILD_SHARE_PPM: u32 = ftrec_ps::ec::FULL_SHARE_PPM;
+/// Rebuild share when `--rebuild-share` is not given: a tenth of the time. At the full share a
+/// rebuild on cores that training uses took 24-61% of training's throughput while it ran
+/// (docs/BENCHMARKS.md); a tenth bounds what its lock ranges take to a tenth of that, so that
+/// training keeps >= 95% of its speed (ECRec §3.4: recovery in the background while training
+/// goes on), for a rebuild about 15 times as long. Training's own lost rows are decoded on
+/// demand meanwhile, whatever the share; once training ends the rebuild gets the full share.
+pub const DEFAULT_REBUILD_SHARE_PPM: u32 = ftrec_ps::ec::FULL_SHARE_PPM / 10;
 
 pub(crate) fn default_rebuild_share_ppm() -> u32 {
     DEFAULT_REBUILD_SHARE_PPM
