@@ -337,7 +337,9 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
     // A quarter in: the throughput before the kill is measured after the start-up.
     let kill_step = kill_step.unwrap_or((recovery_steps / 4).max(1));
     if kill_step >= recovery_steps {
-        bail!("--kill-step {kill_step} is not before the recovery runs' last step ({recovery_steps})");
+        bail!(
+            "--kill-step {kill_step} is not before the recovery runs' last step ({recovery_steps})"
+        );
     }
     let mut recovery_base = base.clone();
     recovery_base.steps = Some(recovery_steps);
@@ -464,11 +466,10 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
             r.ec.as_ref()
                 .and_then(|e| e.rebuilds.iter().find(|b| b.finished_s.is_some()));
         let around = match (f, rebuild) {
-            (Some(f), Some(b)) => {
-                b.joined_s
-                    .zip(b.finished_s)
-                    .and_then(|(j, e)| around_share(&r, f.injected_t_s, j, e))
-            }
+            (Some(f), Some(b)) => b
+                .joined_s
+                .zip(b.finished_s)
+                .and_then(|(j, e)| around_share(&r, f.injected_t_s, j, e)),
             _ => None,
         };
         let rebuild_share = match strategy {

@@ -200,6 +200,9 @@ fn bad_bench_ecrec_shares_give_one_clear_error_line() {
             .filter(|l| l.starts_with("ftrec: error:"))
             .collect();
         assert_eq!(errors.len(), 1, "{extra:?}: {stderr}");
-        assert!(errors[0].contains(needle), "{extra:?}: no {needle:?} in {stderr}");
+        assert!(
+            errors[0].contains(needle),
+            "{extra:?}: no {needle:?} in {stderr}"
+        );
     }
 }
