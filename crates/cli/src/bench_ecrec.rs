@@ -24,7 +24,7 @@ use crate::flags::RunArgs;
 const DEFAULT_STEPS: u64 = 150;
 
 /// Recovery runs take this many times the steps unless `--recovery-steps`: a rebuild at the
-/// default share (a tenth of the time) takes about 15 times as long as at the full share, and
+/// default share (a tenth of the time) takes about 20 times as long as at the full share, and
 /// has to finish while training goes on for its throughput to be measured.
 const RECOVERY_STEPS_FACTOR: u64 = 4;
 

@@ -28,10 +28,10 @@ pub const DEFAULT_R: usize = 1;
 /// Lock ranges of a rebuild when `--recovery-locks` is not given.
 pub const DEFAULT_LOCK_RANGES: usize = 1;
 /// Rebuild share when `--rebuild-share` is not given: a tenth of the time. At the full share a
-/// rebuild on cores that training uses took 24-61% of training's throughput while it ran
-/// (docs/BENCHMARKS.md); a tenth bounds what its lock ranges take to a tenth of that, so that
-/// training keeps >= 95% of its speed (ECRec §3.4: recovery in the background while training
-/// goes on), for a rebuild about 15 times as long. Training's own lost rows are decoded on
+/// rebuild on cores that training uses took up to 61% of training's throughput while it ran
+/// (docs/BENCHMARKS.md); a tenth bounds what its lock ranges take to a tenth of that, aiming
+/// at training keeping >= 95% of its speed (ECRec §3.4: recovery in the background while
+/// training goes on), for a rebuild about 20 times as long. Training's own lost rows are decoded on
 /// demand meanwhile, whatever the share; once training ends the rebuild gets the full share.
 pub const DEFAULT_REBUILD_SHARE_PPM: u32 = ftrec_ps::ec::FULL_SHARE_PPM / 10;
 
