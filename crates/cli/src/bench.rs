@@ -140,8 +140,21 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             run,
             kill_server,
             kill_step,
+            recovery_steps,
             repeat,
-        } => crate::bench_ecrec::run(run, kill_server, kill_step, repeat),
+            rebuild_shares,
+            no_full,
+        } => crate::bench_ecrec::run(
+            run,
+            crate::bench_ecrec::Plan {
+                kill_server,
+                kill_step,
+                recovery_steps,
+                repeats: repeat,
+                rebuild_shares,
+                full: !no_full,
+            },
+        ),
         BenchCmd::Cluster {
             run,
             kill_server,

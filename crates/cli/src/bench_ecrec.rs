@@ -8,8 +8,10 @@
 //!   same as CPU time (user + system of the servers and workers), which the other load on a
 //!   shared machine disturbs less than wall time;
 //! - the recovery from one SIGKILL (§5.3): time to training resumed, the rebuild's duration,
-//!   and training throughput while it ran, as a whole and per lock range; `full`
-//!   checkpoints' recovery from the same kill for comparison.
+//!   and training throughput while it ran, as a whole and per lock range, for one or several
+//!   rebuild shares (`--rebuild-shares`); `full` checkpoints' recovery from the same kill for
+//!   comparison. Recovery runs are longer than the overhead runs (`--recovery-steps`), so
+//!   that a rebuild that yields to training finishes while training goes on.
 
 use anyhow::{bail, Result};
 use ftrec_cluster::{RunReport, StrategyChoice};
@@ -20,6 +22,11 @@ use crate::flags::RunArgs;
 /// Steps when `--steps` is not given: enough batches that a run's noise stays below the
 /// effects measured (checked against the spread of the repeated `none` runs).
 const DEFAULT_STEPS: u64 = 150;
+
+/// Recovery runs take this many times the steps unless `--recovery-steps`: a rebuild at the
+/// default share (a tenth of the time) takes about 20 times as long as at the full share, and
+/// has to finish while training goes on for its throughput to be measured.
+const RECOVERY_STEPS_FACTOR: u64 = 4;
 
 /// One run, reduced to what the comparison needs (the full report is kept too).
 #[derive(Serialize)]
@@ -108,11 +115,29 @@ struct Variant {
     runs: Vec<RunSummary>,
 }
 
+/// What one invocation runs besides the run flags.
+pub struct Plan {
+    /// Server killed in the recovery runs, and the step after which it is killed (default:
+    /// a quarter of the recovery runs' steps).
+    pub kill_server: u32,
+    pub kill_step: Option<u64>,
+    /// Steps of the recovery runs (default: [`RECOVERY_STEPS_FACTOR`] x the steps).
+    pub recovery_steps: Option<u64>,
+    /// Times the `none` run and every variant are run; 0: the recovery runs only.
+    pub repeats: u32,
+    /// One ECRec recovery run per share (fractions); empty: the run flags' share.
+    pub rebuild_shares: Vec<f64>,
+    /// Whether the `full` recovery run is made.
+    pub full: bool,
+}
+
 /// The recovery from one kill.
 #[derive(Serialize)]
 struct Recovery {
     strategy: String,
     kill: String,
+    /// ECRec: the rebuild share the run had (a fraction of the time).
+    rebuild_share: Option<f64>,
     /// Seconds from the kill to training resumed, and to the state being whole again.
     resumed_s: Option<f64>,
     recovered_s: Option<f64>,
@@ -122,6 +147,11 @@ struct Recovery {
     /// as a whole and per lock range.
     rebuild_throughput_share: Option<f64>,
     range_throughput_share: Vec<Option<f64>>,
+    /// ECRec: training throughput during the rebuild over the mean of the throughput in the
+    /// [`AROUND_S`] before the kill and in the [`AROUND_S`] after the rebuild finished
+    /// (`None` when training ended before that): a slow drift of the machine's other load
+    /// cancels out of it, where it does not out of a ratio to the time before the kill only.
+    rebuild_throughput_share_around: Option<f64>,
     /// Samples/s in the report's intervals that overlap [kill, recovered], over the mean of
     /// the intervals before the kill (`None` when no interval lies before it): the detection
     /// and replacement pause included.
@@ -133,6 +163,9 @@ struct Recovery {
 struct EcrecBench {
     asynchronous: bool,
     steps: u64,
+    /// Steps of the recovery runs, and the step after which their server is killed.
+    recovery_steps: u64,
+    kill_step: u64,
     repeats: u32,
     none: Vec<RunSummary>,
     /// Largest over smallest training time of the `none` runs, minus one: the noise an
@@ -171,6 +204,36 @@ fn recovery_share(r: &RunReport, from: f64, to: f64) -> Option<f64> {
             .collect(),
     )?;
     Some(during / before.max(1e-9))
+}
+
+/// Seconds of training before the kill and after the rebuild that
+/// [`Recovery::rebuild_throughput_share_around`] compares the rebuild with.
+const AROUND_S: f64 = 10.0;
+
+/// Mean samples/s of the report's whole intervals inside `[from, to]` (seconds after the run
+/// started); `None` when no interval lies inside.
+fn mean_rate(r: &RunReport, from: f64, to: f64) -> Option<f64> {
+    let t0 = r
+        .events
+        .iter()
+        .find(|e| e.kind == ftrec_cluster::EventKind::WorkersStarted)
+        .map_or(0.0, |e| e.t_s);
+    let v: Vec<f64> = r
+        .throughput
+        .iter()
+        .filter(|i| i.t_start_s + t0 >= from && i.t_end_s + t0 <= to)
+        .map(|i| i.samples_per_s)
+        .collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+/// Throughput while a rebuild ran over the mean of the throughput in the [`AROUND_S`] before
+/// the kill at `kill` and in the [`AROUND_S`] after the rebuild finished.
+fn around_share(r: &RunReport, kill: f64, joined: f64, finished: f64) -> Option<f64> {
+    let during = mean_rate(r, joined, finished)?;
+    let before = mean_rate(r, kill - AROUND_S, kill)?;
+    let after = mean_rate(r, finished, finished + AROUND_S)?;
+    Some(during / ((before + after) / 2.0).max(1e-9))
 }
 
 fn run_one(
@@ -220,12 +283,13 @@ fn ecrec(
     }
 }
 
-fn bench(
-    run: &RunArgs,
-    kill_server: u32,
-    kill_step: Option<u64>,
-    repeats: u32,
-) -> Result<EcrecBench> {
+fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
+    let Plan {
+        kill_server,
+        kill_step,
+        repeats,
+        ..
+    } = *plan;
     if run.strategy.is_some() || !run.kill.is_empty() {
         bail!("ftrec bench ecrec chooses --strategy and --kill itself");
     }
@@ -236,8 +300,8 @@ fn bench(
              --no-dense-replication"
         );
     }
-    if repeats == 0 {
-        bail!("--repeat must be at least 1");
+    if !plan.rebuild_shares.is_empty() && flags.rebuild_share.is_some() {
+        bail!("give either --rebuild-share or --rebuild-shares, not both");
     }
     let mut base = crate::cluster_cmd::merge(run)?;
     base.steps = base.steps.or(Some(DEFAULT_STEPS));
@@ -249,7 +313,36 @@ fn bench(
         Some(f) => ftrec_cluster::ecrec::rebuild_share_ppm(f)?,
         None => ftrec_cluster::ecrec::DEFAULT_REBUILD_SHARE_PPM,
     };
-    let kill_step = kill_step.unwrap_or((steps / 2).max(1));
+    // Checked before any run, so that a bad share fails at once.
+    let recovery_shares: Vec<u32> = if plan.rebuild_shares.is_empty() {
+        vec![share]
+    } else {
+        plan.rebuild_shares
+            .iter()
+            .map(|&f| {
+                ftrec_cluster::ecrec::rebuild_share_ppm(f).map_err(|_| {
+                    anyhow::anyhow!(
+                        "--rebuild-shares {f} is out of range (fractions of the time from 0 to 1)"
+                    )
+                })
+            })
+            .collect::<Result<_>>()?
+    };
+    let recovery_steps = plan
+        .recovery_steps
+        .unwrap_or(steps.saturating_mul(RECOVERY_STEPS_FACTOR));
+    if recovery_steps == 0 {
+        bail!("--recovery-steps must be at least 1");
+    }
+    // A quarter in: the throughput before the kill is measured after the start-up.
+    let kill_step = kill_step.unwrap_or((recovery_steps / 4).max(1));
+    if kill_step >= recovery_steps {
+        bail!(
+            "--kill-step {kill_step} is not before the recovery runs' last step ({recovery_steps})"
+        );
+    }
+    let mut recovery_base = base.clone();
+    recovery_base.steps = Some(recovery_steps);
     // The paper's ablation (§5.2): all on, no dense replication, no dense replication and no
     // 2PC; all on with k = 4 as well.
     let shapes: Vec<(usize, bool, bool)> = vec![
@@ -329,26 +422,41 @@ fn bench(
         let min = v.iter().copied().fold(f64::INFINITY, f64::min);
         max / min.max(1e-9) - 1.0
     };
-    let none_spread = spread(&|r| r.train_s);
-    let none_cpu_spread = spread(&|r| r.cpu_s());
+    let (none_spread, none_cpu_spread) = if none.is_empty() {
+        (0.0, 0.0)
+    } else {
+        (spread(&|r| r.train_s), spread(&|r| r.cpu_s()))
+    };
     let kill = format!("server={kill_server}@step={kill_step}");
     let mut recoveries = Vec::new();
-    for (name, strategy) in [
-        ("ecrec_k2_killed", ecrec(2, 1, true, true, share)),
-        (
-            "full_killed",
+    let mut runs: Vec<(String, StrategyChoice)> = recovery_shares
+        .iter()
+        .map(|&ppm| {
+            let name = if recovery_shares.len() == 1 {
+                "ecrec_k2_killed".to_string()
+            } else {
+                format!("ecrec_k2_killed_share{ppm}ppm")
+            };
+            (name, ecrec(2, 1, true, true, ppm))
+        })
+        .collect();
+    if plan.full {
+        runs.push((
+            "full_killed".into(),
             StrategyChoice::Full {
-                every_steps: (steps / 4).max(1),
+                every_steps: (recovery_steps / 4).max(1),
             },
-        ),
-    ] {
+        ));
+    }
+    for (name, strategy) in runs {
+        let name = name.as_str();
         if let StrategyChoice::EcRec { k, r, .. } = strategy {
             if (k + r) as u32 > servers {
                 skipped.push(format!("{name}: needs {} servers", k + r));
                 continue;
             }
         }
-        let r = run_one(&base, name, strategy, Some(kill.clone()))?;
+        let r = run_one(&recovery_base, name, strategy, Some(kill.clone()))?;
         let f = r.failures.first();
         let share = f.and_then(|f| {
             let end = f.injected_t_s + f.recovered_s?;
@@ -357,15 +465,32 @@ fn bench(
         let rebuild =
             r.ec.as_ref()
                 .and_then(|e| e.rebuilds.iter().find(|b| b.finished_s.is_some()));
+        let around = match (f, rebuild) {
+            (Some(f), Some(b)) => b
+                .joined_s
+                .zip(b.finished_s)
+                .and_then(|(j, e)| around_share(&r, f.injected_t_s, j, e)),
+            _ => None,
+        };
+        let rebuild_share = match strategy {
+            StrategyChoice::EcRec {
+                rebuild_share_ppm, ..
+            } => Some(ftrec_cluster::ecrec::rebuild_share_fraction(
+                rebuild_share_ppm,
+            )),
+            _ => None,
+        };
         recoveries.push(Recovery {
             strategy: strategy.name().into(),
             kill: kill.clone(),
+            rebuild_share,
             resumed_s: f.and_then(|f| f.resumed_s),
             recovered_s: f.and_then(|f| f.recovered_s),
             rebuild_s: rebuild.and_then(|b| Some(b.finished_s? - b.joined_s?)),
             rebuild_throughput_share: rebuild.and_then(|b| b.throughput_share),
             range_throughput_share: rebuild
                 .map_or(Vec::new(), |b| b.range_throughput_share.clone()),
+            rebuild_throughput_share_around: around,
             kill_to_recovered_throughput_share: share,
             report: r,
         });
@@ -373,6 +498,8 @@ fn bench(
     Ok(EcrecBench {
         asynchronous: !none_cfg.sync,
         steps,
+        recovery_steps,
+        kill_step,
         repeats,
         none,
         none_spread,
@@ -383,20 +510,22 @@ fn bench(
     })
 }
 
-pub fn run(run: RunArgs, kill_server: u32, kill_step: Option<u64>, repeats: u32) -> Result<()> {
+pub fn run(run: RunArgs, plan: Plan) -> Result<()> {
     let json = run.json.clone();
     let mut args = run;
     args.json = None;
-    let b = bench(&args, kill_server, kill_step, repeats)?;
+    let b = bench(&args, &plan)?;
     println!(
-        "{} training, {} steps, {} repeats",
+        "{} training, {} steps, {} repeats; recovery runs of {} steps killed after step {}",
         if b.asynchronous {
             "asynchronous"
         } else {
             "synchronous"
         },
         b.steps,
-        b.repeats
+        b.repeats,
+        b.recovery_steps,
+        b.kill_step
     );
     for n in &b.none {
         println!(
@@ -410,11 +539,13 @@ pub fn run(run: RunArgs, kill_server: u32, kill_step: Option<u64>, repeats: u32)
             n.auc.map_or("-".into(), |a| format!("{a:.4}"))
         );
     }
-    println!(
-        "spread of the none runs: {:.1}% training time, {:.1}% CPU time",
-        b.none_spread * 100.0,
-        b.none_cpu_spread * 100.0
-    );
+    if !b.none.is_empty() {
+        println!(
+            "spread of the none runs: {:.1}% training time, {:.1}% CPU time",
+            b.none_spread * 100.0,
+            b.none_cpu_spread * 100.0
+        );
+    }
     for v in &b.variants {
         println!(
             "{}: training time {}, CPU time {}, servers' CPU time {}; {:.3} ms per commit, \
@@ -435,9 +566,11 @@ pub fn run(run: RunArgs, kill_server: u32, kill_step: Option<u64>, repeats: u32)
     let pct = |v: Option<f64>| v.map_or("-".into(), |s| format!("{:.0}%", s * 100.0));
     for r in &b.recoveries {
         println!(
-            "{} after {}: training resumed {}, fully recovered {} after the kill; throughput \
+            "{}{} after {}: training resumed {}, fully recovered {} after the kill; throughput \
              from the kill to recovered {} of before",
             r.strategy,
+            r.rebuild_share
+                .map_or(String::new(), |s| format!(" (rebuild share {s})")),
             r.kill,
             secs(r.resumed_s),
             secs(r.recovered_s),
@@ -445,10 +578,12 @@ pub fn run(run: RunArgs, kill_server: u32, kill_step: Option<u64>, repeats: u32)
         );
         if r.rebuild_s.is_some() {
             println!(
-                "  rebuild {} with training going on at {} of the throughput before the kill \
-                 (per lock range: {})",
+                "  rebuild {} with training going on at {} of the throughput before the kill, \
+                 {} of the mean of the {AROUND_S} s before the kill and after the rebuild (per \
+                 lock range, of before: {})",
                 secs(r.rebuild_s),
                 pct(r.rebuild_throughput_share),
+                pct(r.rebuild_throughput_share_around),
                 r.range_throughput_share
                     .iter()
                     .map(|s| pct(*s))

@@ -412,18 +412,30 @@ pub enum BenchCmd {
     /// and 2PC (training-time, CPU-time and memory overhead, each against a `none` run of
     /// the same repeat, with the spread of the `none` runs), then ECRec and `full` each with
     /// a server killed (time to resume and to full recovery, the rebuild's duration and
-    /// throughput meanwhile, per lock range). 150 steps unless `--steps`.
+    /// throughput meanwhile, per lock range). 150 steps unless `--steps`; the recovery runs
+    /// 4 times as many unless `--recovery-steps`.
     Ecrec {
         #[command(flatten)]
         run: RunArgs,
         /// Server killed in the recovery runs.
         #[arg(long, default_value_t = 0)]
         kill_server: u32,
-        /// Step after which it is killed [default: half the steps].
+        /// Step after which it is killed [default: a quarter of the recovery runs' steps].
         #[arg(long)]
         kill_step: Option<u64>,
-        /// Times the `none` run and every variant are run.
+        /// Steps of the recovery runs [default: 4 x the steps, so that a rebuild at the
+        /// default share finishes while training goes on, and the kill falls after warm-up].
+        #[arg(long)]
+        recovery_steps: Option<u64>,
+        /// Times the `none` run and every variant are run (0: the recovery runs only).
         #[arg(long, default_value_t = 2)]
         repeat: u32,
+        /// Rebuild shares of the ECRec recovery runs, one run each (comma-separated fractions
+        /// from 0 to 1, e.g. 1,0.5,0.25) [default: --rebuild-share, or the default share].
+        #[arg(long, value_delimiter = ',')]
+        rebuild_shares: Vec<f64>,
+        /// Leave out the `full` recovery run.
+        #[arg(long)]
+        no_full: bool,
     },
 }

@@ -131,3 +131,78 @@ fn bad_ecrec_settings_give_one_clear_error_line() {
         }
     }
 }
+
+#[test]
+fn bench_ecrec_runs_one_recovery_per_rebuild_share() {
+    // `--repeat 0`: the recovery runs only; one ECRec recovery per share of
+    // `--rebuild-shares`, each rebuild finished and its share reported.
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let out = succeed(
+        ftrec()
+            .args([
+                "bench",
+                "ecrec",
+                "--preset",
+                "tiny",
+                "--servers",
+                "3",
+                "--workers",
+                "1",
+                "--steps",
+                "12",
+                "--batch",
+                "32",
+                "--eval-samples",
+                "0",
+                "--repeat",
+                "0",
+                "--rebuild-shares",
+                "1,0.5",
+                "--no-full",
+                "--json",
+            ])
+            .arg(&json),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("rebuild share 0.5"), "{stdout}");
+    let b = read_json(&json);
+    assert_eq!(b["none"].as_array().unwrap().len(), 0);
+    let rec = b["recoveries"].as_array().unwrap();
+    assert_eq!(rec.len(), 2, "{rec:?}");
+    for (r, share) in rec.iter().zip([1.0, 0.5]) {
+        assert_eq!(r["strategy"], "ecrec");
+        assert_eq!(r["rebuild_share"].as_f64(), Some(share));
+        let rebuild = &r["report"]["ec"]["rebuilds"][0];
+        assert!(rebuild["finished_s"].as_f64().is_some(), "{rebuild}");
+        assert_eq!(r["report"]["ec"]["audit"]["parity_mismatches"], 0);
+    }
+}
+
+#[test]
+fn bad_bench_ecrec_shares_give_one_clear_error_line() {
+    for (extra, needle) in [
+        (vec!["--rebuild-shares", "1,1.5"], "--rebuild-shares 1.5"),
+        (
+            vec!["--rebuild-shares", "0.5", "--rebuild-share", "0.5"],
+            "not both",
+        ),
+    ] {
+        let out = ftrec()
+            .args(["bench", "ecrec", "--preset", "tiny", "--servers", "3"])
+            .args(&extra)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{extra:?} succeeded");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let errors: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("ftrec: error:"))
+            .collect();
+        assert_eq!(errors.len(), 1, "{extra:?}: {stderr}");
+        assert!(
+            errors[0].contains(needle),
+            "{extra:?}: no {needle:?} in {stderr}"
+        );
+    }
+}

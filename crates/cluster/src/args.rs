@@ -124,7 +124,7 @@ pub struct EcRunArgs {
     pub recovery_locks: Option<usize>,
     /// ECRec: share of the time a replacement's background rebuild may work, from 0 to 1
     /// (it rests between batches so that training keeps its speed; 0 holds the rebuild until
-    /// training ends, serving lost rows by degraded reads meanwhile) [default: 1].
+    /// training ends, serving lost rows by degraded reads meanwhile) [default: 0.1].
     #[arg(long, value_name = "F")]
     pub rebuild_share: Option<f64>,
 }

@@ -27,8 +27,13 @@ pub const DEFAULT_K: usize = 2;
 pub const DEFAULT_R: usize = 1;
 /// Lock ranges of a rebuild when `--recovery-locks` is not given.
 pub const DEFAULT_LOCK_RANGES: usize = 1;
-/// Rebuild share when `--rebuild-share` is not given: the whole time.
-pub const DEFAULT_REBUILD_SHARE_PPM: u32 = ftrec_ps::ec::FULL_SHARE_PPM;
+/// Rebuild share when `--rebuild-share` is not given: a tenth of the time. At the full share a
+/// rebuild on cores that training uses took up to 61% of training's throughput while it ran
+/// (docs/BENCHMARKS.md); a tenth bounds what its lock ranges take to a tenth of that, aiming
+/// at training keeping >= 95% of its speed (ECRec §3.4: recovery in the background while
+/// training goes on), for a rebuild about 20 times as long. Training's own lost rows are decoded on
+/// demand meanwhile, whatever the share; once training ends the rebuild gets the full share.
+pub const DEFAULT_REBUILD_SHARE_PPM: u32 = ftrec_ps::ec::FULL_SHARE_PPM / 10;
 
 pub(crate) fn default_rebuild_share_ppm() -> u32 {
     DEFAULT_REBUILD_SHARE_PPM
@@ -42,6 +47,11 @@ pub fn rebuild_share_ppm(share: f64) -> Result<u32, ClusterError> {
         )));
     }
     Ok((share * f64::from(ftrec_ps::ec::FULL_SHARE_PPM)).round() as u32)
+}
+
+/// A rebuild share in millionths as the fraction `--rebuild-share` takes.
+pub fn rebuild_share_fraction(ppm: u32) -> f64 {
+    f64::from(ppm) / f64::from(ftrec_ps::ec::FULL_SHARE_PPM)
 }
 
 /// Serde of a [`CodeKind`] as its name (`sum`, `gf256`).
@@ -132,8 +142,7 @@ impl EcServerSpec {
             "--recovery-locks".into(),
             self.lock_ranges.to_string(),
             "--rebuild-share".into(),
-            (f64::from(self.rebuild_share_ppm) / f64::from(ftrec_ps::ec::FULL_SHARE_PPM))
-                .to_string(),
+            rebuild_share_fraction(self.rebuild_share_ppm).to_string(),
         ];
         for (on, flag) in [
             (!self.dense_replication, "--no-dense-replication"),

@@ -14,7 +14,8 @@ use super::types::{
 };
 use crate::auth::{Auth, AuthChannel};
 use crate::grpc::wire::{
-    bytes_to_f32s, bytes_to_u64s, extend_f32s_le, f32s_to_bytes, from_status, to_status,
+    bytes_to_f32s, bytes_to_u64s, check_multiple, extend_f32s_le, f32s_to_bytes, from_status,
+    le_bytes_into_f32s, to_status,
 };
 use crate::update::{ApplyReport, DenseBlock, PulledRows, Update};
 use crate::PsError;
@@ -125,8 +126,11 @@ fn update_to_proto(txn: TxnId, u: &Update) -> proto::TxnUpdate {
 fn update_from_proto(p: proto::TxnUpdate) -> Result<(TxnId, Update), PsError> {
     let txn = need_txn(p.txn)?;
     let rows = bytes_to_u64s("transaction row ids", &p.rows)?;
-    let grads = bytes_to_f32s("transaction gradients", &p.grads)?;
-    let dense = bytes_to_f32s("transaction dense gradients", &p.dense_grads)?;
+    // The floats are decoded straight into each part below (one copy off the wire); here
+    // only their counts are checked.
+    check_multiple("transaction gradients", p.grads.len(), 4)?;
+    check_multiple("transaction dense gradients", p.dense_grads.len(), 4)?;
+    let (grads, dense) = (p.grads.len() / 4, p.dense_grads.len() / 4);
     let bad = |m: String| PsError::MalformedRequest(m);
     if p.tables.len() != p.part_rows.len()
         || p.part_rows.iter().map(|&n| n as usize).sum::<usize>() != rows.len()
@@ -138,23 +142,27 @@ fn update_from_proto(p: proto::TxnUpdate) -> Result<(TxnId, Update), PsError> {
             rows.len()
         )));
     }
-    if rows.is_empty() != grads.is_empty() || (!rows.is_empty() && grads.len() % rows.len() != 0) {
+    if rows.is_empty() != (grads == 0) || (!rows.is_empty() && grads % rows.len() != 0) {
         return Err(bad(format!(
-            "{} gradient values do not split into {} equal rows",
-            grads.len(),
+            "{grads} gradient values do not split into {} equal rows",
             rows.len()
         )));
     }
     let dim = if rows.is_empty() {
         0
     } else {
-        grads.len() / rows.len()
+        grads / rows.len()
     };
     if p.dense_offsets.len() != p.dense_lens.len()
-        || p.dense_lens.iter().map(|&n| n as usize).sum::<usize>() != dense.len()
+        || p.dense_lens.iter().map(|&n| n as usize).sum::<usize>() != dense
     {
         return Err(bad("dense offsets, lengths and gradients disagree".into()));
     }
+    let floats = |bytes: &[u8]| {
+        let mut v = vec![0.0f32; bytes.len() / 4];
+        le_bytes_into_f32s(bytes, &mut v);
+        v
+    };
     let mut u = Update::new();
     let (mut r, mut g) = (0usize, 0usize);
     for (&t, &n) in p.tables.iter().zip(&p.part_rows) {
@@ -162,7 +170,7 @@ fn update_from_proto(p: proto::TxnUpdate) -> Result<(TxnId, Update), PsError> {
         u = u.with_sparse(
             TableId(t),
             rows[r..r + n].to_vec(),
-            grads[g..g + n * dim].to_vec(),
+            floats(&p.grads[g * 4..(g + n * dim) * 4]),
         );
         r += n;
         g += n * dim;
@@ -170,7 +178,7 @@ fn update_from_proto(p: proto::TxnUpdate) -> Result<(TxnId, Update), PsError> {
     let mut at = 0usize;
     for (&off, &n) in p.dense_offsets.iter().zip(&p.dense_lens) {
         let n = n as usize;
-        u = u.with_dense(off, dense[at..at + n].to_vec());
+        u = u.with_dense(off, floats(&p.dense_grads[at * 4..(at + n) * 4]));
         at += n;
     }
     Ok((txn, u))

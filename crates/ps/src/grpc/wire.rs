@@ -33,7 +33,7 @@ pub(crate) fn u64s_to_bytes(values: &[u64]) -> Vec<u8> {
     out
 }
 
-fn check_multiple(what: &str, len: usize, unit: usize) -> Result<(), PsError> {
+pub(crate) fn check_multiple(what: &str, len: usize, unit: usize) -> Result<(), PsError> {
     if len.is_multiple_of(unit) {
         Ok(())
     } else {
@@ -47,10 +47,19 @@ fn check_multiple(what: &str, len: usize, unit: usize) -> Result<(), PsError> {
 
 pub(crate) fn bytes_to_f32s(what: &str, bytes: &[u8]) -> Result<Vec<f32>, PsError> {
     check_multiple(what, bytes.len(), 4)?;
-    Ok(bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
+    let mut out = vec![0.0f32; bytes.len() / 4];
+    le_bytes_into_f32s(bytes, &mut out);
+    Ok(out)
+}
+
+/// Decode little-endian floats into a sized buffer in one pass (`bytes` holds 4 bytes per
+/// float of `out`), which the compiler turns into a plain copy on little-endian targets, as
+/// [`extend_f32s_le`] does the other way; collecting an iterator of floats does not.
+pub(crate) fn le_bytes_into_f32s(bytes: &[u8], out: &mut [f32]) {
+    debug_assert_eq!(bytes.len(), out.len() * 4);
+    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+        *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    }
 }
 
 pub(crate) fn bytes_to_u64s(what: &str, bytes: &[u8]) -> Result<Vec<u64>, PsError> {
