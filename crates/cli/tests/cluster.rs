@@ -5,7 +5,7 @@ use std::path::Path;
 
 mod common;
 mod compare;
-use common::{ftrec, read_json, succeed};
+use common::{ftrec, one_error_line, read_json, succeed};
 
 fn run_args(dir: &std::path::Path) -> Vec<String> {
     [
@@ -99,14 +99,8 @@ fn strategy_none_with_a_kill_exits_non_zero_with_one_error_line() {
         .args(["--strategy", "none", "--kill", "server=1@step=3"])
         .output()
         .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let errors: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("ftrec: error:"))
-        .collect();
-    assert_eq!(errors.len(), 1, "{stderr}");
-    assert!(errors[0].contains("server 1"), "{stderr}");
+    let line = one_error_line(&out);
+    assert!(line.contains("server 1"), "{line}");
 }
 
 #[test]
@@ -214,17 +208,6 @@ fn a_server_started_by_hand_ignores_stdin_and_stops_on_sigterm() {
     assert!(term.success());
     let status = child.wait().unwrap();
     assert!(status.success(), "{status:?}");
-}
-
-fn one_error_line(out: &std::process::Output) -> String {
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let errors: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("ftrec: error:"))
-        .collect();
-    assert_eq!(errors.len(), 1, "{stderr}");
-    errors[0].to_string()
 }
 
 #[test]

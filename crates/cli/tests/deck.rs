@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Output;
 
 mod common;
-use common::{ftrec, read_json, succeed};
+use common::{ftrec, one_error_line, read_json, succeed};
 
 fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -313,13 +313,8 @@ mod cpr {
                 .output()
                 .unwrap();
             assert_eq!(out.status.code(), Some(2), "{args:?}");
-            let err = String::from_utf8_lossy(&out.stderr);
-            let lines: Vec<&str> = err
-                .lines()
-                .filter(|l| l.starts_with("ftrec: error:"))
-                .collect();
-            assert_eq!(lines.len(), 1, "{args:?}: {err}");
-            assert!(lines[0].contains(needle), "{args:?}: {err}");
+            let line = one_error_line(&out);
+            assert!(line.contains(needle), "{args:?}: {line}");
         }
     }
 }

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 mod common;
-use common::{ftrec, read_json, succeed};
+use common::{ftrec, one_error_line, read_json, succeed};
 
 /// A three-server synchronous tiny run in `dir`.
 fn run_args(dir: &Path) -> Vec<String> {
@@ -114,20 +114,15 @@ fn bad_ecrec_settings_give_one_clear_error_line() {
             vec!["phase commit", "ecrec only"],
         ),
     ] {
-        let out = ftrec()
-            .args(run_args(dir.path()))
-            .args(&extra)
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "{extra:?} succeeded");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let errors: Vec<&str> = stderr
-            .lines()
-            .filter(|l| l.starts_with("ftrec: error:"))
-            .collect();
-        assert_eq!(errors.len(), 1, "{extra:?}: {stderr}");
+        let line = one_error_line(
+            &ftrec()
+                .args(run_args(dir.path()))
+                .args(&extra)
+                .output()
+                .unwrap(),
+        );
         for n in needles {
-            assert!(errors[0].contains(n), "{extra:?}: no {n:?} in {stderr}");
+            assert!(line.contains(n), "{extra:?}: no {n:?} in {line}");
         }
     }
 }
@@ -188,21 +183,13 @@ fn bad_bench_ecrec_shares_give_one_clear_error_line() {
             "not both",
         ),
     ] {
-        let out = ftrec()
-            .args(["bench", "ecrec", "--preset", "tiny", "--servers", "3"])
-            .args(&extra)
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "{extra:?} succeeded");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let errors: Vec<&str> = stderr
-            .lines()
-            .filter(|l| l.starts_with("ftrec: error:"))
-            .collect();
-        assert_eq!(errors.len(), 1, "{extra:?}: {stderr}");
-        assert!(
-            errors[0].contains(needle),
-            "{extra:?}: no {needle:?} in {stderr}"
+        let line = one_error_line(
+            &ftrec()
+                .args(["bench", "ecrec", "--preset", "tiny", "--servers", "3"])
+                .args(&extra)
+                .output()
+                .unwrap(),
         );
+        assert!(line.contains(needle), "{extra:?}: no {needle:?} in {line}");
     }
 }

@@ -12,7 +12,7 @@
 use std::path::Path;
 
 mod common;
-use common::{ftrec, read_json, succeed};
+use common::{ftrec, one_error_line, read_json, succeed};
 
 use ftrec_ckpt::snapshot::{self, DenseTarget, RowIds, ShardTarget, SnapshotOptions, TableTarget};
 use ftrec_ckpt::{CheckpointKind, Checkpoints, LocalStore, Select};
@@ -339,17 +339,6 @@ fn synth_tsv(dir: &Path, samples: u32) -> std::path::PathBuf {
             .arg(&data),
     );
     data.join("train.tsv")
-}
-
-fn one_error_line(out: &std::process::Output) -> String {
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let errors: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("ftrec: error:"))
-        .collect();
-    assert_eq!(errors.len(), 1, "{stderr}");
-    errors[0].to_string()
 }
 
 /// Every server's shard of the full checkpoint `ftrec ckpt restore` wrote into `dir`, read

@@ -6,7 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{ftrec, read_json, succeed};
+use common::{ftrec, one_error_line, read_json, succeed};
 
 /// 1,200 lines of the tiny preset's synthetic stream, as Kaggle-layout TSV.
 fn data(dir: &Path) -> PathBuf {
@@ -165,15 +165,7 @@ fn error_of(args: &[&str]) -> String {
     if args[0] == "coordinator" {
         cmd.args(["--servers", "1", "--server-addr", "127.0.0.1:9"]);
     }
-    let out = cmd.output().unwrap();
-    assert!(!out.status.success(), "{args:?} succeeded");
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    let errors: Vec<&str> = err
-        .lines()
-        .filter(|l| l.starts_with("ftrec: error:"))
-        .collect();
-    assert_eq!(errors.len(), 1, "{err}");
-    errors[0].to_string()
+    one_error_line(&cmd.output().unwrap())
 }
 
 #[test]

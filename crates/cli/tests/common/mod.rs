@@ -25,3 +25,15 @@ pub fn succeed(cmd: &mut Command) -> Output {
 pub fn read_json(p: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
+
+/// Require a failed command whose stderr has exactly one `ftrec: error:` line; returns it.
+pub fn one_error_line(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the command succeeded: {stderr}");
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("ftrec: error:"))
+        .collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    errors[0].to_string()
+}
