@@ -103,8 +103,10 @@ pub use store::{ChunkStore, ObjectMeta, PutMode};
 
 /// Give freed memory back to the operating system; call it after reading a lineage. A restore
 /// reads a whole lineage through transient buffers (under naive incremental checkpoints, every
-/// manifest and piece since the full), and glibc keeps freed pages in its arenas: without
-/// this, a long-lived process's resident memory stays at the largest restore it ever ran.
+/// manifest and piece since the full), and glibc keeps freed pages. On its own this did not
+/// keep a server flat across restores (the freed pages sat in per-thread arenas, pinned by
+/// other allocations); with the cluster processes limited to two arenas (the `ftrec` binary's
+/// `main`), it returns what a restore freed (`docs/BENCHMARKS.md`, "Soak").
 pub fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: `malloc_trim` takes no pointer; it only returns the allocator's free pages.

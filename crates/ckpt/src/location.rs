@@ -160,8 +160,11 @@ pub fn retry_policy_from_env() -> Result<RetryPolicy> {
         p.max_backoff = Duration::from_millis(ms);
         p.first_backoff = p.first_backoff.min(p.max_backoff);
     }
-    p.validate().map_err(|e| {
-        CkptError::InvalidArgument(format!("${ATTEMPTS_ENV}/${MAX_BACKOFF_ENV}: {e}"))
+    p.validate().map_err(|e| match e {
+        CkptError::InvalidArgument(why) => {
+            CkptError::InvalidArgument(format!("${ATTEMPTS_ENV}/${MAX_BACKOFF_ENV}: {why}"))
+        }
+        e => e,
     })?;
     Ok(p)
 }
@@ -197,10 +200,6 @@ async fn open_s3(
         config.allow_http = h;
     }
     config.prefix = prefix;
-    // One retry layer: the `RetryingStore` that `open` puts in front retries with its own
-    // bound and backoff. The client's retries inside each of its tries (3, for up to 30 s)
-    // would multiply the time a save takes to give up on an endpoint that went away.
-    config.max_retries = 0;
     Ok(Arc::new(S3Store::connect(config).await?))
 }
 

@@ -4,9 +4,11 @@
 //! address is loopback, and a worker checks what its coordinator asks of it (a huge batch,
 //! batch index 0 or past the end of the stream) with one clear error.
 
+mod common;
+use common::server_exe;
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -17,10 +19,6 @@ use ftrec_cluster::worker::WorkerSetup;
 use ftrec_cluster::{run, RunConfig, ServerProcess, ServerSpec, StrategyChoice};
 use ftrec_core::Preset;
 
-fn exe() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_ftrec-cluster-server"))
-}
-
 fn auth(token: Option<&str>, job: Option<&str>) -> Auth {
     Auth {
         token: token.map(|t| Token::new(t, "test").unwrap()),
@@ -30,13 +28,8 @@ fn auth(token: Option<&str>, job: Option<&str>) -> Auth {
 }
 
 fn config(dir: &tempfile::TempDir) -> RunConfig {
-    let mut cfg = RunConfig::new(Preset::tiny(), exe(), dir.path().to_path_buf());
-    cfg.servers = 2;
-    cfg.workers = 1;
+    let mut cfg = common::tiny_run(dir.path(), 2, 1, 16, 5);
     cfg.sync = true;
-    cfg.steps = 16;
-    cfg.batch = 64;
-    cfg.seed = 5;
     cfg.eval_samples = 256;
     cfg
 }
@@ -66,7 +59,7 @@ fn every_default_bind_address_is_loopback() {
     let pool = WorkerPool::listen(cfg.control_listen, 1, None).unwrap();
     assert!(loopback(pool.addr()), "{}", pool.addr());
     let mut p = ServerProcess::spawn(
-        &exe(),
+        &server_exe(),
         &cfg.server_spec(0),
         dir.path(),
         0,
@@ -95,9 +88,13 @@ fn hello(addr: SocketAddr, line: &str) -> (Option<ToWorker>, bool) {
 #[test]
 fn the_coordinator_refuses_a_worker_with_a_wrong_token_or_of_another_job() {
     let job = auth(Some("good-token"), Some("job-now"));
-    let mut pool =
-        WorkerPool::listen_with("127.0.0.1:0".parse().unwrap(), 1, Some(&exe()), job.clone())
-            .unwrap();
+    let mut pool = WorkerPool::listen_with(
+        "127.0.0.1:0".parse().unwrap(),
+        1,
+        Some(&server_exe()),
+        job.clone(),
+    )
+    .unwrap();
     let addr = pool.addr();
 
     // Raw hellos: missing token, wrong token, stale job; each gets one refusal line.
@@ -126,7 +123,7 @@ fn the_coordinator_refuses_a_worker_with_a_wrong_token_or_of_another_job() {
     }
 
     // A real worker process with a wrong token exits with the coordinator's reason.
-    let out = Command::new(exe())
+    let out = Command::new(server_exe())
         .args(["worker", "--coordinator", &addr.to_string(), "--id", "0"])
         .env("FTREC_AUTH_TOKEN", "bad-token")
         .env_remove("FTREC_JOB_ID")
@@ -162,7 +159,7 @@ fn a_worker_started_by_hand_without_a_job_joins_and_a_wrong_job_is_refused() {
         Some(ToWorker::Welcome { job }) => assert_eq!(job.as_deref(), Some("job-now")),
         other => panic!("expected a welcome, got {other:?}"),
     }
-    let out = Command::new(exe())
+    let out = Command::new(server_exe())
         .args([
             "worker",
             "--coordinator",
@@ -218,7 +215,7 @@ fn a_coordinator_refuses_servers_of_another_job_or_with_another_token() {
     let mut spec = cfg.server_spec(0);
     spec.auth = auth(Some("tok"), Some("job-old"));
     let mut server =
-        ServerProcess::spawn(&exe(), &spec, dir.path(), 0, Duration::from_secs(30)).unwrap();
+        ServerProcess::spawn(&server_exe(), &spec, dir.path(), 0, Duration::from_secs(30)).unwrap();
     cfg.external_servers = vec![server.addr];
     cfg.auth = auth(Some("tok"), Some("job-new"));
     let e = run(&cfg).unwrap_err().to_string();
@@ -241,7 +238,7 @@ fn a_coordinator_refuses_servers_of_another_job_or_with_another_token() {
 fn fake_coordinator() -> (std::process::Child, TcpStream, BufReader<TcpStream>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
-    let child = Command::new(exe())
+    let child = Command::new(server_exe())
         .args(["worker", "--coordinator", &addr.to_string(), "--id", "0"])
         .env_remove("FTREC_AUTH_TOKEN")
         .env_remove("FTREC_JOB_ID")

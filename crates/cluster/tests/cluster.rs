@@ -1,7 +1,7 @@
 //! Real multi-process runs: server and worker processes of `ftrec-cluster-server`, real
 //! SIGKILLs.
 
-use std::path::PathBuf;
+mod common;
 
 use ftrec_ckpt::deck::{Lineage, StagingOptions};
 use ftrec_ckpt::location::{self, LocationOptions};
@@ -9,21 +9,12 @@ use ftrec_ckpt::{CheckpointKind, Checkpoints, DataPosition};
 use ftrec_cluster::{
     build_server, run, EventKind, KillSpec, Role, RunConfig, RunReport, StrategyChoice,
 };
-use ftrec_core::{ModelDigest, Preset};
+use ftrec_core::ModelDigest;
 use ftrec_ps::ckpt::{CkptApi, CkptNode};
 use ftrec_ps::SharedServer;
 
 fn config(dir: &tempfile::TempDir, servers: u32, workers: u32, steps: u64) -> RunConfig {
-    let mut cfg = RunConfig::new(
-        Preset::tiny(),
-        PathBuf::from(env!("CARGO_BIN_EXE_ftrec-cluster-server")),
-        dir.path().to_path_buf(),
-    );
-    cfg.servers = servers;
-    cfg.workers = workers;
-    cfg.steps = steps;
-    cfg.batch = 64;
-    cfg.seed = 11;
+    let mut cfg = common::tiny_run(dir.path(), servers, workers, steps, 11);
     cfg.eval_samples = 512;
     cfg
 }

@@ -1,29 +1,18 @@
 //! `deck` runs with real processes: servers writing delta checkpoints through their checkpoint
 //! service, a merger process, and real SIGKILLs of servers and of the merger.
 
-use std::path::PathBuf;
+mod common;
 
 use ftrec_ckpt::deck::{select_chain, Lineage, RestoreAt, StagingOptions};
 use ftrec_ckpt::location::{self, LocationOptions};
 use ftrec_ckpt::{CheckpointKind, Checkpoints};
 use ftrec_cluster::{build_server, run, EventKind, Role, RunConfig, RunReport, StrategyChoice};
-use ftrec_core::{ModelDigest, Preset};
+use ftrec_core::ModelDigest;
 use ftrec_ps::ckpt::{CkptApi, CkptNode};
 use ftrec_ps::SharedServer;
 
 fn config(dir: &tempfile::TempDir, steps: u64) -> RunConfig {
-    let mut cfg = RunConfig::new(
-        Preset::tiny(),
-        PathBuf::from(env!("CARGO_BIN_EXE_ftrec-cluster-server")),
-        dir.path().to_path_buf(),
-    );
-    cfg.servers = 2;
-    cfg.workers = 2;
-    cfg.steps = steps;
-    cfg.batch = 64;
-    cfg.seed = 5;
-    cfg.eval_samples = 0;
-    cfg
+    common::tiny_run(dir.path(), 2, 2, steps, 5)
 }
 
 fn deck(every: u64, stride: Option<u64>, mib_per_s: Option<f64>) -> StrategyChoice {

@@ -3,25 +3,13 @@
 //! survivors while training goes on, and with the exact gf256 code the final model is the
 //! failure-free model bit for bit.
 
-use std::path::PathBuf;
+mod common;
 
 use ftrec_cluster::{run, EventKind, RunConfig, RunReport, StrategyChoice};
-use ftrec_core::Preset;
 use ftrec_ec::CodeKind;
 
 fn config(dir: &tempfile::TempDir, servers: u32, steps: u64) -> RunConfig {
-    let mut cfg = RunConfig::new(
-        Preset::tiny(),
-        PathBuf::from(env!("CARGO_BIN_EXE_ftrec-cluster-server")),
-        dir.path().to_path_buf(),
-    );
-    cfg.servers = servers;
-    cfg.workers = 2;
-    cfg.steps = steps;
-    cfg.batch = 64;
-    cfg.seed = 7;
-    cfg.eval_samples = 0;
-    cfg
+    common::tiny_run(dir.path(), servers, 2, steps, 7)
 }
 
 fn ecrec(k: usize, r: usize, code: CodeKind) -> StrategyChoice {

@@ -14,12 +14,12 @@
 //!   `kill_matrix_full` (ignored; `scripts/kill-matrix.sh`) runs them all and, with
 //!   `KILL_MATRIX_OUT=FILE`, writes the table (markdown).
 
+mod common;
+
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Mutex;
 
 use ftrec_cluster::{run, EventKind, Role, RunConfig, RunReport, StrategyChoice};
-use ftrec_core::Preset;
 use ftrec_ec::CodeKind;
 
 /// Steps of every run; saves every [`EVERY`] steps.
@@ -258,17 +258,8 @@ fn matrix(s: Strat, phase: &str, role: &str) -> Cell {
 }
 
 fn config(dir: &std::path::Path, s: Strat) -> RunConfig {
-    let mut cfg = RunConfig::new(
-        Preset::tiny(),
-        PathBuf::from(env!("CARGO_BIN_EXE_ftrec-cluster-server")),
-        dir.to_path_buf(),
-    );
-    cfg.servers = s.servers();
-    cfg.workers = 2;
-    cfg.steps = STEPS;
+    let mut cfg = common::tiny_run(dir, s.servers(), 2, STEPS, 13);
     cfg.batch = 32;
-    cfg.seed = 13;
-    cfg.eval_samples = 0;
     cfg.sync = true;
     cfg.strategy = s.strategy();
     cfg

@@ -14,31 +14,22 @@
 //! The S3 endpoint that goes away for a while is played by the same fault store in front of
 //! a local directory: the retry layer sees the same transient errors either way.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::sync::Mutex;
 
 use ftrec_ckpt::deck::Lineage;
 use ftrec_ckpt::location::{self, LocationOptions};
 use ftrec_ckpt::{Checkpoints, Select};
 use ftrec_cluster::{run, RunConfig, RunReport, StrategyChoice};
-use ftrec_core::Preset;
 
 /// The variables are process-wide: one test of this file at a time.
 static ENV: Mutex<()> = Mutex::new(());
 
-fn exe() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_ftrec-cluster-server"))
-}
-
 fn config(dir: &Path, strategy: StrategyChoice, steps: u64) -> RunConfig {
-    let mut cfg = RunConfig::new(Preset::tiny(), exe(), dir.to_path_buf());
-    cfg.servers = 3;
-    cfg.workers = 1;
+    let mut cfg = common::tiny_run(dir, 3, 1, steps, 13);
     cfg.sync = true;
-    cfg.steps = steps;
-    cfg.batch = 64;
-    cfg.seed = 13;
-    cfg.eval_samples = 0;
     cfg.strategy = strategy;
     cfg
 }

@@ -4,13 +4,15 @@
 //! not match its certificate each fail with one clear line; bad TLS files and incomplete
 //! flags are refused at start-up, naming the flag and the file.
 
+mod common;
+use common::server_exe;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ftrec_cluster::args::{parse_process, ProcessCmd};
 use ftrec_cluster::auth::Auth;
 use ftrec_cluster::{build_server, run, RunConfig, ServerProcess, StrategyChoice};
-use ftrec_core::Preset;
 use ftrec_ps::auth::ServeOptions;
 use ftrec_ps::grpc::{ps_service, serve_routes_with, GrpcClient, GrpcConfig, Routes};
 use ftrec_ps::tls::Tls;
@@ -18,10 +20,6 @@ use ftrec_ps::{PsService, SharedServer};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa, KeyPair,
 };
-
-fn exe() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_ftrec-cluster-server"))
-}
 
 /// The three files of one run: a self-signed CA and a certificate it signed for loopback
 /// (`127.0.0.1` and `localhost`), good as server and as client.
@@ -69,13 +67,8 @@ fn with_tls(t: Option<Tls>) -> Auth {
 }
 
 fn config(dir: &Path) -> RunConfig {
-    let mut cfg = RunConfig::new(Preset::tiny(), exe(), dir.to_path_buf());
-    cfg.servers = 3;
-    cfg.workers = 1;
+    let mut cfg = common::tiny_run(dir, 3, 1, 12, 9);
     cfg.sync = true;
-    cfg.steps = 12;
-    cfg.batch = 64;
-    cfg.seed = 9;
     cfg.eval_samples = 256;
     cfg.strategy = StrategyChoice::Full { every_steps: 4 };
     cfg.kills = vec!["server=2@step=7".parse().unwrap()];
@@ -112,7 +105,7 @@ fn clients_without_tls_or_of_another_ca_are_refused_with_a_clear_error() {
     spec.servers = 1;
     spec.auth = with_tls(Some(tls(&files)));
     let mut server =
-        ServerProcess::spawn(&exe(), &spec, dir.path(), 0, Duration::from_secs(30)).unwrap();
+        ServerProcess::spawn(&server_exe(), &spec, dir.path(), 0, Duration::from_secs(30)).unwrap();
     let addr = server.addr;
     let rt = rt();
     let connect = |auth: Auth| {

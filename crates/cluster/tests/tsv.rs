@@ -6,6 +6,8 @@
 //! The data is the synthetic generator's stream written as Kaggle-layout TSV, so that the
 //! planted teacher gives AUC a meaning.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use ftrec_ckpt::location::{self, LocationOptions};
@@ -31,19 +33,7 @@ fn tsv(path: &Path, epochs: Option<u64>) -> TsvConfig {
 }
 
 fn config(dir: &Path, data: TsvConfig, workers: u32, steps: u64) -> RunConfig {
-    let mut cfg = RunConfig::new(
-        Preset::tiny(),
-        PathBuf::from(env!("CARGO_BIN_EXE_ftrec-cluster-server")),
-        dir.to_path_buf(),
-    )
-    .with_data(data);
-    cfg.servers = 2;
-    cfg.workers = workers;
-    cfg.steps = steps;
-    cfg.batch = 64;
-    cfg.seed = 11;
-    cfg.eval_samples = 0;
-    cfg
+    common::tiny_run(dir, 2, workers, steps, 11).with_data(data)
 }
 
 fn ok(r: Result<RunReport, ftrec_cluster::ClusterError>) -> RunReport {

@@ -217,7 +217,7 @@ impl ChunkStore for RetryingStore {
     }
 
     async fn get_range(&self, key: &Key, range: Range<u64>) -> Result<Bytes> {
-        self.run("get", key.as_str(), |_| {
+        self.run("get_range", key.as_str(), |_| {
             self.inner.get_range(key, range.clone())
         })
         .await

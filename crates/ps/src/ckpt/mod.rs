@@ -411,9 +411,7 @@ impl CkptNode {
             t.compact();
         }
     }
-}
 
-impl CkptNode {
     /// [`CkptApi::restore`]'s work: load checkpoint `id`'s lineage into the server.
     async fn restore_lineage(
         &self,
