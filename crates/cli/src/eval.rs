@@ -111,8 +111,6 @@ pub struct EvalReport {
 
 pub fn run(a: EvalArgs) -> Result<()> {
     let at = restored::parse_at(a.at.as_deref())?;
-    let mut state = restored::restore(&a.ckpt, &LocationOptions::default(), &at)?;
-    eprintln!("ftrec eval: restored {}", restored::describe(&state));
     let job = restored::job_defaults(&a.ckpt, &LocationOptions::default())?;
     if let Some(j) = &job {
         eprintln!(
@@ -150,6 +148,9 @@ pub fn run(a: EvalArgs) -> Result<()> {
         }
         t.skip_malformed |= a.skip_malformed;
     }
+    // The whole model is read only once the flags are known to be usable.
+    let mut state = restored::restore(&a.ckpt, &LocationOptions::default(), &at)?;
+    eprintln!("ftrec eval: restored {}", restored::describe(&state));
     let shape = restored::shape_with_job(
         &state,
         job.as_ref(),

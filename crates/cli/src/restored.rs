@@ -53,6 +53,7 @@ impl JobDefaults {
 
 /// The job record of the store at `location`, if it has one (a damaged one is an error).
 pub fn job_defaults(location: &str, opts: &LocationOptions) -> Result<Option<JobDefaults>> {
+    require_existing(location)?;
     let opts = opts.clone().or(LocationOptions::from_env());
     let Some(job) = ftrec_cluster::job::read_if_any(location, &opts)? else {
         return Ok(None);
@@ -73,6 +74,17 @@ pub fn job_defaults(location: &str, opts: &LocationOptions) -> Result<Option<Job
     }))
 }
 
+/// A store directory must exist before it is opened (opening creates a missing one): a
+/// mistyped path is an error, not a new empty store.
+fn require_existing(location: &str) -> Result<()> {
+    if let Ok(location::Location::Dir(dir)) = location::parse(location) {
+        if !dir.is_dir() {
+            bail!("checkpoint store {location} is not a directory");
+        }
+    }
+    Ok(())
+}
+
 /// `--at`: a step (exactly that step's state) or a checkpoint id; none: `CURRENT`.
 pub fn parse_at(at: Option<&str>) -> Result<RestoreAt> {
     Ok(match at {
@@ -89,11 +101,7 @@ pub fn parse_at(at: Option<&str>) -> Result<RestoreAt> {
 /// Restore the state `at` names from the store at `location` (a directory, which must exist,
 /// or s3://bucket/prefix with the settings `opts` and the AWS variables give).
 pub fn restore(location: &str, opts: &LocationOptions, at: &RestoreAt) -> Result<ModelState> {
-    if let Ok(location::Location::Dir(dir)) = location::parse(location) {
-        if !dir.is_dir() {
-            bail!("checkpoint store {location} is not a directory");
-        }
-    }
+    require_existing(location)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

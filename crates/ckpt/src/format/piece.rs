@@ -468,7 +468,13 @@ impl PieceIndex {
         let mut given: std::collections::HashMap<(u32, u32, u32), &ChunkRecord> =
             Default::default();
         for c in self.chunks.iter().filter(|c| gives_row0(c.op)) {
-            given.insert(key(c), c);
+            // The decoder refuses two row-0 chunks of one place: never write such a file.
+            if given.insert(key(c), c).is_some() {
+                return Err(bad(format!(
+                    "two records give the row-0 chunk {:?}",
+                    key(c)
+                )));
+            }
         }
         let mut out = Vec::with_capacity(self.row0.len());
         for c in sorted {
