@@ -25,8 +25,9 @@ const DEFAULT_STEPS: u64 = 150;
 
 /// Recovery runs take this many times the steps unless `--recovery-steps`: a rebuild at the
 /// default share (a tenth of the time) takes about 20 times as long as at the full share, and
-/// has to finish while training goes on for its throughput to be measured.
-const RECOVERY_STEPS_FACTOR: u64 = 4;
+/// has to finish while training goes on, with the 10 s after it still inside training, for
+/// its throughput to be measured (at 4x the steps a 32 s rebuild outlasted training).
+const RECOVERY_STEPS_FACTOR: u64 = 8;
 
 /// One run, reduced to what the comparison needs (the full report is kept too).
 #[derive(Serialize)]
@@ -35,9 +36,13 @@ struct RunSummary {
     repeat: u32,
     train_s: f64,
     samples_per_s: f64,
-    /// User + system CPU seconds of the server processes and of the worker processes.
+    /// User + system CPU seconds of the server processes and of the worker processes, whole
+    /// processes (start-up and the end of the run included).
     servers_cpu_s: f64,
     workers_cpu_s: f64,
+    /// The same while training ran (0 when the run did not end normally).
+    train_servers_cpu_s: f64,
+    train_workers_cpu_s: f64,
     auc: Option<f64>,
     report: RunReport,
 }
@@ -51,6 +56,8 @@ impl RunSummary {
             samples_per_s: report.samples_per_s,
             servers_cpu_s: report.cpu.servers_s,
             workers_cpu_s: report.cpu.workers_s,
+            train_servers_cpu_s: report.cpu.train_servers_s.unwrap_or(0.0),
+            train_workers_cpu_s: report.cpu.train_workers_s.unwrap_or(0.0),
             auc: report.auc,
             report,
         }
@@ -58,6 +65,10 @@ impl RunSummary {
 
     fn cpu_s(&self) -> f64 {
         self.servers_cpu_s + self.workers_cpu_s
+    }
+
+    fn train_cpu_s(&self) -> f64 {
+        self.train_servers_cpu_s + self.train_workers_cpu_s
     }
 }
 
@@ -103,9 +114,16 @@ struct Variant {
     dense_replication: bool,
     /// Training time over the `none` run of the same repeat, minus one.
     overhead: Option<Spread>,
-    /// CPU time (servers + workers) over the `none` run's, minus one.
+    /// CPU time (servers + workers) while training ran over the `none` run's, minus one: the
+    /// training overhead in CPU time.
+    train_cpu_overhead: Option<Spread>,
+    /// Servers' CPU time while training ran over the `none` servers', minus one.
+    train_server_cpu_overhead: Option<Spread>,
+    /// CPU time of the whole processes (servers + workers) over the `none` run's, minus one:
+    /// start-up (ECRec's initial parity encode) and the end of the run (ECRec's parity audit)
+    /// included.
     cpu_overhead: Option<Spread>,
-    /// Servers' CPU time over the `none` servers', minus one.
+    /// Servers' CPU time, whole processes, over the `none` servers', minus one.
     server_cpu_overhead: Option<Spread>,
     /// Mean cost of one commit (both phases) as its coordinator (worker or coordinator) saw it.
     commit_per_update_s: f64,
@@ -172,6 +190,7 @@ struct EcrecBench {
     /// overhead has to be compared with.
     none_spread: f64,
     none_cpu_spread: f64,
+    none_train_cpu_spread: f64,
     variants: Vec<Variant>,
     /// Variants not run because the cluster has fewer than k + r servers.
     skipped: Vec<String>,
@@ -373,6 +392,8 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
             two_phase,
             dense_replication: dense,
             overhead: None,
+            train_cpu_overhead: None,
+            train_server_cpu_overhead: None,
             cpu_overhead: None,
             server_cpu_overhead: None,
             commit_per_update_s: 0.0,
@@ -406,6 +427,8 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
                 .collect()
         };
         v.overhead = Spread::of(&per(&|r| r.train_s));
+        v.train_cpu_overhead = Spread::of(&per(&|r| r.train_cpu_s()));
+        v.train_server_cpu_overhead = Spread::of(&per(&|r| r.train_servers_cpu_s));
         v.cpu_overhead = Spread::of(&per(&|r| r.cpu_s()));
         v.server_cpu_overhead = Spread::of(&per(&|r| r.servers_cpu_s));
         let ecs: Vec<_> = v.runs.iter().filter_map(|r| r.report.ec.clone()).collect();
@@ -422,10 +445,14 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
         let min = v.iter().copied().fold(f64::INFINITY, f64::min);
         max / min.max(1e-9) - 1.0
     };
-    let (none_spread, none_cpu_spread) = if none.is_empty() {
-        (0.0, 0.0)
+    let (none_spread, none_cpu_spread, none_train_cpu_spread) = if none.is_empty() {
+        (0.0, 0.0, 0.0)
     } else {
-        (spread(&|r| r.train_s), spread(&|r| r.cpu_s()))
+        (
+            spread(&|r| r.train_s),
+            spread(&|r| r.cpu_s()),
+            spread(&|r| r.train_cpu_s()),
+        )
     };
     let kill = format!("server={kill_server}@step={kill_step}");
     let mut recoveries = Vec::new();
@@ -504,6 +531,7 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
         none,
         none_spread,
         none_cpu_spread,
+        none_train_cpu_spread,
         variants,
         skipped,
         recoveries,
@@ -529,11 +557,13 @@ pub fn run(run: RunArgs, plan: Plan) -> Result<()> {
     );
     for n in &b.none {
         println!(
-            "none #{}: {:.2}s training, {:.0} samples/s, CPU {:.1}s servers + {:.1}s workers, \
-             auc {}",
+            "none #{}: {:.2}s training, {:.0} samples/s, CPU while training {:.1}s servers + \
+             {:.1}s workers (whole processes {:.1}s + {:.1}s), auc {}",
             n.repeat,
             n.train_s,
             n.samples_per_s,
+            n.train_servers_cpu_s,
+            n.train_workers_cpu_s,
             n.servers_cpu_s,
             n.workers_cpu_s,
             n.auc.map_or("-".into(), |a| format!("{a:.4}"))
@@ -541,17 +571,22 @@ pub fn run(run: RunArgs, plan: Plan) -> Result<()> {
     }
     if !b.none.is_empty() {
         println!(
-            "spread of the none runs: {:.1}% training time, {:.1}% CPU time",
+            "spread of the none runs: {:.1}% training time, {:.1}% CPU time while training, \
+             {:.1}% whole processes",
             b.none_spread * 100.0,
+            b.none_train_cpu_spread * 100.0,
             b.none_cpu_spread * 100.0
         );
     }
     for v in &b.variants {
         println!(
-            "{}: training time {}, CPU time {}, servers' CPU time {}; {:.3} ms per commit, \
-             memory x{:.3} (code (k+r)/k = {:.3})",
+            "{}: training time {}, CPU time while training {} (servers' {}), whole \
+             processes {} (servers' {}); {:.3} ms per commit, memory x{:.3} (code (k+r)/k = \
+             {:.3})",
             v.name,
             Spread::pct(v.overhead),
+            Spread::pct(v.train_cpu_overhead),
+            Spread::pct(v.train_server_cpu_overhead),
             Spread::pct(v.cpu_overhead),
             Spread::pct(v.server_cpu_overhead),
             v.commit_per_update_s * 1e3,

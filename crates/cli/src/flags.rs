@@ -409,11 +409,11 @@ pub enum BenchCmd {
     Incremental(crate::bench_incr::IncrBenchArgs),
     /// ECRec's costs on one cluster configuration, asynchronous unless `--sync`: `none`, then
     /// ECRec all on (k = 2 and 4), without dense replication, and without dense replication
-    /// and 2PC (training-time, CPU-time and memory overhead, each against a `none` run of
-    /// the same repeat, with the spread of the `none` runs), then ECRec and `full` each with
-    /// a server killed (time to resume and to full recovery, the rebuild's duration and
-    /// throughput meanwhile, per lock range). 150 steps unless `--steps`; the recovery runs
-    /// 4 times as many unless `--recovery-steps`.
+    /// and 2PC (training-time, CPU-time while training and of whole processes, and memory
+    /// overhead, each against a `none` run of the same repeat, with the spread of the `none`
+    /// runs), then ECRec and `full` each with a server killed (time to resume and to full
+    /// recovery, the rebuild's duration and throughput meanwhile, per lock range). 150 steps
+    /// unless `--steps`; the recovery runs 8 times as many unless `--recovery-steps`.
     Ecrec {
         #[command(flatten)]
         run: RunArgs,
@@ -423,7 +423,7 @@ pub enum BenchCmd {
         /// Step after which it is killed [default: a quarter of the recovery runs' steps].
         #[arg(long)]
         kill_step: Option<u64>,
-        /// Steps of the recovery runs [default: 4 x the steps, so that a rebuild at the
+        /// Steps of the recovery runs [default: 8 x the steps, so that a rebuild at the
         /// default share finishes while training goes on, and the kill falls after warm-up].
         #[arg(long)]
         recovery_steps: Option<u64>,

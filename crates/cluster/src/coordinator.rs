@@ -46,7 +46,7 @@ use tokio::sync::{mpsc as tmpsc, watch};
 use crate::control::{BatchTiming, FromWorker, PoolEvent, ToWorker, WorkerPool};
 use crate::plan::BatchPlan;
 use crate::report::{
-    intervals, CpuReport, EventKind, FailureReport, Overheads, RunReport, StepPoint, TimedEvent,
+    intervals, CpuMeter, EventKind, FailureReport, Overheads, RunReport, StepPoint, TimedEvent,
 };
 use crate::worker::{connect_all, Compute, WorkerData, WorkerSetup};
 use crate::{
@@ -242,6 +242,7 @@ fn run_job(cfg: &RunConfig, resume: bool) -> Result<RunReport, ClusterError> {
         batches: 0,
         seq: 0,
         train_start: None,
+        train_end: None,
         events: Vec::new(),
         failures: Vec::new(),
         pids: Vec::new(),
@@ -263,7 +264,7 @@ fn run_job(cfg: &RunConfig, resume: bool) -> Result<RunReport, ClusterError> {
         phase_entries: HashMap::new(),
         upload_wait_s: 0.0,
         ec: None,
-        cpu: CpuReport::default(),
+        cpu: CpuMeter::default(),
         rewinds: 0,
         final_save_s: 0.0,
         plan,
@@ -292,7 +293,12 @@ fn run_job(cfg: &RunConfig, resume: bool) -> Result<RunReport, ClusterError> {
                 c.train_async()
             }
         })
-        .and_then(|()| c.ec_finish())
+        .and_then(|()| {
+            c.train_end = Some(Instant::now());
+            let live = c.live_pids();
+            c.cpu.close_window(&live);
+            c.ec_finish()
+        })
         .and_then(|()| c.check_step_kills_fired());
     c.finish(result)
 }
@@ -325,6 +331,9 @@ struct Coordinator {
     batches: u64,
     seq: u64,
     train_start: Option<Instant>,
+    /// When the training loop ended normally (what follows, ECRec's wait for rebuilds and
+    /// parity audit, the last save, the digest and evaluation, is not training time).
+    train_end: Option<Instant>,
     events: Vec<TimedEvent>,
     failures: Vec<FailureReport>,
     pids: Vec<u32>,
@@ -356,7 +365,7 @@ struct Coordinator {
     /// Strategy `ecrec`: the nodes' ECRec clients, rebuilds under way, the report's EC part.
     ec: Option<ecrec::EcRun>,
     /// CPU time of the processes stopped or killed so far.
-    cpu: CpuReport,
+    cpu: CpuMeter,
     /// Recoveries that rewound the model to a saved data position (full recovery); a partial
     /// recovery or a worker's replacement leaves the position where it was.
     rewinds: u64,
@@ -382,6 +391,20 @@ fn bad_data(index: u64, worker: u32, error: String) -> ClusterError {
 impl Coordinator {
     fn now(&self) -> f64 {
         self.start.elapsed().as_secs_f64()
+    }
+
+    /// Pids of the processes running now, and whether each is a server.
+    fn live_pids(&mut self) -> Vec<(u32, bool)> {
+        let mut pids: Vec<(u32, bool)> = (0..self.workers())
+            .filter(|&w| self.pool.is_connected(w))
+            .filter_map(|w| Some((self.pool.pid(w)?, false)))
+            .collect();
+        for p in &mut self.procs {
+            if !p.has_exited() {
+                pids.push((p.pid(), true));
+            }
+        }
+        pids
     }
 
     fn workers(&self) -> u32 {
@@ -915,6 +938,8 @@ impl Coordinator {
 
     fn train_sync(&mut self) -> Result<(), ClusterError> {
         self.train_start = Some(Instant::now());
+        let live: Vec<u32> = self.live_pids().iter().map(|p| p.0).collect();
+        self.cpu.open_window(&live);
         let mut unexplained = 0;
         while self.batch_exists(self.batches + 1)? {
             let done = self.poll_store(false);
@@ -1137,6 +1162,8 @@ impl Coordinator {
 
     fn train_async(&mut self) -> Result<(), ClusterError> {
         self.train_start = Some(Instant::now());
+        let live: Vec<u32> = self.live_pids().iter().map(|p| p.0).collect();
+        self.cpu.open_window(&live);
         // Batches handed out and not yet answered, by worker; batches to hand out again.
         let mut running: BTreeMap<u32, (u64, Instant)> = BTreeMap::new();
         let mut requeue: Vec<u64> = Vec::new();
@@ -1698,7 +1725,12 @@ impl Coordinator {
 
     /// Stop everything and build the report.
     fn finish(mut self, result: Result<(), ClusterError>) -> Result<RunReport, ClusterError> {
-        let train_s = self.train_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let train_s = self.train_start.map_or(0.0, |t| {
+            self.train_end
+                .unwrap_or_else(Instant::now)
+                .duration_since(t)
+                .as_secs_f64()
+        });
         let mut outcome = result;
         let mut digest = String::new();
         let (mut auc, mut logloss, mut eval_samples) = (None, None, 0);
@@ -1803,7 +1835,7 @@ impl Coordinator {
             store,
             config: self.cfg,
             ec: self.ec.map(|e| e.report),
-            cpu: self.cpu,
+            cpu: self.cpu.report(),
             resumed: self.resumed,
             cpr: match self.strategy.report() {
                 Some(ftrec_strategy::StrategyReport::Cpr(c)) => Some(c),

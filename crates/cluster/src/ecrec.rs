@@ -461,10 +461,19 @@ impl EcReport {
 
     /// Lines for [`crate::RunReport::summary`].
     pub fn summary(&self) -> String {
+        let deltas = if self.asynchronous && !self.two_phase {
+            // A one-phase transaction's answer carries no prepare report.
+            "row deltas sent not counted without 2PC".to_string()
+        } else {
+            format!(
+                "{} row deltas ({} bytes) sent",
+                self.row_deltas_sent, self.delta_bytes_sent
+            )
+        };
         let mut s = format!(
             "  ecrec {} k={} r={} ({}), 2PC {}, dense replication {}: {} {} committed ({} \
-             aborted, {} retried), {:.3} ms per commit, {} row deltas ({} bytes) sent; \
-             memory x{:.3} (code (k+r)/k = {:.3})\n",
+             aborted, {} retried), {:.3} ms per commit, {deltas}; memory x{:.3} (code (k+r)/k \
+             = {:.3})\n",
             self.code,
             self.k,
             self.r,
@@ -484,8 +493,6 @@ impl EcReport {
             self.steps_aborted,
             self.txn_retries,
             1e3 * self.per_step_s,
-            self.row_deltas_sent,
-            self.delta_bytes_sent,
             self.memory.overhead,
             self.memory.code_overhead,
         );

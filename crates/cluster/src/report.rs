@@ -264,20 +264,83 @@ pub struct DataReport {
 /// sensitive than wall time to other load on a shared machine.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct CpuReport {
+    /// Whole processes: start-up (a server's seeded rows, ECRec's initial parity encode),
+    /// training, and what follows it (the final digest, evaluation, ECRec's parity audit).
     pub servers_s: f64,
     pub workers_s: f64,
+    /// The part of it spent while training ran, from the first batch handed out to the last
+    /// one answered (recoveries inside that window included, a replacement's start-up too):
+    /// what a training overhead is about. `None` when training did not end normally.
+    #[serde(default)]
+    pub train_servers_s: Option<f64>,
+    #[serde(default)]
+    pub train_workers_s: Option<f64>,
     /// Processes whose CPU time could not be read (not on Linux, or gone before the read).
     pub unread: u32,
 }
 
-impl CpuReport {
-    /// Add the CPU time of process `pid` so far, as a server's or a worker's.
+/// Collects a run's [`CpuReport`]: every process's CPU time once, just before it stops, and
+/// the part of it inside the training window.
+#[derive(Debug, Default)]
+pub struct CpuMeter {
+    report: CpuReport,
+    /// While the training window is open: CPU time of each process at its opening (a process
+    /// started later counts from zero), and the window's sums so far.
+    window: Option<(std::collections::HashMap<u32, f64>, f64, f64)>,
+}
+
+impl CpuMeter {
+    /// Add the CPU time of process `pid` so far, as a server's or a worker's (the process is
+    /// about to stop or be killed).
     pub fn add(&mut self, pid: u32, server: bool) {
-        match process_cpu_s(pid) {
-            Some(s) if server => self.servers_s += s,
-            Some(s) => self.workers_s += s,
-            None => self.unread += 1,
+        let Some(now) = process_cpu_s(pid) else {
+            self.report.unread += 1;
+            return;
+        };
+        if server {
+            self.report.servers_s += now;
+        } else {
+            self.report.workers_s += now;
         }
+        self.add_window(pid, server, now);
+    }
+
+    fn add_window(&mut self, pid: u32, server: bool, now: f64) {
+        if let Some((at_open, servers, workers)) = &mut self.window {
+            let part = (now - at_open.remove(&pid).unwrap_or(0.0)).max(0.0);
+            if server {
+                *servers += part;
+            } else {
+                *workers += part;
+            }
+        }
+    }
+
+    /// Training starts: remember the CPU time of the live processes `pids`.
+    pub fn open_window(&mut self, pids: &[u32]) {
+        let at_open = pids
+            .iter()
+            .filter_map(|&p| Some((p, process_cpu_s(p)?)))
+            .collect();
+        self.window = Some((at_open, 0.0, 0.0));
+    }
+
+    /// Training ended normally: count the window's part of the live processes `pids`
+    /// (`(pid, server)`) and close it.
+    pub fn close_window(&mut self, pids: &[(u32, bool)]) {
+        for &(pid, server) in pids {
+            if let Some(now) = process_cpu_s(pid) {
+                self.add_window(pid, server, now);
+            }
+        }
+        if let Some((_, servers, workers)) = self.window.take() {
+            self.report.train_servers_s = Some(servers);
+            self.report.train_workers_s = Some(workers);
+        }
+    }
+
+    pub fn report(&self) -> CpuReport {
+        self.report
     }
 }
 
@@ -493,5 +556,73 @@ impl RunReport {
         }
         s += &format!("  model_digest {}", self.model_digest);
         s
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// Spin until this process has used at least `secs` more CPU time.
+    fn burn(secs: f64) {
+        let me = std::process::id();
+        let start = process_cpu_s(me).expect("own /proc stat");
+        let mut x = 0u64;
+        while process_cpu_s(me).expect("own /proc stat") < start + secs {
+            for i in 0..100_000u64 {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(i);
+            }
+            std::hint::black_box(x);
+        }
+    }
+
+    #[test]
+    fn the_training_window_counts_only_the_cpu_time_spent_inside_it() {
+        let me = std::process::id();
+        let mut meter = CpuMeter::default();
+        burn(0.05);
+        let before = process_cpu_s(me).unwrap();
+        meter.open_window(&[me]);
+        burn(0.05);
+        meter.close_window(&[(me, true)]);
+        let inside = process_cpu_s(me).unwrap() - before;
+        burn(0.05);
+        meter.add(me, true);
+        let r = meter.report();
+        let train = r.train_servers_s.expect("the window was closed");
+        assert!(train > 0.0, "{r:?}");
+        // The window saw no more than the time between its opening and its closing (the
+        // counter only grows), and the whole process more than the window.
+        assert!(train <= inside, "{r:?}, inside {inside}");
+        assert!(r.servers_s >= train + 0.05, "{r:?}");
+        assert_eq!(r.train_workers_s, Some(0.0));
+        assert_eq!(r.workers_s, 0.0);
+    }
+
+    #[test]
+    fn a_process_stopped_inside_the_window_counts_its_part_once() {
+        let me = std::process::id();
+        let mut meter = CpuMeter::default();
+        meter.open_window(&[me]);
+        burn(0.03);
+        // Killed mid-training: its part is counted at the kill, not again at the close.
+        meter.add(me, false);
+        let at_kill = meter.report();
+        burn(0.03);
+        meter.close_window(&[]);
+        let r = meter.report();
+        assert!(r.train_workers_s.unwrap() > 0.0);
+        assert!(r.train_workers_s.unwrap() <= at_kill.workers_s);
+        assert_eq!(r.workers_s, at_kill.workers_s);
+    }
+
+    #[test]
+    fn a_window_never_closed_reports_no_training_time() {
+        let mut meter = CpuMeter::default();
+        meter.open_window(&[std::process::id()]);
+        meter.add(std::process::id(), true);
+        let r = meter.report();
+        assert!(r.servers_s > 0.0);
+        assert_eq!(r.train_servers_s, None);
     }
 }

@@ -738,7 +738,10 @@ impl Server {
             }
             let lo = b * DENSE_BLOCK;
             let hi = (lo + DENSE_BLOCK).min(sum.len());
-            sum.copy_within(lo..hi, at);
+            if at != lo {
+                // Every block before this one was touched too: it is in place already.
+                sum.copy_within(lo..hi, at);
+            }
             out.dense.push(PreparedDense {
                 block: self.dense_blocks.start + b as u64,
                 at,

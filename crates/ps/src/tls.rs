@@ -179,6 +179,14 @@ pub fn chain(e: &dyn std::error::Error) -> String {
 
 /// The endpoint of a server at `addr`: `https://` with `tls`, `http://` without.
 pub fn endpoint(addr: &str, tls: Option<&Tls>) -> Result<Endpoint, PsError> {
+    use crate::grpc::{H2_CONNECTION_WINDOW, H2_MAX_FRAME, H2_STREAM_WINDOW};
+    Ok(endpoint_inner(addr, tls)?
+        .max_frame_size(H2_MAX_FRAME)
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW))
+}
+
+fn endpoint_inner(addr: &str, tls: Option<&Tls>) -> Result<Endpoint, PsError> {
     let bad = |e: &dyn std::error::Error| PsError::Unavailable {
         addr: addr.to_string(),
         reason: format!("bad endpoint: {}", chain(e)),

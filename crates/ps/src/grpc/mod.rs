@@ -24,6 +24,17 @@ use tokio::task::JoinHandle;
 pub use client::GrpcClient;
 pub use tonic::service::Routes;
 
+/// Largest HTTP/2 frame either end accepts. The default 16 KiB cuts a push's dense gradients
+/// (hundreds of KiB a server) and ECRec's difference batches into dozens of frames, each
+/// framed, handed over and reassembled on its own; one frame per message is measurably
+/// cheaper (docs/BENCHMARKS.md, "HTTP/2 frames"). Messages themselves stay bounded by
+/// [`GrpcConfig`]'s limits.
+pub(crate) const H2_MAX_FRAME: u32 = 1 << 20;
+/// Flow-control windows of one stream and of one connection: a whole large message in flight
+/// without waiting for window updates.
+pub(crate) const H2_STREAM_WINDOW: u32 = 8 << 20;
+pub(crate) const H2_CONNECTION_WINDOW: u32 = 16 << 20;
+
 use crate::auth::{InFlightLayer, ServeOptions, ServerAuth};
 use crate::{PsError, SharedServer};
 
@@ -143,7 +154,10 @@ pub async fn serve_routes_with(
     })?;
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let (stop, stopped) = oneshot::channel::<()>();
-    let mut builder = tonic::transport::Server::builder();
+    let mut builder = tonic::transport::Server::builder()
+        .max_frame_size(H2_MAX_FRAME)
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW);
     if let Some(tls) = &options.auth.tls {
         builder = builder.tls_config(tls.server_config()).map_err(|e| {
             PsError::InvalidConfig(format!(
