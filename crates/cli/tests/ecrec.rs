@@ -163,6 +163,9 @@ fn bench_ecrec_runs_one_recovery_per_rebuild_share() {
     assert!(stdout.contains("rebuild share 0.5"), "{stdout}");
     let b = read_json(&json);
     assert_eq!(b["none"].as_array().unwrap().len(), 0);
+    // No variant without a run to compare: none listed, none printed.
+    assert_eq!(b["variants"].as_array().unwrap().len(), 0);
+    assert!(!stdout.contains("ecrec_k2:"), "{stdout}");
     let rec = b["recoveries"].as_array().unwrap();
     assert_eq!(rec.len(), 2, "{rec:?}");
     for (r, share) in rec.iter().zip([1.0, 0.5]) {

@@ -232,9 +232,9 @@ impl Auth {
         crate::tls::endpoint(&addr.to_string(), self.tls.as_ref())
     }
 
-    /// What to append to a failed connection's reason ([`crate::tls::mismatch_hint`]).
-    pub fn connect_hint(&self) -> &'static str {
-        crate::tls::mismatch_hint(self.tls.as_ref())
+    /// What to append to a failed connection's `reason` ([`crate::tls::mismatch_hint`]).
+    pub fn connect_hint(&self, reason: &str) -> &'static str {
+        crate::tls::mismatch_hint(self.tls.as_ref(), reason)
     }
 
     /// The client side: attaches the token and the job id to every request.

@@ -668,17 +668,10 @@ impl Server {
     }
 
     /// Phase 1 of a transaction that carries its own update (ECRec §3.5, asynchronous
-    /// training: one worker's push): validate `update` and compute the rows and dense blocks
-    /// it would produce from the current state, exactly as [`Server::push`] would apply it,
-    /// changing nothing. [`Server::install_prepared`] applies the result.
-    pub fn prepare_update(&self, update: &Update) -> Result<PreparedStep, PsError> {
-        let mut p = PreparedStep::default();
-        self.prepare_update_into(update, &mut p)?;
-        Ok(p)
-    }
-
-    /// [`Server::prepare_update`] into `out`, reusing its buffers (whatever it held is
-    /// replaced).
+    /// training: one worker's push): validate `update` and compute into `out` the rows and
+    /// dense blocks it would produce from the current state, exactly as [`Server::push`]
+    /// would apply it, changing nothing; `out`'s buffers are reused (whatever it held is
+    /// replaced). [`Server::install_prepared`] applies the result.
     pub fn prepare_update_into(
         &self,
         update: &Update,
@@ -794,7 +787,7 @@ impl Server {
         Ok(report)
     }
 
-    /// Phase 2 of a transaction prepared with [`Server::prepare_update`]: install its rows
+    /// Phase 2 of a transaction prepared with [`Server::prepare_update_into`]: install its rows
     /// and dense blocks (observers see a push).
     pub fn install_prepared(&mut self, prepared: &PreparedStep) -> Result<ApplyReport, PsError> {
         self.check_prepared(prepared)?;

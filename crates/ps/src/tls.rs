@@ -200,9 +200,13 @@ fn endpoint_inner(addr: &str, tls: Option<&Tls>) -> Result<Endpoint, PsError> {
     }
 }
 
-/// A hint to append to a failed connection's reason: the usual cause when the two ends
-/// disagree about TLS.
-pub fn mismatch_hint(tls: Option<&Tls>) -> &'static str {
+/// A hint to append to a failed connection's `reason`: the usual cause when the two ends
+/// disagree about TLS. None when the connection was refused: nothing listens there, and TLS
+/// has nothing to do with it.
+pub fn mismatch_hint(tls: Option<&Tls>, reason: &str) -> &'static str {
+    if reason.to_ascii_lowercase().contains("connection refused") {
+        return "";
+    }
     match tls {
         None => {
             " (this client dials without TLS: if the server runs with --tls-cert, give this \
@@ -212,5 +216,21 @@ pub fn mismatch_hint(tls: Option<&Tls>) -> &'static str {
             " (this client dials with TLS: the server may run without it, or its certificate \
              may not chain to this --tls-ca, or it may not accept this --tls-cert)"
         }
+    }
+}
+
+#[cfg(test)]
+mod hint_tests {
+    use super::mismatch_hint;
+
+    #[test]
+    fn a_refused_connection_gets_no_tls_hint() {
+        assert_eq!(
+            mismatch_hint(None, "tcp connect error: Connection refused (os error 111)"),
+            ""
+        );
+        assert!(
+            mismatch_hint(None, "error trying to connect: unexpected EOF").contains("--tls-cert")
+        );
     }
 }

@@ -419,13 +419,15 @@ impl CkptGrpcClient {
             .map_err(|e| CkptServiceError::Internal(e.to_string()))?
             .connect()
             .await
-            .map_err(|e| CkptServiceError::Remote {
-                code: "Unavailable".into(),
-                message: format!(
-                    "cannot connect to {addr}: {}{}",
-                    crate::tls::chain(&e),
-                    auth.connect_hint()
-                ),
+            .map_err(|e| {
+                let chain = crate::tls::chain(&e);
+                CkptServiceError::Remote {
+                    code: "Unavailable".into(),
+                    message: format!(
+                        "cannot connect to {addr}: {chain}{}",
+                        auth.connect_hint(&chain)
+                    ),
+                }
             })?;
         Ok(CkptGrpcClient {
             client: CheckpointerClient::with_interceptor(channel, auth.client())

@@ -52,11 +52,9 @@ impl GrpcClient {
             .connect()
             .await
             .map_err(|e| {
-                unavailable(format!(
-                    "cannot connect: {}{}",
-                    crate::tls::chain(&e),
-                    auth.connect_hint()
-                ))
+                let chain = crate::tls::chain(&e);
+                let hint = auth.connect_hint(&chain);
+                unavailable(format!("cannot connect: {chain}{hint}"))
             })?;
         let client = ParameterServerClient::with_interceptor(channel, auth.client())
             .max_decoding_message_size(config.max_message_bytes)
@@ -73,7 +71,7 @@ impl GrpcClient {
         let info = c.info().await.map_err(|e| match e {
             PsError::Unavailable { addr, reason } => PsError::Unavailable {
                 addr,
-                reason: format!("{reason}{}", auth.connect_hint()),
+                reason: format!("{reason}{}", auth.connect_hint(&reason)),
             },
             // What a transport-level failure of the first call surfaces as, depending on
             // where the TLS mismatch breaks it (the handshake, or the first HTTP/2 frame:
@@ -88,7 +86,7 @@ impl GrpcClient {
                     addr: c.addr.clone(),
                     reason: format!(
                         "the first call failed ({code}: {message}){}",
-                        auth.connect_hint()
+                        auth.connect_hint(&message)
                     ),
                 }
             }
