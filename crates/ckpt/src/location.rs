@@ -123,17 +123,49 @@ pub fn parse(location: &str) -> Result<Location> {
 /// [`retry_policy_from_env`]; with `FTREC_STORE_FAULTS` set, it first injects the faults that
 /// variable names ([`FaultPlan::parse`]: tests of whole runs).
 pub async fn open(location: &str, opts: &LocationOptions) -> Result<Arc<dyn ChunkStore>> {
-    let mut store: Arc<dyn ChunkStore> = match parse(location)? {
-        Location::Dir(path) => Arc::new(LocalStore::new(path)?),
-        Location::S3 { bucket, prefix } => open_s3(location, bucket, prefix, opts).await?,
+    open_with(location, opts, retry_policy_from_env()?).await
+}
+
+/// [`open`] with the retry policy `policy` instead of the environment's.
+pub async fn open_with(
+    location: &str,
+    opts: &LocationOptions,
+    policy: RetryPolicy,
+) -> Result<Arc<dyn ChunkStore>> {
+    let (mut store, s3): (Arc<dyn ChunkStore>, Option<S3Probe>) = match parse(location)? {
+        Location::Dir(path) => (Arc::new(LocalStore::new(path)?), None),
+        Location::S3 { bucket, prefix } => {
+            let s3 = open_s3(location, bucket, prefix, opts)?;
+            (s3.clone() as Arc<dyn ChunkStore>, Some(s3))
+        }
     };
     if let Ok(spec) = std::env::var(FAULTS_ENV) {
         store = Arc::new(FaultyStore::new(store, FaultPlan::parse(&spec)?));
     }
-    Ok(Arc::new(RetryingStore::new(
-        store,
-        retry_policy_from_env()?,
-    )?))
+    let store = RetryingStore::new(store, policy)?;
+    if let Some(s3) = s3 {
+        check_s3(&store, &s3).await?;
+    }
+    Ok(Arc::new(store))
+}
+
+#[cfg(feature = "s3")]
+type S3Probe = Arc<crate::store::s3::S3Store>;
+#[cfg(not(feature = "s3"))]
+type S3Probe = Arc<dyn ChunkStore>;
+
+/// The bucket check of an S3 store, retried like every other call of `store`.
+#[cfg(feature = "s3")]
+async fn check_s3(store: &RetryingStore, s3: &S3Probe) -> Result<()> {
+    store
+        .run("list", s3.describe(), |_| s3.check_bucket())
+        .await
+        .map_err(|e| s3.unreachable(e))
+}
+
+#[cfg(not(feature = "s3"))]
+async fn check_s3(_store: &RetryingStore, _s3: &S3Probe) -> Result<()> {
+    Ok(())
 }
 
 /// Environment variable: tries per store operation ([`RetryPolicy::attempts`]).
@@ -170,12 +202,12 @@ pub fn retry_policy_from_env() -> Result<RetryPolicy> {
 }
 
 #[cfg(feature = "s3")]
-async fn open_s3(
+fn open_s3(
     location: &str,
     bucket: String,
     prefix: Option<Key>,
     opts: &LocationOptions,
-) -> Result<Arc<dyn ChunkStore>> {
+) -> Result<S3Probe> {
     use crate::store::s3::{S3Config, S3Store};
     let opts = opts.clone().or(LocationOptions::from_env());
     let missing = |what: &str, var: &str| {
@@ -200,16 +232,19 @@ async fn open_s3(
         config.allow_http = h;
     }
     config.prefix = prefix;
-    Ok(Arc::new(S3Store::connect(config).await?))
+    // The store's retry layer retries every call, the bucket check included; the client's
+    // own retries would multiply its tries and waits.
+    config.max_retries = 0;
+    Ok(Arc::new(S3Store::new(config)?))
 }
 
 #[cfg(not(feature = "s3"))]
-async fn open_s3(
+fn open_s3(
     location: &str,
     _bucket: String,
     _prefix: Option<Key>,
     _opts: &LocationOptions,
-) -> Result<Arc<dyn ChunkStore>> {
+) -> Result<S3Probe> {
     Err(CkptError::Unavailable {
         backend: "s3",
         reason: format!("{location}: this build has no S3 support (feature `s3`)"),
@@ -219,6 +254,65 @@ async fn open_s3(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server that answers every HTTP request with 503 and counts them.
+    #[cfg(feature = "s3")]
+    fn always_unavailable() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = Arc::clone(&count);
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { return };
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut chunk) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                if !buf.is_empty() {
+                    seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                let _ = conn.write_all(
+                    b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\
+                      connection: close\r\n\r\n",
+                );
+            }
+        });
+        (format!("http://{addr}"), count)
+    }
+
+    #[cfg(feature = "s3")]
+    #[tokio::test]
+    async fn an_s3_bucket_that_never_answers_is_tried_once_per_store_attempt() {
+        // One retry layer: the store's policy. The client's own retries would multiply the
+        // tries (and the waits) of every call, the bucket check at open included.
+        let (endpoint, requests) = always_unavailable();
+        let opts = LocationOptions {
+            endpoint: Some(endpoint),
+            region: None,
+            access_key_id: Some("k".into()),
+            secret_access_key: Some("s".into()),
+            allow_http: Some(true),
+        };
+        let policy = RetryPolicy {
+            attempts: 3,
+            first_backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(1),
+            ..RetryPolicy::default()
+        };
+        let e = open_with("s3://bucket/p", &opts, policy).await.unwrap_err();
+        assert!(
+            matches!(&e, CkptError::Unavailable { reason, .. } if reason.contains("cannot list")),
+            "{e}"
+        );
+        assert!(e.to_string().contains("gave up after 3 tries"), "{e}");
+        assert_eq!(requests.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
 
     #[test]
     fn parses_paths_and_s3_urls() {

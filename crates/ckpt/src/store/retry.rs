@@ -155,7 +155,9 @@ impl RetryingStore {
         &self.policy
     }
 
-    async fn run<T, F, Fut>(&self, what: &str, key: &str, mut op: F) -> Result<T>
+    /// `op(try)` under this store's policy (tries counted from 1), for a call that is not
+    /// one of the store's own (an S3 store's bucket check at open).
+    pub(crate) async fn run<T, F, Fut>(&self, what: &str, key: &str, mut op: F) -> Result<T>
     where
         F: FnMut(u32) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,

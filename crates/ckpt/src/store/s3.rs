@@ -37,8 +37,10 @@ pub struct S3Config {
     pub allow_http: bool,
     /// Keys are stored under `prefix/` in the bucket.
     pub prefix: Option<Key>,
-    /// Retries of a failed request before it surfaces as
-    /// [`CkptError::TemporarilyUnavailable`].
+    /// The client's own retries of a failed request before it surfaces as
+    /// [`CkptError::TemporarilyUnavailable`]. A store opened by [`crate::location::open`]
+    /// sets 0: its [`crate::store::retry::RetryingStore`] is the only retry layer (two would
+    /// multiply each other's tries and waits).
     pub max_retries: usize,
     /// Give up retrying one request after this long.
     pub retry_timeout: Duration,
@@ -115,8 +117,19 @@ fn map_err(key: &str, e: object_store::Error) -> CkptError {
 }
 
 impl S3Store {
-    /// Build the client and check that the bucket answers.
+    /// Build the client and check that the bucket answers ([`S3Store::check_bucket`], with
+    /// the client's own retries only).
     pub async fn connect(config: S3Config) -> Result<Self> {
+        let store = Self::new(config)?;
+        store
+            .check_bucket()
+            .await
+            .map_err(|e| store.unreachable(e))?;
+        Ok(store)
+    }
+
+    /// Build the client without calling the server.
+    pub fn new(config: S3Config) -> Result<Self> {
         let retry = RetryConfig {
             max_retries: config.max_retries,
             retry_timeout: config.retry_timeout,
@@ -151,20 +164,31 @@ impl S3Store {
             ),
             prefix: config.prefix,
         };
-        let probe = store.prefix.as_ref().map(|p| Path::from(p.as_str()));
-        store
-            .client
+        Ok(store)
+    }
+
+    /// One list of the top level under the prefix: the bucket exists and answers. A failure
+    /// worth retrying is [`CkptError::TemporarilyUnavailable`].
+    pub async fn check_bucket(&self) -> Result<()> {
+        let probe = self.prefix.as_ref().map(|p| Path::from(p.as_str()));
+        self.client
             .list_with_delimiter(probe.as_ref())
             .await
-            .map_err(|e| match map_err(&store.describe, e) {
-                CkptError::TemporarilyUnavailable { reason, .. }
-                | CkptError::NotFound { key: reason } => CkptError::Unavailable {
-                    backend: BACKEND,
-                    reason: format!("cannot list {}: {reason}", store.describe),
-                },
-                other => other,
-            })?;
-        Ok(store)
+            .map(|_| ())
+            .map_err(|e| map_err(&self.describe, e))
+    }
+
+    /// What a failed [`S3Store::check_bucket`] means to whoever opens the store: the store
+    /// is unusable (a missing bucket, or a server that never answered).
+    pub fn unreachable(&self, e: CkptError) -> CkptError {
+        match e {
+            CkptError::TemporarilyUnavailable { reason, .. }
+            | CkptError::NotFound { key: reason } => CkptError::Unavailable {
+                backend: BACKEND,
+                reason: format!("cannot list {}: {reason}", self.describe),
+            },
+            other => other,
+        }
     }
 
     /// `endpoint/bucket[/prefix]`, for messages.
