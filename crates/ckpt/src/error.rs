@@ -145,15 +145,57 @@ impl CkptError {
         self.file().is_some()
     }
 
-    /// True when retrying the same operation later may succeed.
+    /// True when retrying the same operation later may succeed: the store was temporarily
+    /// unavailable (a network error, an overloaded or restarting S3 endpoint, an injected
+    /// fault), or local I/O ran out of space or quota, was interrupted or timed out (space may
+    /// come back once garbage collection or an operator frees some). The one definition the
+    /// store's retries ([`crate::store::retry`]) and their callers share.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, CkptError::TemporarilyUnavailable { .. })
+        use std::io::ErrorKind as K;
+        match self {
+            CkptError::TemporarilyUnavailable { .. } => true,
+            CkptError::Io { source, .. } => matches!(
+                source.kind(),
+                K::StorageFull | K::QuotaExceeded | K::Interrupted | K::TimedOut | K::WouldBlock
+            ),
+            _ => false,
+        }
     }
 
     pub(crate) fn io(key: impl Into<String>, source: std::io::Error) -> Self {
         CkptError::Io {
             key: key.into(),
             source,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn retryable_errors_are_unavailability_and_passing_io_conditions() {
+        let io = |k: ErrorKind| CkptError::io("k", Error::from(k));
+        for e in [
+            CkptError::TemporarilyUnavailable {
+                backend: "s3",
+                reason: "503".into(),
+            },
+            io(ErrorKind::StorageFull),
+            io(ErrorKind::Interrupted),
+            io(ErrorKind::TimedOut),
+        ] {
+            assert!(e.is_retryable(), "{e}");
+        }
+        for e in [
+            io(ErrorKind::PermissionDenied),
+            io(ErrorKind::NotFound),
+            CkptError::NotFound { key: "k".into() },
+            CkptError::AlreadyExists { key: "k".into() },
+        ] {
+            assert!(!e.is_retryable(), "{e}");
         }
     }
 }

@@ -1,11 +1,11 @@
 //! A [`ChunkStore`] wrapper that retries transient failures with a bounded exponential
 //! backoff.
 //!
-//! What is transient ([`is_transient`]): [`CkptError::TemporarilyUnavailable`] (a network
-//! error, an overloaded or restarting S3 endpoint, an injected fault) and local I/O that ran
-//! out of space or quota, was interrupted or timed out (`ENOSPC`: space may come back once
-//! garbage collection or an operator frees some). Everything else (not found, already exists,
-//! corruption, permissions, bad arguments) fails at once.
+//! What is transient is [`CkptError::is_retryable`]: [`CkptError::TemporarilyUnavailable`] (a
+//! network error, an overloaded or restarting S3 endpoint, an injected fault) and local I/O
+//! that ran out of space or quota, was interrupted or timed out (`ENOSPC`: space may come back
+//! once garbage collection or an operator frees some). Everything else (not found, already
+//! exists, corruption, permissions, bad arguments) fails at once.
 //!
 //! An operation is tried at most [`RetryPolicy::attempts`] times; before try `n + 1` it waits
 //! `min(max_backoff, first_backoff * 2^(n-1))`, scaled by a jitter factor in `[0.5, 1]`
@@ -109,19 +109,6 @@ impl RetryPolicy {
     }
 }
 
-/// Whether retrying the operation that failed with `e` may succeed.
-pub fn is_transient(e: &CkptError) -> bool {
-    use std::io::ErrorKind as K;
-    match e {
-        CkptError::TemporarilyUnavailable { .. } => true,
-        CkptError::Io { source, .. } => matches!(
-            source.kind(),
-            K::StorageFull | K::QuotaExceeded | K::Interrupted | K::TimedOut | K::WouldBlock
-        ),
-        _ => false,
-    }
-}
-
 /// Wraps any store and retries its transient failures (see the module documentation).
 #[derive(Debug)]
 pub struct RetryingStore {
@@ -166,12 +153,12 @@ impl RetryingStore {
         let mut n = 1;
         loop {
             match op(n).await {
-                Err(e) if is_transient(&e) && n < self.policy.attempts => {
+                Err(e) if e.is_retryable() && n < self.policy.attempts => {
                     self.retries.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(self.policy.backoff(call, n)).await;
                     n += 1;
                 }
-                Err(e) if is_transient(&e) && n > 1 => {
+                Err(e) if e.is_retryable() && n > 1 => {
                     return Err(CkptError::TemporarilyUnavailable {
                         backend: self.inner.backend(),
                         reason: format!("{what} {key:?}: gave up after {n} tries: {e}"),

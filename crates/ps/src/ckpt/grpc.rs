@@ -55,7 +55,11 @@ fn status(e: CkptServiceError) -> Status {
         CkptServiceError::Store(CkptError::NotFound { .. } | CkptError::NoCheckpoint { .. }) => {
             Status::failed_precondition(e.to_string())
         }
-        CkptServiceError::Store(c) if c.is_retryable() => Status::unavailable(e.to_string()),
+        // Only a store that gave up after its retries; any other store error (a full disk
+        // that was not retried included) is the server's internal error: the server is up.
+        CkptServiceError::Store(CkptError::TemporarilyUnavailable { .. }) => {
+            Status::unavailable(e.to_string())
+        }
         _ => Status::internal(e.to_string()),
     }
 }
