@@ -35,6 +35,10 @@ pub const KEY_ENV: &str = "FTREC_TLS_KEY";
 /// Environment variable holding the path of the CA certificate(s).
 pub const CA_ENV: &str = "FTREC_TLS_CA";
 
+/// The three files as flags name them, and as the environment does.
+const FLAGS: [&str; 3] = ["--tls-cert", "--tls-key", "--tls-ca"];
+const ENV_NAMES: [&str; 3] = ["$FTREC_TLS_CERT", "$FTREC_TLS_KEY", "$FTREC_TLS_CA"];
+
 /// One PEM file as read at start-up. `Debug` shows the path only (a key file is a secret).
 #[derive(Clone, PartialEq, Eq)]
 struct PemFile {
@@ -104,34 +108,49 @@ impl Tls {
         key: Option<&Path>,
         ca: Option<&Path>,
     ) -> Result<Option<Tls>, PsError> {
+        Tls::load_as(cert, key, ca, FLAGS)
+    }
+
+    /// [`Tls::load`], naming the three files `names` in errors (the flags, or the
+    /// environment variables they came from).
+    fn load_as(
+        cert: Option<&Path>,
+        key: Option<&Path>,
+        ca: Option<&Path>,
+        names: [&str; 3],
+    ) -> Result<Option<Tls>, PsError> {
         let (cert, key, ca) = match (cert, key, ca) {
             (None, None, None) => return Ok(None),
             (Some(c), Some(k), Some(a)) => (c, k, a),
             (c, k, a) => {
-                let missing: Vec<&str> = [(c, "--tls-cert"), (k, "--tls-key"), (a, "--tls-ca")]
+                let missing: Vec<&str> = [c, k, a]
                     .iter()
+                    .zip(names)
                     .filter(|(p, _)| p.is_none())
-                    .map(|(_, f)| *f)
+                    .map(|(_, f)| f)
                     .collect();
                 return Err(PsError::InvalidConfig(format!(
-                    "TLS needs --tls-cert, --tls-key and --tls-ca together (or ${CERT_ENV}, \
-                     ${KEY_ENV}, ${CA_ENV}): {} missing",
+                    "TLS needs {}, {} and {} together: {} missing",
+                    names[0],
+                    names[1],
+                    names[2],
                     missing.join(" and ")
                 )));
             }
         };
         Ok(Some(Tls {
-            cert: PemFile::read("--tls-cert", cert, Kind::Certs)?,
-            key: PemFile::read("--tls-key", key, Kind::Key)?,
-            ca: PemFile::read("--tls-ca", ca, Kind::Certs)?,
+            cert: PemFile::read(names[0], cert, Kind::Certs)?,
+            key: PemFile::read(names[1], key, Kind::Key)?,
+            ca: PemFile::read(names[2], ca, Kind::Certs)?,
         }))
     }
 
-    /// The files named by `FTREC_TLS_CERT`, `FTREC_TLS_KEY` and `FTREC_TLS_CA`.
+    /// The files named by `FTREC_TLS_CERT`, `FTREC_TLS_KEY` and `FTREC_TLS_CA` (errors name
+    /// the variables).
     pub fn from_env() -> Result<Option<Tls>, PsError> {
         let var = |name: &str| std::env::var_os(name).map(PathBuf::from);
         let (c, k, a) = (var(CERT_ENV), var(KEY_ENV), var(CA_ENV));
-        Tls::load(c.as_deref(), k.as_deref(), a.as_deref())
+        Tls::load_as(c.as_deref(), k.as_deref(), a.as_deref(), ENV_NAMES)
     }
 
     /// The environment a child process needs to use the same files.
@@ -220,8 +239,30 @@ pub fn mismatch_hint(tls: Option<&Tls>, reason: &str) -> &'static str {
 }
 
 #[cfg(test)]
-mod hint_tests {
-    use super::mismatch_hint;
+mod tests {
+    use super::{mismatch_hint, Tls, ENV_NAMES, FLAGS};
+    use std::path::Path;
+
+    #[test]
+    fn tls_errors_name_the_flags_or_the_variables_the_files_came_from() {
+        let gone = Path::new("/nonexistent/ftrec-cert.pem");
+        let e = Tls::load_as(Some(gone), Some(gone), Some(gone), ENV_NAMES)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("$FTREC_TLS_CERT /nonexistent"), "{e}");
+        assert!(!e.contains("--tls-cert"), "{e}");
+        let e = Tls::load_as(Some(gone), None, None, ENV_NAMES)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("$FTREC_TLS_KEY and $FTREC_TLS_CA missing"),
+            "{e}"
+        );
+        let e = Tls::load_as(None, Some(gone), None, FLAGS)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--tls-cert and --tls-ca missing"), "{e}");
+    }
 
     #[test]
     fn a_refused_connection_gets_no_tls_hint() {
