@@ -276,6 +276,54 @@ fn an_incrcp_job_killed_as_a_whole_resumes_onto_2_servers_to_the_uninterrupted_d
     killed_and_resumed(&["--strategy", "incrcp", "--ckpt-every-steps", "3"], 9, 2);
 }
 
+#[test]
+fn an_asynchronous_job_killed_as_a_whole_resumes_from_its_last_checkpoint_and_finishes() {
+    // Asynchronous training has no digest oracle (the workers' interleaving decides the
+    // model); what a resume must give: the job record's asynchronous mode, the state of the
+    // checkpoint the store's head names, and every remaining step trained and saved.
+    let steps = 150;
+    let at = 10;
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let mut args: Vec<String> = job(3, steps)
+        .into_iter()
+        .filter(|a| a != "--sync")
+        .collect();
+    args.extend(strings(&["--strategy", "full", "--ckpt-every-steps", "5"]));
+    args.push("--store".into());
+    args.push(store.display().to_string());
+    let mut child = spawn_group(&args, &dir.path().join("killed"));
+    wait_until(&mut child, &format!("a checkpoint at step {at}"), || {
+        committed_step(&store).is_some_and(|s| s >= at)
+    });
+    kill_group(&mut child);
+    let saved = committed_step(&store).unwrap();
+    assert!(saved >= at && saved < steps, "committed step {saved}");
+
+    let json = dir.path().join("resumed.json");
+    let out = succeed(
+        ftrec()
+            .arg("run")
+            .arg("--resume")
+            .arg(&store)
+            .args(["--servers", "2"])
+            .arg("--work-dir")
+            .arg(dir.path().join("resumed"))
+            .arg("--json")
+            .arg(&json),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("resumed from checkpoint"), "{stdout}");
+    let rep = read_json(&json);
+    assert_eq!(rep["config"]["sync"], false, "the job record's mode");
+    assert_eq!(rep["steps"], steps);
+    let r = &rep["resumed"];
+    assert_eq!(r["step"], saved, "{r}");
+    assert_eq!(r["saved_servers"], 3, "{r}");
+    assert_eq!(r["servers"], 2, "{r}");
+    assert_eq!(committed_step(&store), Some(steps));
+}
+
 fn fail_line(args: &[&str], store: &Path) -> String {
     let out = ftrec()
         .args(["run", "--resume"])
