@@ -127,33 +127,9 @@ fn killed_and_resumed(strategy: &[&str], at: u64, servers: u32) {
     let clean = read_json(&clean_json);
 
     let store = dir.path().join("store");
-    let mut killed_args = args.clone();
-    killed_args.push("--store".into());
-    killed_args.push(store.display().to_string());
-    let mut child = spawn_group(&killed_args, &dir.path().join("killed"));
-    wait_until(&mut child, &format!("a checkpoint at step {at}"), || {
-        committed_step(&store).is_some_and(|s| s >= at)
-    });
-    kill_group(&mut child);
-    let saved = committed_step(&store).unwrap();
-    assert!(saved >= at && saved < steps, "committed step {saved}");
-
+    let saved = kill_after_checkpoint(&args, &store, dir.path(), at, steps);
     // The store alone: no preset, strategy or step flag.
-    let json = dir.path().join("resumed.json");
-    let out = succeed(
-        ftrec()
-            .arg("run")
-            .arg("--resume")
-            .arg(&store)
-            .args(["--servers", &servers.to_string()])
-            .arg("--work-dir")
-            .arg(dir.path().join("resumed"))
-            .arg("--json")
-            .arg(&json),
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("resumed from checkpoint"), "{stdout}");
-    let rep = read_json(&json);
+    let rep = resume(&store, servers, dir.path());
     assert_eq!(rep["steps"], steps);
     assert_eq!(rep["strategy"], strategy[1]);
     let r = &rep["resumed"];
@@ -166,6 +142,42 @@ fn killed_and_resumed(strategy: &[&str], at: u64, servers: u32) {
     assert_eq!(rep["model_digest"], clean["model_digest"]);
     // It ends with the same final save: the store's head is the last step.
     assert_eq!(committed_step(&store), Some(steps));
+}
+
+/// Run `args` with its store at `store`, SIGKILL it as a whole once the store holds a
+/// committed checkpoint at step `at` or later (before `steps`); the committed step.
+fn kill_after_checkpoint(args: &[String], store: &Path, dir: &Path, at: u64, steps: u64) -> u64 {
+    let mut killed_args = args.to_vec();
+    killed_args.push("--store".into());
+    killed_args.push(store.display().to_string());
+    let mut child = spawn_group(&killed_args, &dir.join("killed"));
+    wait_until(&mut child, &format!("a checkpoint at step {at}"), || {
+        committed_step(store).is_some_and(|s| s >= at)
+    });
+    kill_group(&mut child);
+    let saved = committed_step(store).unwrap();
+    assert!(saved >= at && saved < steps, "committed step {saved}");
+    saved
+}
+
+/// `ftrec run --resume store` onto `servers` servers: its report, after checking that it
+/// says it resumed.
+fn resume(store: &Path, servers: u32, dir: &Path) -> serde_json::Value {
+    let json = dir.join("resumed.json");
+    let out = succeed(
+        ftrec()
+            .arg("run")
+            .arg("--resume")
+            .arg(store)
+            .args(["--servers", &servers.to_string()])
+            .arg("--work-dir")
+            .arg(dir.join("resumed"))
+            .arg("--json")
+            .arg(&json),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("resumed from checkpoint"), "{stdout}");
+    read_json(&json)
 }
 
 #[test]
@@ -290,31 +302,8 @@ fn an_asynchronous_job_killed_as_a_whole_resumes_from_its_last_checkpoint_and_fi
         .filter(|a| a != "--sync")
         .collect();
     args.extend(strings(&["--strategy", "full", "--ckpt-every-steps", "5"]));
-    args.push("--store".into());
-    args.push(store.display().to_string());
-    let mut child = spawn_group(&args, &dir.path().join("killed"));
-    wait_until(&mut child, &format!("a checkpoint at step {at}"), || {
-        committed_step(&store).is_some_and(|s| s >= at)
-    });
-    kill_group(&mut child);
-    let saved = committed_step(&store).unwrap();
-    assert!(saved >= at && saved < steps, "committed step {saved}");
-
-    let json = dir.path().join("resumed.json");
-    let out = succeed(
-        ftrec()
-            .arg("run")
-            .arg("--resume")
-            .arg(&store)
-            .args(["--servers", "2"])
-            .arg("--work-dir")
-            .arg(dir.path().join("resumed"))
-            .arg("--json")
-            .arg(&json),
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("resumed from checkpoint"), "{stdout}");
-    let rep = read_json(&json);
+    let saved = kill_after_checkpoint(&args, &store, dir.path(), at, steps);
+    let rep = resume(&store, 2, dir.path());
     assert_eq!(rep["config"]["sync"], false, "the job record's mode");
     assert_eq!(rep["steps"], steps);
     let r = &rep["resumed"];
