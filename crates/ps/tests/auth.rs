@@ -172,17 +172,24 @@ async fn requests_past_the_in_flight_limit_are_refused_while_one_is_held() {
         .await
         .unwrap();
     // A push whose stream never ends holds the only slot.
-    let mut holder = ParameterServerClient::new(channel.clone());
-    let held = tokio::spawn(async move {
-        holder
-            .push(tokio_stream::pending::<proto::UpdateChunk>())
-            .await
-    });
+    let hold = |channel: tonic::transport::Channel| {
+        tokio::spawn(async move {
+            ParameterServerClient::new(channel)
+                .push(tokio_stream::pending::<proto::UpdateChunk>())
+                .await
+        })
+    };
+    let mut held = hold(channel.clone());
     let other = GrpcClient::connect(addr, GrpcConfig::default()).await;
     // Until the held push reaches the server, requests still go through; then they are
     // refused. Poll (no timing assumption) until the refusal shows.
     let mut refused = None;
     for _ in 0..2000 {
+        if held.is_finished() {
+            // The push arrived while one of the requests below held the only slot, and was
+            // refused itself: hold it again.
+            held = hold(channel.clone());
+        }
         let mut c = ParameterServerClient::new(channel.clone());
         match c.info(InfoRequest {}).await {
             Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(5)).await,
