@@ -10,6 +10,15 @@ use crate::{ModelDigest, Optimizer};
 /// Values per dense block.
 pub const DENSE_BLOCK: usize = 256;
 
+/// Whether every word of `words` is finite (no NaN, no infinity). Gradients are checked on
+/// every update, so the check runs a chunk at a time without an early exit inside a chunk,
+/// which the compiler turns into vector compares.
+pub fn all_finite(words: &[f32]) -> bool {
+    words
+        .chunks(64)
+        .all(|c| c.iter().fold(true, |ok, w| ok & w.is_finite()))
+}
+
 /// Flat dense parameters plus per-block optimizer state.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DenseParams {
@@ -81,6 +90,21 @@ impl DenseParams {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn all_finite_finds_any_nan_or_infinity_wherever_it_is() {
+        let mut words: Vec<f32> = (0..300).map(|i| i as f32 - 150.5).collect();
+        assert!(all_finite(&words));
+        assert!(all_finite(&[]));
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            for at in [0, 63, 64, 150, 299] {
+                let keep = words[at];
+                words[at] = bad;
+                assert!(!all_finite(&words), "{bad} at {at}");
+                words[at] = keep;
+            }
+        }
+    }
     use crate::OptimizerKind;
 
     #[test]

@@ -12,6 +12,7 @@
 //! - the [`ModelDigest`], the single number the correctness oracle compares,
 //! - a small counter-based RNG ([`rng`]) so that every row's initial value is a pure function of
 //!   `(seed, table, row)`, whatever the sharding,
+//! - software [`prefetch`] of the rows a loop is about to touch,
 //! - support for the tests that fuzz every reader of untrusted bytes ([`fuzz`]: byte mutations
 //!   and a probe of the largest allocation a call makes).
 //!
@@ -34,6 +35,7 @@ pub mod error;
 pub mod fuzz;
 pub mod ids;
 pub mod optimizer;
+pub mod prefetch;
 pub mod preset;
 pub mod rng;
 pub mod sparse;

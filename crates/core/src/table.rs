@@ -116,6 +116,16 @@ impl EmbeddingTable {
         &self.data[row as usize * w..(row as usize + 1) * w]
     }
 
+    /// Ask for row `row`'s cache lines ahead of its use ([`crate::prefetch`]); a row out of
+    /// range is ignored (it is a hint).
+    #[inline]
+    pub fn prefetch_row(&self, row: RowId) {
+        let w = self.layout.words();
+        if let Some(r) = self.data.get(row as usize * w..(row as usize + 1) * w) {
+            crate::prefetch::prefetch(r);
+        }
+    }
+
     #[inline]
     pub fn row_mut(&mut self, row: RowId) -> &mut [f32] {
         let w = self.layout.words();

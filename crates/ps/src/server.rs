@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use ftrec_core::{
-    DenseParams, EmbeddingTable, ModelDigest, Optimizer, Preset, RowId, RowLayout, ServerId,
-    ShardMap, SparseGradAccumulator, TableId, DENSE_BLOCK,
+    dense::all_finite, prefetch::AHEAD, DenseParams, EmbeddingTable, ModelDigest, Optimizer,
+    Preset, RowId, RowLayout, ServerId, ShardMap, SparseGradAccumulator, TableId, DENSE_BLOCK,
 };
 
 use crate::observer::{PushObserver, RowImages, UpdateOrigin};
@@ -436,7 +436,10 @@ impl Server {
             .map(|(t, l)| {
                 let shard = &self.tables[t];
                 let mut out = Vec::with_capacity(l.len() * dim);
-                for local in l {
+                for (i, &local) in l.iter().enumerate() {
+                    if let Some(&ahead) = l.get(i + AHEAD) {
+                        shard.prefetch_row(ahead);
+                    }
                     out.extend_from_slice(&shard.row(local)[..dim]);
                 }
                 out
@@ -496,17 +499,20 @@ impl Server {
                     got: part.grads.len() as u64,
                 });
             }
-            for (i, &row) in part.rows.iter().enumerate() {
+            for &row in &part.rows {
                 self.local_row(t, row)?;
-                if !part.grads[i * dim..(i + 1) * dim]
-                    .iter()
-                    .all(|g| g.is_finite())
-                {
-                    return Err(PsError::NonFiniteGradient {
-                        table: part.table.0,
-                        row,
-                    });
-                }
+            }
+            if !all_finite(&part.grads) {
+                // Name the first row whose gradient is not finite.
+                let i = part
+                    .grads
+                    .chunks(dim.max(1))
+                    .position(|g| !all_finite(g))
+                    .unwrap_or(0);
+                return Err(PsError::NonFiniteGradient {
+                    table: part.table.0,
+                    row: part.rows.get(i).copied().unwrap_or(0),
+                });
             }
         }
         for part in &update.dense {
@@ -524,7 +530,8 @@ impl Server {
                     "does not end at a block boundary or at the end of the dense range",
                 ));
             }
-            if let Some(i) = part.grads.iter().position(|g| !g.is_finite()) {
+            if !all_finite(&part.grads) {
+                let i = part.grads.iter().position(|g| !g.is_finite()).unwrap_or(0);
                 return Err(PsError::NonFiniteDenseGradient {
                     index: lo + i as u64,
                 });
@@ -706,7 +713,10 @@ impl Server {
             p.new.clear();
             p.rows.reserve(sorted.len());
             p.new.reserve(sorted.len() * words);
-            for (row, grad) in sorted {
+            for (i, &(row, grad)) in sorted.iter().enumerate() {
+                if let Some(&(ahead, _)) = sorted.get(i + AHEAD) {
+                    shard.prefetch_row(map.local_index(*table, ahead));
+                }
                 let r = shard.row(map.local_index(*table, row));
                 p.rows.push(row);
                 let at = p.new.len();
@@ -847,7 +857,10 @@ impl Server {
                 old.clear();
                 old.reserve(p.new.len());
             }
-            for (&row, new) in p.rows.iter().zip(p.new.chunks_exact(words)) {
+            for (i, (&row, new)) in p.rows.iter().zip(p.new.chunks_exact(words)).enumerate() {
+                if let Some(&ahead) = p.rows.get(i + AHEAD) {
+                    shard.prefetch_row(map.local_index(p.table, ahead));
+                }
                 let r = shard.row_mut(map.local_index(p.table, row));
                 if want_images {
                     old.extend_from_slice(r);
@@ -947,7 +960,10 @@ impl Server {
                 old.reserve(rows.len() * words);
                 new.reserve(rows.len() * words);
             }
-            for (row, grad) in sorted {
+            for (i, &(row, grad)) in sorted.iter().enumerate() {
+                if let Some(&(ahead, _)) = sorted.get(i + AHEAD) {
+                    shard.prefetch_row(map.local_index(*table, ahead));
+                }
                 let r = shard.row_mut(map.local_index(*table, row));
                 if want_images {
                     old.extend_from_slice(r);
@@ -1028,6 +1044,13 @@ impl Server {
         }
     }
 
+    /// The words of local row `local` of `table` (values, then optimizer state), borrowed.
+    pub fn local_row_words(&self, table: TableId, local: u64) -> Result<&[f32], PsError> {
+        let t = self.table_index(table)?;
+        self.check_local_range(t, local, local.saturating_add(1))?;
+        Ok(self.tables[t].row(local))
+    }
+
     /// Whole rows (values and optimizer state) of local indices `local` of `table`.
     pub fn export_rows(&self, table: TableId, local: Range<u64>) -> Result<RowBlock, PsError> {
         let t = self.table_index(table)?;
@@ -1045,23 +1068,34 @@ impl Server {
     /// Overwrite whole rows from an export. Observers are not told: a restore rewrites state,
     /// it does not train it.
     pub fn import_rows(&mut self, block: &RowBlock) -> Result<u64, PsError> {
-        let t = self.table_index(block.table)?;
+        self.import_row_words(block.table, block.first_local, &block.data)
+    }
+
+    /// [`Server::import_rows`] from borrowed words: whole rows from local index `first_local`
+    /// of `table` on.
+    pub fn import_row_words(
+        &mut self,
+        table: TableId,
+        first_local: u64,
+        data: &[f32],
+    ) -> Result<u64, PsError> {
+        let t = self.table_index(table)?;
         let w = self.layout.words();
-        if !block.data.len().is_multiple_of(w) {
+        if !data.len().is_multiple_of(w) {
             return Err(PsError::ShapeMismatch {
                 what: format!(
                     "row import into table {} (whole rows of {w} words)",
-                    block.table.0
+                    table.0
                 ),
-                expected: (block.data.len() / w * w) as u64,
-                got: block.data.len() as u64,
+                expected: (data.len() / w * w) as u64,
+                got: data.len() as u64,
             });
         }
-        let n = (block.data.len() / w) as u64;
-        let hi = block.first_local.saturating_add(n);
-        self.check_local_range(t, block.first_local, hi)?;
-        let lo = block.first_local as usize * w;
-        self.tables[t].as_mut_slice()[lo..lo + block.data.len()].copy_from_slice(&block.data);
+        let n = (data.len() / w) as u64;
+        let hi = first_local.saturating_add(n);
+        self.check_local_range(t, first_local, hi)?;
+        let lo = first_local as usize * w;
+        self.tables[t].as_mut_slice()[lo..lo + data.len()].copy_from_slice(data);
         Ok(n)
     }
 

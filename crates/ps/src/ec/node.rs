@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 
+use ftrec_core::prefetch::{prefetch, AHEAD};
 use ftrec_core::table::init_row;
 use ftrec_core::{DenseParams, Optimizer, RowId, ServerId, TableId};
 use ftrec_ec::{Code, CodeKind, Location, StripeId, StripeLayout};
@@ -14,7 +15,7 @@ use super::types::{
     RebuildStatus, TxnId,
 };
 use crate::server::{dense_block_range, dense_value_range, PreparedStep};
-use crate::update::{ApplyReport, DenseBlock, RowBlock};
+use crate::update::{ApplyReport, DenseBlock};
 use crate::{PsError, Server, ServerConfig, ServiceGate, ServiceOp, SharedServer};
 
 /// [`EcConfig::peer_timeout`] unless set.
@@ -683,8 +684,18 @@ impl EcNode {
     ) -> Result<(), PsError> {
         let w = self.inner.words;
         if !inc.rows.is_empty() {
-            for (&(t, slot, position, j), delta) in inc.rows.iter().zip(inc.deltas.chunks_exact(w))
+            for (i, (&(t, slot, position, j), delta)) in
+                inc.rows.iter().zip(inc.deltas.chunks_exact(w)).enumerate()
             {
+                // The parity rows are scattered over the node's parity tables: ask for the
+                // one a few deltas on while this one is applied (`ftrec_core::prefetch`).
+                if let Some(&(ta, sa, _, _)) = inc.rows.get(i + AHEAD) {
+                    if let Some(p) =
+                        st.parity[ta as usize].get(sa as usize * w..(sa as usize + 1) * w)
+                    {
+                        prefetch(p);
+                    }
+                }
                 let at = slot as usize * w;
                 let parity = &mut st.parity[t as usize][at..at + w];
                 self.inner.code.apply_delta(
@@ -782,7 +793,7 @@ impl EcNode {
                 let want =
                     (r.dense.len() - b * ftrec_core::DENSE_BLOCK).min(ftrec_core::DENSE_BLOCK);
                 let grad = &batch.dense_grads[at..at + len];
-                if len != want || !grad.iter().all(|g| g.is_finite()) {
+                if len != want || !ftrec_core::dense::all_finite(grad) {
                     return Err(PsError::MalformedRequest(format!(
                         "dense gradient of block {block} has {len} values (expected {want}) or \
                          is not finite"
@@ -840,8 +851,7 @@ impl EcNode {
                             )));
                         }
                     }
-                    let block = s.export_rows(table, local..local + 1)?;
-                    data.extend_from_slice(&block.data);
+                    data.extend_from_slice(s.local_row_words(table, local)?);
                 }
                 MemberKey::Parity { table, slot } => {
                     let p = st
@@ -928,11 +938,7 @@ impl EcNode {
         for (table, local, words) in rows {
             let flag = &mut m.rows[table.0 as usize][*local as usize];
             if *flag {
-                s.import_rows(&RowBlock {
-                    table: *table,
-                    first_local: *local,
-                    data: words.clone(),
-                })?;
+                s.import_row_words(*table, *local, words)?;
                 *flag = false;
                 m.rows_left -= 1;
                 n += 1;
