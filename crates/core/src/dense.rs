@@ -90,6 +90,7 @@ impl DenseParams {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::OptimizerKind;
 
     #[test]
     fn all_finite_finds_any_nan_or_infinity_wherever_it_is() {
@@ -105,7 +106,6 @@ mod tests {
             }
         }
     }
-    use crate::OptimizerKind;
 
     #[test]
     fn blockwise_apply_matches_elementwise_for_adagrad() {

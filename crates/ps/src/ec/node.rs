@@ -689,12 +689,11 @@ impl EcNode {
             {
                 // The parity rows are scattered over the node's parity tables: ask for the
                 // one a few deltas on while this one is applied (`ftrec_core::prefetch`).
-                if let Some(&(ta, sa, _, _)) = inc.rows.get(i + AHEAD) {
-                    if let Some(p) =
-                        st.parity[ta as usize].get(sa as usize * w..(sa as usize + 1) * w)
-                    {
-                        prefetch(p);
-                    }
+                if let Some(p) = inc.rows.get(i + AHEAD).and_then(|&(ta, sa, _, _)| {
+                    let at = sa as usize * w;
+                    st.parity.get(ta as usize)?.get(at..at + w)
+                }) {
+                    prefetch(p);
                 }
                 let at = slot as usize * w;
                 let parity = &mut st.parity[t as usize][at..at + w];
