@@ -3,7 +3,8 @@
 //!
 //! ```sh
 //! cargo build --release -p ftrec-ckpt --example incr_restore_time
-//! target/release/examples/incr_restore_time D/incrcp 9
+//! target/release/examples/incr_restore_time D/incrcp 9          # the form the restore picks
+//! target/release/examples/incr_restore_time D/incrcp 9 whole    # or: stream
 //! ```
 //!
 //! Each repetition restores server 0 into a fresh in-memory shard and prints what lies over the
@@ -33,6 +34,20 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         Some(s) => s.parse().map_err(|e| format!("repetitions {s:?}: {e}"))?,
         None => 9,
     };
+    // A third argument forces a chunk list's form: `stream` (a column map, writes beside the
+    // reads) or `whole` (the rectangle read whole, then written newest column first).
+    let opts = match args.next().as_deref() {
+        Some("stream") => incr::RestoreOptions {
+            in_memory_bytes: 0,
+            ..Default::default()
+        },
+        Some("whole") => incr::RestoreOptions {
+            stream_map_bytes: 0,
+            ..Default::default()
+        },
+        Some(other) => return Err(format!("unknown form {other:?} (stream or whole)").into()),
+        None => incr::RestoreOptions::default(),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -46,7 +61,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             .shard(ServerId(0))
             .ok_or("the base holds no shard of server 0")?;
         let mut target = MemShard::of(info, ShardMap::new(1)?);
-        let o = rt.block_on(incr::restore_server(&ckpts, &chain, &mut target))?;
+        let o = rt.block_on(incr::restore_server_with(&ckpts, &chain, &mut target, opts))?;
         println!(
             "over the base {:.2} ms: piece index {:.2}, waiting for files {:.2}, writing rows {:.2}; \
              {} files, {} bytes, {} rows",

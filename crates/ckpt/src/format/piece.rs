@@ -320,7 +320,7 @@ impl PieceIndex {
                     c.op, c.col, c.round, self.column
                 )));
             }
-            self.check_parts(c, &format!("chunk record {i}"), file)?;
+            self.check_parts(c, ("chunk record", i), file)?;
         }
         if self.scheme != PieceScheme::ChunkList && !self.row0.is_empty() {
             return Err(bad(format!(
@@ -335,12 +335,15 @@ impl PieceIndex {
                     c.col, c.round, self.column
                 )));
             }
-            self.check_parts(c, &format!("row-0 entry {i}"), file)?;
+            self.check_parts(c, ("row-0 entry", i), file)?;
         }
         Ok(())
     }
 
-    fn check_parts(&self, c: &ChunkRecord, what: &str, file: &str) -> Result<()> {
+    /// `what`: the record's kind and position, formatted only into an error (an index has
+    /// thousands of records, and the happy path formats nothing).
+    fn check_parts(&self, c: &ChunkRecord, what: (&str, usize), file: &str) -> Result<()> {
+        let what = format_args!("{} {}", what.0, what.1);
         let bad = |reason: String| CkptError::Corrupt {
             file: file.to_string(),
             reason,

@@ -52,7 +52,7 @@ pub use extract::{ExtractConfig, Filters};
 pub use list::ChunkList;
 pub use restore::{
     is_incremental_store, restore_server, restore_server_with, select, IncrChain, RestoreOptions,
-    RestoreOutcome,
+    RestoreOutcome, IN_MEMORY_RECTANGLE_BYTES, READ_SPAN_BYTES, STREAM_MAP_BYTES,
 };
 pub use store::{
     gc, materialize_full, piece_summaries, remove_dead_files, remove_dead_files_of, restore_all,

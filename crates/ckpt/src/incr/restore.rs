@@ -13,15 +13,19 @@
 //! checksums the piece index recorded; every chunk part against its own crc32c before a byte
 //! of it is written).
 //!
-//! A chunk list's rectangle of up to [`IN_MEMORY_RECTANGLE_BYTES`] is read whole first (each
-//! file once, four at a time, every part's crc32c checked), then written table by table,
-//! newest column first: a
-//! row's first copy is then its newest, and the only bookkeeping is one bit per local row
-//! (a 3-million-row shard's bitset is 384 KB, cache-resident). A larger rectangle streams:
-//! each file is written as it arrives, and a column per local row decides which copy wins
-//! (bounded memory; 12 MB for the same shard, a cache miss a row). Rows go to the shard in runs
-//! straight from the read buffer either way. `docs/BENCHMARKS.md` has the profiles this came
-//! from.
+//! A chunk list's rectangle is read in spans of up to [`READ_SPAN_BYTES`] of a file, four spans
+//! at a time, every part's crc32c checked before a byte of it is written, in one of two forms:
+//! - streamed, when a column per local row of the tables restored takes at most
+//!   [`STREAM_MAP_BYTES`] (a million rows): each span is written as it arrives, beside the
+//!   reads still running, and the column map decides which copy of a row wins;
+//! - read whole (a rectangle of up to [`IN_MEMORY_RECTANGLE_BYTES`] on a larger shard), then
+//!   written table by table, newest column first: a row's first copy is then its newest, and
+//!   the only bookkeeping is one bit per local row (a 3-million-row shard's bitset is 384 KB,
+//!   cache-resident, where its column map, 12 MB, is a cache miss a row).
+//!
+//! A rectangle larger than that streams whatever the map costs (bounded memory). Rows go to the
+//! shard in runs straight from the read buffer either way. `docs/BENCHMARKS.md` has the
+//! profiles this came from.
 //!
 //! A state saved by a different number of servers than the writer's shard map has (an elastic
 //! restore) is re-sharded: the base re-shards itself ([`deck::restore_chain`]); then each saved
@@ -190,8 +194,9 @@ pub struct RestoreOutcome {
     pub rows_written: u64,
     /// Of `chain_s`: reading (and folding) the piece indexes.
     pub index_s: f64,
-    /// Of `chain_s` (a chunk list): waiting for chunk files to arrive (read and checked), and
-    /// writing their rows into the shard (the column map included).
+    /// Of `chain_s`: waiting for files (or a chunk list's spans) to arrive, read and checked,
+    /// and decoding and writing their rows into the shard (a chunk list's column map or bitset
+    /// included).
     pub read_wait_s: f64,
     pub apply_s: f64,
     pub base_bytes: u64,
@@ -459,7 +464,11 @@ async fn apply_rows(
         .buffered(4);
     let mut words = Vec::new();
     let mut batch: Vec<RowId> = Vec::new();
-    while let Some(r) = stream.next().await {
+    loop {
+        let tw = Instant::now();
+        let Some(r) = stream.next().await else { break };
+        out.read_wait_s += tw.elapsed().as_secs_f64();
+        let ta = Instant::now();
         let (f, key, data) = r?;
         out.files += 1;
         out.bytes += data.len() as u64;
@@ -493,6 +502,7 @@ async fn apply_rows(
                 None => ids.push((table, batch.clone())),
             }
         }
+        out.apply_s += ta.elapsed().as_secs_f64();
     }
     if let Some(ids) = ids {
         ids.sort_by_key(|(t, _)| *t);
@@ -632,17 +642,30 @@ impl Placement {
 /// arrives, and a column per row decides which copy wins (bounded memory, more per row).
 pub const IN_MEMORY_RECTANGLE_BYTES: u64 = 1 << 30;
 
+/// A chunk list's restore streams (writes each span as it arrives, a column per local row
+/// deciding which copy wins) when that column map is at most this many bytes: it then stays
+/// cached, and the writes run beside the reads. A larger map is a cache miss a row, and the
+/// rectangle is read whole first (up to [`IN_MEMORY_RECTANGLE_BYTES`]). 4 MiB is a million
+/// rows; the profiles behind both figures are in `docs/BENCHMARKS.md`.
+pub const STREAM_MAP_BYTES: u64 = 4 << 20;
+
 /// How [`restore_server_with`] restores a chunk list.
 #[derive(Debug, Clone, Copy)]
 pub struct RestoreOptions {
     /// See [`IN_MEMORY_RECTANGLE_BYTES`] (0: always stream).
     pub in_memory_bytes: u64,
+    /// See [`STREAM_MAP_BYTES`] (0: read whole whenever the rectangle fits in memory).
+    pub stream_map_bytes: u64,
+    /// See [`READ_SPAN_BYTES`] (1: every part read on its own).
+    pub read_span_bytes: u64,
 }
 
 impl Default for RestoreOptions {
     fn default() -> Self {
         RestoreOptions {
             in_memory_bytes: IN_MEMORY_RECTANGLE_BYTES,
+            stream_map_bytes: STREAM_MAP_BYTES,
+            read_span_bytes: READ_SPAN_BYTES,
         }
     }
 }
@@ -820,7 +843,9 @@ async fn restore_list(
     // filters of row-0 chunks when the list will grow again).
     let mut by_file: HashMap<u32, Vec<Read>> = HashMap::new();
     let mut rect_bytes = 0u64;
+    let mut tables = std::collections::BTreeSet::new();
     for c in list.rectangle(col) {
+        tables.insert(c.table);
         for p in &c.parts {
             rect_bytes = rect_bytes.saturating_add(p.bytes());
             by_file
@@ -829,22 +854,53 @@ async fn restore_list(
                 .push((*p, c.table, c.range, c.col, c.round));
         }
     }
-    let in_memory = rect_bytes <= opts.in_memory_bytes;
+    // Streaming needs a column per local row of the tables restored: cheap while that map is
+    // small enough to stay cached, and then the writes run beside the reads; a larger map
+    // costs a miss a row, and the rectangle is read whole and written newest column first.
+    let map_bytes: u64 = tables
+        .iter()
+        .filter_map(|&t| writer.table_shape(TableId(t)))
+        .map(|(rows, _)| rows.saturating_mul(4))
+        .sum();
+    let in_memory = rect_bytes <= opts.in_memory_bytes && map_bytes > opts.stream_map_bytes;
     // Newest columns first: streaming, a row's first copy is then usually its newest and older
     // copies (left by skipped extractions, §4.3) are skipped rather than written and
     // overwritten.
-    let mut jobs: Vec<(u32, Vec<Read>)> = by_file.into_iter().collect();
+    // A large file is read in spans of about READ_SPAN_BYTES, several at a time: the reads
+    // then run beside each other and beside the writes, and each span's buffer is freed (and
+    // its pages reused) once written.
+    let mut jobs: Vec<(u32, Vec<Read>)> = Vec::new();
+    out.files += by_file.len() as u64;
+    for (f, mut reads) in by_file {
+        reads.sort_unstable_by_key(|r| r.0.ids_at.min(r.0.rows_at));
+        let mut group: Vec<Read> = Vec::new();
+        let mut start = 0u64;
+        for r in reads {
+            let (lo, hi) = part_extent(&r.0);
+            if !group.is_empty() && hi.saturating_sub(start) > opts.read_span_bytes {
+                jobs.push((f, std::mem::take(&mut group)));
+            }
+            if group.is_empty() {
+                start = lo;
+            }
+            group.push(r);
+        }
+        if !group.is_empty() {
+            jobs.push((f, group));
+        }
+    }
     jobs.sort_unstable_by_key(|(f, reads)| {
         (
             std::cmp::Reverse(reads.iter().map(|r| r.3).max().unwrap_or(0)),
             *f,
+            reads.first().map_or(0, |r| r.0.ids_at),
         )
     });
     let jobs: Vec<_> = jobs
         .into_iter()
         .map(|(f, reads)| (list.file(f).file.clone(), reads))
         .collect();
-    // Each file is read (four at a time, on the store's blocking threads), and every part's
+    // Each span is read (four at a time, on the store's blocking threads), and every part's
     // crc32c checked before a byte of it is written.
     let mut stream = futures_util::stream::iter(jobs)
         .map(|(f, reads)| {
@@ -868,7 +924,6 @@ async fn restore_list(
         out.read_wait_s += tw.elapsed().as_secs_f64();
         let ta = Instant::now();
         let (f, reads, data, st) = r?;
-        out.files += 1;
         out.bytes += st.bytes;
         if newest {
             for ((_, table, range, ccol, round), d) in reads.iter().zip(&data) {
@@ -943,6 +998,23 @@ async fn restore_list(
         out.list = Some(list);
     }
     Ok(())
+}
+
+/// A chunk list's restore reads a file in spans of about this many bytes, each in one request
+/// (a part larger than this is one span of its own). One 13 MB bundle read whole took 6-7 ms
+/// into fresh pages, most of it page faults, while the writes waited; in 1 MiB spans the reads
+/// run on both cores beside the writes, and a written span's buffer is reused
+/// (`docs/BENCHMARKS.md`).
+pub const READ_SPAN_BYTES: u64 = 1 << 20;
+
+/// The bytes a part occupies in its file: its ids and its rows.
+fn part_extent(p: &LivePart) -> (u64, u64) {
+    let n = p.hi.saturating_sub(p.lo);
+    let ids_end = p.ids_at.saturating_add(n.saturating_mul(8));
+    let rows_end = p
+        .rows_at
+        .saturating_add(n.saturating_mul(p.row_bytes as u64));
+    (p.ids_at.min(p.rows_at), ids_end.max(rows_end))
 }
 
 /// `bytes` (8 little-endian bytes each) as ids: a view of the bytes themselves when they are

@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use ftrec_core::prefetch::AHEAD;
 use ftrec_core::{EmbeddingTable, RowId, RowLayout, ServerId, ShardMap, TableId, DENSE_BLOCK};
 
 use super::restore::{fold_list, read_piece_indexes, restore_server, IncrChain};
@@ -248,6 +249,11 @@ impl ShardWriter for MemShard {
         let t = self.table_mut(table)?;
         let w = t.layout().words();
         for (i, &id) in ids.iter().enumerate() {
+            // The rows of a piece are scattered over the table: ask for the row AHEAD on
+            // while copying this one, so that the misses overlap.
+            if let Some(&ahead) = ids.get(i + AHEAD) {
+                t.prefetch_row(map.local_index(table, ahead));
+            }
             if map.owner(table, id) != server || map.local_index(table, id) >= t.rows() {
                 return Err(CkptError::InvalidArgument(format!(
                     "row {id} of table {} is not held by server {}",

@@ -335,17 +335,30 @@ impl Run {
                 c.restore(&self.ckpts, &chain, &mut target).await.unwrap()
             } else {
                 // A chunk list's rectangle streamed (a column per row decides which copy wins)
-                // gives what reading it whole and writing newest column first gives.
-                let mut streamed = MemShard::of(&info, self.model.map);
-                let opts = RestoreOptions { in_memory_bytes: 0 };
-                restore_server_with(&self.ckpts, &chain, &mut streamed, opts)
-                    .await
-                    .unwrap();
-                assert_eq!(
-                    bits_of(&streamed),
-                    want[s],
-                    "server {s}: streamed restore of {id} differs from the model saved in it"
-                );
+                // and read whole (written newest column first) each give the saved model, also
+                // with every part read in a span of its own (a file's spans then arrive in
+                // any order).
+                for (in_memory_bytes, read_span_bytes, how) in [
+                    (0, READ_SPAN_BYTES, "streamed"),
+                    (0, 1, "streamed, a span a part,"),
+                    (IN_MEMORY_RECTANGLE_BYTES, READ_SPAN_BYTES, "whole"),
+                    (IN_MEMORY_RECTANGLE_BYTES, 1, "whole, a span a part,"),
+                ] {
+                    let mut other = MemShard::of(&info, self.model.map);
+                    let opts = RestoreOptions {
+                        in_memory_bytes,
+                        stream_map_bytes: 0,
+                        read_span_bytes,
+                    };
+                    restore_server_with(&self.ckpts, &chain, &mut other, opts)
+                        .await
+                        .unwrap();
+                    assert_eq!(
+                        bits_of(&other),
+                        want[s],
+                        "server {s}: {how} restore of {id} differs from the model saved in it"
+                    );
+                }
                 restore_server(&self.ckpts, &chain, &mut target)
                     .await
                     .unwrap()

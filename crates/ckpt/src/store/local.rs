@@ -364,9 +364,14 @@ impl ChunkStore for LocalStore {
             if let Err(e) = check_range(&k, &range, size) {
                 return Ok(Err(e));
             }
-            let mut buf = vec![0u8; (range.end - range.start) as usize];
+            // Read into spare capacity: no zero-fill of a buffer the read overwrites anyway.
+            let n = range.end - range.start;
+            let mut buf = Vec::with_capacity(n as usize);
             f.seek(SeekFrom::Start(range.start))?;
-            f.read_exact(&mut buf)?;
+            f.take(n).read_to_end(&mut buf)?;
+            if buf.len() as u64 != n {
+                return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
+            }
             Ok(Ok(Bytes::from(buf)))
         })
         .await

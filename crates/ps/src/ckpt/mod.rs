@@ -39,11 +39,12 @@ use ftrec_ckpt::incr::{self, PieceSpec, ServerChain};
 use ftrec_ckpt::location::{self, LocationOptions};
 use ftrec_ckpt::snapshot::{RowIds, ShardReport};
 use ftrec_ckpt::{CheckpointId, CheckpointKind, Checkpoints, CkptError, DataPosition, Manifest};
+use ftrec_core::prefetch::AHEAD;
 use ftrec_core::{RowId, RowLayout, ServerId, ShardMap, TableId};
 
 use crate::observer::{PushObserver, RowImages, UpdateOrigin};
 use crate::server::dense_block_range;
-use crate::update::{DenseBlock, RowBlock};
+use crate::update::DenseBlock;
 use crate::{PsError, Server, SharedServer};
 
 /// The tracker consumer the checkpointer uses.
@@ -174,12 +175,13 @@ impl ShardWriter for ServerWriter<'_> {
             {
                 j += 1;
             }
+            // A restored piece's rows are scattered over the table: ask for the row AHEAD on
+            // while this run is copied, so that the misses overlap.
+            if let (Some(&ahead), Some(shard)) = (ids.get(i + AHEAD), self.server.shard(table)) {
+                shard.prefetch_row(map.local_index(table, ahead));
+            }
             self.server
-                .import_rows(&RowBlock {
-                    table,
-                    first_local: first,
-                    data: words[i * w..j * w].to_vec(),
-                })
+                .import_row_words(table, first, &words[i * w..j * w])
                 .map_err(ps_to_ckpt)?;
             i = j;
         }
