@@ -1,20 +1,22 @@
 //! `ftrec run --resume LOCATION` end to end: a synchronous job SIGKILLed as a whole (the
 //! coordinator and every child, one process group) once its store holds a committed checkpoint
 //! at or past a given step, then resumed from the store alone, ends with the uninterrupted
-//! run's digest; a finished job's store resumed onto another number of servers restores the
-//! saved model bit for bit (rows re-sharded); flags that contradict the job record, a store
-//! without a record and a store with nothing committed are one clear error each.
+//! run's digest (also with the store on an S3 server, in-process: the job's processes and the
+//! resume reach it through the environment); a finished job's store resumed onto another number
+//! of servers restores the saved model bit for bit (rows re-sharded); flags that contradict the
+//! job record, a store without a record and a store with nothing committed are one clear error
+//! each.
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
 use common::{ftrec, read_json, succeed};
 use ftrec_ckpt::deck::Lineage;
-use ftrec_ckpt::{Checkpoints, LocalStore};
+use ftrec_ckpt::location::{self, LocationOptions};
+use ftrec_ckpt::Checkpoints;
 
 /// The job of every test here: synchronous (the digest is the oracle), tiny, 2 workers.
 fn job(servers: u32, steps: u64) -> Vec<String> {
@@ -49,13 +51,18 @@ fn strings(a: &[&str]) -> Vec<String> {
 
 /// The step of the store's head, the state `ftrec run --resume` starts from (the checkpoint
 /// `CURRENT` names, or the delta a merged checkpoint stands for), if any.
-fn committed_step(store: &Path) -> Option<u64> {
+fn committed_step(store: &str) -> Option<u64> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let ckpts = Checkpoints::new(Arc::new(LocalStore::new(store).ok()?));
+        // A directory or `s3://` (the endpoint and credentials from the environment, as the
+        // job's own processes take them).
+        let store = location::open(store, &LocationOptions::default())
+            .await
+            .ok()?;
+        let ckpts = Checkpoints::new(store);
         let lineage = Lineage::load(&ckpts).await.ok()?;
         // The state a resume starts from: the head (`CURRENT`). A kill between a save's
         // manifest and its `CURRENT` leaves a newer complete state that resume passes over.
@@ -111,6 +118,11 @@ fn kill_group(child: &mut Child) {
 /// committed checkpoint at step `at` or later, then `ftrec run --resume` onto `servers`
 /// servers (re-sharded when not 3): the same digest.
 fn killed_and_resumed(strategy: &[&str], at: u64, servers: u32) {
+    killed_and_resumed_at(strategy, at, servers, None);
+}
+
+/// [`killed_and_resumed`] with the store at `location` (default: a directory of the test's).
+fn killed_and_resumed_at(strategy: &[&str], at: u64, servers: u32, location: Option<String>) {
     let steps = 150;
     let dir = tempfile::tempdir().unwrap();
     let clean_json = dir.path().join("clean.json");
@@ -126,7 +138,7 @@ fn killed_and_resumed(strategy: &[&str], at: u64, servers: u32) {
     );
     let clean = read_json(&clean_json);
 
-    let store = dir.path().join("store");
+    let store = location.unwrap_or_else(|| dir.path().join("store").display().to_string());
     let saved = kill_after_checkpoint(&args, &store, dir.path(), at, steps);
     // The store alone: no preset, strategy or step flag.
     let rep = resume(&store, servers, dir.path());
@@ -146,10 +158,10 @@ fn killed_and_resumed(strategy: &[&str], at: u64, servers: u32) {
 
 /// Run `args` with its store at `store`, SIGKILL it as a whole once the store holds a
 /// committed checkpoint at step `at` or later (before `steps`); the committed step.
-fn kill_after_checkpoint(args: &[String], store: &Path, dir: &Path, at: u64, steps: u64) -> u64 {
+fn kill_after_checkpoint(args: &[String], store: &str, dir: &Path, at: u64, steps: u64) -> u64 {
     let mut killed_args = args.to_vec();
     killed_args.push("--store".into());
-    killed_args.push(store.display().to_string());
+    killed_args.push(store.to_string());
     let mut child = spawn_group(&killed_args, &dir.join("killed"));
     wait_until(&mut child, &format!("a checkpoint at step {at}"), || {
         committed_step(store).is_some_and(|s| s >= at)
@@ -162,7 +174,7 @@ fn kill_after_checkpoint(args: &[String], store: &Path, dir: &Path, at: u64, ste
 
 /// `ftrec run --resume store` onto `servers` servers: its report, after checking that it
 /// says it resumed.
-fn resume(store: &Path, servers: u32, dir: &Path) -> serde_json::Value {
+fn resume(store: &str, servers: u32, dir: &Path) -> serde_json::Value {
     let json = dir.join("resumed.json");
     let out = succeed(
         ftrec()
@@ -289,6 +301,29 @@ fn an_incrcp_job_killed_as_a_whole_resumes_onto_2_servers_to_the_uninterrupted_d
 }
 
 #[test]
+fn an_incrcp_job_on_s3_killed_as_a_whole_resumes_from_s3_to_the_uninterrupted_digest() {
+    use ftrec_ckpt::testing::{s3_server, ACCESS_KEY, BUCKET, SECRET_KEY};
+    let server = s3_server();
+    // The job's processes (and this test's reads of the store) take the endpoint and the
+    // credentials from the environment. No other test here uses an S3 store.
+    for (k, v) in [
+        ("AWS_ENDPOINT_URL", server.endpoint.as_str()),
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+        ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+        ("AWS_REGION", "us-east-1"),
+        ("AWS_ALLOW_HTTP", "true"),
+    ] {
+        std::env::set_var(k, v);
+    }
+    killed_and_resumed_at(
+        &["--strategy", "incrcp", "--ckpt-every-steps", "3"],
+        9,
+        2,
+        Some(format!("s3://{BUCKET}/resume-{}", std::process::id())),
+    );
+}
+
+#[test]
 fn an_asynchronous_job_killed_as_a_whole_resumes_from_its_last_checkpoint_and_finishes() {
     // Asynchronous training has no digest oracle (the workers' interleaving decides the
     // model); what a resume must give: the job record's asynchronous mode, the state of the
@@ -296,7 +331,7 @@ fn an_asynchronous_job_killed_as_a_whole_resumes_from_its_last_checkpoint_and_fi
     let steps = 150;
     let at = 10;
     let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
+    let store = dir.path().join("store").display().to_string();
     let mut args: Vec<String> = job(3, steps)
         .into_iter()
         .filter(|a| a != "--sync")
