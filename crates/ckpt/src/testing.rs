@@ -18,6 +18,24 @@ pub struct S3Server {
     pub root: PathBuf,
 }
 
+impl S3Server {
+    /// Point this process's AWS variables at this server with the test credentials: the
+    /// processes a test starts (a job's servers, workers and merger) then reach an `s3://`
+    /// store the way production ones do, and so does [`crate::location::open`] here. The
+    /// variables are process-wide: only tests whose other stores are directories may call it.
+    pub fn set_env(&self) {
+        for (k, v) in [
+            ("AWS_ENDPOINT_URL", self.endpoint.as_str()),
+            ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+            ("AWS_REGION", "us-east-1"),
+            ("AWS_ALLOW_HTTP", "true"),
+        ] {
+            std::env::set_var(k, v);
+        }
+    }
+}
+
 /// Remove server directories of test processes that have exited.
 fn sweep_stale(base: &std::path::Path) {
     let Ok(rd) = std::fs::read_dir(base) else {

@@ -302,19 +302,10 @@ fn an_incrcp_job_killed_as_a_whole_resumes_onto_2_servers_to_the_uninterrupted_d
 
 #[test]
 fn an_incrcp_job_on_s3_killed_as_a_whole_resumes_from_s3_to_the_uninterrupted_digest() {
-    use ftrec_ckpt::testing::{s3_server, ACCESS_KEY, BUCKET, SECRET_KEY};
-    let server = s3_server();
+    use ftrec_ckpt::testing::{s3_server, BUCKET};
     // The job's processes (and this test's reads of the store) take the endpoint and the
     // credentials from the environment. No other test here uses an S3 store.
-    for (k, v) in [
-        ("AWS_ENDPOINT_URL", server.endpoint.as_str()),
-        ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
-        ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
-        ("AWS_REGION", "us-east-1"),
-        ("AWS_ALLOW_HTTP", "true"),
-    ] {
-        std::env::set_var(k, v);
-    }
+    s3_server().set_env();
     killed_and_resumed_at(
         &["--strategy", "incrcp", "--ckpt-every-steps", "3"],
         9,

@@ -212,19 +212,10 @@ fn deck_flags_are_validated() {
 
 #[test]
 fn a_deck_run_against_a_real_s3_server_recovers_and_its_store_restores() {
-    use ftrec_ckpt::testing::{s3_server, ACCESS_KEY, BUCKET, SECRET_KEY};
-    let server = s3_server();
+    use ftrec_ckpt::testing::{s3_server, BUCKET};
     // Servers and the merger are child processes: they reach the store through the usual
     // AWS variables, as in production. No other test in this binary reads them.
-    for (k, v) in [
-        ("AWS_ENDPOINT_URL", server.endpoint.as_str()),
-        ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
-        ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
-        ("AWS_REGION", "us-east-1"),
-        ("AWS_ALLOW_HTTP", "true"),
-    ] {
-        std::env::set_var(k, v);
-    }
+    s3_server().set_env();
     let steps = 16;
     let clean = failure_free(steps);
     let dir = tempfile::tempdir().unwrap();
@@ -530,18 +521,9 @@ mod pieces {
 
     #[test]
     fn incrcp_against_a_real_s3_server_recovers_and_its_store_restores() {
-        use ftrec_ckpt::testing::{s3_server, ACCESS_KEY, BUCKET, SECRET_KEY};
-        let server = s3_server();
+        use ftrec_ckpt::testing::{s3_server, BUCKET};
         // The same variables as the deck S3 test of this binary, with the same values.
-        for (k, v) in [
-            ("AWS_ENDPOINT_URL", server.endpoint.as_str()),
-            ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
-            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
-            ("AWS_REGION", "us-east-1"),
-            ("AWS_ALLOW_HTTP", "true"),
-        ] {
-            std::env::set_var(k, v);
-        }
+        s3_server().set_env();
         killed_run_matches_the_clean_run(
             incrcp(3),
             "server=0@step=11",
