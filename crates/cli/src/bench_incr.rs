@@ -885,20 +885,14 @@ pub fn run(a: IncrBenchArgs) -> Result<()> {
     let deepest = |r: &RunOut| r.restores.iter().max_by_key(|d| d.depth).cloned();
     let (ic, nv) = (find("incrcp", false), find("incremental", false));
     let pair = ic.and_then(deepest).zip(nv.and_then(deepest));
-    let speedup = pair
-        .as_ref()
-        .filter(|(i, n)| i.depth == n.depth)
-        .map(|(i, n)| n.chain_s / i.chain_s.max(1e-9));
-    let speedup_total = pair
-        .as_ref()
-        .filter(|(i, n)| i.depth == n.depth)
-        .map(|(i, n)| n.total_s / i.total_s.max(1e-9));
+    let same_depth = pair.as_ref().filter(|(i, n)| i.depth == n.depth);
+    let speedup = same_depth.map(|(i, n)| n.chain_s / i.chain_s.max(1e-9));
+    let speedup_total = same_depth.map(|(i, n)| n.total_s / i.total_s.max(1e-9));
     let storage = |resets| {
         find("incrcp", resets)
             .zip(find("cnr", resets))
             .map(|(i, c)| i.stored_bytes as f64 / c.stored_bytes.max(1) as f64)
     };
-    let same_depth = pair.as_ref().filter(|(i, n)| i.depth == n.depth);
     let naive_rows = same_depth.map(|(i, n)| n.rows_written as f64 / i.rows_written.max(1) as f64);
     let naive_bytes = same_depth.map(|(i, n)| n.bytes as f64 / i.bytes.max(1) as f64);
     // Naive incremental has no reset rule: its one run stands against both of Check-N-Run's.

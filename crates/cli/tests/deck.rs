@@ -1,6 +1,6 @@
 //! `ftrec run --strategy deck` and `ftrec ckpt` on the lineage it leaves: real processes of
 //! this binary (servers, workers, the merger), a real SIGKILL, and every `ckpt` subcommand on
-//! a real store.
+//! a real store; and `ftrec bench incremental`'s report on a tiny model.
 
 use std::path::Path;
 use std::process::Output;
@@ -316,5 +316,59 @@ mod cpr {
             let line = one_error_line(&out);
             assert!(line.contains(needle), "{args:?}: {line}");
         }
+    }
+}
+
+/// `ftrec bench incremental` on a tiny model: every timed restore is exact (the bench fails
+/// otherwise, and says so per restore), the two ratios and what bounds them are in the JSON,
+/// and the bounds hold as the report states them: naive incremental writes at least the rows
+/// IncrCP writes, and IncrCP, which keeps every version naive incremental keeps, stores at
+/// least what naive incremental stores.
+#[test]
+fn bench_incremental_reports_its_ratios_and_the_bounds_on_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("incr.json");
+    succeed(
+        ftrec()
+            .args(["bench", "incremental", "--preset", "tiny", "--batch", "256"])
+            .args([
+                "--checkpoints",
+                "6",
+                "--depths",
+                "1,6",
+                "--restore-reps",
+                "1",
+            ])
+            .args(["--no-deck", "--dir"])
+            .arg(dir.path().join("stores"))
+            .arg("--json")
+            .arg(&json),
+    );
+    let r = read_json(&json);
+    let f = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k} in {r}"));
+    assert_eq!(r["depth"], 6, "{r}");
+    assert!(f("recovery_speedup_vs_naive") > 0.0, "{r}");
+    assert!(f("naive_over_incrcp_rows") >= 1.0, "{r}");
+    assert!(f("naive_over_incrcp_bytes") > 0.0, "{r}");
+    assert!(
+        f("storage_vs_cnr_no_resets") >= f("naive_storage_vs_cnr_no_resets"),
+        "{r}"
+    );
+    let runs = r["runs"].as_array().unwrap();
+    for name in ["incrcp", "incremental", "cnr"] {
+        let run = runs
+            .iter()
+            .find(|x| x["name"] == name && x["resets"] == false)
+            .unwrap_or_else(|| panic!("no {name} run in {r}"));
+        let depths: Vec<u64> = run["restores"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                assert_eq!(d["exact"], true, "{name}: {d}");
+                d["depth"].as_u64().unwrap()
+            })
+            .collect();
+        assert_eq!(depths, [1, 6], "{name}");
     }
 }

@@ -863,9 +863,6 @@ async fn restore_list(
         .map(|(rows, _)| rows.saturating_mul(4))
         .sum();
     let in_memory = rect_bytes <= opts.in_memory_bytes && map_bytes > opts.stream_map_bytes;
-    // Newest columns first: streaming, a row's first copy is then usually its newest and older
-    // copies (left by skipped extractions, §4.3) are skipped rather than written and
-    // overwritten.
     // A large file is read in spans of about READ_SPAN_BYTES, several at a time: the reads
     // then run beside each other and beside the writes, and each span's buffer is freed (and
     // its pages reused) once written.
@@ -889,6 +886,9 @@ async fn restore_list(
             jobs.push((f, group));
         }
     }
+    // Newest columns first: streaming, a row's first copy is then usually its newest and older
+    // copies (left by skipped extractions, §4.3) are skipped rather than written and
+    // overwritten.
     jobs.sort_unstable_by_key(|(f, reads)| {
         (
             std::cmp::Reverse(reads.iter().map(|r| r.3).max().unwrap_or(0)),
