@@ -72,9 +72,20 @@ pub struct JobFile {
     pub heartbeat_timeout_ms: Option<u64>,
     pub report_interval_s: Option<f64>,
     #[serde(default)]
-    pub server_addr: Vec<std::net::SocketAddr>,
+    pub server_addr: Vec<ftrec_cluster::net::PeerAddr>,
+    #[serde(default, deserialize_with = "listen_addr")]
     pub control_listen: Option<std::net::SocketAddr>,
     pub json: Option<PathBuf>,
+}
+
+/// `control_listen` as `--control-listen` takes it: an address, or a name looked up once.
+fn listen_addr<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<std::net::SocketAddr>, D::Error> {
+    let s = String::deserialize(d)?;
+    ftrec_cluster::net::listen_addr(&s)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
 }
 
 impl JobFile {
@@ -377,12 +388,6 @@ fn execute(a: &RunArgs, cfg: RunConfig) -> Result<()> {
         cfg.seed,
         cfg.work_dir.display()
     );
-    if cfg.external_workers {
-        eprintln!(
-            "waiting for {} workers: ftrec worker --coordinator ADDR --id W (ADDR: {})",
-            cfg.workers, cfg.control_listen
-        );
-    }
     let report = match &a.resume {
         Some(location) => {
             eprintln!("resuming the job recorded in {location}");

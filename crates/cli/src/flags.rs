@@ -170,11 +170,14 @@ pub struct RunArgs {
     #[arg(long)]
     pub report_interval_s: Option<f64>,
     /// Address of a server started elsewhere, in server order (repeatable; then no server is
-    /// started here).
-    #[arg(long, value_name = "ADDR")]
-    pub server_addr: Vec<std::net::SocketAddr>,
-    /// The control socket workers connect to [default: 127.0.0.1:0].
-    #[arg(long, value_name = "ADDR")]
+    /// started here): HOST:PORT with a DNS name, an IPv4 or an [IPv6] address. A name is
+    /// looked up at every connection, so a server restarted at a new address behind the same
+    /// name is found.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub server_addr: Vec<ftrec_cluster::net::PeerAddr>,
+    /// The control socket workers connect to: an address, or HOST:PORT with a name looked up
+    /// once [default: 127.0.0.1:0; port 0 takes a free port, printed at start].
+    #[arg(long, value_name = "ADDR", value_parser = ftrec_cluster::net::listen_addr)]
     pub control_listen: Option<std::net::SocketAddr>,
     /// Write the report as JSON here.
     #[arg(long, value_name = "PATH")]

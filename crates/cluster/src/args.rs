@@ -6,6 +6,8 @@
 //! read back by exactly the parser a user's `ftrec server ...` goes through.
 
 use std::net::SocketAddr;
+
+use ftrec_ps::net::PeerAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
@@ -180,9 +182,10 @@ impl TlsArgs {
 /// Flags of one worker process (`ftrec worker`).
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct WorkerArgs {
-    /// The coordinator's control socket.
-    #[arg(long, value_name = "ADDR")]
-    pub coordinator: SocketAddr,
+    /// The coordinator's control socket: HOST:PORT, with a DNS name (looked up at every
+    /// connection attempt), an IPv4 or an [IPv6] address.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub coordinator: PeerAddr,
     #[arg(long)]
     pub id: u32,
     /// What ends the worker besides its control connection: `control` (only the
@@ -208,7 +211,7 @@ impl WorkerArgs {
     /// Run the worker process until its coordinator ends the session.
     pub fn run(&self) -> Result<(), ClusterError> {
         crate::worker_process(
-            self.coordinator,
+            &self.coordinator,
             self.id,
             self.lifetime()?,
             &self.auth.resolve()?,
@@ -233,7 +236,9 @@ pub struct ServerArgs {
     pub seed: u64,
     #[command(flatten)]
     pub opt: OptimizerArgs,
-    #[arg(long, default_value = "127.0.0.1:0")]
+    /// Where to serve: an address, or HOST:PORT with a name looked up once at start; port 0
+    /// takes a free one (the bound address is printed, and written to --port-file).
+    #[arg(long, default_value = "127.0.0.1:0", value_parser = ftrec_ps::net::listen_addr)]
     pub listen: SocketAddr,
     /// Write the bound address here (atomically) once serving.
     #[arg(long, value_name = "PATH")]

@@ -19,6 +19,8 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+
+use ftrec_ps::net::PeerAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -46,7 +48,7 @@ pub enum ToWorker {
     /// Build the data source and the model buffers; answered by [`FromWorker::Ready`].
     Setup(Box<WorkerSetup>),
     /// (Re)connect to the servers (in server order); answered by [`FromWorker::Connected`].
-    Connect { servers: Vec<SocketAddr> },
+    Connect { servers: Vec<PeerAddr> },
     /// Train on global batch `index` (from 1): stage the update as `seq` (synchronous mode) or
     /// push it (asynchronous mode); answered by [`FromWorker::Done`]. With ECRec's
     /// transactions, the worker stops at each phase in `hold` ([`FromWorker::Held`]) until
@@ -301,6 +303,14 @@ impl WorkerPool {
             what: "reading the control socket's address".into(),
             source: e,
         })?;
+        if exe.is_none() {
+            // Workers started elsewhere need the bound address (the port, when 0 was asked).
+            eprintln!(
+                "control socket listening on {addr}: start {workers} workers with ftrec worker \
+                 --coordinator HOST:{} --id W (W from 0)",
+                addr.port()
+            );
+        }
         listener
             .set_nonblocking(true)
             .map_err(|e| ClusterError::Io {

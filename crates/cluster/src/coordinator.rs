@@ -21,6 +21,7 @@
 //! sequence number (`seq`), distinct from the training step it computes.
 
 mod ecrec;
+mod outside;
 mod partial;
 mod resume;
 mod store;
@@ -28,13 +29,13 @@ mod store;
 pub use resume::ResumeReport;
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use ftrec_ckpt::CheckpointKind;
 use ftrec_core::ServerId;
 use ftrec_data::{BatchSource, SyntheticSource};
 use ftrec_ps::grpc::{GrpcClient, GrpcConfig};
+use ftrec_ps::net::PeerAddr;
 use ftrec_ps::{PsService, ShardedClient};
 use ftrec_strategy::deck::{Deck, DeckConfig};
 use ftrec_strategy::{
@@ -321,11 +322,11 @@ struct Coordinator {
     /// Server processes this coordinator started (empty with external servers).
     procs: Vec<ServerProcess>,
     /// Every server's current address, in server order.
-    server_addrs: Vec<SocketAddr>,
+    server_addrs: Vec<PeerAddr>,
     generation: Vec<u32>,
     clients: Option<ShardedClient<GrpcClient>>,
     pool: WorkerPool,
-    hb_targets: watch::Sender<Vec<(u32, SocketAddr)>>,
+    hb_targets: watch::Sender<Vec<(u32, PeerAddr)>>,
     lost_rx: tmpsc::UnboundedReceiver<(u32, u32, String)>,
     /// Global batches applied to the servers' model.
     batches: u64,
@@ -532,49 +533,14 @@ impl Coordinator {
         Ok(p)
     }
 
-    /// Whether server `id` answers an `info` probe as itself within the heartbeat timeout.
-    fn probe(&self, id: u32) -> bool {
-        self.probe_error(id).is_none()
-    }
-
-    /// Why server `id` does not answer an `info` probe as itself (`None`: it does).
-    fn probe_error(&self, id: u32) -> Option<String> {
-        let addr = self.server_addrs[id as usize];
-        let timeout = self.cfg.heartbeat_timeout;
-        let auth = &self.cfg.auth;
-        let alive = self.rt.block_on(async {
-            tokio::time::timeout(timeout, async {
-                let c = GrpcClient::connect_with(addr, GrpcConfig::default(), auth).await?;
-                c.info().await
-            })
-            .await
-        });
-        match alive {
-            Ok(Ok(info)) if info.server == ServerId(id) => None,
-            Ok(Ok(info)) => Some(format!("it is server {}", info.server.0)),
-            Ok(Err(e)) => Some(e.to_string()),
-            Err(_) => Some("no answer within the heartbeat timeout".into()),
-        }
-    }
-
     /// Start (or reach) the servers, connect, start the workers.
     fn start_all(&mut self) -> Result<(), ClusterError> {
         if self.external_servers() {
-            self.server_addrs = self.cfg.external_servers.clone();
-            for id in 0..self.cfg.servers {
-                if let Some(why) = self.probe_error(id) {
-                    return Err(ClusterError::Config(format!(
-                        "server {id} at {} is unreachable or is not server {id} of this job: \
-                         {why}",
-                        self.server_addrs[id as usize]
-                    )));
-                }
-            }
-            self.addrs = self.server_addrs.iter().map(|a| a.to_string()).collect();
+            self.reach_outside_servers()?;
         } else {
             for id in 0..self.cfg.servers {
                 let p = self.spawn_server(id)?;
-                self.server_addrs.push(p.addr);
+                self.server_addrs.push(p.addr.into());
                 self.procs.push(p);
             }
         }
@@ -709,7 +675,7 @@ impl Coordinator {
             .server_addrs
             .iter()
             .enumerate()
-            .map(|(i, a)| (self.generation[i], *a))
+            .map(|(i, a)| (self.generation[i], a.clone()))
             .collect();
         let _ = self.hb_targets.send(targets);
     }
@@ -792,6 +758,7 @@ impl Coordinator {
     /// SIGKILL a process and record the failure.
     fn inject(&mut self, role: Role, id: u32, why: &str) {
         let pid = match role {
+            Role::Server if self.external_servers() => self.await_outside_kill(id, why),
             Role::Server => self.procs.get_mut(id as usize).map(|p| {
                 let pid = p.pid();
                 self.cpu.add(pid, true);
@@ -821,10 +788,14 @@ impl Coordinator {
             detected_by: None,
             servers_restored: Vec::new(),
         });
+        let how = match pid {
+            0 => "killed from outside".to_string(),
+            pid => format!("SIGKILL to pid {pid}"),
+        };
         self.event(
             EventKind::FailureInjected,
             (role == Role::Server).then_some(id),
-            format!("{role} {id}: SIGKILL to pid {pid} ({why})"),
+            format!("{role} {id}: {how} ({why})"),
         );
     }
 
@@ -1560,28 +1531,12 @@ impl Coordinator {
     fn replace_server(&mut self, id: u32) -> Result<(), ClusterError> {
         self.generation[id as usize] += 1;
         if self.external_servers() {
-            let deadline = Instant::now() + self.cfg.start_timeout;
-            while !self.probe(id) {
-                if Instant::now() >= deadline {
-                    return Err(ClusterError::Recovery(format!(
-                        "server {id} at {} did not come back within {:.0}s",
-                        self.server_addrs[id as usize],
-                        self.cfg.start_timeout.as_secs_f64()
-                    )));
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            self.event(
-                EventKind::ServerReplaced,
-                Some(id),
-                format!("back at {}", self.server_addrs[id as usize]),
-            );
-            return Ok(());
+            return self.await_return(id);
         }
         self.procs[id as usize].kill();
         let p = self.spawn_server(id)?;
         let detail = format!("pid {} at {}", p.pid(), p.addr);
-        self.server_addrs[id as usize] = p.addr;
+        self.server_addrs[id as usize] = p.addr.into();
         self.procs[id as usize] = p;
         self.event(EventKind::ServerReplaced, Some(id), detail);
         Ok(())
@@ -1849,13 +1804,14 @@ impl Coordinator {
 /// Probe every server every `every`; report `(server, generation, reason)` once per silent
 /// server generation. Ends when the coordinator drops its target list.
 async fn heartbeat(
-    mut targets: watch::Receiver<Vec<(u32, SocketAddr)>>,
+    mut targets: watch::Receiver<Vec<(u32, PeerAddr)>>,
     every: Duration,
     timeout: Duration,
     lost: tmpsc::UnboundedSender<(u32, u32, String)>,
     auth: crate::auth::Auth,
 ) {
-    let mut conns: HashMap<SocketAddr, GrpcClient> = HashMap::new();
+    // A connection per address; a name is looked up again whenever its channel reconnects.
+    let mut conns: HashMap<PeerAddr, GrpcClient> = HashMap::new();
     let mut reported: Vec<(u32, u32)> = Vec::new();
     loop {
         if targets.has_changed().is_err() {
@@ -1863,7 +1819,8 @@ async fn heartbeat(
         }
         let list = targets.borrow_and_update().clone();
         conns.retain(|a, _| list.iter().any(|(_, b)| a == b));
-        for (i, &(generation, addr)) in list.iter().enumerate() {
+        for (i, (generation, addr)) in list.iter().enumerate() {
+            let generation = *generation;
             let key = (i as u32, generation);
             if reported.contains(&key) {
                 continue;
@@ -1871,7 +1828,9 @@ async fn heartbeat(
             let probe = tokio::time::timeout(timeout, async {
                 let c = match conns.get(&addr) {
                     Some(c) => c.clone(),
-                    None => GrpcClient::connect_with(addr, GrpcConfig::default(), &auth).await?,
+                    None => {
+                        GrpcClient::connect_with(addr.clone(), GrpcConfig::default(), &auth).await?
+                    }
                 };
                 c.info().await?;
                 Ok::<_, ftrec_ps::PsError>(c)
@@ -1879,16 +1838,16 @@ async fn heartbeat(
             .await;
             match probe {
                 Ok(Ok(c)) => {
-                    conns.insert(addr, c);
+                    conns.insert(addr.clone(), c);
                 }
                 Ok(Err(e)) => {
                     reported.push(key);
-                    conns.remove(&addr);
+                    conns.remove(addr);
                     let _ = lost.send((key.0, generation, e.to_string()));
                 }
                 Err(_) => {
                     reported.push(key);
-                    conns.remove(&addr);
+                    conns.remove(addr);
                     let _ = lost.send((key.0, generation, "probe timed out".into()));
                 }
             }
@@ -1910,6 +1869,7 @@ mod tests {
     use crate::{build_server, ServerSpec};
     use ftrec_core::Preset;
     use ftrec_ps::SharedServer;
+    use std::net::SocketAddr;
 
     #[test]
     fn the_heartbeat_reports_a_server_that_stops_answering_once_per_generation() {
@@ -1929,7 +1889,7 @@ mod tests {
             .await
             .unwrap();
             let addr = handle.local_addr();
-            let (targets, rx) = watch::channel(vec![(4u32, addr)]);
+            let (targets, rx) = watch::channel(vec![(4u32, PeerAddr::from(addr))]);
             let (tx, mut lost) = tmpsc::unbounded_channel();
             let task = tokio::spawn(heartbeat(
                 rx,

@@ -96,6 +96,8 @@ pub use coordinator::{resume, run, ResumeReport};
 pub use cpr::{CprFlags, ServerPriority};
 pub use ecrec::{EcFlags, EcReport, EcServerSpec};
 pub use ftrec_ec::CodeKind;
+/// Peer addresses by name (`--server-addr`, `--coordinator`), looked up at every connection.
+pub use ftrec_ps::net;
 pub use launcher::ServerProcess;
 pub use report::{
     CpuReport, DataReport, EventKind, FailureReport, IntervalPoint, Overheads, RunReport,

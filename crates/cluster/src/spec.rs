@@ -2,6 +2,8 @@
 //! the faults to inject ([`KillSpec`]).
 
 use std::net::SocketAddr;
+
+use ftrec_ps::net::PeerAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
@@ -684,7 +686,7 @@ pub struct RunConfig {
     /// Servers started elsewhere (`ftrec server` on other hosts), in server order; empty: the
     /// coordinator starts its own. A lost external server is waited for at its address.
     #[serde(default)]
-    pub external_servers: Vec<SocketAddr>,
+    pub external_servers: Vec<PeerAddr>,
     /// Workers are started elsewhere (`ftrec worker --coordinator ADDR --id W`) and connect
     /// to `control_listen`; a lost one is waited for until it reconnects.
     #[serde(default)]
@@ -917,9 +919,13 @@ impl RunConfig {
                     ));
                 }
             }
-            if !self.external_servers.is_empty() && k.role == Role::Server {
+            if !self.external_servers.is_empty()
+                && k.role == Role::Server
+                && !matches!(k.at, KillAt::Step(_))
+            {
                 return bad(format!(
-                    "--kill {k}: servers this coordinator did not start cannot be killed by it"
+                    "--kill {k}: servers this coordinator did not start cannot be killed by it \
+                     (a step kill, server=I@step=S, makes the job wait there for their loss)"
                 ));
             }
             if self.external_workers && k.role == Role::Worker {

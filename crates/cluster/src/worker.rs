@@ -16,8 +16,8 @@
 //! as the trainer does, so with one worker the sharded model equals the single-process model
 //! bit for bit.
 
+use ftrec_ps::net::PeerAddr;
 use std::io::BufReader;
-use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -212,12 +212,12 @@ where
 
 /// Connect to servers `0..n` at `addrs` (in server order), every request carrying `auth`.
 pub async fn connect_all(
-    addrs: &[SocketAddr],
+    addrs: &[PeerAddr],
     auth: &Auth,
 ) -> Result<ShardedClient<GrpcClient>, ClusterError> {
     let mut clients = Vec::with_capacity(addrs.len());
-    for &a in addrs {
-        clients.push(GrpcClient::connect_with(a, GrpcConfig::default(), auth).await?);
+    for a in addrs {
+        clients.push(GrpcClient::connect_with(a.clone(), GrpcConfig::default(), auth).await?);
     }
     Ok(ShardedClient::new(clients).await?)
 }
@@ -398,7 +398,7 @@ pub enum WorkerLifetime {
 /// cannot be reached, refuses the worker or breaks the protocol. A worker without a job id
 /// takes the coordinator's for its RPCs.
 pub fn worker_process(
-    coordinator: SocketAddr,
+    coordinator: &PeerAddr,
     id: u32,
     lifetime: WorkerLifetime,
     auth: &Auth,
@@ -416,7 +416,8 @@ pub fn worker_process(
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let stream = loop {
-        match TcpStream::connect(coordinator) {
+        // A name is looked up at every try: a coordinator that moved is found.
+        match coordinator.connect_std() {
             Ok(s) => break s,
             Err(e) if std::time::Instant::now() >= deadline => {
                 return Err(ClusterError::Io {
@@ -630,7 +631,7 @@ struct EcTxns {
 impl EcTxns {
     fn connect(
         rt: &tokio::runtime::Runtime,
-        servers: &[SocketAddr],
+        servers: &[PeerAddr],
         mode: EcWorker,
         timeout: Duration,
         previous: Option<EcTxns>,

@@ -216,7 +216,7 @@ fn a_coordinator_refuses_servers_of_another_job_or_with_another_token() {
     spec.auth = auth(Some("tok"), Some("job-old"));
     let mut server =
         ServerProcess::spawn(&server_exe(), &spec, dir.path(), 0, Duration::from_secs(30)).unwrap();
-    cfg.external_servers = vec![server.addr];
+    cfg.external_servers = vec![server.addr.into()];
     cfg.auth = auth(Some("tok"), Some("job-new"));
     let e = run(&cfg).unwrap_err().to_string();
     assert!(

@@ -28,6 +28,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::sync::Semaphore;
+
+use crate::net::PeerAddr;
 use tonic::codegen::http;
 use tonic::metadata::{Ascii, MetadataMap, MetadataValue};
 use tonic::service::Interceptor;
@@ -232,6 +234,26 @@ impl Auth {
         crate::tls::endpoint(&addr.to_string(), self.tls.as_ref())
     }
 
+    /// A channel to the server at `addr`, connected now. It dials through
+    /// [`crate::net::connector`]: a name is looked up at this connect and again at every
+    /// reconnect. The error is the transport's, for the caller to word.
+    pub async fn channel(
+        &self,
+        addr: &PeerAddr,
+    ) -> Result<tonic::transport::Channel, ChannelError> {
+        Ok(self
+            .endpoint(addr)?
+            .connect_with_connector(crate::net::connector())
+            .await?)
+    }
+
+    /// [`Auth::channel`] that connects on first use (so peers can be named before they listen).
+    pub fn channel_lazy(&self, addr: &PeerAddr) -> Result<tonic::transport::Channel, PsError> {
+        Ok(self
+            .endpoint(addr)?
+            .connect_with_connector_lazy(crate::net::connector()))
+    }
+
     /// What to append to a failed connection's `reason` ([`crate::tls::mismatch_hint`]).
     pub fn connect_hint(&self, reason: &str) -> &'static str {
         crate::tls::mismatch_hint(self.tls.as_ref(), reason)
@@ -311,6 +333,15 @@ impl Interceptor for ClientAuth {
         }
         Ok(req)
     }
+}
+
+/// Why [`Auth::channel`] failed: the endpoint could not be built, or the connection failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    #[error(transparent)]
+    Endpoint(#[from] PsError),
+    #[error(transparent)]
+    Connect(#[from] tonic::transport::Error),
 }
 
 /// A channel whose requests carry a [`ClientAuth`].

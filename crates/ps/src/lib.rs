@@ -21,6 +21,8 @@
 //!   checked by an interceptor on every service and attached by every client; and mutual TLS
 //!   on every connection ([`tls`]: the three PEM files, `https` endpoints, server and client
 //!   configs);
+//! - peers by name ([`net`]: `host:port` addresses, looked up again at every connect, so a
+//!   server replaced at the same name and a new address is found);
 //! - [`ec`]: ECRec on top of the server (parity rows, difference propagation server to server,
 //!   dense replicas, two-phase commit, degraded reads, rebuild of a lost server).
 //!
@@ -60,6 +62,7 @@ pub mod ckpt;
 pub mod ec;
 pub mod error;
 pub mod grpc;
+pub mod net;
 pub mod observer;
 pub mod server;
 pub mod service;

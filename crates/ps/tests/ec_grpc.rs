@@ -211,9 +211,12 @@ async fn pulls_from_a_replacement_decode_lost_rows_on_demand() {
 /// Both transports of one node's parameter-server service.
 async fn both_transports(node: &EcNode) -> (Live, InProcessClient, GrpcClient) {
     let live = serve(node.clone()).await;
-    let grpc = GrpcClient::connect(live.addr.parse().unwrap(), GrpcConfig::default())
-        .await
-        .unwrap();
+    let grpc = GrpcClient::connect(
+        live.addr.parse::<std::net::SocketAddr>().unwrap(),
+        GrpcConfig::default(),
+    )
+    .await
+    .unwrap();
     (live, InProcessClient::new(node.shared().clone()), grpc)
 }
 

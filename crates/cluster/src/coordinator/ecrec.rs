@@ -431,7 +431,7 @@ impl Coordinator {
         self.pids.push(p.pid());
         self.addrs.push(p.addr.to_string());
         let detail = format!("pid {} at {} (empty, to be rebuilt)", p.pid(), p.addr);
-        self.server_addrs[id as usize] = p.addr;
+        self.server_addrs[id as usize] = p.addr.into();
         self.procs[id as usize] = p;
         self.event(EventKind::ServerReplaced, Some(id), detail);
         if let Some(ec) = self.ec.as_mut() {

@@ -229,7 +229,7 @@ impl Coordinator {
             let mut out = Vec::with_capacity(addrs.len());
             for a in addrs {
                 out.push(
-                    CkptGrpcClient::connect_with(a, &auth)
+                    CkptGrpcClient::connect_with(a.clone(), &auth)
                         .await
                         .map_err(|e| ClusterError::Checkpoint(format!("server at {a}: {e}")))?,
                 );

@@ -2,8 +2,6 @@
 //! parameter-server service with [`crate::grpc::Routes::add_service`]); [`CkptGrpcClient`]
 //! implements [`CkptApi`] against it.
 
-use std::net::SocketAddr;
-
 use ftrec_ckpt::format::{DenseInfo, ShardInfo, TableInfo};
 use ftrec_ckpt::format::{FileChecksums, FileContent, FileInfo, PieceScheme, QuantBits};
 use ftrec_ckpt::incr::{ExtractConfig, Filters, PieceSpec};
@@ -12,7 +10,8 @@ use ftrec_ckpt::{CheckpointId, CheckpointKind, CkptError};
 use ftrec_core::{RowLayout, ServerId, TableId};
 use tonic::{Request, Response, Status};
 
-use crate::auth::{Auth, AuthChannel};
+use crate::auth::{Auth, AuthChannel, ChannelError};
+use crate::net::PeerAddr;
 
 use super::{CkptApi, CkptNode, CkptServiceError, RestoreDone, SaveStarted};
 
@@ -412,18 +411,20 @@ fn remote(s: Status) -> CkptServiceError {
 }
 
 impl CkptGrpcClient {
-    pub async fn connect(addr: SocketAddr) -> Result<Self, CkptServiceError> {
+    /// `addr` may be a name: it is looked up now and at every reconnect ([`crate::net`]).
+    pub async fn connect(addr: impl Into<PeerAddr>) -> Result<Self, CkptServiceError> {
         Self::connect_with(addr, &Auth::none()).await
     }
 
     /// [`CkptGrpcClient::connect`] with every request carrying `auth`'s token and job id.
-    pub async fn connect_with(addr: SocketAddr, auth: &Auth) -> Result<Self, CkptServiceError> {
-        let channel = auth
-            .endpoint(addr)
-            .map_err(|e| CkptServiceError::Internal(e.to_string()))?
-            .connect()
-            .await
-            .map_err(|e| {
+    pub async fn connect_with(
+        addr: impl Into<PeerAddr>,
+        auth: &Auth,
+    ) -> Result<Self, CkptServiceError> {
+        let addr = addr.into();
+        let channel = auth.channel(&addr).await.map_err(|e| match e {
+            ChannelError::Endpoint(e) => CkptServiceError::Internal(e.to_string()),
+            ChannelError::Connect(e) => {
                 let chain = crate::tls::chain(&e);
                 CkptServiceError::Remote {
                     code: "Unavailable".into(),
@@ -432,7 +433,8 @@ impl CkptGrpcClient {
                         auth.connect_hint(&chain)
                     ),
                 }
-            })?;
+            }
+        })?;
         Ok(CkptGrpcClient {
             client: CheckpointerClient::with_interceptor(channel, auth.client())
                 .max_decoding_message_size(CKPT_MAX_MESSAGE_BYTES)

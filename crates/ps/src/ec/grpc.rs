@@ -573,8 +573,12 @@ impl EcGrpcClient {
     }
 
     /// [`EcGrpcClient::connect_lazy`] with every request carrying `auth`'s token and job id.
+    /// `addr` is `host:port`, a name looked up at every connect ([`crate::net`]).
     pub fn connect_lazy_with(addr: &str, auth: &Auth) -> Result<Self, PsError> {
-        let channel = auth.endpoint(addr)?.tcp_nodelay(true).connect_lazy();
+        let peer: crate::net::PeerAddr = addr
+            .parse()
+            .map_err(|e| PsError::InvalidConfig(format!("ECRec peer address: {e}")))?;
+        let channel = auth.channel_lazy(&peer)?;
         Ok(EcGrpcClient {
             client: EcNodeClient::with_interceptor(channel, auth.client())
                 .max_decoding_message_size(EC_MAX_MESSAGE_BYTES)

@@ -1,9 +1,9 @@
 //! Client side of the gRPC transport.
 
-use std::net::SocketAddr;
 use std::ops::Range;
 
-use crate::auth::{Auth, AuthChannel};
+use crate::auth::{Auth, AuthChannel, ChannelError};
+use crate::net::PeerAddr;
 
 use super::proto::{self, parameter_server_client::ParameterServerClient};
 use super::wire::{self, from_status};
@@ -30,32 +30,31 @@ pub struct GrpcClient {
 impl GrpcClient {
     /// Connect to the server at `addr` and read its shape (the row width sizes the chunks).
     /// Proves nothing: for a server without a token or job id ([`GrpcClient::connect_with`]).
-    pub async fn connect(addr: SocketAddr, config: GrpcConfig) -> Result<Self, PsError> {
+    /// `addr` may be a name: it is looked up now and at every reconnect ([`crate::net`]).
+    pub async fn connect(addr: impl Into<PeerAddr>, config: GrpcConfig) -> Result<Self, PsError> {
         Self::connect_with(addr, config, &Auth::none()).await
     }
 
     /// [`GrpcClient::connect`] with every request carrying `auth`'s token and job id.
     pub async fn connect_with(
-        addr: SocketAddr,
+        addr: impl Into<PeerAddr>,
         config: GrpcConfig,
         auth: &Auth,
     ) -> Result<Self, PsError> {
         config.validate()?;
+        let addr = addr.into();
         let name = addr.to_string();
-        let unavailable = |reason: String| PsError::Unavailable {
-            addr: name.clone(),
-            reason,
-        };
-        let channel = auth
-            .endpoint(addr)?
-            .tcp_nodelay(true)
-            .connect()
-            .await
-            .map_err(|e| {
+        let channel = auth.channel(&addr).await.map_err(|e| match e {
+            ChannelError::Endpoint(e) => e,
+            ChannelError::Connect(e) => {
                 let chain = crate::tls::chain(&e);
                 let hint = auth.connect_hint(&chain);
-                unavailable(format!("cannot connect: {chain}{hint}"))
-            })?;
+                PsError::Unavailable {
+                    addr: name.clone(),
+                    reason: format!("cannot connect: {chain}{hint}"),
+                }
+            }
+        })?;
         let client = ParameterServerClient::with_interceptor(channel, auth.client())
             .max_decoding_message_size(config.max_message_bytes)
             .max_encoding_message_size(config.max_message_bytes);
