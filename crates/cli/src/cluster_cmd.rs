@@ -71,6 +71,7 @@ pub struct JobFile {
     pub heartbeat_ms: Option<u64>,
     pub heartbeat_timeout_ms: Option<u64>,
     pub report_interval_s: Option<f64>,
+    pub start_timeout_s: Option<f64>,
     #[serde(default)]
     pub server_addr: Vec<ftrec_cluster::net::PeerAddr>,
     #[serde(default, deserialize_with = "listen_addr")]
@@ -201,6 +202,7 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
         heartbeat_ms: a.heartbeat_ms.or(f.heartbeat_ms),
         heartbeat_timeout_ms: a.heartbeat_timeout_ms.or(f.heartbeat_timeout_ms),
         report_interval_s: a.report_interval_s.or(f.report_interval_s),
+        start_timeout_s: a.start_timeout_s.or(f.start_timeout_s),
         server_addr: if a.server_addr.is_empty() {
             f.server_addr
         } else {
@@ -328,6 +330,7 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
     if let Some(i) = a.report_interval_s {
         cfg.report_interval_s = i;
     }
+    apply_start_timeout(a, &mut cfg)?;
     cfg.external_servers = a.server_addr.clone();
     if let Some(c) = a.control_listen {
         cfg.control_listen = c;
@@ -335,6 +338,17 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
     cfg.auth = a.auth.resolve()?;
     cfg.validate()?;
     Ok(cfg)
+}
+
+/// `--start-timeout-s`, checked (shared by a new run and a resumed one).
+pub fn apply_start_timeout(a: &RunArgs, cfg: &mut RunConfig) -> Result<()> {
+    if let Some(s) = a.start_timeout_s {
+        if !(s.is_finite() && s > 0.0) {
+            bail!("--start-timeout-s must be a positive number of seconds, not {s}");
+        }
+        cfg.start_timeout = Duration::from_secs_f64(s);
+    }
+    Ok(())
 }
 
 pub fn run(a: RunArgs) -> Result<()> {

@@ -169,6 +169,10 @@ pub struct RunArgs {
     /// Width of the report's throughput intervals, in seconds [default: 1].
     #[arg(long)]
     pub report_interval_s: Option<f64>,
+    /// How long a process may take to start, and how long servers started elsewhere
+    /// (--server-addr) are waited for at start and after a loss, in seconds [default: 30].
+    #[arg(long, value_name = "SECONDS")]
+    pub start_timeout_s: Option<f64>,
     /// Address of a server started elsewhere, in server order (repeatable; then no server is
     /// started here): HOST:PORT with a DNS name, an IPv4 or an [IPv6] address. A name is
     /// looked up at every connection, so a server restarted at a new address behind the same

@@ -50,6 +50,7 @@ pub fn config(a: &RunArgs, location: &str) -> Result<RunConfig> {
     if let Some(i) = a.report_interval_s {
         cfg.report_interval_s = i;
     }
+    crate::cluster_cmd::apply_start_timeout(a, &mut cfg)?;
     cfg.external_servers = a.server_addr.clone();
     if let Some(c) = a.control_listen {
         cfg.control_listen = c;

@@ -296,7 +296,7 @@ fn a_coordinator_with_an_unreachable_server_address_gives_one_error_line() {
             "--server-addr",
         ])
         .arg(addr.to_string())
-        .args(["--heartbeat-timeout-ms", "300"])
+        .args(["--heartbeat-timeout-ms", "300", "--start-timeout-s", "1"])
         .output()
         .unwrap();
     let line = one_error_line(&out);

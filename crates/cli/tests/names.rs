@@ -131,7 +131,7 @@ fn every_role_by_name_survives_a_server_that_comes_back_at_another_address() {
     s1.wait().unwrap();
     // Its replacement serves the same name at another address.
     std::fs::write(&hosts, "127.0.0.1 ps-0 coord\n127.0.0.2 ps-1\n").unwrap();
-    wait_for_line(&mut lines, "waiting up to");
+    wait_for_line(&mut lines, "come back at");
     let s1 = server(1, &format!("ps-1:{p1}"), &hosts, dir.path());
 
     // Drain the rest so the coordinator never blocks on a full pipe.
@@ -224,6 +224,7 @@ fn an_address_flag_that_is_no_host_and_port_names_the_flag() {
     let out = ftrec()
         .args(["coordinator", "--servers", "1", "--steps", "2"])
         .args(["--server-addr", "no-such-host.invalid:7000"])
+        .args(["--start-timeout-s", "1"])
         .output()
         .unwrap();
     let line = one_error_line(&out);

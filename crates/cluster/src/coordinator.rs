@@ -1826,7 +1826,7 @@ async fn heartbeat(
                 continue;
             }
             let probe = tokio::time::timeout(timeout, async {
-                let c = match conns.get(&addr) {
+                let c = match conns.get(addr) {
                     Some(c) => c.clone(),
                     None => {
                         GrpcClient::connect_with(addr.clone(), GrpcConfig::default(), &auth).await?

@@ -40,15 +40,33 @@ impl Coordinator {
         }
     }
 
-    /// At start: every server at its address must answer as itself.
+    /// At start: every server must answer as itself at its address within the start
+    /// timeout (servers started at the same time as the coordinator may not listen yet, or
+    /// their names may not resolve yet).
     pub(super) fn reach_outside_servers(&mut self) -> Result<(), ClusterError> {
         self.server_addrs = self.cfg.external_servers.clone();
+        let wait = self.cfg.start_timeout;
+        let deadline = Instant::now() + wait;
         for id in 0..self.cfg.servers {
-            if let Some(why) = self.probe_error(id) {
-                return Err(ClusterError::Config(format!(
-                    "server {id} at {} is unreachable or is not server {id} of this job: {why}",
-                    self.server_addrs[id as usize]
-                )));
+            let mut said = false;
+            while let Some(why) = self.probe_error(id) {
+                if Instant::now() >= deadline {
+                    return Err(ClusterError::Config(format!(
+                        "server {id} at {} is unreachable or is not server {id} of this job \
+                         (waited {:.0}s, --start-timeout-s): {why}",
+                        self.server_addrs[id as usize],
+                        wait.as_secs_f64()
+                    )));
+                }
+                if !said {
+                    eprintln!(
+                        "server {id} at {} does not answer yet ({why}); it has {:.0}s",
+                        self.server_addrs[id as usize],
+                        wait.as_secs_f64()
+                    );
+                    said = true;
+                }
+                std::thread::sleep(Duration::from_millis(100));
             }
         }
         self.addrs = self.server_addrs.iter().map(|a| a.to_string()).collect();
