@@ -536,6 +536,20 @@ mod tests {
     }
 
     #[test]
+    fn job_file_peers_take_names_and_a_bad_one_names_its_line() {
+        let f = JobFile::parse(
+            "server_addr = [\"ftrec-server-0.ftrec-servers:7000\", \"[::1]:7001\"]\n\
+             control_listen = \"localhost:7100\"\n",
+        )
+        .unwrap();
+        let names: Vec<String> = f.server_addr.iter().map(|a| a.to_string()).collect();
+        assert_eq!(names, ["ftrec-server-0.ftrec-servers:7000", "[::1]:7001"]);
+        assert!(f.control_listen.unwrap().ip().is_loopback());
+        let e = JobFile::parse("workers = 2\nserver_addr = [\"h1\"]\n").unwrap_err();
+        assert!(e.contains("line 2") && e.contains("HOST:PORT"), "{e}");
+    }
+
+    #[test]
     fn lines_are_counted_in_bytes_even_inside_a_character() {
         let text = "a = 1\n\u{e9}\u{e9}\nb";
         assert_eq!(line_of(text, 0), 1);
