@@ -231,6 +231,21 @@ pub fn shape(
     })
 }
 
+/// Check the names `--preset`, `--optimizer` and `--dense-optimizer` give before anything is
+/// read: a misspelt one is refused up front, not after a restore.
+pub fn check_names(preset: Option<&str>, sparse: Option<&str>, dense: Option<&str>) -> Result<()> {
+    if let Some(p) = preset {
+        Preset::by_name(p).with_context(|| format!("--preset {p:?}"))?;
+    }
+    for (flag, name) in [("--optimizer", sparse), ("--dense-optimizer", dense)] {
+        if let Some(n) = name {
+            n.parse::<OptimizerKind>()
+                .with_context(|| format!("{flag} {n:?}"))?;
+        }
+    }
+    Ok(())
+}
+
 /// [`shape`] with every setting not given by a flag taken from the job record `job`, if any.
 pub fn shape_with_job(
     state: &ModelState,

@@ -771,3 +771,140 @@ fn bad_stores_steps_and_shapes_give_one_clear_error_line() {
     let line = one_error_line(&out);
     assert!(line.contains("no checkpoint"), "{line}");
 }
+
+/// A job that ran with `--eval-samples 0` evaluated nothing, and its record says so. `ftrec
+/// eval` alone takes the preset's default held-out size, says so in one line, and decides it
+/// before restoring anything; a setting that cannot work is refused before any restore: the
+/// refusals below come the same from a store whose checkpoint data is gone, which any restore
+/// would fail on.
+#[test]
+fn eval_of_a_job_that_evaluated_nothing_uses_the_preset_default_and_checks_flags_before_restoring()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    succeed(
+        ftrec()
+            .args([
+                "run",
+                "--preset",
+                "tiny",
+                "--servers",
+                "2",
+                "--workers",
+                "2",
+            ])
+            .args([
+                "--sync",
+                "--steps",
+                "6",
+                "--batch",
+                BATCH,
+                "--eval-samples",
+                "0",
+            ])
+            .args([
+                "--strategy",
+                "full",
+                "--ckpt-every-steps",
+                "3",
+                "--work-dir",
+            ])
+            .arg(dir.path().join("work"))
+            .arg("--store")
+            .arg(&store),
+    );
+    let json = dir.path().join("eval.json");
+    let out = succeed(
+        ftrec()
+            .arg("eval")
+            .arg("--ckpt")
+            .arg(&store)
+            .arg("--json")
+            .arg(&json),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let said = stderr
+        .find("eval_samples = 0")
+        .unwrap_or_else(|| panic!("no line on the record's 0: {stderr}"));
+    let restored = stderr.find("restored step").expect("restored");
+    assert!(said < restored, "decided after the restore: {stderr}");
+    // The tiny preset's default held-out size.
+    assert_eq!(read_json(&json)["eval_samples"], 4096);
+
+    // Every checkpoint's data gone, the records kept: a restore now fails.
+    let mut removed = 0;
+    for e in walk(&store) {
+        let name = e.file_name().unwrap().to_string_lossy().to_string();
+        if e.parent().unwrap() != store && name != "MANIFEST" {
+            std::fs::remove_file(&e).unwrap();
+            removed += 1;
+        }
+    }
+    assert!(removed > 0);
+    let restore_fails = ftrec()
+        .arg("eval")
+        .arg("--ckpt")
+        .arg(&store)
+        .output()
+        .unwrap();
+    let line = one_error_line(&restore_fails);
+    assert!(line.contains("restoring"), "{line}");
+    let store_s = store.display().to_string();
+    let out_file = dir.path().join("m.safetensors").display().to_string();
+    for (args, flag) in [
+        (
+            vec!["eval", "--ckpt", &store_s, "--eval-samples", "0"],
+            "--eval-samples",
+        ),
+        (vec!["eval", "--ckpt", &store_s, "--batch", "0"], "--batch"),
+        (
+            vec!["eval", "--ckpt", &store_s, "--preset", "huge"],
+            "--preset",
+        ),
+        (
+            vec!["eval", "--ckpt", &store_s, "--optimizer", "adamw2"],
+            "--optimizer",
+        ),
+        (
+            vec![
+                "ckpt", "export", &store_s, "--out", &out_file, "--preset", "huge",
+            ],
+            "--preset",
+        ),
+        (
+            vec![
+                "ckpt",
+                "export",
+                &store_s,
+                "--out",
+                &out_file,
+                "--dense-optimizer",
+                "x",
+            ],
+            "--dense-optimizer",
+        ),
+    ] {
+        let out = ftrec().args(&args).output().unwrap();
+        let line = one_error_line(&out);
+        assert!(line.contains(flag), "{args:?}: {line}");
+        assert!(!line.contains("restoring"), "{args:?}: {line}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("restored"), "{args:?}: {stderr}");
+    }
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
