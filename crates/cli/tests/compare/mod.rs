@@ -579,3 +579,59 @@ fn compare_on_a_tsv_file_uses_run_s_data_flags_and_held_out_split() {
         assert_eq!(r["report"]["eval_samples"], run["eval_samples"]);
     }
 }
+
+/// Predicted overheads of a `small` calibration are within this factor of the overheads
+/// `compare` measures on the same workload (either way).
+const SMALL_VALIDATION_FACTOR: f64 = 4.0;
+
+/// The advisor calibrated on a recorded `small` comparison trusts it for a 50 GB model (within
+/// 1,000x of its 70 MB, a reference of 30 s), names the strategy whose runs aborted as left out,
+/// and predicts every other strategy's overhead in a second recorded `small` comparison of the
+/// same workload with other kills within [`SMALL_VALIDATION_FACTOR`] of what that comparison
+/// measured. The two fixtures are real runs, written back as compact JSON, recorded with a
+/// release build on a 2-core machine while two other builds ran (load average 9-11):
+///
+/// ```sh
+/// ftrec compare --preset small --servers 3 --workers 2 --sync --steps 60 --ckpt-every-steps 10 \
+///     --kills server=1@step=25,server=2@step=47 --rounds 2 --out compare-small-a
+/// ftrec compare --preset small --servers 3 --workers 2 --sync --steps 60 --ckpt-every-steps 10 \
+///     --kills server=0@step=22,server=1@step=44 --rounds 2 --out compare-small-b
+/// ```
+#[test]
+fn a_small_calibration_predicts_a_held_out_small_comparison_within_the_stated_factor() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("advice.json");
+    let mut cmd = ftrec();
+    cmd.args(["advise", "--calibrate"])
+        .arg(fixtures.join("compare-small-a"))
+        .arg("--validate")
+        .arg(fixtures.join("compare-small-b"))
+        .args(["--model-gb", "50", "--servers", "16", "--workers", "16"])
+        .args(["--step-ms", "200", "--mtbf-hours", "24", "--days", "2"])
+        .args(["--replicas", "4", "--json"])
+        .arg(&json);
+    let stdout = String::from_utf8(succeed(&mut cmd).stdout).unwrap();
+    assert!(!stdout.contains("cannot speak"), "{stdout}");
+    // Both kills of the calibration run fell within one rebuild: ECRec with r = 1 aborted.
+    assert!(
+        stdout.contains("calibration: ecrec left out: aborted"),
+        "{stdout}"
+    );
+    let advice = read_json(&json);
+    assert!(advice["trust"]["reasons"].as_array().unwrap().is_empty());
+    assert!(advice["advice"]["warnings"].as_array().unwrap().is_empty());
+    let best = advice["advice"]["best"].as_str().unwrap();
+    assert_ne!(best, "none");
+    let v = advice["validation"].as_array().unwrap();
+    assert!(v.len() >= 5, "{v:?}");
+    for x in v {
+        let (m, p) = (
+            x["measured"].as_f64().unwrap(),
+            x["predicted"].as_f64().unwrap(),
+        );
+        assert!(m > 0.0 && p > 0.0, "{x}");
+        let factor = (p / m).max(m / p);
+        assert!(factor <= SMALL_VALIDATION_FACTOR, "{x}: {factor:.2}x");
+    }
+}
