@@ -99,6 +99,16 @@ struct Output<'a> {
     validation: Option<Vec<Validation>>,
 }
 
+impl Output<'_> {
+    /// The `--json` file, when one is asked for.
+    fn write(&self, path: Option<&std::path::Path>) -> Result<()> {
+        match path {
+            Some(p) => crate::write_json(p, self),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Calibrate from a compare report: every strategy that finished, the reference included;
 /// the others are named in `dropped` with the reason.
 pub fn calibration(rep: &CompareReport) -> Result<Calibration> {
@@ -329,18 +339,13 @@ pub fn run(a: AdviseArgs) -> Result<()> {
     if !trust.trusted() && !a.extrapolate {
         print!("{}", trust_lines(&trust, &from, &question));
         println!("(--extrapolate ranks the strategies from it anyway, marked as extrapolated.)");
-        if let Some(path) = &a.json {
-            crate::write_json(
-                path,
-                &Output {
-                    calibration: &cal,
-                    trust: &trust,
-                    advice: None,
-                    validation: None,
-                },
-            )?;
-        }
-        return Ok(());
+        let out = Output {
+            calibration: &cal,
+            trust: &trust,
+            advice: None,
+            validation: None,
+        };
+        return out.write(a.json.as_deref());
     }
     let advice = ftrec_sim::advise(&cal, &scenario)?;
     if !trust.trusted() {
@@ -383,16 +388,11 @@ pub fn run(a: AdviseArgs) -> Result<()> {
         }
         None => None,
     };
-    if let Some(path) = &a.json {
-        crate::write_json(
-            path,
-            &Output {
-                calibration: &cal,
-                trust: &trust,
-                advice: Some(&advice),
-                validation,
-            },
-        )?;
-    }
-    Ok(())
+    let out = Output {
+        calibration: &cal,
+        trust: &trust,
+        advice: Some(&advice),
+        validation,
+    };
+    out.write(a.json.as_deref())
 }

@@ -190,10 +190,11 @@ pub fn run(a: EvalArgs) -> Result<()> {
     }
     pre.validate()?;
 
-    let mut state = restored::restore(&a.ckpt, &LocationOptions::default(), &at)?;
-    eprintln!("ftrec eval: restored {}", restored::describe(&state));
-    let shape = restored::shape_with_job(
-        &state,
+    let (mut state, shape) = restored::restore_shaped(
+        "eval",
+        &a.ckpt,
+        &LocationOptions::default(),
+        &at,
         job.as_ref(),
         a.preset.as_deref(),
         a.optimizer.as_deref(),

@@ -138,10 +138,11 @@ pub fn run(a: ExportArgs) -> Result<()> {
     // The job record (small) before the model (the whole of it): a damaged record is refused
     // before any restore work.
     let job = restored::job_defaults(&a.store.location, &a.store.options())?;
-    let state = restored::restore(&a.store.location, &a.store.options(), &at)?;
-    eprintln!("ftrec ckpt export: restored {}", restored::describe(&state));
-    let shape = restored::shape_with_job(
-        &state,
+    let (state, shape) = restored::restore_shaped(
+        "ckpt export",
+        &a.store.location,
+        &a.store.options(),
+        &at,
         job.as_ref(),
         a.preset.as_deref(),
         a.optimizer.as_deref(),

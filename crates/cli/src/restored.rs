@@ -268,6 +268,25 @@ pub fn shape_with_job(
     )
 }
 
+/// Restore the state `at` names and work out its shape with [`shape_with_job`], saying on
+/// stderr (as `ftrec COMMAND`) what was read.
+#[allow(clippy::too_many_arguments)]
+pub fn restore_shaped(
+    command: &str,
+    location: &str,
+    opts: &LocationOptions,
+    at: &RestoreAt,
+    job: Option<&JobDefaults>,
+    preset: Option<&str>,
+    sparse: Option<&str>,
+    dense: Option<&str>,
+) -> Result<(ModelState, Shape)> {
+    let state = restore(location, opts, at)?;
+    eprintln!("ftrec {command}: restored {}", describe(&state));
+    let shape = shape_with_job(&state, job, preset, sparse, dense)?;
+    Ok((state, shape))
+}
+
 /// The dense parameters of `state` with `opt`'s state layout (checked by [`shape`]).
 pub fn dense_params(state: &mut ModelState, opt: &Optimizer) -> Result<DenseParams> {
     let mut d = DenseParams::new(std::mem::take(&mut state.dense_values), opt);

@@ -27,6 +27,16 @@ const EVAL_SAMPLES: &str = "256";
 /// A tiny synchronous run of `strategy` with 2 servers and 2 workers, 10 steps, its store in
 /// `store`; returns the run's JSON report.
 fn cluster_run(dir: &Path, store: &Path, strategy: &[&str]) -> serde_json::Value {
+    cluster_run_evaluating(dir, store, strategy, EVAL_SAMPLES)
+}
+
+/// [`cluster_run`] with `eval_samples` held-out samples (`0`: the run evaluates nothing).
+fn cluster_run_evaluating(
+    dir: &Path,
+    store: &Path,
+    strategy: &[&str],
+    eval_samples: &str,
+) -> serde_json::Value {
     let json = dir.join("run.json");
     succeed(
         ftrec()
@@ -46,7 +56,7 @@ fn cluster_run(dir: &Path, store: &Path, strategy: &[&str]) -> serde_json::Value
                 "--batch",
                 BATCH,
                 "--eval-samples",
-                EVAL_SAMPLES,
+                eval_samples,
             ])
             .args(["--seed", SEED, "--work-dir"])
             .arg(dir.join("work"))
@@ -328,17 +338,9 @@ fn eval_of_a_tsv_run_s_store_needs_no_flags() {
     assert!(one_error_line(&out).contains("--rows-per-table applies to --data only"));
 }
 
-/// `samples` lines of the tiny preset's synthetic data as a TSV file under `dir`.
+/// `samples` lines of the tiny preset's synthetic data as a TSV file under `dir/data`.
 fn synth_tsv(dir: &Path, samples: u32) -> std::path::PathBuf {
-    let data = dir.join("data");
-    succeed(
-        ftrec()
-            .args(["data", "synth", "--preset", "tiny", "--samples"])
-            .arg(samples.to_string())
-            .arg("--out")
-            .arg(&data),
-    );
-    data.join("train.tsv")
+    common::synth_tsv(&dir.join("data"), samples)
 }
 
 /// Every server's shard of the full checkpoint `ftrec ckpt restore` wrote into `dir`, read
@@ -782,36 +784,11 @@ fn eval_of_a_job_that_evaluated_nothing_uses_the_preset_default_and_checks_flags
 {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
-    succeed(
-        ftrec()
-            .args([
-                "run",
-                "--preset",
-                "tiny",
-                "--servers",
-                "2",
-                "--workers",
-                "2",
-            ])
-            .args([
-                "--sync",
-                "--steps",
-                "6",
-                "--batch",
-                BATCH,
-                "--eval-samples",
-                "0",
-            ])
-            .args([
-                "--strategy",
-                "full",
-                "--ckpt-every-steps",
-                "3",
-                "--work-dir",
-            ])
-            .arg(dir.path().join("work"))
-            .arg("--store")
-            .arg(&store),
+    cluster_run_evaluating(
+        dir.path(),
+        &store,
+        &["--strategy", "full", "--ckpt-every-steps", "3"],
+        "0",
     );
     let json = dir.path().join("eval.json");
     let out = succeed(

@@ -287,7 +287,7 @@ impl Coefficients {
                         c.rebuild_rate = c.rebuild_eff.map(|e| {
                             format!(
                                 "the unthrottled rate measured over the rebuild's own working \
-                                 time ({}/s, {:.1}% of the calibration machine's loopback)",
+                                 time ({}/s, {:.2}% of the calibration machine's loopback)",
                                 bytes(e * machine.net_bps),
                                 100.0 * e
                             )
@@ -303,7 +303,7 @@ impl Coefficients {
                             mean(m.failures.iter().map(|f| f.window_share.clamp(0.0, 1.0)));
                         c.rebuild_rate = c.rebuild_eff.map(|e| {
                             format!(
-                                "the throttled rate of the whole rebuild window ({}/s, {:.1}% of \
+                                "the throttled rate of the whole rebuild window ({}/s, {:.2}% of \
                                  the loopback; the rebuild yielded to training, so a rebuild at \
                                  full speed is faster)",
                                 bytes(e * machine.net_bps),

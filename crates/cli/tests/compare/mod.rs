@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use super::common::{ftrec, read_json, succeed};
+use super::common::{ftrec, read_json, succeed, synth_tsv};
 
 /// `ftrec compare` on the tiny preset into `out`, synchronous, 3 servers and 2 workers.
 fn compare(out: &Path, steps: u32, extra: &[&str]) -> serde_json::Value {
@@ -158,9 +158,12 @@ fn compare_writes_every_strategy_s_report_and_plots_and_advise_ranks_them() {
             "--replicas",
             "2",
         ])
+        // A tiny calibration: the ranking's mechanics, not a figure to act on.
+        .arg("--extrapolate")
         .arg("--json")
         .arg(&json);
     let stdout = String::from_utf8(succeed(&mut cmd).stdout).unwrap();
+    assert!(stdout.starts_with("EXTRAPOLATED"), "{stdout}");
     assert!(stdout.contains("best: "), "{stdout}");
     let advice = read_json(&json);
     let ranking = advice["advice"]["ranking"].as_array().unwrap();
@@ -276,6 +279,7 @@ fn a_seeded_mtbf_schedule_reproduces_its_kills_and_digests() {
             "1",
             "--replicas",
             "2",
+            "--extrapolate",
         ]);
     let stdout = String::from_utf8(succeed(&mut cmd).stdout).unwrap();
     assert!(stdout.contains("validation on"), "{stdout}");
@@ -511,21 +515,7 @@ fn demo_json_has_smoothed_throughput_and_failure_marks_and_advise_will_not_extra
 #[test]
 fn compare_on_a_tsv_file_uses_run_s_data_flags_and_held_out_split() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    succeed(
-        ftrec()
-            .args([
-                "data",
-                "synth",
-                "--preset",
-                "tiny",
-                "--samples",
-                "4000",
-                "--out",
-            ])
-            .arg(&data),
-    );
-    let tsv = data.join("train.tsv");
+    let tsv = synth_tsv(&dir.path().join("data"), 4000);
     let shared = |cmd: &mut std::process::Command| {
         cmd.args(["--preset", "tiny", "--data"])
             .arg(&tsv)
