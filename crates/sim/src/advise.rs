@@ -377,6 +377,35 @@ mod tests {
         assert_eq!(a.best.as_deref(), Some("full"));
     }
 
+    /// ECRec's rebuild yields to training: priced at its own working time when the run
+    /// measured it (the rate a rebuild at full speed has), at its whole window otherwise, and
+    /// the plan says which.
+    #[test]
+    fn ecrec_s_rebuild_is_priced_at_its_unthrottled_working_rate_and_says_so() {
+        let mut m = measured("ecrec");
+        let throttled = Coefficients::from_measured(&m, &machine()).unwrap();
+        assert!(throttled
+            .rebuild_rate
+            .as_deref()
+            .unwrap()
+            .contains("throttled"));
+        // 3.5 s of window, of which the rebuild worked 0.35 s with training at 40% meanwhile.
+        m.failures[0].rebuild_busy_s = Some(0.35);
+        m.failures[0].rebuild_busy_share = Some(0.4);
+        let c = Coefficients::from_measured(&m, &machine()).unwrap();
+        let rate = c.rebuild_rate.as_deref().unwrap();
+        assert!(rate.contains("unthrottled"), "{rate}");
+        let ratio = c.rebuild_eff.unwrap() / throttled.rebuild_eff.unwrap();
+        assert!((ratio - 10.0).abs() < 1e-9, "{ratio}");
+        assert!((c.degraded_share.unwrap() - 0.4).abs() < 1e-12);
+        let p = plan_ec(&c, &scenario(), 2, 1).unwrap();
+        assert!(
+            p.config.contains("priced at the unthrottled rate"),
+            "{}",
+            p.config
+        );
+    }
+
     /// A cluster whose failures come almost as fast as a save: whatever ranks first costs more
     /// than the training, and the advice says so next to it.
     #[test]
