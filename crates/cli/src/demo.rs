@@ -123,7 +123,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
     println!("report: {}", a.out.join("report.html").display());
     println!(
         "next: ftrec advise --calibrate {} --model-gb 1000 --servers 100 --workers 100 \
-         --step-ms 200 --mtbf-hours 24",
+         --step-ms 200 --mtbf-hours 24 (it says whether a calibration can speak for the cluster \
+         you give it, and what to calibrate on when it cannot)",
         a.out.display()
     );
     Ok(())
