@@ -326,6 +326,7 @@ pub fn run(a: AdviseArgs) -> Result<()> {
         replicas: a.replicas,
         seed: a.seed,
     };
+    scenario.validate()?;
     let reference_train_s = rep.reference().map_or(0.0, |r| r.train_s);
     let trust = ftrec_sim::assess(&cal, reference_train_s, &scenario, &candidates()?);
     for (name, why) in &cal.dropped {
