@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use ftrec_sim::model::{bytes, replay, secs};
 use ftrec_sim::sim::{simulate, Failures, Stop, TraceAt, TraceFailure};
-use ftrec_sim::{Advice, Calibration, Scenario};
+use ftrec_sim::{Advice, Calibration, Candidate, Scenario, Trust};
 use serde::Serialize;
 
 use crate::compare::{measured, CompareReport};
@@ -72,6 +72,10 @@ pub struct AdviseArgs {
     /// Write the advice (and validation) as JSON here.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
+    /// Rank the strategies even from a calibration that cannot speak for this cluster (runs
+    /// too short, a model more than 1,000x larger): the figures come marked as extrapolated.
+    #[arg(long)]
+    pub extrapolate: bool,
 }
 
 /// One strategy's predicted and measured overhead in a held-out run.
@@ -89,22 +93,90 @@ pub struct Validation {
 #[derive(Serialize)]
 struct Output<'a> {
     calibration: &'a Calibration,
-    advice: &'a Advice,
+    trust: &'a Trust,
+    /// `None`: the calibration cannot speak for the scenario and `--extrapolate` was not given.
+    advice: Option<&'a Advice>,
     validation: Option<Vec<Validation>>,
 }
 
-/// Calibrate from a compare report: every strategy that finished, the reference included.
+impl Output<'_> {
+    /// The `--json` file, when one is asked for.
+    fn write(&self, path: Option<&std::path::Path>) -> Result<()> {
+        match path {
+            Some(p) => crate::write_json(p, self),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Calibrate from a compare report: every strategy that finished, the reference included;
+/// the others are named in `dropped` with the reason.
 pub fn calibration(rep: &CompareReport) -> Result<Calibration> {
-    let runs: Vec<_> = rep
-        .summary
+    let mut runs = Vec::new();
+    let mut dropped: Vec<(String, String)> = rep
+        .skipped
         .iter()
-        .filter(|s| s.status == "ok")
-        .filter_map(|s| measured(rep, &s.strategy))
+        .map(|(n, why)| (n.clone(), format!("not run: {why}")))
         .collect();
+    for s in &rep.summary {
+        if s.status != "ok" {
+            dropped.push((s.strategy.clone(), s.status.clone()));
+            continue;
+        }
+        match measured(rep, &s.strategy) {
+            Some(m) => runs.push(m),
+            None => dropped.push((s.strategy.clone(), "no finished run to measure".into())),
+        }
+    }
     if runs.is_empty() {
         bail!("the compare report has no finished run to calibrate from");
     }
-    Ok(Calibration::from_runs(rep.machine, &runs)?)
+    let mut cal = Calibration::from_runs(rep.machine, &runs)?;
+    cal.dropped = dropped;
+    Ok(cal)
+}
+
+/// The presets one can calibrate on, smallest first, each with a `compare` command whose
+/// reference run trains long enough on a 2-core machine.
+pub fn candidates() -> Result<Vec<Candidate>> {
+    [("small", 60u64), ("kaggle", 30)]
+        .iter()
+        .map(|&(preset, steps)| {
+            let cfg = crate::cluster_cmd::run_config(&crate::flags::RunArgs {
+                preset: Some(preset.into()),
+                servers: Some(3),
+                workers: Some(2),
+                ..Default::default()
+            })?;
+            Ok(Candidate {
+                preset: preset.into(),
+                model_bytes: crate::compare::model_bytes(&cfg) as f64,
+                command: format!(
+                    "ftrec compare --preset {preset} --servers 3 --workers 2 --sync --steps \
+                     {steps} --rounds 3 --out cmp-{preset}"
+                ),
+            })
+        })
+        .collect()
+}
+
+/// The lines that say why a calibration cannot speak for the scenario and what to run instead.
+pub fn trust_lines(t: &Trust, calibrated_from: &str, args: &str) -> String {
+    let mut s = format!("{calibrated_from} cannot speak for this cluster:\n");
+    for r in &t.reasons {
+        s += &format!("  - {r}\n");
+    }
+    if let Some(c) = &t.calibrate_instead {
+        s += &format!(
+            "Calibrate on preset {} ({} of values and optimizer state) instead:\n  {}\n  \
+             ftrec advise --calibrate cmp-{} {args}\n",
+            c.preset,
+            bytes(c.model_bytes),
+            c.command,
+            c.preset
+        );
+    }
+    s
 }
 
 /// Predict every strategy's overhead in `held_out` from `cal`, with the held-out run's own
@@ -254,7 +326,33 @@ pub fn run(a: AdviseArgs) -> Result<()> {
         replicas: a.replicas,
         seed: a.seed,
     };
+    scenario.validate()?;
+    let reference_train_s = rep.reference().map_or(0.0, |r| r.train_s);
+    let trust = ftrec_sim::assess(&cal, reference_train_s, &scenario, &candidates()?);
+    for (name, why) in &cal.dropped {
+        println!("calibration: {name} left out: {why}");
+    }
+    let question = format!(
+        "--model-gb {} --servers {} --workers {} --step-ms {} --mtbf-hours {}",
+        a.model_gb, a.servers, a.workers, a.step_ms, a.mtbf_hours
+    );
+    let from = format!("the calibration {}", a.calibrate.display());
+    if !trust.trusted() && !a.extrapolate {
+        print!("{}", trust_lines(&trust, &from, &question));
+        println!("(--extrapolate ranks the strategies from it anyway, marked as extrapolated.)");
+        let out = Output {
+            calibration: &cal,
+            trust: &trust,
+            advice: None,
+            validation: None,
+        };
+        return out.write(a.json.as_deref());
+    }
     let advice = ftrec_sim::advise(&cal, &scenario)?;
+    if !trust.trusted() {
+        print!("EXTRAPOLATED: {}", trust_lines(&trust, &from, &question));
+        println!();
+    }
     println!(
         "{} model on {} servers and {} workers, {} ms steps, {} h MTBF per server ({}), \
          calibrated from {} ({} strategies); {} days x {} simulated, seconds lost per day:\n",
@@ -275,6 +373,9 @@ pub fn run(a: AdviseArgs) -> Result<()> {
         advice.best.as_deref().unwrap_or("none fits"),
         advice.why
     );
+    for w in &advice.warnings {
+        println!("warning: {w}");
+    }
     let validation = match &a.validate {
         Some(dir) => {
             let held = CompareReport::read(dir)?;
@@ -288,15 +389,11 @@ pub fn run(a: AdviseArgs) -> Result<()> {
         }
         None => None,
     };
-    if let Some(path) = &a.json {
-        crate::write_json(
-            path,
-            &Output {
-                calibration: &cal,
-                advice: &advice,
-                validation,
-            },
-        )?;
-    }
-    Ok(())
+    let out = Output {
+        calibration: &cal,
+        trust: &trust,
+        advice: Some(&advice),
+        validation,
+    };
+    out.write(a.json.as_deref())
 }

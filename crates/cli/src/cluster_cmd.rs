@@ -376,15 +376,19 @@ pub fn coordinator(a: RunArgs) -> Result<()> {
     execute(&a, cfg)
 }
 
+/// Where TSV data comes from, for a log line: the file or directory, or how many files.
+pub fn data_path(t: &ftrec_data::tsv::TsvConfig) -> String {
+    match &t.path {
+        ftrec_data::DataPath::File(p) | ftrec_data::DataPath::Dir(p) => p.display().to_string(),
+        ftrec_data::DataPath::Files(ps) => format!("{} files", ps.len()),
+    }
+}
+
 fn execute(a: &RunArgs, cfg: RunConfig) -> Result<()> {
     let data = match &cfg.data {
         Some(t) => format!(
             " | data {} ({} epochs)",
-            match &t.path {
-                ftrec_data::DataPath::File(p) | ftrec_data::DataPath::Dir(p) =>
-                    p.display().to_string(),
-                ftrec_data::DataPath::Files(ps) => format!("{} files", ps.len()),
-            },
+            data_path(t),
             t.epochs.map_or("unlimited".to_string(), |e| e.to_string())
         ),
         None => String::new(),

@@ -36,9 +36,14 @@ pub struct CompareArgs {
     /// Synchronous deterministic mode (needed by ecrec; the digests then compare bit for bit).
     #[arg(long)]
     pub sync: bool,
-    /// Training steps of every run [default: the preset's].
+    /// Training steps of every run [default: the preset's; with --data and --epochs, the
+    /// steps of those passes].
     #[arg(long)]
     pub steps: Option<u64>,
+    /// Criteo TSV data instead of the synthetic stream: `ftrec run`'s data flags, the same
+    /// held-out split (every --holdout-every-th line) for every strategy.
+    #[command(flatten)]
+    pub data: crate::flags::DataArgs,
     /// Samples per worker per step [default: the preset's].
     #[arg(long)]
     pub batch: Option<usize>,
@@ -165,9 +170,30 @@ pub struct SummaryRow {
     pub steps: u64,
     pub train_s: f64,
     pub samples_per_s: f64,
-    /// Training time over the reference's, minus one: the median over rounds of each round's
-    /// ratio to the reference run of the same round.
+    /// Training time of every round that finished, averaged.
+    #[serde(default)]
+    pub mean_train_s: f64,
+    /// [`overhead_definition`]: the mean over rounds of each round's training time over the
+    /// reference's of the same round, minus one.
     pub overhead: Option<f64>,
+    /// Half-width of the 95% interval of `overhead` (Student's t over the rounds).
+    #[serde(default)]
+    pub overhead_ci95: Option<f64>,
+    /// The representative run's steady state ([`crate::timeline::steady`]).
+    #[serde(default)]
+    pub steady: Option<crate::timeline::Steady>,
+    /// [`steady_definition`]: the mean over rounds of each round's steady step time over the
+    /// reference's of the same round, minus one.
+    #[serde(default)]
+    pub steady_overhead: Option<f64>,
+    #[serde(default)]
+    pub steady_overhead_ci95: Option<f64>,
+    /// Start-up seconds ([`crate::timeline::Steady::startup_s`]), averaged over the rounds.
+    #[serde(default)]
+    pub startup_s: Option<f64>,
+    /// The representative run's throughput, smoothed, with its kills and recoveries marked.
+    #[serde(default)]
+    pub throughput: Option<crate::timeline::Smoothed>,
     pub saves: u64,
     pub save_pause_s: f64,
     pub failures: Vec<LostTime>,
@@ -205,6 +231,9 @@ pub struct CompareReport {
     pub rounds: u32,
     /// Values and optimizer state of every row and dense block.
     pub model_bytes: u64,
+    /// The Criteo TSV data every run read (`None`: the preset's synthetic data).
+    #[serde(default)]
+    pub data: Option<String>,
     pub schedule: Schedule,
     /// Raw throughputs of this machine, measured before the runs.
     pub machine: Machine,
@@ -330,6 +359,7 @@ fn base_config(a: &CompareArgs) -> Result<RunConfig> {
         eval_samples: a.eval_samples,
         threads: a.threads,
         opt: a.opt.clone(),
+        data: a.data.clone(),
         ..Default::default()
     };
     crate::cluster_cmd::run_config(&run)
@@ -764,6 +794,13 @@ pub fn compare(a: &CompareArgs, command: Vec<String>) -> Result<CompareReport> {
         ckpt_every_steps: every,
         rounds,
         model_bytes: model_bytes(&base),
+        data: base.data.as_ref().map(|t| {
+            format!(
+                "{} (every {}-th line held out)",
+                crate::cluster_cmd::data_path(t),
+                t.holdout_every
+            )
+        }),
         schedule: sched,
         machine,
         load_average: load_average(),
@@ -882,6 +919,7 @@ fn every_steps(c: &StrategyChoice) -> Option<u64> {
 
 fn summarize(rep: &CompareReport) -> Vec<SummaryRow> {
     let reference = rep.reference();
+    let window = crate::timeline::smoothing_window(rep);
     let ref_entry = rep.entry("none");
     rep.strategies()
         .into_iter()
@@ -901,7 +939,14 @@ fn summarize(rep: &CompareReport) -> Vec<SummaryRow> {
                     steps: 0,
                     train_s: 0.0,
                     samples_per_s: 0.0,
+                    mean_train_s: 0.0,
                     overhead: None,
+                    overhead_ci95: None,
+                    steady: None,
+                    steady_overhead: None,
+                    steady_overhead_ci95: None,
+                    startup_s: None,
+                    throughput: None,
                     saves: 0,
                     save_pause_s: 0.0,
                     failures: Vec::new(),
@@ -920,30 +965,44 @@ fn summarize(rep: &CompareReport) -> Vec<SummaryRow> {
                 };
             };
             let failures = lost_times(r);
-            // Each round's training time over the reference's of the same round (adjacent in
-            // time, so under the same load); the median over rounds.
-            let mut ratios: Vec<f64> = rep
+            // Each round's figure over the reference's of the same round (adjacent in time, so
+            // under the same load); the mean over rounds with its 95% interval.
+            let paired = |f: &dyn Fn(&RunReport) -> Option<f64>| -> Option<(f64, Option<f64>)> {
+                let ratios: Vec<f64> = rep
+                    .runs
+                    .iter()
+                    .filter(|x| x.strategy == e.strategy)
+                    .filter_map(|x| {
+                        let t = f(x.report.as_ref().filter(|r| r.aborted.is_none())?)?;
+                        let b = f(rep
+                            .runs
+                            .iter()
+                            .find(|y| y.strategy == "none" && y.round == x.round)?
+                            .report
+                            .as_ref()?)?;
+                        Some(t / b.max(1e-12) - 1.0)
+                    })
+                    .collect();
+                crate::timeline::mean_ci95(&ratios)
+            };
+            let overhead = paired(&|r| Some(r.train_s));
+            let steady_overhead = paired(&|r| crate::timeline::steady(r).map(|s| s.step_s));
+            let finished: Vec<&RunReport> = rep
                 .runs
                 .iter()
                 .filter(|x| x.strategy == e.strategy)
-                .filter_map(|x| {
-                    let t = x.report.as_ref().filter(|r| r.aborted.is_none())?.train_s;
-                    let b = rep
-                        .runs
-                        .iter()
-                        .find(|y| y.strategy == "none" && y.round == x.round)?
-                        .report
-                        .as_ref()?
-                        .train_s;
-                    Some(t / b.max(1e-9) - 1.0)
-                })
+                .filter_map(|x| x.report.as_ref().filter(|r| r.aborted.is_none()))
                 .collect();
-            ratios.sort_by(f64::total_cmp);
-            let overhead = if ratios.is_empty() {
-                reference.map(|b| r.train_s / b.train_s.max(1e-9) - 1.0)
-            } else {
-                Some(ratios[(ratios.len() - 1) / 2])
-            };
+            let mean_train_s =
+                crate::timeline::mean_ci95(&finished.iter().map(|r| r.train_s).collect::<Vec<_>>())
+                    .map_or(r.train_s, |m| m.0);
+            let startup = crate::timeline::mean_ci95(
+                &finished
+                    .iter()
+                    .filter_map(|r| crate::timeline::steady(r).map(|s| s.startup_s))
+                    .collect::<Vec<_>>(),
+            )
+            .map(|m| m.0);
             let steady = reference.map(|b| {
                 r.train_s
                     - b.train_s
@@ -961,7 +1020,14 @@ fn summarize(rep: &CompareReport) -> Vec<SummaryRow> {
                 steps: r.steps,
                 train_s: r.train_s,
                 samples_per_s: r.samples_per_s,
-                overhead: overhead.filter(|_| ok),
+                mean_train_s,
+                overhead: overhead.map(|o| o.0).filter(|_| ok),
+                overhead_ci95: overhead.and_then(|o| o.1).filter(|_| ok),
+                steady: crate::timeline::steady(r),
+                steady_overhead: steady_overhead.map(|o| o.0).filter(|_| ok),
+                steady_overhead_ci95: steady_overhead.and_then(|o| o.1).filter(|_| ok),
+                startup_s: startup,
+                throughput: Some(crate::timeline::smoothed(r, window)),
                 saves: r.checkpoints,
                 save_pause_s: r.checkpoint_pause_s,
                 failures,
@@ -995,14 +1061,60 @@ fn summarize(rep: &CompareReport) -> Vec<SummaryRow> {
         .collect()
 }
 
+/// For every server failure of a run (in [`lost_times`]' order), the working time of the
+/// rebuild it caused (its lock ranges, summed: the window less what it yielded to training)
+/// and the throughput share training kept meanwhile; `None` without a rebuild (no ECRec).
+fn rebuild_work(r: &RunReport) -> Vec<(Option<f64>, Option<f64>)> {
+    let servers: Vec<_> = r
+        .failures
+        .iter()
+        .filter(|f| f.role == Role::Server)
+        .collect();
+    servers
+        .iter()
+        .map(|f| {
+            let Some(ec) = &r.ec else {
+                return (None, None);
+            };
+            let next = servers
+                .iter()
+                .filter(|g| g.id == f.id && g.injected_t_s > f.injected_t_s)
+                .map(|g| g.injected_t_s)
+                .fold(f64::INFINITY, f64::min);
+            let mine: Vec<_> = ec
+                .rebuilds
+                .iter()
+                .filter(|b| b.server == f.id && b.started_s >= f.injected_t_s && b.started_s < next)
+                .collect();
+            let spans: Vec<(f64, f64)> = mine
+                .iter()
+                .flat_map(|b| b.range_spans_s.iter().copied())
+                .collect();
+            if spans.is_empty() || mine.iter().any(|b| b.finished_s.is_none()) {
+                return (None, None);
+            }
+            let busy: f64 = spans.iter().map(|(a, b)| (b - a).max(0.0)).sum();
+            let shares: Vec<f64> = mine
+                .iter()
+                .flat_map(|b| b.range_throughput_share.iter().flatten().copied())
+                .collect();
+            let share =
+                (!shares.is_empty()).then(|| shares.iter().sum::<f64>() / shares.len() as f64);
+            (Some(busy), share)
+        })
+        .collect()
+}
+
 /// What the simulator's calibration needs from one run of a report.
 pub fn measured(rep: &CompareReport, strategy: &str) -> Option<Measured> {
     let reference = rep.reference()?;
     let entry = rep.entry(strategy)?;
     let r = entry.report.as_ref().filter(|r| r.aborted.is_none())?;
+    let busy = rebuild_work(r);
     let failures = lost_times(r)
         .into_iter()
-        .map(|l| MeasuredFailure {
+        .zip(busy)
+        .map(|(l, (busy_s, busy_share))| MeasuredFailure {
             at_step: l.at_step,
             detect_s: l.detect,
             replace_s: l.replace,
@@ -1014,6 +1126,8 @@ pub fn measured(rep: &CompareReport, strategy: &str) -> Option<Measured> {
             } else {
                 l.window_share
             },
+            rebuild_busy_s: busy_s,
+            rebuild_busy_share: busy_share,
         })
         .collect();
     let pauses = save_pauses(r);
@@ -1081,6 +1195,8 @@ pub fn table(rep: &CompareReport) -> (Vec<&'static str>, Vec<Vec<String>>) {
         "status",
         "train s",
         "overhead",
+        "steady overhead",
+        "start-up s",
         "saves (pause s)",
         "failures",
         "lost s/failure",
@@ -1103,17 +1219,29 @@ pub fn table(rep: &CompareReport) -> (Vec<&'static str>, Vec<Vec<String>>) {
                     s.failures.iter().map(LostTime::total).sum::<f64>() / s.failures.len() as f64
                 )
             };
+            let pct = |o: Option<f64>, ci: Option<f64>| {
+                opt(o, |o| {
+                    format!("{:+.1}%", o * 100.0)
+                        + &ci.map_or(String::new(), |c| format!(" ±{:.1}", c * 100.0))
+                })
+            };
             vec![
                 s.strategy.clone(),
                 s.status.chars().take(60).collect(),
-                format!("{:.2}", s.train_s),
-                opt(s.overhead, |o| format!("{:+.1}%", o * 100.0)),
+                format!("{:.2}", s.mean_train_s),
+                pct(s.overhead, s.overhead_ci95),
+                pct(s.steady_overhead, s.steady_overhead_ci95),
+                opt(s.startup_s, |t| format!("{t:.2}")),
                 format!("{} ({:.2})", s.saves, s.save_pause_s),
                 s.failures.len().to_string(),
                 lost,
                 mib(s.bytes_written as f64),
                 mib(s.stored_bytes as f64),
-                match (s.extra_server_rss_bytes, s.memory_over_model) {
+                match (
+                    s.extra_server_rss_bytes,
+                    s.memory_over_model
+                        .filter(|_| memory_ratio_means_something(rep)),
+                ) {
                     (Some(x), Some(m)) => format!("{} (x{m:.2} model)", mib(x as f64)),
                     (Some(x), None) => mib(x as f64),
                     (None, Some(m)) => format!("x{m:.2} model"),
@@ -1138,6 +1266,50 @@ pub fn table(rep: &CompareReport) -> (Vec<&'static str>, Vec<Vec<String>>) {
         })
         .collect();
     (head, rows)
+}
+
+/// Below this model size the servers' resident memory is mostly the fixed memory of a process
+/// (runtime, buffers, code), so memory as a multiple of the model says nothing.
+pub const MEMORY_RATIO_MIN_BYTES: u64 = 16 << 20;
+
+fn memory_ratio_means_something(rep: &CompareReport) -> bool {
+    rep.model_bytes >= MEMORY_RATIO_MIN_BYTES
+}
+
+/// What the overhead column is, word for word the computation of [`summarize`].
+pub const OVERHEAD_DEFINITION: &str = "overhead: for each round, the strategy's training time \
+     (first step to last, saves and recoveries included) over `none`'s training time in the same \
+     round, minus one; the mean over the rounds, ± the half-width of its 95% interval (Student's \
+     t). `train s` is the mean training time over the rounds, so the overhead is the mean of the \
+     per-round ratios, not the ratio of the two means shown";
+
+/// What the steady-overhead and start-up columns are.
+pub const STEADY_DEFINITION: &str = "steady overhead: the same mean of per-round ratios, of the \
+     steady step time: the mean time of the steps after a warm-up (a tenth of them, at least 5) \
+     that redo nothing and fall outside every failure's window (from the kill to the state \
+     being whole again); the saves among them count. start-up s: seconds from the run's start to the end of the warm-up beyond what \
+     those steps cost at the steady rate (process start, connections, the first pulls), the \
+     mean over the rounds";
+
+/// The notes under the table: the definitions, and what the model's size leaves unsaid.
+pub fn notes(rep: &CompareReport) -> Vec<String> {
+    let mut v = vec![
+        "The reference is `none` without failures".to_string(),
+        OVERHEAD_DEFINITION.to_string(),
+        STEADY_DEFINITION.to_string(),
+        "lost s/failure adds detection, replacement, reload, redone steps and throughput lost \
+         while running degraded"
+            .to_string(),
+    ];
+    if !memory_ratio_means_something(rep) {
+        v.push(format!(
+            "extra server memory: the model is {} MiB, under {} MiB, so the servers' resident \
+             memory is mostly fixed process memory and no multiple of the model is shown",
+            mib(rep.model_bytes as f64),
+            MEMORY_RATIO_MIN_BYTES >> 20
+        ));
+    }
+    v
 }
 
 /// The table for a terminal: aligned columns.
@@ -1168,9 +1340,13 @@ pub fn text_table(rep: &CompareReport) -> String {
 
 fn setup_line(rep: &CompareReport) -> String {
     format!(
-        "preset `{}`, {} servers, {} workers, {}, {} steps x batch {}, seed {}, saves every {} \
-         steps, {} round(s) (median shown); model {} MiB (values and optimizer state); failure schedule ({}): {}",
+        "preset `{}`, {}, {} servers, {} workers, {}, {} steps x batch {}, seed {}, saves every \
+         {} steps, {} round(s); model {} MiB (values and optimizer state); failure schedule ({}): \
+         {}",
         rep.preset,
+        rep.data
+            .as_ref()
+            .map_or("synthetic data".to_string(), |d| format!("TSV data {d}")),
         rep.servers,
         rep.workers,
         if rep.sync {
@@ -1226,9 +1402,10 @@ fn markdown(rep: &CompareReport, plots: &[crate::plot::Plot]) -> String {
     for (name, why) in &rep.skipped {
         s += &format!("\nNot run: `{name}`: {why}.\n");
     }
-    s += "\nThe reference is `none` without failures; overhead is training time over its \
-          training time, minus one. Lost time per failure adds detection, replacement, reload, \
-          redone steps and throughput lost while running degraded.\n";
+    s += "\n";
+    for n in notes(rep) {
+        s += &format!("- {n}.\n");
+    }
     for p in plots {
         s += &format!(
             "\n## {}\n\n{}\n\n![{}]({})\n",
@@ -1297,7 +1474,11 @@ fn html(rep: &CompareReport, plots: &[crate::plot::Plot], out: &Path) -> Result<
         }
         s += "</tr>\n";
     }
-    s += "</table>\n";
+    s += "</table>\n<ul>\n";
+    for n in notes(rep) {
+        s += &format!("<li>{}.</li>\n", escape(&n));
+    }
+    s += "</ul>\n";
     for (name, why) in &rep.skipped {
         s += &format!(
             "<p>Not run: <code>{}</code>: {}.</p>\n",

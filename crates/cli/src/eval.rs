@@ -148,25 +148,23 @@ pub fn run(a: EvalArgs) -> Result<()> {
         }
         t.skip_malformed |= a.skip_malformed;
     }
-    // The whole model is read only once the flags are known to be usable.
-    let mut state = restored::restore(&a.ckpt, &LocationOptions::default(), &at)?;
-    eprintln!("ftrec eval: restored {}", restored::describe(&state));
-    let shape = restored::shape_with_job(
-        &state,
-        job.as_ref(),
+    for (flag, v) in [("--batch", a.batch), ("--threads", a.threads)] {
+        if v == Some(0) {
+            bail!("{flag} 0: give {flag} N with N at least 1");
+        }
+    }
+    restored::check_names(
         a.preset.as_deref(),
         a.optimizer.as_deref(),
         a.dense_optimizer.as_deref(),
     )?;
-    if a.data.is_empty() && job_tsv.is_none() && !shape.preset_tables {
-        bail!(
-            "the checkpoint's tables are not preset {}'s (a model of TSV data?): give the run's \
-             --data, or the --preset whose synthetic data it trained on",
-            shape.preset.name
-        );
-    }
-    let train = TrainArgs {
-        preset: Some(shape.preset.name.clone()),
+    let eval_samples = held_out_samples(&a, job.as_ref())?;
+    // Every setting that does not depend on the checkpoint's shape, checked with the preset the
+    // flags or the record name (or `small`): the data, the batch, the held-out size, the
+    // threads. The whole model is read only once they are known to be usable.
+    let preset = a.preset.clone().or(job.as_ref().map(|j| j.preset.clone()));
+    let train_args = |preset: Option<String>| TrainArgs {
+        preset,
         data: DataArgs {
             data: a.data.clone(),
             layout: (!a.data.is_empty()).then_some(a.layout),
@@ -182,10 +180,34 @@ pub fn run(a: EvalArgs) -> Result<()> {
         seed: a.seed.or(job.as_ref().map(|j| j.seed)).unwrap_or(1),
         deterministic: true,
         threads: a.threads,
-        eval_samples: a.eval_samples.or(job.as_ref().map(|j| j.eval_samples)),
+        eval_samples,
         json: None,
     };
-    let mut cfg = crate::train::config_from_args(&train)?;
+    let mut pre = crate::train::config_from_args(&train_args(preset))?;
+    if let Some(t) = &job_tsv {
+        pre.preset.table_rows = t.table_rows.clone();
+        pre.data = DataSpec::Tsv(t.clone());
+    }
+    pre.validate()?;
+
+    let (mut state, shape) = restored::restore_shaped(
+        "eval",
+        &a.ckpt,
+        &LocationOptions::default(),
+        &at,
+        job.as_ref(),
+        a.preset.as_deref(),
+        a.optimizer.as_deref(),
+        a.dense_optimizer.as_deref(),
+    )?;
+    if a.data.is_empty() && job_tsv.is_none() && !shape.preset_tables {
+        bail!(
+            "the checkpoint's tables are not preset {}'s (a model of TSV data?): give the run's \
+             --data, or the --preset whose synthetic data it trained on",
+            shape.preset.name
+        );
+    }
+    let mut cfg = crate::train::config_from_args(&train_args(Some(shape.preset.name.clone())))?;
     if let Some(t) = job_tsv {
         cfg.preset.table_rows = t.table_rows.clone();
         cfg.data = DataSpec::Tsv(t);
@@ -258,4 +280,25 @@ pub fn run(a: EvalArgs) -> Result<()> {
         eprintln!("report written to {}", path.display());
     }
     Ok(())
+}
+
+/// The held-out size: `--eval-samples` (at least 1), else the job record's; a record of a run
+/// that evaluated nothing (`eval_samples = 0`) gives way to the preset's default, said in one
+/// line. `None`: the preset's default.
+fn held_out_samples(a: &EvalArgs, job: Option<&restored::JobDefaults>) -> Result<Option<usize>> {
+    match (a.eval_samples, job) {
+        (Some(0), _) => bail!("--eval-samples 0: evaluation needs at least 1 held-out sample"),
+        (Some(n), _) => Ok(Some(n)),
+        (None, Some(j)) if j.eval_samples == 0 => {
+            let preset = a.preset.as_deref().unwrap_or(&j.preset);
+            let n = ftrec_core::Preset::by_name(preset)?.eval_samples;
+            eprintln!(
+                "ftrec eval: the job record holds eval_samples = 0 (the run evaluated nothing): \
+                 using preset {preset}'s default of {n} held-out samples (--eval-samples N sets it)"
+            );
+            Ok(None)
+        }
+        (None, Some(j)) => Ok(Some(j.eval_samples)),
+        (None, None) => Ok(None),
+    }
 }

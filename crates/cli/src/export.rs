@@ -130,11 +130,19 @@ pub fn run(a: ExportArgs) -> Result<()> {
         );
     }
     let at = restored::parse_at(a.at.as_deref())?;
-    let state = restored::restore(&a.store.location, &a.store.options(), &at)?;
-    eprintln!("ftrec ckpt export: restored {}", restored::describe(&state));
+    restored::check_names(
+        a.preset.as_deref(),
+        a.optimizer.as_deref(),
+        a.dense_optimizer.as_deref(),
+    )?;
+    // The job record (small) before the model (the whole of it): a damaged record is refused
+    // before any restore work.
     let job = restored::job_defaults(&a.store.location, &a.store.options())?;
-    let shape = restored::shape_with_job(
-        &state,
+    let (state, shape) = restored::restore_shaped(
+        "ckpt export",
+        &a.store.location,
+        &a.store.options(),
+        &at,
         job.as_ref(),
         a.preset.as_deref(),
         a.optimizer.as_deref(),

@@ -19,6 +19,7 @@ mod flags;
 mod plot;
 mod restored;
 mod resume;
+mod timeline;
 mod train;
 
 use std::process::ExitCode;

@@ -130,15 +130,31 @@ pub fn draw_all(rep: &CompareReport, out: &Path) -> Result<Vec<Plot>> {
             svg: format!("{stem}.svg"),
         })
     };
-    both!(out, "throughput", (1200, 560), throughput, rep);
+    let panels = rep.summary.len().div_ceil(2).max(1) as u32;
+    both!(
+        out,
+        "throughput",
+        (1200, 90 + 200 * panels),
+        throughput,
+        rep
+    );
+    let window_ms = rep
+        .summary
+        .iter()
+        .find_map(|s| s.throughput.as_ref())
+        .map_or(0.0, |t| t.window_s * 1e3);
     add(
         "throughput",
         "Training throughput over time",
-        "Samples per second of each run from the start of its training (steps binned over a \
-         common width; redone steps count as work). Dashed verticals and triangles mark the \
-         SIGKILLs of the failure schedule in the colour of the run they hit; the dips after them \
-         are detection, replacement, reload and redone work, or a degraded rebuild."
-            .into(),
+        format!(
+            "Samples per second of each strategy's representative run from the start of its \
+             training, the mean over a sliding window of {window_ms:.0} ms (ten steps of the \
+             reference), one panel per strategy over the reference in grey; redone steps count \
+             as work. Red dashed: a server SIGKILLed; green dotted: the state whole again (lost \
+             steps redone, or the rebuild finished). The dips between them are detection, \
+             replacement and reload, or a degraded rebuild. The same points and marks are in \
+             report.json (summary[].throughput)."
+        ),
     );
     both!(out, "lost_per_failure", (1200, 560), lost_per_failure, rep);
     add(
@@ -197,118 +213,95 @@ fn no_data<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, what: &str) -> Res
 }
 
 fn throughput<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, rep: &CompareReport) -> Res {
+    use crate::timeline::MarkKind;
     root.fill(&WHITE).map_err(err)?;
-    let runs: Vec<_> = rep
-        .strategies()
-        .into_iter()
-        .filter_map(|n| rep.entry(n))
-        .filter_map(|e| e.report.as_ref().map(|r| (e, r)))
-        .collect();
-    let t_end = runs
+    let rows: Vec<(&SummaryRow, &crate::timeline::Smoothed)> = rep
+        .summary
         .iter()
-        .map(|(_, r)| r.train_s)
-        .fold(0.0f64, f64::max)
-        .max(1e-3);
-    // One common bin width: a fortieth of the reference run, and at least three of its steps,
-    // so a bin is never a single step's scheduling noise.
-    let width = rep.reference().map_or(t_end / 40.0, |r| {
-        (r.train_s / 40.0).max(3.0 * r.train_s / r.steps.max(1) as f64)
-    });
-    let width = width.max(0.02);
-    let mut series = Vec::new();
-    let mut y_max = 1.0f64;
-    for (e, r) in &runs {
-        let t0 = CompareReport::training_start(r);
-        let times: Vec<f64> = r.timeline.iter().map(|p| (p.t_s - t0).max(0.0)).collect();
-        let per_step = (r.config.workers as u64) * r.config.batch as u64;
-        // The last bin ends at the last step: a sliver of a bin would show a spike.
-        let pts: Vec<(f64, f64)> = ftrec_cluster::report::intervals(&times, per_step, width)
-            .iter()
-            .filter(|i| i.t_end_s - i.t_start_s >= 0.5 * width)
-            .map(|i| (0.5 * (i.t_start_s + i.t_end_s), i.samples_per_s))
-            .collect();
-        y_max = pts.iter().map(|p| p.1).fold(y_max, f64::max);
-        let kills: Vec<f64> = r
-            .events
-            .iter()
-            .filter(|ev| ev.kind == ftrec_cluster::EventKind::FailureInjected)
-            .map(|ev| ev.t_s - t0)
-            .collect();
-        series.push((e.strategy.clone(), pts, kills));
-    }
-    // Room above the lines for the kill markers, and above those for the legend.
-    let y_top = y_max * 1.5;
-    let y_mark = y_max * 1.1;
-    let dx = t_end * 0.006;
-    let mut chart = ChartBuilder::on(root)
-        .caption(
-            "Training throughput over time (kills marked)",
-            title_style(),
-        )
-        .margin(14)
-        .x_label_area_size(48)
-        .y_label_area_size(80)
-        .build_cartesian_2d(0.0..t_end * 1.02, 0.0..y_top)
+        .filter_map(|s| s.throughput.as_ref().map(|t| (s, t)))
+        .filter(|(_, t)| !t.points.is_empty())
+        .collect();
+    let Some(window) = rows.first().map(|r| r.1.window_s) else {
+        return no_data(root, "no run with a step timeline");
+    };
+    let reference = rows.iter().find(|r| r.0.strategy == "none").map(|r| r.1);
+    let t_end = rows
+        .iter()
+        .flat_map(|r| r.1.points.iter().map(|p| p.0 + window / 2.0))
+        .fold(1e-3f64, f64::max);
+    let y_max = rows
+        .iter()
+        .flat_map(|r| r.1.points.iter().map(|p| p.1))
+        .fold(1.0f64, f64::max)
+        * 1.15;
+    let title = format!(
+        "Training throughput: samples/s, mean over a sliding {:.0} ms window",
+        window * 1e3
+    );
+    let area = root.titled(&title, title_style()).map_err(err)?;
+    // One panel per strategy, each over the reference in grey: eight lines on one chart hide
+    // every failure.
+    let (legend, panels) = area.split_vertically(30);
+    legend
+        .draw(&Text::new(
+            "grey: none (reference)   red dashed: a server SIGKILLed   green dotted: \
+             state whole again (redone / rebuilt)"
+                .to_string(),
+            (80, 6),
+            style(16),
+        ))
         .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds since training started")
-        .y_desc("samples / s")
-        .label_style(style(15))
-        .axis_desc_style(style(17))
-        .light_line_style(RGBColor(235, 235, 235))
-        .y_label_formatter(&|v| format!("{:.0}", v))
-        .draw()
-        .map_err(err)?;
-    for (name, pts, kills) in &series {
-        let c = color(name);
+    let cols = 2usize;
+    let nrows = rows.len().div_ceil(cols);
+    let cells = panels.split_evenly((nrows, cols));
+    for ((s, t), cell) in rows.iter().zip(cells.iter()) {
+        let mut chart = ChartBuilder::on(cell)
+            .caption(s.strategy.as_str(), style(17))
+            .margin(6)
+            .x_label_area_size(28)
+            .y_label_area_size(64)
+            .build_cartesian_2d(0.0..t_end, 0.0..y_max)
+            .map_err(err)?;
         chart
-            .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
-            .map_err(err)?
-            .label(name.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], c.stroke_width(3)));
-        for &k in kills {
+            .configure_mesh()
+            .x_desc("s since training started")
+            .label_style(style(12))
+            .axis_desc_style(style(12))
+            .light_line_style(RGBColor(240, 240, 240))
+            .y_labels(4)
+            .x_labels(8)
+            .y_label_formatter(&|v| format!("{:.0}", v))
+            .draw()
+            .map_err(err)?;
+        if let Some(r) = reference.filter(|_| s.strategy != "none") {
+            chart
+                .draw_series(LineSeries::new(
+                    r.points.iter().copied(),
+                    RGBColor(170, 170, 170).stroke_width(2),
+                ))
+                .map_err(err)?;
+        }
+        chart
+            .draw_series(LineSeries::new(
+                t.points.iter().copied(),
+                color(&s.strategy).stroke_width(2),
+            ))
+            .map_err(err)?;
+        for m in &t.marks {
+            let (c, dash) = match m.kind {
+                MarkKind::Kill => (RGBColor(214, 39, 40), (8, 4)),
+                MarkKind::Recovered => (RGBColor(44, 160, 44), (2, 4)),
+            };
             chart
                 .draw_series(DashedLineSeries::new(
-                    vec![(k, 0.0), (k, y_mark)],
-                    6,
-                    4,
+                    vec![(m.t_s, 0.0), (m.t_s, y_max)],
+                    dash.0,
+                    dash.1,
                     c.stroke_width(2),
                 ))
                 .map_err(err)?;
-            // A downward triangle on top of the line.
-            chart
-                .draw_series(std::iter::once(Polygon::new(
-                    vec![
-                        (k - dx, y_mark + y_max * 0.07),
-                        (k + dx, y_mark + y_max * 0.07),
-                        (k, y_mark),
-                    ],
-                    c.filled(),
-                )))
-                .map_err(err)?;
         }
     }
-    if series.iter().any(|s| !s.2.is_empty()) {
-        chart
-            .draw_series(std::iter::empty::<PathElement<(f64, f64)>>())
-            .map_err(err)?
-            .label("kill (SIGKILL of a server)")
-            .legend(|(x, y)| {
-                Polygon::new(
-                    vec![(x + 5, y - 6), (x + 19, y - 6), (x + 12, y + 6)],
-                    BLACK.filled(),
-                )
-            });
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.5))
-        .label_font(style(15))
-        .draw()
-        .map_err(err)?;
     Ok(())
 }
 

@@ -231,6 +231,21 @@ pub fn shape(
     })
 }
 
+/// Check the names `--preset`, `--optimizer` and `--dense-optimizer` give before anything is
+/// read: a misspelt one is refused up front, not after a restore.
+pub fn check_names(preset: Option<&str>, sparse: Option<&str>, dense: Option<&str>) -> Result<()> {
+    if let Some(p) = preset {
+        Preset::by_name(p).with_context(|| format!("--preset {p:?}"))?;
+    }
+    for (flag, name) in [("--optimizer", sparse), ("--dense-optimizer", dense)] {
+        if let Some(n) = name {
+            n.parse::<OptimizerKind>()
+                .with_context(|| format!("{flag} {n:?}"))?;
+        }
+    }
+    Ok(())
+}
+
 /// [`shape`] with every setting not given by a flag taken from the job record `job`, if any.
 pub fn shape_with_job(
     state: &ModelState,
@@ -251,6 +266,25 @@ pub fn shape_with_job(
         sparse.as_deref(),
         dense.as_deref(),
     )
+}
+
+/// Restore the state `at` names and work out its shape with [`shape_with_job`], saying on
+/// stderr (as `ftrec COMMAND`) what was read.
+#[allow(clippy::too_many_arguments)]
+pub fn restore_shaped(
+    command: &str,
+    location: &str,
+    opts: &LocationOptions,
+    at: &RestoreAt,
+    job: Option<&JobDefaults>,
+    preset: Option<&str>,
+    sparse: Option<&str>,
+    dense: Option<&str>,
+) -> Result<(ModelState, Shape)> {
+    let state = restore(location, opts, at)?;
+    eprintln!("ftrec {command}: restored {}", describe(&state));
+    let shape = shape_with_job(&state, job, preset, sparse, dense)?;
+    Ok((state, shape))
 }
 
 /// The dense parameters of `state` with `opt`'s state layout (checked by [`shape`]).

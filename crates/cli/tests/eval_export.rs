@@ -27,6 +27,16 @@ const EVAL_SAMPLES: &str = "256";
 /// A tiny synchronous run of `strategy` with 2 servers and 2 workers, 10 steps, its store in
 /// `store`; returns the run's JSON report.
 fn cluster_run(dir: &Path, store: &Path, strategy: &[&str]) -> serde_json::Value {
+    cluster_run_evaluating(dir, store, strategy, EVAL_SAMPLES)
+}
+
+/// [`cluster_run`] with `eval_samples` held-out samples (`0`: the run evaluates nothing).
+fn cluster_run_evaluating(
+    dir: &Path,
+    store: &Path,
+    strategy: &[&str],
+    eval_samples: &str,
+) -> serde_json::Value {
     let json = dir.join("run.json");
     succeed(
         ftrec()
@@ -46,7 +56,7 @@ fn cluster_run(dir: &Path, store: &Path, strategy: &[&str]) -> serde_json::Value
                 "--batch",
                 BATCH,
                 "--eval-samples",
-                EVAL_SAMPLES,
+                eval_samples,
             ])
             .args(["--seed", SEED, "--work-dir"])
             .arg(dir.join("work"))
@@ -328,17 +338,9 @@ fn eval_of_a_tsv_run_s_store_needs_no_flags() {
     assert!(one_error_line(&out).contains("--rows-per-table applies to --data only"));
 }
 
-/// `samples` lines of the tiny preset's synthetic data as a TSV file under `dir`.
+/// `samples` lines of the tiny preset's synthetic data as a TSV file under `dir/data`.
 fn synth_tsv(dir: &Path, samples: u32) -> std::path::PathBuf {
-    let data = dir.join("data");
-    succeed(
-        ftrec()
-            .args(["data", "synth", "--preset", "tiny", "--samples"])
-            .arg(samples.to_string())
-            .arg("--out")
-            .arg(&data),
-    );
-    data.join("train.tsv")
+    common::synth_tsv(&dir.join("data"), samples)
 }
 
 /// Every server's shard of the full checkpoint `ftrec ckpt restore` wrote into `dir`, read
@@ -770,4 +772,116 @@ fn bad_stores_steps_and_shapes_give_one_clear_error_line() {
         .unwrap();
     let line = one_error_line(&out);
     assert!(line.contains("no checkpoint"), "{line}");
+}
+
+/// A job that ran with `--eval-samples 0` evaluated nothing, and its record says so. `ftrec
+/// eval` alone takes the preset's default held-out size, says so in one line, and decides it
+/// before restoring anything; a setting that cannot work is refused before any restore: the
+/// refusals below come the same from a store whose checkpoint data is gone, which any restore
+/// would fail on.
+#[test]
+fn eval_of_a_job_that_evaluated_nothing_uses_the_preset_default_and_checks_flags_before_restoring()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    cluster_run_evaluating(
+        dir.path(),
+        &store,
+        &["--strategy", "full", "--ckpt-every-steps", "3"],
+        "0",
+    );
+    let json = dir.path().join("eval.json");
+    let out = succeed(
+        ftrec()
+            .arg("eval")
+            .arg("--ckpt")
+            .arg(&store)
+            .arg("--json")
+            .arg(&json),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let said = stderr
+        .find("eval_samples = 0")
+        .unwrap_or_else(|| panic!("no line on the record's 0: {stderr}"));
+    let restored = stderr.find("restored step").expect("restored");
+    assert!(said < restored, "decided after the restore: {stderr}");
+    // The tiny preset's default held-out size.
+    assert_eq!(read_json(&json)["eval_samples"], 4096);
+
+    // Every checkpoint's data gone, the records kept: a restore now fails.
+    let mut removed = 0;
+    for e in walk(&store) {
+        let name = e.file_name().unwrap().to_string_lossy().to_string();
+        if e.parent().unwrap() != store && name != "MANIFEST" {
+            std::fs::remove_file(&e).unwrap();
+            removed += 1;
+        }
+    }
+    assert!(removed > 0);
+    let restore_fails = ftrec()
+        .arg("eval")
+        .arg("--ckpt")
+        .arg(&store)
+        .output()
+        .unwrap();
+    let line = one_error_line(&restore_fails);
+    assert!(line.contains("restoring"), "{line}");
+    let store_s = store.display().to_string();
+    let out_file = dir.path().join("m.safetensors").display().to_string();
+    for (args, flag) in [
+        (
+            vec!["eval", "--ckpt", &store_s, "--eval-samples", "0"],
+            "--eval-samples",
+        ),
+        (vec!["eval", "--ckpt", &store_s, "--batch", "0"], "--batch"),
+        (
+            vec!["eval", "--ckpt", &store_s, "--preset", "huge"],
+            "--preset",
+        ),
+        (
+            vec!["eval", "--ckpt", &store_s, "--optimizer", "adamw2"],
+            "--optimizer",
+        ),
+        (
+            vec![
+                "ckpt", "export", &store_s, "--out", &out_file, "--preset", "huge",
+            ],
+            "--preset",
+        ),
+        (
+            vec![
+                "ckpt",
+                "export",
+                &store_s,
+                "--out",
+                &out_file,
+                "--dense-optimizer",
+                "x",
+            ],
+            "--dense-optimizer",
+        ),
+    ] {
+        let out = ftrec().args(&args).output().unwrap();
+        let line = one_error_line(&out);
+        assert!(line.contains(flag), "{args:?}: {line}");
+        assert!(!line.contains("restoring"), "{args:?}: {line}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("restored"), "{args:?}: {stderr}");
+    }
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                out.push(e.path());
+            }
+        }
+    }
+    out
 }

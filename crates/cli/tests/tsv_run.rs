@@ -10,20 +10,7 @@ use common::{ftrec, one_error_line, read_json, succeed};
 
 /// 1,200 lines of the tiny preset's synthetic stream, as Kaggle-layout TSV.
 fn data(dir: &Path) -> PathBuf {
-    succeed(
-        ftrec()
-            .args([
-                "data",
-                "synth",
-                "--preset",
-                "tiny",
-                "--samples",
-                "1200",
-                "--out",
-            ])
-            .arg(dir),
-    );
-    dir.join("train.tsv")
+    common::synth_tsv(dir, 1200)
 }
 
 const DATA_FLAGS: [&str; 6] = [

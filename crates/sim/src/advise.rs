@@ -25,6 +25,10 @@ pub struct Advice {
     pub ranking: Vec<Ranked>,
     pub best: Option<String>,
     pub why: String,
+    /// What the reader must know before acting on the ranking (the best strategy costs more
+    /// than the training itself, ...).
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 fn simulate(p: &Planned, s: &Scenario) -> Result<Summary, SimError> {
@@ -98,11 +102,26 @@ pub fn advise(cal: &Calibration, s: &Scenario) -> Result<Advice, SimError> {
         .find(|r| r.plan.feasible && r.summary.overhead.is_finite())
         .map(|r| r.strategy.clone());
     let why = explain(&ranking, s);
+    let mut warnings = Vec::new();
+    if let Some(b) = ranking
+        .iter()
+        .find(|r| Some(&r.strategy) == best.as_ref())
+        .filter(|b| b.summary.overhead > crate::trust::ABSURD_OVERHEAD)
+    {
+        warnings.push(format!(
+            "the best strategy here, {}, is predicted to cost {} of the training time, more \
+             than the training itself: no strategy suits this cluster as calibrated (check the \
+             calibration, the MTBF and the bandwidths before acting on the ranking)",
+            b.strategy,
+            pct(b.summary.overhead)
+        ));
+    }
     Ok(Advice {
         scenario: s.clone(),
         ranking,
         best,
         why,
+        warnings,
     })
 }
 
@@ -212,6 +231,7 @@ mod tests {
             window_s: 1.4,
             steps_redone: 5,
             window_share: 1.0,
+            ..Default::default()
         };
         let mut m = Measured {
             strategy: name.into(),
@@ -355,6 +375,62 @@ mod tests {
         assert!(!ec.plan.feasible);
         assert!(ec.plan.why_not.as_deref().unwrap().contains("memory"));
         assert_eq!(a.best.as_deref(), Some("full"));
+    }
+
+    /// ECRec's rebuild yields to training: priced at its own working time when the run
+    /// measured it (the rate a rebuild at full speed has), at its whole window otherwise, and
+    /// the plan says which.
+    #[test]
+    fn ecrec_s_rebuild_is_priced_at_its_unthrottled_working_rate_and_says_so() {
+        let mut m = measured("ecrec");
+        let throttled = Coefficients::from_measured(&m, &machine()).unwrap();
+        assert!(throttled
+            .rebuild_rate
+            .as_deref()
+            .unwrap()
+            .contains("throttled"));
+        // 3.5 s of window, of which the rebuild worked 0.35 s with training at 40% meanwhile.
+        m.failures[0].rebuild_busy_s = Some(0.35);
+        m.failures[0].rebuild_busy_share = Some(0.4);
+        let c = Coefficients::from_measured(&m, &machine()).unwrap();
+        let rate = c.rebuild_rate.as_deref().unwrap();
+        assert!(rate.contains("unthrottled"), "{rate}");
+        let ratio = c.rebuild_eff.unwrap() / throttled.rebuild_eff.unwrap();
+        assert!((ratio - 10.0).abs() < 1e-9, "{ratio}");
+        assert!((c.degraded_share.unwrap() - 0.4).abs() < 1e-12);
+        let p = plan_ec(&c, &scenario(), 2, 1).unwrap();
+        assert!(
+            p.config.contains("priced at the unthrottled rate"),
+            "{}",
+            p.config
+        );
+    }
+
+    /// A cluster whose failures come almost as fast as a save: whatever ranks first costs more
+    /// than the training, and the advice says so next to it.
+    #[test]
+    fn a_best_strategy_over_100_percent_comes_with_a_warning() {
+        let runs: Vec<Measured> = ["none", "full"].iter().map(|n| measured(n)).collect();
+        let cal = Calibration::from_runs(machine(), &runs).unwrap();
+        let mut s = scenario();
+        s.mtbf_server_s = 3_000.0;
+        s.disk_bps = 2e7;
+        s.net_bps = 2e7;
+        let a = advise(&cal, &s).unwrap();
+        let best = a
+            .ranking
+            .iter()
+            .find(|r| Some(&r.strategy) == a.best.as_ref());
+        match best {
+            Some(b) if b.summary.overhead > 1.0 => {
+                assert_eq!(a.warnings.len(), 1, "{a:?}");
+                assert!(a.warnings[0].contains(&b.strategy), "{:?}", a.warnings);
+            }
+            other => panic!("the scenario should make the best cost over 100%: {other:?}"),
+        }
+        // The terabyte scenario's best is well under 100%: no warning.
+        let cal = Calibration::from_runs(machine(), &runs).unwrap();
+        assert!(advise(&cal, &scenario()).unwrap().warnings.is_empty());
     }
 
     #[test]

@@ -14,7 +14,9 @@
 //!   interval, DECK's delta size and Inequalities 1 and 2 for its lineage, ECRec's `(k+r)/k`
 //!   memory and `k`-fold rebuild reads;
 //! - [`advise`]: the advisor: every calibrated strategy simulated at the scenario, ranked, with
-//!   the reasons.
+//!   the reasons;
+//! - [`trust`]: whether a calibration can speak for the scenario (runs long enough, a model
+//!   within a stated factor of the calibration's), and what to calibrate on when it cannot.
 //!
 //! It never runs anything real: the measured figures come in as plain numbers (the `ftrec`
 //! binary reads them from a `compare` report), so the crate stays pure and fast to test.
@@ -40,6 +42,7 @@ pub mod advise;
 pub mod failure;
 pub mod model;
 pub mod sim;
+pub mod trust;
 
 pub use advise::{advise, Advice, Ranked};
 pub use failure::{draw_schedule, Failure, FailureDist, FailureProcess};
@@ -47,6 +50,7 @@ pub use model::{
     Calibration, Coefficients, Machine, Measured, MeasuredFailure, Mechanism, Scenario,
 };
 pub use sim::{simulate, simulate_many, Breakdown, JobModel, Outcome, Summary};
+pub use trust::{assess, Candidate, Trust};
 
 /// Bad input to a simulation or a calibration.
 #[derive(Debug, thiserror::Error, PartialEq)]

@@ -39,6 +39,13 @@ pub struct MeasuredFailure {
     pub steps_redone: u64,
     /// Training throughput during the window over before the failure (1 if unknown).
     pub window_share: f64,
+    /// A rebuild's own working time (its lock ranges, summed): the window less the time it
+    /// yielded to training. `None`: not measured.
+    #[serde(default)]
+    pub rebuild_busy_s: Option<f64>,
+    /// Training throughput while the rebuild worked (its lock ranges) over before the failure.
+    #[serde(default)]
+    pub rebuild_busy_share: Option<f64>,
 }
 
 /// What one measured run of one strategy gives the calibration (the `ftrec` binary fills this
@@ -141,6 +148,10 @@ pub struct Coefficients {
     pub reload_fixed_s: Option<f64>,
     /// Rebuild throughput (k shards read per lost shard) over the raw network.
     pub rebuild_eff: Option<f64>,
+    /// Which rebuild rate `rebuild_eff` is: the rebuild's own working time (unthrottled), or
+    /// its whole window (throttled by the share it yields to training), in words.
+    #[serde(default)]
+    pub rebuild_rate: Option<String>,
     /// Throughput during a rebuild over normal.
     pub degraded_share: Option<f64>,
     pub code: Option<(u32, u32)>,
@@ -189,6 +200,7 @@ impl Coefficients {
             reload_eff: None,
             reload_fixed_s: None,
             rebuild_eff: None,
+            rebuild_rate: None,
             degraded_share: None,
             code: m.code,
             extra_memory: m.extra_memory.unwrap_or(0.0).max(0.0),
@@ -253,13 +265,53 @@ impl Coefficients {
             Mechanism::ErasureCoded => {
                 c.reload_fixed_s = mean(m.failures.iter().map(|f| f.reload_s));
                 let k = m.code.map_or(1, |c| c.0) as f64;
-                c.rebuild_eff = mean(
-                    m.failures
-                        .iter()
-                        .filter(|f| f.window_s > 0.0)
-                        .map(|f| k * m.model_bytes / n / f.window_s / machine.net_bps),
-                );
-                c.degraded_share = mean(m.failures.iter().map(|f| f.window_share.clamp(0.0, 1.0)));
+                let rebuilt: Vec<&MeasuredFailure> =
+                    m.failures.iter().filter(|f| f.window_s > 0.0).collect();
+                let shard_bytes = k * m.model_bytes / n;
+                // The rebuild yields to training (ECRec §3.3's trade, `--rebuild-share`): its
+                // window is longer than its work. Priced at its own working time when every
+                // rebuild measured one (the rate a rebuild would have at full speed), with the
+                // throughput training kept while it worked; else at the window, and said so.
+                let busy: Option<Vec<(f64, f64)>> = rebuilt
+                    .iter()
+                    .map(|f| {
+                        let b = f.rebuild_busy_s.filter(|b| *b > 0.0)?;
+                        Some((b, f.rebuild_busy_share.unwrap_or(f.window_share)))
+                    })
+                    .collect();
+                match busy.filter(|b| !b.is_empty()) {
+                    Some(b) => {
+                        c.rebuild_eff =
+                            mean(b.iter().map(|(t, _)| shard_bytes / t / machine.net_bps));
+                        c.degraded_share = mean(b.iter().map(|(_, s)| s.clamp(0.0, 1.0)));
+                        c.rebuild_rate = c.rebuild_eff.map(|e| {
+                            format!(
+                                "the unthrottled rate measured over the rebuild's own working \
+                                 time ({}/s, {:.2}% of the calibration machine's loopback)",
+                                bytes(e * machine.net_bps),
+                                100.0 * e
+                            )
+                        });
+                    }
+                    None => {
+                        c.rebuild_eff = mean(
+                            rebuilt
+                                .iter()
+                                .map(|f| shard_bytes / f.window_s / machine.net_bps),
+                        );
+                        c.degraded_share =
+                            mean(m.failures.iter().map(|f| f.window_share.clamp(0.0, 1.0)));
+                        c.rebuild_rate = c.rebuild_eff.map(|e| {
+                            format!(
+                                "the throttled rate of the whole rebuild window ({}/s, {:.2}% of \
+                                 the loopback; the rebuild yielded to training, so a rebuild at \
+                                 full speed is faster)",
+                                bytes(e * machine.net_bps),
+                                100.0 * e
+                            )
+                        });
+                    }
+                }
             }
             Mechanism::Restart => {}
         }
@@ -289,6 +341,9 @@ impl Coefficients {
 pub struct Calibration {
     pub machine: Machine,
     pub strategies: Vec<Coefficients>,
+    /// Strategies of the calibration run left out, and why (a run that aborted or failed).
+    #[serde(default)]
+    pub dropped: Vec<(String, String)>,
 }
 
 impl Calibration {
@@ -308,6 +363,7 @@ impl Calibration {
         Ok(Calibration {
             machine,
             strategies,
+            dropped: Vec::new(),
         })
     }
 
@@ -638,11 +694,14 @@ pub fn plan_ec(c: &Coefficients, s: &Scenario, k: u32, r: u32) -> Result<Planned
         },
         config: format!(
             "k={k} r={r}: parity memory (k+r)/k = {:.2} (ECRec §4), rebuild of a {} shard reads \
-             k shards: {} at {:.0}% throughput",
+             k shards: {} at {:.0}% throughput, priced at {}",
             1.0 + extra,
             bytes(shard),
             secs(window),
-            share * 100.0
+            share * 100.0,
+            c.rebuild_rate
+                .as_deref()
+                .unwrap_or("the calibration's rebuild rate")
         ),
         feasible: true,
         why_not: None,

@@ -37,3 +37,16 @@ pub fn one_error_line(out: &Output) -> String {
     assert_eq!(errors.len(), 1, "{stderr}");
     errors[0].to_string()
 }
+
+/// `samples` lines of the tiny preset's synthetic stream as Kaggle-layout TSV, written by
+/// `ftrec data synth` into `dir`; returns the file.
+pub fn synth_tsv(dir: &Path, samples: u32) -> std::path::PathBuf {
+    succeed(
+        ftrec()
+            .args(["data", "synth", "--preset", "tiny", "--samples"])
+            .arg(samples.to_string())
+            .arg("--out")
+            .arg(dir),
+    );
+    dir.join("train.tsv")
+}

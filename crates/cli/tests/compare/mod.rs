@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use super::common::{ftrec, read_json, succeed};
+use super::common::{ftrec, read_json, succeed, synth_tsv};
 
 /// `ftrec compare` on the tiny preset into `out`, synchronous, 3 servers and 2 workers.
 fn compare(out: &Path, steps: u32, extra: &[&str]) -> serde_json::Value {
@@ -158,9 +158,12 @@ fn compare_writes_every_strategy_s_report_and_plots_and_advise_ranks_them() {
             "--replicas",
             "2",
         ])
+        // A tiny calibration: the ranking's mechanics, not a figure to act on.
+        .arg("--extrapolate")
         .arg("--json")
         .arg(&json);
     let stdout = String::from_utf8(succeed(&mut cmd).stdout).unwrap();
+    assert!(stdout.starts_with("EXTRAPOLATED"), "{stdout}");
     assert!(stdout.contains("best: "), "{stdout}");
     let advice = read_json(&json);
     let ranking = advice["advice"]["ranking"].as_array().unwrap();
@@ -276,6 +279,7 @@ fn a_seeded_mtbf_schedule_reproduces_its_kills_and_digests() {
             "1",
             "--replicas",
             "2",
+            "--extrapolate",
         ]);
     let stdout = String::from_utf8(succeed(&mut cmd).stdout).unwrap();
     assert!(stdout.contains("validation on"), "{stdout}");
@@ -341,4 +345,283 @@ fn bad_compare_and_advise_input_gives_one_clear_error_line() {
         err.contains("ftrec compare") && err.contains("missing"),
         "{err}"
     );
+}
+
+/// `ftrec demo` in a short configuration (60 steps, two rounds, `full` and `deck`): its JSON
+/// holds every strategy's throughput smoothed over one named window with both kills and both
+/// recoveries marked; the overhead column is exactly the definition `report.md` states,
+/// recomputed here from every round's training time; the memory ratio of a model this small is
+/// not shown, and the summary says which preset and size it ran. `ftrec advise` then refuses to
+/// extrapolate from it to a terabyte, names the preset and command to calibrate on instead,
+/// and prints no figure unless asked to extrapolate; a strategy whose run aborted is named as
+/// left out of the calibration.
+#[test]
+fn demo_json_has_smoothed_throughput_and_failure_marks_and_advise_will_not_extrapolate_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("demo");
+    let mut cmd = ftrec();
+    cmd.args([
+        "demo",
+        "--steps",
+        "60",
+        "--rounds",
+        "2",
+        "--strategies",
+        "full,deck",
+    ])
+    .args(["--eval-samples", "256", "--out"])
+    .arg(&out);
+    let stdout = String::from_utf8(succeed(&mut cmd).stdout).unwrap();
+    assert!(
+        stdout.contains("ran preset tiny (") && stdout.contains("do not carry over"),
+        "{stdout}"
+    );
+    let rep = read_json(&out.join("report.json"));
+    let summary = rep["summary"].as_array().unwrap();
+    assert_eq!(summary.len(), 3);
+    let window = summary[0]["throughput"]["window_s"].as_f64().unwrap();
+    assert!(window > 0.0);
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(
+        md.contains(&format!("sliding window of {:.0} ms", window * 1e3)),
+        "the plot's caption does not name the window: {md}"
+    );
+    for s in summary {
+        let t = &s["throughput"];
+        assert_eq!(t["window_s"].as_f64().unwrap(), window, "{s}");
+        let points = t["points"].as_array().unwrap();
+        assert!(points.len() >= 8, "{s}");
+        assert!(points.iter().all(|p| p[1].as_f64().unwrap() >= 0.0));
+        assert!(points.iter().any(|p| p[1].as_f64().unwrap() > 0.0));
+        let marks = t["marks"].as_array().unwrap();
+        if s["strategy"] == "none" {
+            assert!(marks.is_empty(), "{s}");
+            continue;
+        }
+        // Both kills, each followed by its recovery.
+        for server in [1, 2] {
+            let at = |kind: &str| {
+                marks
+                    .iter()
+                    .find(|m| m["kind"] == kind && m["server"] == server)
+                    .unwrap_or_else(|| panic!("no {kind} mark of server {server}: {s}"))["t_s"]
+                    .as_f64()
+                    .unwrap()
+            };
+            assert!(at("kill") < at("recovered"), "{s}");
+        }
+        // The overhead is the mean over rounds of each round's training time over the
+        // reference's of the same round, minus one: the definition report.md states.
+        let runs = rep["runs"].as_array().unwrap();
+        let train = |name: &str, round: u64| {
+            runs.iter()
+                .find(|r| r["strategy"] == name && r["round"] == round)
+                .unwrap()["report"]["train_s"]
+                .as_f64()
+                .unwrap()
+        };
+        let name = s["strategy"].as_str().unwrap();
+        let ratios: Vec<f64> = (0..2)
+            .map(|i| train(name, i) / train("none", i) - 1.0)
+            .collect();
+        let mean = ratios.iter().sum::<f64>() / 2.0;
+        let overhead = s["overhead"].as_f64().unwrap();
+        assert!(
+            (overhead - mean).abs() < 1e-12,
+            "{name}: {overhead} vs {mean} from {ratios:?}: {}",
+            rep["runs"]
+        );
+        let shown = format!("{:+.1}%", overhead * 100.0);
+        assert!(
+            md.lines()
+                .any(|l| l.starts_with(&format!("| {name} |")) && l.contains(&shown)),
+            "{shown} not in {name}'s row: {md}"
+        );
+        assert!(s["steady_overhead"].as_f64().is_some(), "{s}");
+        assert!(s["startup_s"].as_f64().unwrap() >= 0.0, "{s}");
+    }
+    assert!(md.contains("over `none`'s training time in the same round, minus one"));
+    assert!(md.contains("no multiple of the model is shown"), "{md}");
+    assert!(!md.contains(" model) |"), "{md}");
+
+    // The advisor will not extrapolate a one-second tiny run to a terabyte.
+    let json = dir.path().join("advice.json");
+    let advise = |extra: &[&str], cal: &Path| {
+        let mut cmd = ftrec();
+        cmd.args(["advise", "--calibrate"])
+            .arg(cal)
+            .args(["--model-gb", "1000", "--servers", "100", "--workers", "100"])
+            .args(["--step-ms", "200", "--mtbf-hours", "24", "--days", "1"])
+            .args(["--replicas", "2", "--json"])
+            .arg(&json)
+            .args(extra);
+        String::from_utf8(succeed(&mut cmd).stdout).unwrap()
+    };
+    let refused = advise(&[], &out);
+    assert!(
+        refused.contains("cannot speak for this cluster"),
+        "{refused}"
+    );
+    assert!(refused.contains("too short"), "{refused}");
+    assert!(
+        refused.contains("ftrec compare --preset kaggle"),
+        "{refused}"
+    );
+    assert!(
+        !refused.contains("best:") && !refused.contains('%'),
+        "{refused}"
+    );
+    let advice = read_json(&json);
+    assert!(advice["advice"].is_null(), "{advice}");
+    assert_eq!(advice["trust"]["reasons"].as_array().unwrap().len(), 2);
+    // Asked to, it ranks them, marked, and warns when even the best costs more than training.
+    let forced = advise(&["--extrapolate"], &out);
+    assert!(forced.starts_with("EXTRAPOLATED"), "{forced}");
+    let advice = read_json(&json);
+    let best = advice["advice"]["best"].as_str().unwrap_or("");
+    let best_overhead = advice["advice"]["ranking"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["strategy"] == best)
+        .map_or(0.0, |r| r["summary"]["overhead"].as_f64().unwrap());
+    assert_eq!(
+        forced.contains("warning: the best strategy here"),
+        best_overhead > 1.0,
+        "{forced}"
+    );
+
+    // A run that aborted is named, with its reason, as left out of the calibration.
+    let mut edited = rep.clone();
+    for r in edited["runs"].as_array_mut().unwrap() {
+        if r["strategy"] == "deck" {
+            r["report"]["aborted"] = "recovery failed: a delta is missing".into();
+        }
+    }
+    let cal = dir.path().join("edited");
+    std::fs::create_dir(&cal).unwrap();
+    std::fs::write(cal.join("report.json"), edited.to_string()).unwrap();
+    succeed(ftrec().args(["compare", "--replot", "--out"]).arg(&cal));
+    let named = advise(&[], &cal);
+    assert!(
+        named.contains("calibration: deck left out: aborted: recovery failed"),
+        "{named}"
+    );
+}
+
+/// `ftrec compare --data` runs every strategy on a Criteo TSV file with `ftrec run`'s data
+/// flags and held-out split: the reference of the comparison is the same run, digest and AUC,
+/// as `ftrec run` with the same flags, and the strategy recovers to it.
+#[test]
+fn compare_on_a_tsv_file_uses_run_s_data_flags_and_held_out_split() {
+    let dir = tempfile::tempdir().unwrap();
+    let tsv = synth_tsv(&dir.path().join("data"), 4000);
+    let shared = |cmd: &mut std::process::Command| {
+        cmd.args(["--preset", "tiny", "--data"])
+            .arg(&tsv)
+            .args(["--rows-per-table", "300", "--holdout-every", "8"])
+            .args([
+                "--servers",
+                "3",
+                "--workers",
+                "2",
+                "--sync",
+                "--steps",
+                "12",
+            ]);
+    };
+    let out = dir.path().join("cmp");
+    let mut cmd = ftrec();
+    cmd.arg("compare");
+    shared(&mut cmd);
+    cmd.args(["--strategies", "full", "--kills", "server=1@step=7"])
+        .args(["--ckpt-every-steps", "4", "--out"])
+        .arg(&out);
+    succeed(&mut cmd);
+    let rep = read_json(&out.join("report.json"));
+    let described = rep["data"].as_str().unwrap();
+    assert!(
+        described.contains("train.tsv") && described.contains("every 8-th line held out"),
+        "{described}"
+    );
+    let json = dir.path().join("run.json");
+    let mut cmd = ftrec();
+    cmd.arg("run");
+    shared(&mut cmd);
+    cmd.arg("--work-dir")
+        .arg(dir.path().join("work"))
+        .arg("--json")
+        .arg(&json);
+    succeed(&mut cmd);
+    let run = read_json(&json);
+    let summary = rep["summary"].as_array().unwrap();
+    let none = &summary[0];
+    assert_eq!(none["strategy"], "none");
+    assert_eq!(none["model_digest"], run["model_digest"]);
+    assert_eq!(none["auc"], run["auc"]);
+    assert_eq!(none["logloss"], run["logloss"]);
+    let full = &summary[1];
+    assert_eq!(full["failures"].as_array().unwrap().len(), 1, "{full}");
+    assert_eq!(full["digest_matches"], true, "{full}");
+    for r in rep["runs"].as_array().unwrap() {
+        let cfg = &r["report"]["config"];
+        assert_eq!(cfg["data"]["holdout_every"], 8, "{cfg}");
+        assert_eq!(r["report"]["eval_samples"], run["eval_samples"]);
+    }
+}
+
+/// Predicted overheads of a `small` calibration are within this factor of the overheads
+/// `compare` measures on the same workload (either way).
+const SMALL_VALIDATION_FACTOR: f64 = 4.0;
+
+/// The advisor calibrated on a recorded `small` comparison trusts it for a 50 GB model (within
+/// 1,000x of its 70 MB, a reference of 30 s), names the strategy whose runs aborted as left out,
+/// and predicts every other strategy's overhead in a second recorded `small` comparison of the
+/// same workload with other kills within [`SMALL_VALIDATION_FACTOR`] of what that comparison
+/// measured. The two fixtures are real runs, written back as compact JSON, recorded with a
+/// release build on a 2-core machine while two other builds ran (load average 9-11):
+///
+/// ```sh
+/// ftrec compare --preset small --servers 3 --workers 2 --sync --steps 60 --ckpt-every-steps 10 \
+///     --kills server=1@step=25,server=2@step=47 --rounds 2 --out compare-small-a
+/// ftrec compare --preset small --servers 3 --workers 2 --sync --steps 60 --ckpt-every-steps 10 \
+///     --kills server=0@step=22,server=1@step=44 --rounds 2 --out compare-small-b
+/// ```
+#[test]
+fn a_small_calibration_predicts_a_held_out_small_comparison_within_the_stated_factor() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("advice.json");
+    let mut cmd = ftrec();
+    cmd.args(["advise", "--calibrate"])
+        .arg(fixtures.join("compare-small-a"))
+        .arg("--validate")
+        .arg(fixtures.join("compare-small-b"))
+        .args(["--model-gb", "50", "--servers", "16", "--workers", "16"])
+        .args(["--step-ms", "200", "--mtbf-hours", "24", "--days", "2"])
+        .args(["--replicas", "4", "--json"])
+        .arg(&json);
+    let stdout = String::from_utf8(succeed(&mut cmd).stdout).unwrap();
+    assert!(!stdout.contains("cannot speak"), "{stdout}");
+    // Both kills of the calibration run fell within one rebuild: ECRec with r = 1 aborted.
+    assert!(
+        stdout.contains("calibration: ecrec left out: aborted"),
+        "{stdout}"
+    );
+    let advice = read_json(&json);
+    assert!(advice["trust"]["reasons"].as_array().unwrap().is_empty());
+    assert!(advice["advice"]["warnings"].as_array().unwrap().is_empty());
+    let best = advice["advice"]["best"].as_str().unwrap();
+    assert_ne!(best, "none");
+    let v = advice["validation"].as_array().unwrap();
+    assert!(v.len() >= 5, "{v:?}");
+    for x in v {
+        let (m, p) = (
+            x["measured"].as_f64().unwrap(),
+            x["predicted"].as_f64().unwrap(),
+        );
+        assert!(m > 0.0 && p > 0.0, "{x}");
+        let factor = (p / m).max(m / p);
+        assert!(factor <= SMALL_VALIDATION_FACTOR, "{x}: {factor:.2}x");
+    }
 }
