@@ -171,6 +171,10 @@ pub struct SummaryRow {
     pub saves: u64,
     pub save_pause_s: f64,
     pub failures: Vec<LostTime>,
+    /// Kills of the schedule that fired, and all of them (a drawn schedule may hold kills
+    /// after the run's end).
+    #[serde(default)]
+    pub kills_fired: Option<(usize, usize)>,
     /// Steady slowdown: what the overhead leaves once saves and failures are taken out.
     pub steady_s: Option<f64>,
     pub bytes_written: u64,
@@ -548,6 +552,7 @@ fn run_one(
     bar: &indicatif::ProgressBar,
     expected_s: Option<f64>,
     keep: bool,
+    progress: &mut crate::progress::Runs,
 ) -> RunEntry {
     let name = cfg.strategy.name().to_string();
     let t = Instant::now();
@@ -581,9 +586,10 @@ fn run_one(
     };
     let msg = match (&report, &error) {
         (Some(r), _) => format!(
-            "{:.1} s training, {} failures{}",
+            "{:.1} s training, {} failures{}{}",
             r.train_s,
             r.failures.len(),
+            kills_fired(r).map_or(String::new(), |(f, n)| format!(", kills fired {f}/{n}")),
             r.aborted
                 .as_ref()
                 .map_or(String::new(), |a| format!(", aborted: {a}"))
@@ -593,8 +599,19 @@ fn run_one(
     };
     bar.set_position(1000);
     bar.finish_with_message(msg.clone());
+    // A kill whose point never came in the run is said, not left for the table to show.
+    for k in report.iter().flat_map(|r| &r.kills).filter(|k| !k.fired) {
+        let line = format!("compare: {name}: {}", k.line());
+        if bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            bar.println(line);
+        }
+    }
     if bar.is_hidden() {
-        eprintln!("compare: {name}: {msg} ({wall_s:.1} s)");
+        progress.report(&name, &format!("{msg} ({wall_s:.1} s)"));
+    } else {
+        progress.done(&name, &msg);
     }
     RunEntry {
         strategy: name,
@@ -716,6 +733,7 @@ pub fn compare(a: &CompareArgs, command: Vec<String>) -> Result<CompareReport> {
         .collect();
     let mut runs: Vec<RunEntry> = Vec::new();
     let per_round = plan.len();
+    let mut progress = crate::progress::Runs::new("compare", bars.len());
     for (i, (cfg, bar)) in plan.iter().cycle().zip(&bars).enumerate() {
         let round = (i / per_round) as u32;
         let mut cfg = cfg.clone();
@@ -731,7 +749,7 @@ pub fn compare(a: &CompareArgs, command: Vec<String>) -> Result<CompareReport> {
             .first()
             .map(|r: &RunEntry| r.wall_s * 1.15)
             .filter(|e| *e > 0.0);
-        let mut entry = run_one(cfg, bar, expected, a.keep_runs);
+        let mut entry = run_one(cfg, bar, expected, a.keep_runs, &mut progress);
         entry.round = round;
         let failed_reference = entry.strategy == "none"
             && (entry.error.is_some()
@@ -880,6 +898,11 @@ fn every_steps(c: &StrategyChoice) -> Option<u64> {
     Some((n / k.max(1)).max(1))
 }
 
+/// Kills of a run's schedule that fired, and all of them (`None` without kills).
+fn kills_fired(r: &RunReport) -> Option<(usize, usize)> {
+    (!r.kills.is_empty()).then(|| (r.kills.iter().filter(|k| k.fired).count(), r.kills.len()))
+}
+
 fn summarize(rep: &CompareReport) -> Vec<SummaryRow> {
     let reference = rep.reference();
     let ref_entry = rep.entry("none");
@@ -905,6 +928,7 @@ fn summarize(rep: &CompareReport) -> Vec<SummaryRow> {
                     saves: 0,
                     save_pause_s: 0.0,
                     failures: Vec::new(),
+                    kills_fired: None,
                     steady_s: None,
                     bytes_written: 0,
                     stored_bytes: e.stored_bytes,
@@ -965,6 +989,7 @@ fn summarize(rep: &CompareReport) -> Vec<SummaryRow> {
                 saves: r.checkpoints,
                 save_pause_s: r.checkpoint_pause_s,
                 failures,
+                kills_fired: kills_fired(r),
                 steady_s: steady.filter(|_| ok),
                 bytes_written: r.bytes_written,
                 stored_bytes: e.stored_bytes,
@@ -1082,7 +1107,7 @@ pub fn table(rep: &CompareReport) -> (Vec<&'static str>, Vec<Vec<String>>) {
         "train s",
         "overhead",
         "saves (pause s)",
-        "failures",
+        "failures (kills fired)",
         "lost s/failure",
         "written MiB",
         "stored MiB",
@@ -1109,7 +1134,10 @@ pub fn table(rep: &CompareReport) -> (Vec<&'static str>, Vec<Vec<String>>) {
                 format!("{:.2}", s.train_s),
                 opt(s.overhead, |o| format!("{:+.1}%", o * 100.0)),
                 format!("{} ({:.2})", s.saves, s.save_pause_s),
-                s.failures.len().to_string(),
+                match s.kills_fired {
+                    Some((f, n)) => format!("{} ({f}/{n})", s.failures.len()),
+                    None => s.failures.len().to_string(),
+                },
                 lost,
                 mib(s.bytes_written as f64),
                 mib(s.stored_bytes as f64),

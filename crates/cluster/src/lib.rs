@@ -98,8 +98,8 @@ pub use ecrec::{EcFlags, EcReport, EcServerSpec};
 pub use ftrec_ec::CodeKind;
 pub use launcher::ServerProcess;
 pub use report::{
-    CpuReport, DataReport, EventKind, FailureReport, IntervalPoint, Overheads, RunReport,
-    StoreReport, TimedEvent,
+    CpuReport, DataReport, EventKind, FailureReport, IntervalPoint, KillOutcome, Overheads,
+    RunReport, StoreReport, TimedEvent,
 };
 pub use shard_server::{build_server, serve_shard};
 pub use spec::{
