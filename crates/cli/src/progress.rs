@@ -24,6 +24,11 @@ impl Runs {
         }
     }
 
+    /// The command counted (`compare`, `bench ecrec`).
+    pub fn what(&self) -> &'static str {
+        self.what
+    }
+
     /// Count one more run done (`name`: which; `detail`: its outcome) and return its line.
     pub fn done(&mut self, name: &str, detail: &str) -> String {
         self.done += 1;

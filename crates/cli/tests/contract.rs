@@ -228,3 +228,34 @@ fn a_job_killed_as_a_whole_at_a_step_resumes_and_trains_the_rest() {
         "{stdout}"
     );
 }
+
+#[test]
+fn a_drawn_kill_after_the_end_of_a_run_is_reported_not_fired_in_compare() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("cmp");
+    let o = succeed(
+        ftrec()
+            .args(["compare", "--preset", "tiny", "--servers", "2", "--workers", "1"])
+            .args(["--sync", "--steps", "4", "--batch", "32", "--eval-samples", "256"])
+            // An MTBF of a million seconds: the seeded kill falls long after a 4-step run.
+            .args(["--mtbf-s", "1000000", "--max-kills", "1", "--seed", "5"])
+            .args(["--strategies", "full", "--out"])
+            .arg(&out),
+    );
+    let rep = read_json(&out.join("report.json"));
+    let full = rep["summary"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["strategy"] == "full")
+        .unwrap()
+        .clone();
+    assert_eq!(full["kills_fired"], serde_json::json!([0, 1]), "{full}");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("compare: full: kill server=") && stderr.contains("NOT FIRED"),
+        "{stderr}"
+    );
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.contains("0 (0/1)"), "{table}");
+}
