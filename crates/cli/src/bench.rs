@@ -19,7 +19,11 @@ pub(crate) fn bench_run(
     progress: &mut Runs,
 ) -> Result<ftrec_cluster::RunReport> {
     let work = std::env::temp_dir()
-        .join(format!("ftrec-{}-{}", progress.what().replace(' ', "-"), std::process::id()))
+        .join(format!(
+            "ftrec-{}-{}",
+            progress.what().replace(' ', "-"),
+            std::process::id()
+        ))
         .join(name);
     a.work_dir = Some(work.clone());
     let mut cfg = crate::cluster_cmd::run_config(&a)?;

@@ -394,7 +394,8 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
     }
     // Each repeat: `none`, then every variant; a variant's ratios are against the `none` run
     // of its own repeat, so slow drifts of the machine's load cancel out.
-    let total = repeats as usize * (1 + variants.len()) + recovery_shares.len() + usize::from(plan.full);
+    let total =
+        repeats as usize * (1 + variants.len()) + recovery_shares.len() + usize::from(plan.full);
     eprintln!(
         "bench ecrec: {total} runs (tens of minutes on two cores; each run's line gives the \
          time left)"

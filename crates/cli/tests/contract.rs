@@ -104,11 +104,19 @@ fn sockets_off_loopback_need_a_token_or_insecure() {
     );
     // With --insecure, or a token, it serves (and ends at the end of its stdin).
     let out = server(&["--insecure"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let token = dir.path().join("token");
     std::fs::write(&token, "s3cret-of-this-test\n").unwrap();
     let out = server(&["--auth-token-file", token.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The control socket of a run and of a coordinator alone.
     let out = tiny_run(dir.path(), 2)
         .args(["--control-listen", "0.0.0.0:0"])
@@ -145,7 +153,12 @@ fn every_kill_ends_fired_or_not_fired_in_the_report_and_on_stderr() {
     let out = succeed(
         tiny_run(dir.path(), 6)
             .args(["--strategy", "full", "--ckpt-every-steps", "2"])
-            .args(["--kill", "server=1@step=3", "--kill", "worker=0@time=100000"])
+            .args([
+                "--kill",
+                "server=1@step=3",
+                "--kill",
+                "worker=0@time=100000",
+            ])
             .arg("--json")
             .arg(&json),
     );
@@ -171,8 +184,16 @@ fn every_kill_ends_fired_or_not_fired_in_the_report_and_on_stderr() {
         "{stderr}"
     );
     // A step kill past the last step cannot fire: refused before anything runs.
-    let line = one_error_line(&tiny_run(dir.path(), 6).args(["--kill", "job@step=6"]).output().unwrap());
-    assert!(line.contains("job@step=6") && line.contains("1..6"), "{line}");
+    let line = one_error_line(
+        &tiny_run(dir.path(), 6)
+            .args(["--kill", "job@step=6"])
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        line.contains("job@step=6") && line.contains("1..6"),
+        "{line}"
+    );
 }
 
 #[test]
@@ -219,7 +240,10 @@ fn a_job_killed_as_a_whole_at_a_step_resumes_and_trains_the_rest() {
     let train_s = r["train_s"].as_f64().unwrap();
     let sps = r["samples_per_s"].as_f64().unwrap();
     assert!(train_s > 0.0);
-    assert!((sps - trained as f64 / train_s).abs() <= 1e-9 * sps, "{sps}");
+    assert!(
+        (sps - trained as f64 / train_s).abs() <= 1e-9 * sps,
+        "{sps}"
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.contains(&format!(
@@ -235,8 +259,24 @@ fn a_drawn_kill_after_the_end_of_a_run_is_reported_not_fired_in_compare() {
     let out = dir.path().join("cmp");
     let o = succeed(
         ftrec()
-            .args(["compare", "--preset", "tiny", "--servers", "2", "--workers", "1"])
-            .args(["--sync", "--steps", "4", "--batch", "32", "--eval-samples", "256"])
+            .args([
+                "compare",
+                "--preset",
+                "tiny",
+                "--servers",
+                "2",
+                "--workers",
+                "1",
+            ])
+            .args([
+                "--sync",
+                "--steps",
+                "4",
+                "--batch",
+                "32",
+                "--eval-samples",
+                "256",
+            ])
             // An MTBF of a million seconds: the seeded kill falls long after a 4-step run.
             .args(["--mtbf-s", "1000000", "--max-kills", "1", "--seed", "5"])
             .args(["--strategies", "full", "--out"])

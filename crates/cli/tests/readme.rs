@@ -181,7 +181,8 @@ fn the_readme_s_long_examples_run_as_written() {
 
 #[test]
 fn blocks_and_their_marks_are_read_from_the_markdown() {
-    let md = "text\n```sh\nftrec a\n```\n<!-- readme-test: long -->\n```sh\nftrec b \\\n  --x\n```\n\
+    let md =
+        "text\n```sh\nftrec a\n```\n<!-- readme-test: long -->\n```sh\nftrec b \\\n  --x\n```\n\
               <!-- readme-test: skip (hosts) -->\n```sh\nftrec c\n```\n```python\nx\n```\n\
               <!-- readme-test: long -->\nprose\n```sh\nftrec d\n```\n";
     let b = blocks(md);

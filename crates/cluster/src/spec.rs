@@ -422,7 +422,9 @@ impl FromStr for KillSpec {
             _ => return Err(bad("unknown point")),
         };
         if role == Role::Job && !matches!(at, KillAt::Step(_)) {
-            return Err(bad("the whole job is killed after a step only (job@step=S)"));
+            return Err(bad(
+                "the whole job is killed after a step only (job@step=S)",
+            ));
         }
         Ok(KillSpec { role, id, at })
     }
