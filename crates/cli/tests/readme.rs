@@ -154,6 +154,16 @@ fn run_blocks(marks: &[Mark]) {
             unfired.join("\n"),
             b.text
         );
+        if b.text.contains("job@step=") {
+            let trained = first_resume_trained(&stdout);
+            assert!(
+                trained.is_some_and(|n| n > 0),
+                "README block at line {}: the job killed as a whole resumed with nothing left to \
+                 train ({trained:?} samples):\n{}",
+                b.line,
+                tail(&stdout)
+            );
+        }
         eprintln!(
             "README block at line {} ({:?}): {:.1} s",
             b.line,
@@ -165,6 +175,44 @@ fn run_blocks(marks: &[Mark]) {
         "README blocks {marks:?}: {:.1} s in all",
         started.elapsed().as_secs_f64()
     );
+}
+
+/// The samples the first resumed run of `stdout` trained: its summary's `trained N samples`,
+/// the line before `  resumed from checkpoint ...`.
+fn first_resume_trained(stdout: &str) -> Option<u64> {
+    let lines: Vec<&str> = stdout.lines().collect();
+    lines.windows(2).find_map(|w| {
+        if !w[1].starts_with("  resumed from checkpoint") {
+            return None;
+        }
+        let rest = &w[0][w[0].find("; trained ")? + "; trained ".len()..];
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// The sample job file the README points at runs as it is.
+#[test]
+fn the_sample_job_file_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/job.toml");
+    let out = Command::new(env!("CARGO_BIN_EXE_ftrec"))
+        .arg("run")
+        .arg("--config")
+        .arg(&job)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("job-report.json")).unwrap())
+            .unwrap();
+    assert_eq!(report["strategy"], "deck");
+    assert_eq!(report["kills"][0]["fired"], true, "{}", report["kills"]);
+    assert!(dir.path().join("job-store").is_dir());
 }
 
 #[test]
@@ -198,4 +246,15 @@ fn blocks_and_their_marks_are_read_from_the_markdown() {
         ]
     );
     assert_eq!(b[1].line, 6);
+}
+
+#[test]
+fn the_first_resumed_run_s_trained_samples_are_read_from_its_summary() {
+    let out = "job a: strategy deck: 30 steps (100 samples in the model); trained 0 samples in \
+               0.00s of training (0 samples/s), 1.00s in all; 0 checkpoints\n\
+               job b: strategy deck: 30 steps (100 samples in the model); trained 40 samples in \
+               1.00s of training (40 samples/s), 2.00s in all; 0 checkpoints\n  resumed from \
+               checkpoint c at step 20 of s\n";
+    assert_eq!(first_resume_trained(out), Some(40));
+    assert_eq!(first_resume_trained("trained 5 samples\n"), None);
 }
