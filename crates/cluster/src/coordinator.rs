@@ -748,19 +748,7 @@ impl Coordinator {
         {
             Some(i) => i,
             None => {
-                self.failures.push(FailureReport {
-                    role,
-                    id,
-                    step,
-                    injected_t_s: now,
-                    detected_s: None,
-                    replaced_s: None,
-                    resumed_s: None,
-                    recovered_s: None,
-                    steps_redone: 0,
-                    detected_by: None,
-                    servers_restored: Vec::new(),
-                });
+                self.failures.push(FailureReport::lost(role, id, step, now));
                 self.failures.len() - 1
             }
         };

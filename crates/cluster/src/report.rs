@@ -78,6 +78,23 @@ pub struct FailureReport {
 }
 
 impl FailureReport {
+    /// The record of `role` `id` lost at `t_s` after step `step`, nothing known yet.
+    pub fn lost(role: Role, id: u32, step: u64, t_s: f64) -> FailureReport {
+        FailureReport {
+            role,
+            id,
+            step,
+            injected_t_s: t_s,
+            detected_s: None,
+            replaced_s: None,
+            resumed_s: None,
+            recovered_s: None,
+            steps_redone: 0,
+            detected_by: None,
+            servers_restored: Vec::new(),
+        }
+    }
+
     /// Seconds from the kill to detection.
     pub fn detect_s(&self) -> Option<f64> {
         self.detected_s

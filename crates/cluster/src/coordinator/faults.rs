@@ -82,20 +82,8 @@ impl Coordinator {
             Role::Job => self.kill_job(why),
         };
         let Some(pid) = pid else { return };
-        let t = self.now();
-        self.failures.push(FailureReport {
-            role,
-            id,
-            step: self.step(),
-            injected_t_s: t,
-            detected_s: None,
-            replaced_s: None,
-            resumed_s: None,
-            recovered_s: None,
-            steps_redone: 0,
-            detected_by: None,
-            servers_restored: Vec::new(),
-        });
+        let lost = FailureReport::lost(role, id, self.step(), self.now());
+        self.failures.push(lost);
         self.event(
             EventKind::FailureInjected,
             (role == Role::Server).then_some(id),
