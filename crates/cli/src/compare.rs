@@ -352,6 +352,12 @@ fn schedule(a: &CompareArgs, cfg: &RunConfig) -> Result<(Schedule, Vec<KillSpec>
                 .iter()
                 .map(|k| k.parse::<KillSpec>())
                 .collect::<Result<_, _>>()?;
+            if let Some(k) = kills.iter().find(|k| k.role == Role::Job) {
+                bail!(
+                    "--kills {k}: compare runs every strategy's coordinator in its own process, \
+                     which a whole-job kill would end; kill servers, workers or the merger"
+                );
+            }
             Ok((
                 Schedule {
                     source: "kills".into(),

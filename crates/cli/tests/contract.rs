@@ -299,3 +299,16 @@ fn a_drawn_kill_after_the_end_of_a_run_is_reported_not_fired_in_compare() {
     let table = String::from_utf8_lossy(&o.stdout);
     assert!(table.contains("0 (0/1)"), "{table}");
 }
+
+#[test]
+fn compare_refuses_a_whole_job_kill_before_any_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = ftrec()
+        .args(["compare", "--kills", "server=0@step=2,job@step=3", "--out"])
+        .arg(dir.path().join("cmp"))
+        .output()
+        .unwrap();
+    let line = one_error_line(&out);
+    assert!(line.contains("job@step=3") && line.contains("kill servers"), "{line}");
+    assert!(!dir.path().join("cmp").exists());
+}
