@@ -614,10 +614,12 @@ fn run_one(
             bar.println(line);
         }
     }
+    // The time left, with the bars on a terminal or alone in a log.
+    let line = progress.done(&name, &format!("{msg} ({wall_s:.1} s)"));
     if bar.is_hidden() {
-        progress.report(&name, &format!("{msg} ({wall_s:.1} s)"));
+        eprintln!("{line}");
     } else {
-        progress.done(&name, &msg);
+        bar.println(line);
     }
     RunEntry {
         strategy: name,
