@@ -688,7 +688,7 @@ fn bad_stores_steps_and_shapes_give_one_clear_error_line() {
                 "--ckpt".into(),
                 missing.display().to_string(),
             ],
-            "is not a directory",
+            "does not exist",
         ),
         (
             vec![
@@ -698,7 +698,7 @@ fn bad_stores_steps_and_shapes_give_one_clear_error_line() {
                 "--out".into(),
                 out_file.display().to_string(),
             ],
-            "is not a directory",
+            "does not exist",
         ),
         (
             vec![
@@ -759,7 +759,7 @@ fn bad_stores_steps_and_shapes_give_one_clear_error_line() {
         assert!(line.contains(needle), "{args:?}: {line}");
     }
     assert!(!out_file.exists());
-    // An empty directory is a store without a checkpoint.
+    // An empty directory is not a store.
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
     let out = ftrec()
@@ -769,5 +769,5 @@ fn bad_stores_steps_and_shapes_give_one_clear_error_line() {
         .output()
         .unwrap();
     let line = one_error_line(&out);
-    assert!(line.contains("no checkpoint"), "{line}");
+    assert!(line.contains("is not a checkpoint store"), "{line}");
 }
