@@ -309,7 +309,10 @@ fn compare_refuses_a_whole_job_kill_before_any_run() {
         .output()
         .unwrap();
     let line = one_error_line(&out);
-    assert!(line.contains("job@step=3") && line.contains("kill servers"), "{line}");
+    assert!(
+        line.contains("job@step=3") && line.contains("kill servers"),
+        "{line}"
+    );
     assert!(!dir.path().join("cmp").exists());
 }
 
@@ -318,18 +321,32 @@ fn certs_writes_the_three_files_of_mutual_tls_once() {
     let dir = tempfile::tempdir().unwrap();
     let certs = || {
         ftrec()
-            .args(["certs", "--name", "run", "--host", "127.0.0.1,localhost", "--dir"])
+            .args([
+                "certs",
+                "--name",
+                "run",
+                "--host",
+                "127.0.0.1,localhost",
+                "--dir",
+            ])
             .arg(dir.path())
             .output()
             .unwrap()
     };
     let out = certs();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for f in ["ca.pem", "run-cert.pem", "run-key.pem"] {
         let text = std::fs::read_to_string(dir.path().join(f)).unwrap();
         assert!(text.starts_with("-----BEGIN "), "{f}: {text}");
     }
     // An existing file is kept.
     let line = one_error_line(&certs());
-    assert!(line.contains("ca.pem") && line.contains("--force"), "{line}");
+    assert!(
+        line.contains("ca.pem") && line.contains("--force"),
+        "{line}"
+    );
 }
