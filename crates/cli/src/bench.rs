@@ -6,7 +6,44 @@ use ftrec_model::DlrmConfig;
 use ftrec_worker::{DataSpec, TrainConfig};
 use serde::Serialize;
 
-use crate::flags::BenchCmd;
+use crate::flags::{BenchCmd, RunArgs};
+use crate::progress::Runs;
+
+/// One cluster run of a benchmark: `a` in a work directory of its own under `bench`'s
+/// (removed after), `adjust` applied to the validated configuration, the run's summary on
+/// stdout and its progress line on stderr. A run the strategy aborted is an error.
+pub(crate) fn bench_run(
+    name: &str,
+    mut a: RunArgs,
+    adjust: impl FnOnce(&mut ftrec_cluster::RunConfig),
+    progress: &mut Runs,
+) -> Result<ftrec_cluster::RunReport> {
+    let work = std::env::temp_dir()
+        .join(format!(
+            "ftrec-{}-{}",
+            progress.what().replace(' ', "-"),
+            std::process::id()
+        ))
+        .join(name);
+    a.work_dir = Some(work.clone());
+    let mut cfg = crate::cluster_cmd::run_config(&a)?;
+    adjust(&mut cfg);
+    cfg.validate()?;
+    eprintln!(
+        "{name}: strategy {}, kills {:?}",
+        cfg.strategy.name(),
+        a.kill
+    );
+    let r = ftrec_cluster::run(&cfg);
+    let _ = std::fs::remove_dir_all(&work);
+    let r = r?;
+    if let Some(reason) = &r.aborted {
+        anyhow::bail!("{name}: {reason}");
+    }
+    println!("{name}: {}", r.summary());
+    progress.report(name, &format!("{:.1} s training", r.train_s));
+    Ok(r)
+}
 
 #[derive(Serialize)]
 struct TrainBench {
@@ -41,7 +78,7 @@ struct ClusterBench {
 }
 
 fn cluster_bench(
-    run: &crate::flags::RunArgs,
+    run: &RunArgs,
     kill_server: u32,
     kill_step: Option<u64>,
     single_threads: usize,
@@ -82,27 +119,16 @@ fn cluster_bench(
     crate::set_threads(single_threads)?;
     let single_report = ftrec_worker::train(&single, &mut |_| {})?;
 
-    let work = std::env::temp_dir().join(format!("ftrec-bench-{}", std::process::id()));
-    let run_one =
-        |name: &str, strategy: &str, kill: Option<String>| -> Result<ftrec_cluster::RunReport> {
-            let mut a = base.clone();
-            a.strategy = Some(strategy.into());
-            if strategy == "full" {
-                a.ckpt_every_steps = Some(every);
-            }
-            a.kill = kill.into_iter().collect();
-            a.work_dir = Some(work.join(name));
-            let cfg = crate::cluster_cmd::run_config(&a)?;
-            eprintln!("{name}: strategy {strategy}, kills {:?}", a.kill);
-            let r = ftrec_cluster::run(&cfg);
-            let _ = std::fs::remove_dir_all(work.join(name));
-            let r = r?;
-            if let Some(reason) = &r.aborted {
-                bail!("{name}: {reason}");
-            }
-            println!("{name}: {}", r.summary());
-            Ok(r)
-        };
+    let mut progress = Runs::new("bench cluster", 3);
+    let mut run_one = |name: &str, strategy: &str, kill: Option<String>| {
+        let mut a = base.clone();
+        a.strategy = Some(strategy.into());
+        if strategy == "full" {
+            a.ckpt_every_steps = Some(every);
+        }
+        a.kill = kill.into_iter().collect();
+        bench_run(name, a, |_| {}, &mut progress)
+    };
     let none = run_one("none", "none", None)?;
     let full = run_one("full", "full", None)?;
     let killed = run_one(
@@ -110,7 +136,6 @@ fn cluster_bench(
         "full",
         Some(format!("server={kill_server}@step={kill_step}")),
     )?;
-    let _ = std::fs::remove_dir_all(&work);
     let f = killed.failures.first();
     Ok(ClusterBench {
         throughput_ratio: none.samples_per_s / single_report.samples_per_s,

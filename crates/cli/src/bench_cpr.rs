@@ -137,25 +137,15 @@ fn variant(name: &str, priority: Option<&str>, r: RunReport, none: Option<&RunRe
     }
 }
 
-fn run_one(base: &RunArgs, name: &str, args: impl FnOnce(&mut RunArgs)) -> Result<RunReport> {
+fn run_one(
+    base: &RunArgs,
+    name: &str,
+    args: impl FnOnce(&mut RunArgs),
+    progress: &mut crate::progress::Runs,
+) -> Result<RunReport> {
     let mut a = base.clone();
     args(&mut a);
-    let work = std::env::temp_dir().join(format!("ftrec-bench-cpr-{}", std::process::id()));
-    a.work_dir = Some(work.join(name));
-    let cfg = crate::cluster_cmd::run_config(&a)?;
-    eprintln!(
-        "{name}: strategy {}, kills {:?}",
-        cfg.strategy.name(),
-        a.kill
-    );
-    let r = ftrec_cluster::run(&cfg);
-    let _ = std::fs::remove_dir_all(work.join(name));
-    let r = r?;
-    if let Some(reason) = &r.aborted {
-        bail!("{name}: {reason}");
-    }
-    println!("{name}: {}", r.summary());
-    Ok(r)
+    crate::bench::bench_run(name, a, |_| {}, progress)
 }
 
 /// Failure times as exponential gaps of mean `mtbf_s` (inverse transform of a seeded uniform),
@@ -207,7 +197,9 @@ fn bench(
     let cfg = crate::cluster_cmd::run_config(&base)?;
     let (steps, servers) = (cfg.steps, cfg.servers);
 
-    let none = run_one(&base, "failure_free", |_| {})?;
+    // failure_free, cpr with each of 4 priorities, full.
+    let mut progress = crate::progress::Runs::new("bench cpr", 6);
+    let none = run_one(&base, "failure_free", |_| {}, &mut progress)?;
     let steps_per_s = none.steps as f64 / none.train_s.max(1e-9);
     let mtbf_s = mtbf_s.unwrap_or(none.train_s / kills as f64);
     if !(mtbf_s.is_finite() && mtbf_s > 0.0) {
@@ -270,13 +262,18 @@ fn bench(
         } else {
             format!("cpr_{priority}")
         };
-        let r = run_one(&base, &name, |a| {
-            a.strategy = Some("cpr".into());
-            a.cpr.cpr_priority = Some(priority.into());
-            a.cpr.target_pls = Some(target_pls);
-            a.cpr.mtbf_s = Some(mtbf_s);
-            a.kill = kill_args.clone();
-        })?;
+        let r = run_one(
+            &base,
+            &name,
+            |a| {
+                a.strategy = Some("cpr".into());
+                a.cpr.cpr_priority = Some(priority.into());
+                a.cpr.target_pls = Some(target_pls);
+                a.cpr.mtbf_s = Some(mtbf_s);
+                a.kill = kill_args.clone();
+            },
+            &mut progress,
+        )?;
         if priority == "none" {
             // Every save of the vanilla run is a full: its mean pause is O_save.
             o_save_s = Some(r.checkpoint_pause_s / r.checkpoints.max(1) as f64);
@@ -286,11 +283,16 @@ fn bench(
     let o_save_s = o_save_s.unwrap_or(0.0);
     let full_interval_s = (2.0 * o_save_s * mtbf_s).sqrt();
     let full_every_steps = ((full_interval_s * steps_per_s).round() as u64).max(1);
-    let full = run_one(&base, "full", |a| {
-        a.strategy = Some("full".into());
-        a.ckpt_every_steps = Some(full_every_steps);
-        a.kill = kill_args.clone();
-    })?;
+    let full = run_one(
+        &base,
+        "full",
+        |a| {
+            a.strategy = Some("full".into());
+            a.ckpt_every_steps = Some(full_every_steps);
+            a.kill = kill_args.clone();
+        },
+        &mut progress,
+    )?;
     let full = variant("full", None, full, Some(&none));
     let best = variants
         .iter()

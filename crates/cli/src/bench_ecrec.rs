@@ -260,27 +260,15 @@ fn run_one(
     name: &str,
     strategy: StrategyChoice,
     kill: Option<String>,
+    progress: &mut crate::progress::Runs,
 ) -> Result<RunReport> {
     let mut a = base.clone();
     a.strategy = Some(strategy.name().into());
     a.kill = kill.into_iter().collect();
-    let work = std::env::temp_dir().join(format!("ftrec-bench-ecrec-{}", std::process::id()));
-    a.work_dir = Some(work.join(name));
     if let StrategyChoice::Full { every_steps } = strategy {
         a.ckpt_every_steps = Some(every_steps);
     }
-    let mut cfg = crate::cluster_cmd::run_config(&a)?;
-    cfg.strategy = strategy;
-    cfg.validate()?;
-    eprintln!("{name}: kills {:?}", a.kill);
-    let r = ftrec_cluster::run(&cfg);
-    let _ = std::fs::remove_dir_all(work.join(name));
-    let r = r?;
-    if let Some(reason) = &r.aborted {
-        bail!("{name}: {reason}");
-    }
-    println!("{name}: {}", r.summary());
-    Ok(r)
+    crate::bench::bench_run(name, a, |cfg| cfg.strategy = strategy, progress)
 }
 
 fn ecrec(
@@ -406,9 +394,22 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
     }
     // Each repeat: `none`, then every variant; a variant's ratios are against the `none` run
     // of its own repeat, so slow drifts of the machine's load cancel out.
+    let total =
+        repeats as usize * (1 + variants.len()) + recovery_shares.len() + usize::from(plan.full);
+    eprintln!(
+        "bench ecrec: {total} runs (tens of minutes on two cores; each run's line gives the \
+         time left)"
+    );
+    let mut progress = crate::progress::Runs::new("bench ecrec", total);
     let mut none = Vec::new();
     for rep in 0..repeats {
-        let n = run_one(&base, &format!("none_{rep}"), StrategyChoice::None, None)?;
+        let n = run_one(
+            &base,
+            &format!("none_{rep}"),
+            StrategyChoice::None,
+            None,
+            &mut progress,
+        )?;
         none.push(RunSummary::of("none", rep, n));
         for v in &mut variants {
             let r = run_one(
@@ -416,6 +417,7 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
                 &format!("{}_{rep}", v.name),
                 ecrec(v.k, v.r, v.two_phase, v.dense_replication, share),
                 None,
+                &mut progress,
             )?;
             v.runs.push(RunSummary::of(&v.name, rep, r));
         }
@@ -485,7 +487,13 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
                 continue;
             }
         }
-        let r = run_one(&recovery_base, name, strategy, Some(kill.clone()))?;
+        let r = run_one(
+            &recovery_base,
+            name,
+            strategy,
+            Some(kill.clone()),
+            &mut progress,
+        )?;
         let f = r.failures.first();
         let share = f.and_then(|f| {
             let end = f.injected_t_s + f.recovered_s?;

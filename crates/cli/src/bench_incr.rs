@@ -840,13 +840,17 @@ pub fn run(a: IncrBenchArgs) -> Result<()> {
         })
     };
     let mut runs = Vec::new();
+    let total = 3
+        + if a.no_reset_runs { 0 } else { 2 }
+        + usize::from(a.quantize.is_some())
+        + usize::from(!a.no_deck);
+    let mut progress = crate::progress::Runs::new("bench incremental", total);
     let mut go = |name: &str, s: Box<dyn Strategy>, resets: bool| -> Result<()> {
-        eprintln!(
-            "bench incremental: {name}{}",
-            if resets { " (resets on)" } else { "" }
-        );
+        let label = format!("{name}{}", if resets { " (resets on)" } else { "" });
+        eprintln!("bench incremental: {label}");
         let r = run_one(&env, name, s, resets)?;
         runs.push(r);
+        progress.report(&label, "done");
         Ok(())
     };
     go("incrcp", Box::new(incrcp(BaseReset::Never)?), false)?;

@@ -20,22 +20,19 @@ use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use ftrec_ckpt::deck::{self, GcOptions, Lineage, RestoreAt, Retention};
 use ftrec_ckpt::incr;
-use ftrec_ckpt::location;
 use ftrec_ckpt::{CheckpointId, Checkpoints, LocalStore};
 
 pub use ftrec_cluster::args::StoreArgs;
 
-/// Opening the store that [`StoreArgs`] names.
+/// Opening the store that [`StoreArgs`] names: an existing store only
+/// ([`crate::restored::open_store`]).
 pub trait OpenStore {
     async fn open(&self) -> Result<Checkpoints>;
 }
 
 impl OpenStore for StoreArgs {
     async fn open(&self) -> Result<Checkpoints> {
-        let store = location::open(&self.location, &self.options())
-            .await
-            .with_context(|| format!("opening checkpoint store {}", self.location))?;
-        Ok(Checkpoints::new(store))
+        crate::restored::open_store(&self.location, &self.options()).await
     }
 }
 
@@ -408,6 +405,12 @@ fn merge(cmd: CkptCmd) -> Result<i32> {
         bail!("not a merge");
     };
     {
+        // The store must exist before the merger opens it (opening creates a directory).
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?
+            .block_on(m.store.open())?;
         let args = m.merger();
         // Progress lines (`writing ID`, `wrote ID`) come from the merger as it goes.
         let (rep, gc) = ftrec_cluster::merger::merge_once(&args)?;
@@ -444,7 +447,7 @@ mod tests {
     }
 
     #[test]
-    fn empty_store_lists_and_verifies_clean() {
+    fn an_empty_directory_is_not_a_store() {
         let dir = tempfile::tempdir().unwrap();
         let store = StoreArgs {
             location: dir.path().to_string_lossy().into_owned(),
@@ -454,14 +457,16 @@ mod tests {
             secret_access_key: None,
             allow_http: false,
         };
-        assert_eq!(
-            run(CkptCmd::Ls {
-                store: store.clone()
-            })
-            .unwrap(),
-            0
-        );
-        assert_eq!(run(CkptCmd::Verify { store }).unwrap(), 0);
+        for cmd in [
+            CkptCmd::Ls {
+                store: store.clone(),
+            },
+            CkptCmd::Verify { store },
+        ] {
+            let e = format!("{:#}", run(cmd).unwrap_err());
+            assert!(e.contains("is not a checkpoint store"), "{e}");
+        }
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
     #[test]

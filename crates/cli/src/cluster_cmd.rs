@@ -385,6 +385,12 @@ pub fn data_path(t: &ftrec_data::tsv::TsvConfig) -> String {
 }
 
 fn execute(a: &RunArgs, cfg: RunConfig) -> Result<()> {
+    ftrec_cluster::auth::check_exposure(
+        "--control-listen",
+        cfg.control_listen,
+        &cfg.auth,
+        a.auth.insecure,
+    )?;
     let data = match &cfg.data {
         Some(t) => format!(
             " | data {} ({} epochs)",
@@ -418,6 +424,10 @@ fn execute(a: &RunArgs, cfg: RunConfig) -> Result<()> {
         let _ = std::fs::remove_dir_all(&cfg.work_dir);
     }
     let report = report?;
+    // Every kill of the schedule, fired or not: a kill whose point never came is said.
+    for k in &report.kills {
+        eprintln!("ftrec run: {}", k.line());
+    }
     println!("{}", report.summary());
     if let Some(path) = &a.json {
         crate::write_json(path, &report).with_context(|| "writing the JSON report")?;

@@ -197,6 +197,10 @@ pub struct SummaryRow {
     pub saves: u64,
     pub save_pause_s: f64,
     pub failures: Vec<LostTime>,
+    /// Kills of the schedule that fired, and all of them (a drawn schedule may hold kills
+    /// after the run's end).
+    #[serde(default)]
+    pub kills_fired: Option<(usize, usize)>,
     /// Steady slowdown: what the overhead leaves once saves and failures are taken out.
     pub steady_s: Option<f64>,
     pub bytes_written: u64,
@@ -378,6 +382,12 @@ fn schedule(a: &CompareArgs, cfg: &RunConfig) -> Result<(Schedule, Vec<KillSpec>
                 .iter()
                 .map(|k| k.parse::<KillSpec>())
                 .collect::<Result<_, _>>()?;
+            if let Some(k) = kills.iter().find(|k| k.role == Role::Job) {
+                bail!(
+                    "--kills {k}: compare runs every strategy's coordinator in its own process, \
+                     which a whole-job kill would end; kill servers, workers or the merger"
+                );
+            }
             Ok((
                 Schedule {
                     source: "kills".into(),
@@ -578,6 +588,7 @@ fn run_one(
     bar: &indicatif::ProgressBar,
     expected_s: Option<f64>,
     keep: bool,
+    progress: &mut crate::progress::Runs,
 ) -> RunEntry {
     let name = cfg.strategy.name().to_string();
     let t = Instant::now();
@@ -611,9 +622,10 @@ fn run_one(
     };
     let msg = match (&report, &error) {
         (Some(r), _) => format!(
-            "{:.1} s training, {} failures{}",
+            "{:.1} s training, {} failures{}{}",
             r.train_s,
             r.failures.len(),
+            kills_fired(r).map_or(String::new(), |(f, n)| format!(", kills fired {f}/{n}")),
             r.aborted
                 .as_ref()
                 .map_or(String::new(), |a| format!(", aborted: {a}"))
@@ -623,8 +635,21 @@ fn run_one(
     };
     bar.set_position(1000);
     bar.finish_with_message(msg.clone());
+    // A kill whose point never came in the run is said, not left for the table to show.
+    for k in report.iter().flat_map(|r| &r.kills).filter(|k| !k.fired) {
+        let line = format!("compare: {name}: {}", k.line());
+        if bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            bar.println(line);
+        }
+    }
+    // The time left, with the bars on a terminal or alone in a log.
+    let line = progress.done(&name, &format!("{msg} ({wall_s:.1} s)"));
     if bar.is_hidden() {
-        eprintln!("compare: {name}: {msg} ({wall_s:.1} s)");
+        eprintln!("{line}");
+    } else {
+        bar.println(line);
     }
     RunEntry {
         strategy: name,
@@ -746,6 +771,7 @@ pub fn compare(a: &CompareArgs, command: Vec<String>) -> Result<CompareReport> {
         .collect();
     let mut runs: Vec<RunEntry> = Vec::new();
     let per_round = plan.len();
+    let mut progress = crate::progress::Runs::new("compare", bars.len());
     for (i, (cfg, bar)) in plan.iter().cycle().zip(&bars).enumerate() {
         let round = (i / per_round) as u32;
         let mut cfg = cfg.clone();
@@ -761,7 +787,7 @@ pub fn compare(a: &CompareArgs, command: Vec<String>) -> Result<CompareReport> {
             .first()
             .map(|r: &RunEntry| r.wall_s * 1.15)
             .filter(|e| *e > 0.0);
-        let mut entry = run_one(cfg, bar, expected, a.keep_runs);
+        let mut entry = run_one(cfg, bar, expected, a.keep_runs, &mut progress);
         entry.round = round;
         let failed_reference = entry.strategy == "none"
             && (entry.error.is_some()
@@ -917,6 +943,11 @@ fn every_steps(c: &StrategyChoice) -> Option<u64> {
     Some((n / k.max(1)).max(1))
 }
 
+/// Kills of a run's schedule that fired, and all of them (`None` without kills).
+fn kills_fired(r: &RunReport) -> Option<(usize, usize)> {
+    (!r.kills.is_empty()).then(|| (r.kills.iter().filter(|k| k.fired).count(), r.kills.len()))
+}
+
 fn summarize(rep: &CompareReport) -> Vec<SummaryRow> {
     let reference = rep.reference();
     let window = crate::timeline::smoothing_window(rep);
@@ -950,6 +981,7 @@ fn summarize(rep: &CompareReport) -> Vec<SummaryRow> {
                     saves: 0,
                     save_pause_s: 0.0,
                     failures: Vec::new(),
+                    kills_fired: None,
                     steady_s: None,
                     bytes_written: 0,
                     stored_bytes: e.stored_bytes,
@@ -1031,6 +1063,7 @@ fn summarize(rep: &CompareReport) -> Vec<SummaryRow> {
                 saves: r.checkpoints,
                 save_pause_s: r.checkpoint_pause_s,
                 failures,
+                kills_fired: kills_fired(r),
                 steady_s: steady.filter(|_| ok),
                 bytes_written: r.bytes_written,
                 stored_bytes: e.stored_bytes,
@@ -1198,7 +1231,7 @@ pub fn table(rep: &CompareReport) -> (Vec<&'static str>, Vec<Vec<String>>) {
         "steady overhead",
         "start-up s",
         "saves (pause s)",
-        "failures",
+        "failures (kills fired)",
         "lost s/failure",
         "written MiB",
         "stored MiB",
@@ -1233,7 +1266,10 @@ pub fn table(rep: &CompareReport) -> (Vec<&'static str>, Vec<Vec<String>>) {
                 pct(s.steady_overhead, s.steady_overhead_ci95),
                 opt(s.startup_s, |t| format!("{t:.2}")),
                 format!("{} ({:.2})", s.saves, s.save_pause_s),
-                s.failures.len().to_string(),
+                match s.kills_fired {
+                    Some((f, n)) => format!("{} ({f}/{n})", s.failures.len()),
+                    None => s.failures.len().to_string(),
+                },
                 lost,
                 mib(s.bytes_written as f64),
                 mib(s.stored_bytes as f64),

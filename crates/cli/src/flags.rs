@@ -60,6 +60,9 @@ pub enum Cmd {
     /// Which strategy to run at production scale: costs simulated from coefficients calibrated
     /// on a compare report.
     Advise(crate::advise::AdviseArgs),
+    /// Test certificates for mutual TLS: a fresh CA and one certificate it signed for the
+    /// hosts given (ca.pem, NAME-cert.pem, NAME-key.pem).
+    Certs(crate::certs::CertsArgs),
 }
 
 /// Flags of `ftrec run` and `ftrec coordinator`. Every value may also come from the job file

@@ -8,6 +8,7 @@ mod bench;
 mod bench_cpr;
 mod bench_ecrec;
 mod bench_incr;
+mod certs;
 mod ckpt_cmd;
 mod cluster_cmd;
 mod compare;
@@ -17,6 +18,7 @@ mod eval;
 mod export;
 mod flags;
 mod plot;
+mod progress;
 mod restored;
 mod resume;
 mod timeline;
@@ -71,6 +73,7 @@ fn main() -> ExitCode {
         flags::Cmd::Compare(args) => compare::run(args),
         flags::Cmd::Demo(args) => demo::run(args),
         flags::Cmd::Advise(args) => advise::run(args),
+        flags::Cmd::Certs(args) => certs::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

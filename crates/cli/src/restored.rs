@@ -78,11 +78,32 @@ pub fn job_defaults(location: &str, opts: &LocationOptions) -> Result<Option<Job
 /// mistyped path is an error, not a new empty store.
 fn require_existing(location: &str) -> Result<()> {
     if let Ok(location::Location::Dir(dir)) = location::parse(location) {
+        if !dir.exists() {
+            bail!("checkpoint store {location} does not exist");
+        }
         if !dir.is_dir() {
             bail!("checkpoint store {location} is not a directory");
         }
     }
     Ok(())
+}
+
+/// Open the store at `location` for reading or maintenance: it must exist and be a store (a
+/// `CURRENT`, a job record or a checkpoint; a damaged one counts), else one error naming it.
+/// Nothing is created: a mistyped path never looks like an empty store.
+pub async fn open_store(location: &str, opts: &LocationOptions) -> Result<Checkpoints> {
+    require_existing(location)?;
+    let store = location::open(location, opts)
+        .await
+        .with_context(|| format!("opening checkpoint store {location}"))?;
+    let ckpts = Checkpoints::new(store);
+    let is_store = !matches!(ckpts.read_current().await, Ok(None))
+        || !matches!(ckpts.read_job().await, Ok(None))
+        || !matches!(ckpts.list_checkpoints().await, Ok(ids) if ids.is_empty());
+    if !is_store {
+        bail!("{location} is not a checkpoint store (no CURRENT, job record or checkpoint in it)");
+    }
+    Ok(ckpts)
 }
 
 /// `--at`: a step (exactly that step's state) or a checkpoint id; none: `CURRENT`.
@@ -101,17 +122,14 @@ pub fn parse_at(at: Option<&str>) -> Result<RestoreAt> {
 /// Restore the state `at` names from the store at `location` (a directory, which must exist,
 /// or s3://bucket/prefix with the settings `opts` and the AWS variables give).
 pub fn restore(location: &str, opts: &LocationOptions, at: &RestoreAt) -> Result<ModelState> {
-    require_existing(location)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async {
-        let store = location::open(location, &opts.clone().or(LocationOptions::from_env()))
-            .await
-            .with_context(|| format!("opening checkpoint store {location}"))?;
-        restore_model(&Checkpoints::new(store), at)
+        let ckpts = open_store(location, &opts.clone().or(LocationOptions::from_env())).await?;
+        restore_model(&ckpts, at)
             .await
             .with_context(|| format!("restoring from {location}"))
     })

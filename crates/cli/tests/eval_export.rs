@@ -690,7 +690,7 @@ fn bad_stores_steps_and_shapes_give_one_clear_error_line() {
                 "--ckpt".into(),
                 missing.display().to_string(),
             ],
-            "is not a directory",
+            "does not exist",
         ),
         (
             vec![
@@ -700,7 +700,7 @@ fn bad_stores_steps_and_shapes_give_one_clear_error_line() {
                 "--out".into(),
                 out_file.display().to_string(),
             ],
-            "is not a directory",
+            "does not exist",
         ),
         (
             vec![
@@ -761,7 +761,7 @@ fn bad_stores_steps_and_shapes_give_one_clear_error_line() {
         assert!(line.contains(needle), "{args:?}: {line}");
     }
     assert!(!out_file.exists());
-    // An empty directory is a store without a checkpoint.
+    // An empty directory is not a store.
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
     let out = ftrec()
@@ -771,7 +771,7 @@ fn bad_stores_steps_and_shapes_give_one_clear_error_line() {
         .output()
         .unwrap();
     let line = one_error_line(&out);
-    assert!(line.contains("no checkpoint"), "{line}");
+    assert!(line.contains("is not a checkpoint store"), "{line}");
 }
 
 /// A job that ran with `--eval-samples 0` evaluated nothing, and its record says so. `ftrec

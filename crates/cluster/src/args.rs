@@ -310,6 +310,7 @@ impl ServerArgs {
         ec.replacement = self.ec_replacement;
         spec.ec = ec.server_spec()?;
         spec.auth = self.auth.resolve()?;
+        crate::auth::check_exposure("--listen", spec.listen, &spec.auth, self.auth.insecure)?;
         spec.validate()?;
         Ok(spec)
     }

@@ -9,6 +9,7 @@
 //! id, or [`crate::control::ToWorker::Refused`] with the reason and closes the connection.
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -33,6 +34,10 @@ pub struct AuthArgs {
     pub job_id: Option<String>,
     #[command(flatten)]
     pub tls: crate::args::TlsArgs,
+    /// Serve on an address other than loopback without a token or mutual TLS: anyone who
+    /// reaches the port can join the job or read its model. Refused without this flag.
+    #[arg(long)]
+    pub insecure: bool,
 }
 
 impl AuthArgs {
@@ -55,6 +60,27 @@ impl AuthArgs {
             },
         })
     }
+}
+
+/// How to make a token: the end of the line that refuses an open socket.
+pub const MAKE_A_TOKEN: &str = "make a token with `head -c 32 /dev/urandom | base64 > \
+     ftrec.token` and give every process --auth-token-file ftrec.token (or $FTREC_AUTH_TOKEN), \
+     or give --insecure to serve every peer that reaches the port";
+
+/// A socket bound to `addr` (the flag `flag` set it) off loopback serves whoever reaches it:
+/// refused without a token or mutual TLS in `auth`, unless `insecure`.
+pub fn check_exposure(
+    flag: &str,
+    addr: SocketAddr,
+    auth: &Auth,
+    insecure: bool,
+) -> Result<(), ClusterError> {
+    if addr.ip().is_loopback() || insecure || auth.token.is_some() || auth.tls.is_some() {
+        return Ok(());
+    }
+    Err(ClusterError::Config(format!(
+        "{flag} {addr} is not a loopback address and no auth token is set; {MAKE_A_TOKEN}"
+    )))
 }
 
 /// A fresh job id: `job-` and 16 hex digits of a hash of the run's seed, the clock and the
@@ -160,6 +186,35 @@ mod tests {
     }
 
     #[test]
+    fn an_open_socket_off_loopback_needs_a_token_or_insecure() {
+        let open: SocketAddr = "0.0.0.0:7000".parse().unwrap();
+        let e = check_exposure("--listen", open, &Auth::none(), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--listen 0.0.0.0:7000")
+                && e.contains("head -c 32 /dev/urandom")
+                && e.contains("--auth-token-file")
+                && e.contains("--insecure")
+                && !e.contains('\n'),
+            "{e}"
+        );
+        let v6: SocketAddr = "[::]:7000".parse().unwrap();
+        assert!(check_exposure("--listen", v6, &Auth::none(), false).is_err());
+        assert!(check_exposure("--listen", open, &Auth::none(), true).is_ok());
+        let token = Auth {
+            token: Some(Token::new("tok", "test").unwrap()),
+            job: None,
+            tls: None,
+        };
+        assert!(check_exposure("--listen", open, &token, false).is_ok());
+        for lo in ["127.0.0.1:0", "[::1]:7000", "127.0.0.2:9"] {
+            let lo: SocketAddr = lo.parse().unwrap();
+            assert!(check_exposure("--listen", lo, &Auth::none(), false).is_ok());
+        }
+    }
+
+    #[test]
     fn a_flag_wins_and_a_bad_file_is_one_error() {
         let dir = tempfile::tempdir().unwrap();
         let empty = dir.path().join("empty");
@@ -168,6 +223,7 @@ mod tests {
             auth_token_file: Some(empty.clone()),
             job_id: None,
             tls: Default::default(),
+            insecure: false,
         };
         let e = a.resolve().unwrap_err().to_string();
         assert!(
@@ -180,6 +236,7 @@ mod tests {
             auth_token_file: Some(good),
             job_id: Some("job-x".into()),
             tls: Default::default(),
+            insecure: false,
         };
         let auth = a.resolve().unwrap();
         assert!(auth.token.unwrap().matches(b"s3cret"));
@@ -188,6 +245,7 @@ mod tests {
             auth_token_file: None,
             job_id: Some("bad id".into()),
             tls: Default::default(),
+            insecure: false,
         }
         .resolve()
         .unwrap_err()

@@ -21,6 +21,7 @@
 //! sequence number (`seq`), distinct from the training step it computes.
 
 mod ecrec;
+mod faults;
 mod outside;
 mod partial;
 mod resume;
@@ -258,7 +259,7 @@ fn run_job(cfg: &RunConfig, resume: bool) -> Result<RunReport, ClusterError> {
         last_loss: f64::NAN,
         timeline: Vec::new(),
         completions: Vec::new(),
-        kills: cfg.kills.iter().map(|k| (*k, false)).collect(),
+        kills: cfg.kills.iter().map(|k| (*k, None)).collect(),
         worker_time: BatchTiming::default(),
         recover_at: Vec::new(),
         store,
@@ -351,7 +352,8 @@ struct Coordinator {
     timeline: Vec<StepPoint>,
     /// Seconds after training start at which each batch completed.
     completions: Vec<f64>,
-    kills: Vec<(KillSpec, bool)>,
+    /// Every scheduled kill and, once it fired, when.
+    kills: Vec<(KillSpec, Option<faults::Fired>)>,
     /// Summed over every answered batch.
     worker_time: BatchTiming,
     /// Failures (by index) that are recovered once `batches` reaches the given count again.
@@ -478,25 +480,6 @@ impl Coordinator {
                 .after(batches)
                 .map_or(batches * self.cfg.batch as u64, |a| a.1),
             None => batches * self.cfg.batch as u64,
-        }
-    }
-
-    /// A kill scheduled after a step the data does not reach never fires: an error, not a run
-    /// that silently missed its fault.
-    fn check_step_kills_fired(&mut self) -> Result<(), ClusterError> {
-        if self.aborted.is_some() || !self.at_data_end() {
-            return Ok(());
-        }
-        match self
-            .kills
-            .iter()
-            .find(|(k, done)| !done && matches!(k.at, KillAt::Step(_)))
-        {
-            Some((k, _)) => Err(ClusterError::Config(format!(
-                "--kill {k} never fired: the data ended after step {}",
-                self.step()
-            ))),
-            None => Ok(()),
         }
     }
 
@@ -719,86 +702,6 @@ impl Coordinator {
             .collect()
     }
 
-    // ---- fault injection ----
-
-    /// Fire the kills scheduled for `point`; returns whether any fired.
-    fn fire(&mut self, due: impl Fn(&KillAt) -> bool) -> bool {
-        let mut fired = false;
-        for i in 0..self.kills.len() {
-            let (k, done) = self.kills[i];
-            if !done && due(&k.at) {
-                self.kills[i].1 = true;
-                self.inject(k.role, k.id, &k.to_string());
-                fired = true;
-            }
-        }
-        fired
-    }
-
-    /// Fire the kills scheduled right after step `step`.
-    fn fire_step_kills(&mut self, step: u64) {
-        self.fire(|at| *at == KillAt::Step(step));
-    }
-
-    fn fire_time_kills(&mut self) {
-        let Some(t0) = self.train_start else { return };
-        let t = t0.elapsed().as_secs_f64();
-        self.fire(|at| matches!(at, KillAt::Time(x) if *x <= t));
-    }
-
-    fn fire_phase_kills(&mut self, phase: Phase) -> bool {
-        let n = {
-            let c = self.phase_entries.entry(phase).or_insert(0);
-            *c += 1;
-            *c
-        };
-        self.fire(|at| *at == KillAt::Phase(phase) || *at == KillAt::PhaseNth(phase, n))
-    }
-
-    /// SIGKILL a process and record the failure.
-    fn inject(&mut self, role: Role, id: u32, why: &str) {
-        let pid = match role {
-            Role::Server if self.external_servers() => self.await_outside_kill(id, why),
-            Role::Server => self.procs.get_mut(id as usize).map(|p| {
-                let pid = p.pid();
-                self.cpu.add(pid, true);
-                p.kill();
-                pid
-            }),
-            Role::Worker => {
-                if let Some(pid) = self.pool.pid(id) {
-                    self.cpu.add(pid, false);
-                }
-                self.pool.kill(id)
-            }
-            Role::Merger => self.kill_merger(),
-        };
-        let Some(pid) = pid else { return };
-        let t = self.now();
-        self.failures.push(FailureReport {
-            role,
-            id,
-            step: self.step(),
-            injected_t_s: t,
-            detected_s: None,
-            replaced_s: None,
-            resumed_s: None,
-            recovered_s: None,
-            steps_redone: 0,
-            detected_by: None,
-            servers_restored: Vec::new(),
-        });
-        let how = match pid {
-            0 => "killed from outside".to_string(),
-            pid => format!("SIGKILL to pid {pid}"),
-        };
-        self.event(
-            EventKind::FailureInjected,
-            (role == Role::Server).then_some(id),
-            format!("{role} {id}: {how} ({why})"),
-        );
-    }
-
     /// The open failure record of `role` `id`, marked detected now (a new one if the loss
     /// was not injected).
     fn detected(&mut self, role: Role, id: u32, by: &str) -> usize {
@@ -811,19 +714,7 @@ impl Coordinator {
         {
             Some(i) => i,
             None => {
-                self.failures.push(FailureReport {
-                    role,
-                    id,
-                    step,
-                    injected_t_s: now,
-                    detected_s: None,
-                    replaced_s: None,
-                    resumed_s: None,
-                    recovered_s: None,
-                    steps_redone: 0,
-                    detected_by: None,
-                    servers_restored: Vec::new(),
-                });
+                self.failures.push(FailureReport::lost(role, id, step, now));
                 self.failures.len() - 1
             }
         };
@@ -1752,6 +1643,7 @@ impl Coordinator {
             .filter(|e| e.kind == EventKind::CheckpointFailed)
             .collect();
         let checkpoints_failed = failed_saves.len() as u64;
+        let kills = self.kill_outcomes();
         let checkpoint_failures = failed_saves
             .iter()
             .take(crate::report::MAX_FAILURE_REASONS)
@@ -1765,7 +1657,8 @@ impl Coordinator {
             samples_redone: self.samples_redone,
             wall_s: self.start.elapsed().as_secs_f64(),
             train_s,
-            samples_per_s: trained as f64 / train_s.max(1e-9),
+            samples_trained: trained,
+            samples_per_s: crate::report::samples_per_s(trained, train_s),
             train_loss: self.last_loss,
             events: self.events,
             failures: self.failures,
@@ -1792,6 +1685,7 @@ impl Coordinator {
             ec: self.ec.map(|e| e.report),
             cpu: self.cpu.report(),
             resumed: self.resumed,
+            kills,
             cpr: match self.strategy.report() {
                 Some(ftrec_strategy::StrategyReport::Cpr(c)) => Some(c),
                 _ => None,

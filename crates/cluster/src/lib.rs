@@ -29,9 +29,12 @@
 //!   commit across the nodes, and a lost server is replaced by an empty process that rebuilds
 //!   in the background while training goes on, with no rollback ([`EcReport`] in the report);
 //! - who may join a run ([`auth`]): the shared token and the job id every gRPC request and
-//!   control connection carries, checked by every server and by the coordinator;
+//!   control connection carries, checked by every server and by the coordinator; a socket
+//!   off loopback without a token is refused unless `--insecure` ([`auth::check_exposure`]);
 //! - fault injection ([`KillSpec`]: SIGKILL a server or a worker after a step, at a time, or in
-//!   a named [`Phase`], ECRec's 2PC phases and rebuilds included) and the run's report with its event timeline, per-failure detect /
+//!   a named [`Phase`], ECRec's 2PC phases and rebuilds included, or the whole job after a
+//!   step), each kill fired or not in the report ([`KillOutcome`]), and the run's report with
+//!   its event timeline, per-failure detect /
 //!   replace / resume / recover times, CPR Eq. 1's overhead terms and a throughput timeline
 //!   ([`RunReport`]);
 //! - checkpoints of every saving strategy (`full`, `deck`, ...) through one path
@@ -100,8 +103,8 @@ pub use ftrec_ec::CodeKind;
 pub use ftrec_ps::net;
 pub use launcher::ServerProcess;
 pub use report::{
-    CpuReport, DataReport, EventKind, FailureReport, IntervalPoint, Overheads, RunReport,
-    StoreReport, TimedEvent,
+    CpuReport, DataReport, EventKind, FailureReport, IntervalPoint, KillOutcome, Overheads,
+    RunReport, StoreReport, TimedEvent,
 };
 pub use shard_server::{build_server, serve_shard};
 pub use spec::{

@@ -78,6 +78,23 @@ pub struct FailureReport {
 }
 
 impl FailureReport {
+    /// The record of `role` `id` lost at `t_s` after step `step`, nothing known yet.
+    pub fn lost(role: Role, id: u32, step: u64, t_s: f64) -> FailureReport {
+        FailureReport {
+            role,
+            id,
+            step,
+            injected_t_s: t_s,
+            detected_s: None,
+            replaced_s: None,
+            resumed_s: None,
+            recovered_s: None,
+            steps_redone: 0,
+            detected_by: None,
+            servers_restored: Vec::new(),
+        }
+    }
+
     /// Seconds from the kill to detection.
     pub fn detect_s(&self) -> Option<f64> {
         self.detected_s
@@ -160,6 +177,36 @@ pub fn intervals(completions: &[f64], samples_per_batch: u64, width_s: f64) -> V
         .collect()
 }
 
+/// What became of one scheduled kill (in the run report's `kills`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KillOutcome {
+    /// The kill as given (`server=1@step=12`).
+    pub kill: String,
+    pub fired: bool,
+    /// Seconds after the run started at which it fired.
+    pub t_s: Option<f64>,
+    /// The steps completed when it fired.
+    pub step: Option<u64>,
+    /// Why it did not fire (the point it waited for never came in the run).
+    pub not_fired: Option<String>,
+}
+
+impl KillOutcome {
+    /// One line for a person: `kill server=1@step=12: fired after step 12 (1.23 s)`.
+    pub fn line(&self) -> String {
+        match (self.fired, self.t_s, self.step) {
+            (true, Some(t), Some(s)) => {
+                format!("kill {}: fired after step {s} ({t:.2} s)", self.kill)
+            }
+            _ => format!(
+                "kill {}: NOT FIRED ({})",
+                self.kill,
+                self.not_fired.as_deref().unwrap_or("its point never came")
+            ),
+        }
+    }
+}
+
 /// Reasons of failed saves a report keeps.
 pub const MAX_FAILURE_REASONS: usize = 16;
 
@@ -176,9 +223,16 @@ pub struct RunReport {
     pub samples: u64,
     /// Samples computed again after recoveries.
     pub samples_redone: u64,
+    /// The whole run: start-up, training, the final save and evaluation.
     pub wall_s: f64,
     /// From the first step to the last, pauses and recoveries included.
     pub train_s: f64,
+    /// Samples this run trained (`samples` less those of the checkpoint a resumed run started
+    /// from).
+    #[serde(default)]
+    pub samples_trained: u64,
+    /// Training throughput: [`samples_per_s`]`(samples_trained, train_s)`, the one definition
+    /// every report and table uses.
     pub samples_per_s: f64,
     /// Mean loss of the last step's workers.
     pub train_loss: f64,
@@ -240,7 +294,13 @@ pub struct RunReport {
     /// servers that saved it and restored it.
     #[serde(default)]
     pub resumed: Option<crate::coordinator::ResumeReport>,
+    /// Every kill of the schedule: fired (when, after which step) or not, and why not.
+    #[serde(default)]
+    pub kills: Vec<KillOutcome>,
 }
+
+/// The one definition of samples/s ([`ftrec_core::samples_per_s`]).
+pub use ftrec_core::samples_per_s;
 
 /// What a run on Criteo TSV data read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -401,14 +461,17 @@ impl RunReport {
     /// A few human-readable lines.
     pub fn summary(&self) -> String {
         let mut s = format!(
-            "job {}: strategy {}: {} steps, {} samples in {:.2}s ({:.0} samples/s), {} checkpoints \
-             ({:.3}s paused, {} bytes), {} failures\n",
+            "job {}: strategy {}: {} steps ({} samples in the model); trained {} samples in \
+             {:.2}s of training ({:.0} samples/s), {:.2}s in all; {} checkpoints ({:.3}s \
+             paused, {} bytes), {} failures\n",
             self.job_id,
             self.strategy,
             self.steps,
             self.samples,
-            self.wall_s,
+            self.samples_trained,
+            self.train_s,
             self.samples_per_s,
+            self.wall_s,
             self.checkpoints,
             self.checkpoint_pause_s,
             self.bytes_written,

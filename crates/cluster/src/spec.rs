@@ -239,6 +239,11 @@ pub enum Role {
     Worker,
     /// The merger process of `deck` (DECK §3.3); id 0.
     Merger,
+    /// The whole job at once: every server, worker and merger, then the process that runs the
+    /// coordinator itself (`job@step=S`, after a step only). What a crash of the machine does,
+    /// at a point a script can rely on; the store keeps what was committed, and
+    /// `ftrec run --resume` trains the rest. Only for a coordinator in a process of its own.
+    Job,
 }
 
 impl std::fmt::Display for Role {
@@ -247,6 +252,7 @@ impl std::fmt::Display for Role {
             Role::Server => "server",
             Role::Worker => "worker",
             Role::Merger => "merger",
+            Role::Job => "job",
         })
     }
 }
@@ -320,7 +326,8 @@ pub enum KillAt {
 /// `ROLE=I@step=S`, `ROLE=I@time=T` or
 /// `ROLE=I@phase=checkpoint-write|recovery|merge|prepare|commit|rebuild[#N]` (the `N`-th time
 /// the phase is entered, default the first), with ROLE
-/// `server` or `worker` (for example `server=1@step=12`, `worker=0@time=2.5`).
+/// `server` or `worker` (for example `server=1@step=12`, `worker=0@time=2.5`), or the whole
+/// job at once after a step: `job@step=S` ([`Role::Job`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct KillSpec {
@@ -342,7 +349,10 @@ impl KillSpec {
 
 impl std::fmt::Display for KillSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}={}@", self.role, self.id)?;
+        match self.role {
+            Role::Job => write!(f, "job@")?,
+            _ => write!(f, "{}={}@", self.role, self.id)?,
+        }
         match self.at {
             KillAt::Step(s) => write!(f, "step={s}"),
             KillAt::Time(t) => write!(f, "time={t}"),
@@ -373,18 +383,23 @@ impl FromStr for KillSpec {
             ClusterError::Config(format!(
                 "--kill {s:?}: {why}; expected ROLE=I@step=S, ROLE=I@time=T or \
                  ROLE=I@phase=checkpoint-write|recovery|merge|prepare|commit|rebuild[#N] with \
-                 ROLE server, worker or merger (for example server=1@step=12)"
+                 ROLE server, worker or merger (for example server=1@step=12), or job@step=S"
             ))
         };
         let (who, when) = s.split_once('@').ok_or_else(|| bad("no '@'"))?;
-        let (role, id) = who.split_once('=').ok_or_else(|| bad("no ROLE=I"))?;
-        let role = match role {
-            "server" => Role::Server,
-            "worker" => Role::Worker,
-            "merger" => Role::Merger,
-            _ => return Err(bad("unknown role")),
+        let (role, id) = match who {
+            "job" => (Role::Job, 0),
+            _ => {
+                let (role, id) = who.split_once('=').ok_or_else(|| bad("no ROLE=I"))?;
+                let role = match role {
+                    "server" => Role::Server,
+                    "worker" => Role::Worker,
+                    "merger" => Role::Merger,
+                    _ => return Err(bad("unknown role")),
+                };
+                (role, id.parse().map_err(|_| bad("the id is not a number"))?)
+            }
         };
-        let id = id.parse().map_err(|_| bad("the id is not a number"))?;
         let (kind, value) = when.split_once('=').ok_or_else(|| bad("no point"))?;
         let at = match kind {
             "step" => KillAt::Step(value.parse().map_err(|_| bad("bad step"))?),
@@ -408,6 +423,11 @@ impl FromStr for KillSpec {
             },
             _ => return Err(bad("unknown point")),
         };
+        if role == Role::Job && !matches!(at, KillAt::Step(_)) {
+            return Err(bad(
+                "the whole job is killed after a step only (job@step=S)",
+            ));
+        }
         Ok(KillSpec { role, id, at })
     }
 }
@@ -906,6 +926,15 @@ impl RunConfig {
                     }
                     1
                 }
+                Role::Job => {
+                    if !self.external_servers.is_empty() || self.external_workers {
+                        return bad(format!(
+                            "--kill {k}: only a job whose servers and workers this coordinator \
+                             started can be killed as a whole"
+                        ));
+                    }
+                    1
+                }
             };
             if k.id >= count {
                 return bad(format!("--kill {k}: there are only {}s 0..{count}", k.role));
@@ -1009,6 +1038,7 @@ mod tests {
             "worker=3@phase=recovery",
             "server=1@phase=checkpoint-write#3",
             "merger=0@phase=merge",
+            "job@step=40",
         ] {
             let k: KillSpec = text.parse().unwrap();
             assert_eq!(k.to_string(), text);
@@ -1026,6 +1056,9 @@ mod tests {
             "server=1@phase=lunch",
             "server=1@phase=merge#0",
             "server=1@phase=merge#x",
+            "job@time=2",
+            "job@phase=merge",
+            "job=0@step=3",
         ] {
             let e = bad.parse::<KillSpec>().unwrap_err();
             assert!(e.to_string().contains("ROLE=I@step=S"), "{e}");

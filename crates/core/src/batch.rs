@@ -140,3 +140,27 @@ mod tests {
         ));
     }
 }
+
+/// Training throughput, the one definition of samples/s every report and table uses: samples
+/// trained over training time (first step to last, pauses and recoveries included; start-up,
+/// a final save and evaluation are not training). Zero when nothing was trained.
+pub fn samples_per_s(samples_trained: u64, train_s: f64) -> f64 {
+    if samples_trained == 0 || train_s.is_nan() || train_s <= 0.0 {
+        0.0
+    } else {
+        samples_trained as f64 / train_s
+    }
+}
+
+#[cfg(test)]
+mod throughput_tests {
+    use super::samples_per_s;
+
+    #[test]
+    fn samples_per_s_is_samples_trained_over_training_time() {
+        assert_eq!(samples_per_s(1000, 2.0), 500.0);
+        // Nothing trained (a resumed run of a finished job): no throughput, not a division.
+        assert_eq!(samples_per_s(0, 0.0), 0.0);
+        assert_eq!(samples_per_s(10, 0.0), 0.0);
+    }
+}

@@ -41,7 +41,7 @@ pub mod rng;
 pub mod sparse;
 pub mod table;
 
-pub use batch::{Batch, SparseFeature, NUM_DENSE, NUM_SPARSE};
+pub use batch::{samples_per_s, Batch, SparseFeature, NUM_DENSE, NUM_SPARSE};
 pub use dense::{DenseParams, DENSE_BLOCK};
 pub use digest::ModelDigest;
 pub use error::CoreError;

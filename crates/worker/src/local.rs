@@ -447,7 +447,7 @@ pub fn train(
             samples,
             loss: window.iter().sum::<f64>() / window.len() as f64,
             elapsed_s,
-            samples_per_s: samples as f64 / elapsed_s.max(1e-9),
+            samples_per_s: ftrec_core::samples_per_s(samples, elapsed_s),
         });
     }
     let train_s = train_start.elapsed().as_secs_f64();
@@ -464,7 +464,7 @@ pub fn train(
         samples,
         wall_s: start.elapsed().as_secs_f64(),
         train_s,
-        samples_per_s: samples as f64 / train_s.max(1e-9),
+        samples_per_s: ftrec_core::samples_per_s(samples, train_s),
         train_loss: window.iter().sum::<f64>() / window.len().max(1) as f64,
         auc: evaluation.auc,
         logloss: evaluation.logloss,

@@ -75,6 +75,13 @@ fn compare_writes_every_strategy_s_report_and_plots_and_advise_ranks_them() {
         // Every strategy but the reference met the kill.
         let kills = if s["strategy"] == "none" { 0 } else { 1 };
         assert_eq!(s["failures"].as_array().unwrap().len(), kills, "{s}");
+        // ... and the table says the kill fired.
+        let fired = if kills == 0 {
+            serde_json::Value::Null
+        } else {
+            serde_json::json!([1, 1])
+        };
+        assert_eq!(s["kills_fired"], fired, "{s}");
         if s["strategy"] == "cpr" {
             // Partial recovery is approximate: server 1 lost the two steps since its save at
             // step 8, and the report gives the error against the failure-free run.

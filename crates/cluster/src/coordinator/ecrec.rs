@@ -648,10 +648,7 @@ impl Coordinator {
             return Vec::new();
         }
         let mut holds = Vec::new();
-        for (k, done) in &self.kills {
-            if *done {
-                continue;
-            }
+        for k in self.pending_kills() {
             if let KillAt::Phase(p) | KillAt::PhaseNth(p, _) = k.at {
                 let h = match p {
                     Phase::Prepare => TxnHold::Prepare,

@@ -1,0 +1,175 @@
+//! Fault injection: the scheduled kills ([`KillSpec`]) fired at their step, time or phase,
+//! each SIGKILL recorded as a failure, and what became of every kill by the end of the run
+//! ([`KillOutcome`]: fired when and after which step, or not, and why not), so that a kill that
+//! never fired is never mistaken for one that did.
+//!
+//! A kill of the whole job (`job@step=S`) SIGKILLs every process of the job and then the
+//! process running the coordinator: nothing after it runs, as in a crash of the machine.
+
+use super::Coordinator;
+use crate::report::{EventKind, FailureReport, KillOutcome};
+use crate::{ClusterError, KillAt, KillSpec, Phase, Role};
+
+/// When a kill fired.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Fired {
+    t_s: f64,
+    step: u64,
+}
+
+impl Coordinator {
+    /// Fire the kills scheduled for `point`; returns whether any fired.
+    fn fire(&mut self, due: impl Fn(&KillAt) -> bool) -> bool {
+        let mut fired = false;
+        for i in 0..self.kills.len() {
+            let (k, done) = self.kills[i];
+            if done.is_none() && due(&k.at) {
+                let at = Fired {
+                    t_s: self.now(),
+                    step: self.step(),
+                };
+                if self.inject(k.role, k.id, &k.to_string()) {
+                    self.kills[i].1 = Some(at);
+                    fired = true;
+                }
+            }
+        }
+        fired
+    }
+
+    /// Fire the kills scheduled right after step `step`.
+    pub(super) fn fire_step_kills(&mut self, step: u64) {
+        self.fire(|at| *at == KillAt::Step(step));
+    }
+
+    pub(super) fn fire_time_kills(&mut self) {
+        let Some(t0) = self.train_start else { return };
+        let t = t0.elapsed().as_secs_f64();
+        self.fire(|at| matches!(at, KillAt::Time(x) if *x <= t));
+    }
+
+    pub(super) fn fire_phase_kills(&mut self, phase: Phase) -> bool {
+        let n = {
+            let c = self.phase_entries.entry(phase).or_insert(0);
+            *c += 1;
+            *c
+        };
+        self.fire(|at| *at == KillAt::Phase(phase) || *at == KillAt::PhaseNth(phase, n))
+    }
+
+    /// The kills still to fire.
+    pub(super) fn pending_kills(&self) -> impl Iterator<Item = &KillSpec> {
+        self.kills
+            .iter()
+            .filter(|(_, f)| f.is_none())
+            .map(|(k, _)| k)
+    }
+
+    /// SIGKILL a process and record the failure; whether a process was lost (a server
+    /// started elsewhere is killed by whoever runs it: pid 0).
+    fn inject(&mut self, role: Role, id: u32, why: &str) -> bool {
+        let pid = match role {
+            Role::Server if self.external_servers() => self.await_outside_kill(id, why),
+            Role::Server => self.procs.get_mut(id as usize).map(|p| {
+                let pid = p.pid();
+                self.cpu.add(pid, true);
+                p.kill();
+                pid
+            }),
+            Role::Worker => {
+                if let Some(pid) = self.pool.pid(id) {
+                    self.cpu.add(pid, false);
+                }
+                self.pool.kill(id)
+            }
+            Role::Merger => self.kill_merger(),
+            Role::Job => self.kill_job(why),
+        };
+        let Some(pid) = pid else { return false };
+        let lost = FailureReport::lost(role, id, self.step(), self.now());
+        self.failures.push(lost);
+        let how = match pid {
+            0 => "killed from outside".to_string(),
+            pid => format!("SIGKILL to pid {pid}"),
+        };
+        self.event(
+            EventKind::FailureInjected,
+            (role == Role::Server).then_some(id),
+            format!("{role} {id}: {how} ({why})"),
+        );
+        true
+    }
+
+    /// SIGKILL the merger, every worker and every server, then this process.
+    fn kill_job(&mut self, why: &str) -> ! {
+        self.kill_merger();
+        for w in 0..self.workers() {
+            self.pool.kill(w);
+        }
+        for p in &mut self.procs {
+            p.kill();
+        }
+        eprintln!(
+            "ftrec: {why}: SIGKILLed the whole job after step {} (servers, workers, merger and \
+             the coordinator's process {})",
+            self.step(),
+            std::process::id()
+        );
+        // SAFETY: kill(2) on this process's own pid with a signal that cannot be caught; no
+        // memory is touched. Nothing after it runs, as in a crash.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+        unreachable!("SIGKILL of the own process returned")
+    }
+
+    /// A kill scheduled after a step the data does not reach never fires: an error, not a run
+    /// that silently missed its fault.
+    pub(super) fn check_step_kills_fired(&mut self) -> Result<(), ClusterError> {
+        if self.aborted.is_some() || !self.at_data_end() {
+            return Ok(());
+        }
+        match self
+            .pending_kills()
+            .find(|k| matches!(k.at, KillAt::Step(_)))
+        {
+            Some(k) => Err(ClusterError::Config(format!(
+                "--kill {k} never fired: the data ended after step {}",
+                self.step()
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// What became of every scheduled kill, in the order given.
+    pub(super) fn kill_outcomes(&self) -> Vec<KillOutcome> {
+        let train_s = self.train_start.map_or(0.0, |t| {
+            self.train_end
+                .unwrap_or_else(std::time::Instant::now)
+                .duration_since(t)
+                .as_secs_f64()
+        });
+        self.kills
+            .iter()
+            .map(|(k, fired)| KillOutcome {
+                kill: k.to_string(),
+                fired: fired.is_some(),
+                t_s: fired.map(|f| f.t_s),
+                step: fired.map(|f| f.step),
+                not_fired: fired.is_none().then(|| match k.at {
+                    KillAt::Step(s) => format!(
+                        "the run ended after step {} without reaching step {s}",
+                        self.step()
+                    ),
+                    KillAt::Time(t) => {
+                        format!("training ended after {train_s:.2} s, before {t} s")
+                    }
+                    KillAt::Phase(p) | KillAt::PhaseNth(p, _) => format!(
+                        "the run entered phase {p} {} times",
+                        self.phase_entries.get(&p).copied().unwrap_or(0)
+                    ),
+                }),
+            })
+            .collect()
+    }
+}
