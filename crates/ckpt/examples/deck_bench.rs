@@ -134,6 +134,7 @@ fn save(
     let opts = StagingOptions {
         chunk_bytes: 4 << 20,
         staging_dir: staging_dir.to_path_buf(),
+        limit_bytes: None,
     };
     let (sink, up) = staging::start(
         ckpts.clone(),

@@ -66,11 +66,29 @@ pub enum VerifiedFile<'a> {
 pub struct Checkpoints {
     store: Arc<dyn ChunkStore>,
     root: Option<Key>,
+    /// The writer lease's generation ([`crate::lease`]) commits stamp into `CURRENT`; a
+    /// commit fails when `CURRENT` carries a newer one.
+    generation: Option<u64>,
 }
 
 impl Checkpoints {
     pub fn new(store: Arc<dyn ChunkStore>) -> Self {
-        Checkpoints { store, root: None }
+        Checkpoints {
+            store,
+            root: None,
+            generation: None,
+        }
+    }
+
+    /// The same store, committing as writer generation `generation` (the lease's).
+    pub fn with_generation(mut self, generation: u64) -> Self {
+        self.generation = Some(generation);
+        self
+    }
+
+    /// The writer generation commits carry, if set.
+    pub fn generation(&self) -> Option<u64> {
+        self.generation
     }
 
     /// Checkpoints under `root/` in `store`.
@@ -78,11 +96,17 @@ impl Checkpoints {
         Checkpoints {
             store,
             root: Some(root),
+            generation: None,
         }
     }
 
     pub fn store(&self) -> &Arc<dyn ChunkStore> {
         &self.store
+    }
+
+    /// The key of `rel` (a fixed, valid name such as `LEASE` or `readers`) under the root.
+    pub fn rel_key(&self, rel: &str) -> Key {
+        self.key(rel).expect("a fixed name is a valid key")
     }
 
     fn key(&self, rel: &str) -> Result<Key> {
@@ -153,22 +177,62 @@ impl Checkpoints {
     }
 
     /// Commit `manifest`: check that its files are present with the recorded sizes, write the
-    /// manifest create-only, then point `CURRENT` at it.
+    /// manifest create-only, then point `CURRENT` at it with a compare-and-swap from what it
+    /// names now. [`CkptError::Fenced`] if `CURRENT` carries a newer writer generation than
+    /// this one's. A failed swap whose acknowledgement may be lost is checked by reading
+    /// `CURRENT` again: naming this checkpoint, the commit landed; unreadable,
+    /// [`CkptError::CommitUncertain`] (the caller must not delete the checkpoint).
     pub async fn commit(&self, manifest: &Manifest) -> Result<CurrentPointer> {
         let mfile = self.write_manifest(manifest).await?;
-        let pointer = CurrentPointer {
-            id: manifest.id.clone(),
-            manifest_size: mfile.size(),
-            manifest_crc32c: mfile.checksums,
-        };
-        self.store
-            .put(
-                &self.current_key(),
-                pointer.encode().bytes,
-                PutMode::Overwrite,
-            )
-            .await?;
-        Ok(pointer)
+        let key = self.current_key();
+        for _ in 0..8 {
+            let raw = match self.store.get(&key).await {
+                Ok(d) => Some(d),
+                Err(CkptError::NotFound { .. }) => None,
+                Err(e) => return Err(e),
+            };
+            // A damaged pointer is replaced (from its exact bytes); it fences nothing.
+            let have = raw
+                .as_ref()
+                .and_then(|d| CurrentPointer::decode(key.as_str(), d).ok());
+            let have_gen = have.as_ref().map_or(0, |p| p.generation);
+            if let Some(g) = self.generation.filter(|&g| have_gen > g) {
+                return Err(CkptError::Fenced {
+                    what: format!(
+                        "{key} carries writer generation {have_gen}, newer than this writer's {g}: another job took the store over"
+                    ),
+                });
+            }
+            let pointer = CurrentPointer {
+                id: manifest.id.clone(),
+                manifest_size: mfile.size(),
+                manifest_crc32c: mfile.checksums,
+                generation: self.generation.unwrap_or(have_gen),
+            };
+            match self
+                .store
+                .swap(&key, raw, pointer.encode().bytes)
+                .await
+            {
+                Ok(()) => return Ok(pointer),
+                // Someone moved it between the read and the swap: look again.
+                Err(CkptError::Precondition { .. } | CkptError::AlreadyExists { .. }) => continue,
+                Err(e) => {
+                    return match self.read_current().await {
+                        Ok(Some(p)) if p == pointer => Ok(pointer),
+                        Ok(_) => Err(e),
+                        Err(again) => Err(CkptError::CommitUncertain {
+                            id: manifest.id.to_string(),
+                            reason: format!("{e}; reading {key} again: {again}"),
+                        }),
+                    };
+                }
+            }
+        }
+        Err(CkptError::Precondition {
+            key: key.to_string(),
+            reason: "it kept changing under the commit: another writer is moving it".into(),
+        })
     }
 
     /// The first two steps of [`Checkpoints::commit`] without moving `CURRENT` (for

@@ -29,17 +29,21 @@ pub struct Capabilities {
     /// Of several concurrent create-only puts of one key, exactly one succeeds (without it,
     /// at least one does and losers still see `AlreadyExists`).
     pub atomic_create: bool,
+    /// Of several concurrent swaps from the same content, exactly one succeeds (without it, at
+    /// least one does, and the object is one winner's bytes).
+    pub atomic_swap: bool,
 }
 
 impl Capabilities {
     /// Everything (memory, local, AWS S3).
     pub const FULL: Capabilities = Capabilities {
         atomic_create: true,
+        atomic_swap: true,
     };
 }
 
 /// Names of every case, in the order [`run_all`] runs them.
-pub const CASES: [&str; 10] = [
+pub const CASES: [&str; 11] = [
     "put_get_round_trip",
     "create_only_refuses_existing",
     "overwrite_replaces",
@@ -50,6 +54,7 @@ pub const CASES: [&str; 10] = [
     "many_concurrent_puts",
     "overwrite_is_atomic_for_readers",
     "concurrent_creates_have_one_winner",
+    "swaps_compare_and_have_one_winner",
 ];
 
 /// Deterministic pseudo-random bytes.
@@ -343,6 +348,66 @@ pub async fn concurrent_creates_have_one_winner(
     }
 }
 
+/// `swap` replaces only from the expected content (`None`: only a missing key), a stale
+/// expectation fails without writing, and of racers swapping from one content exactly one wins.
+pub async fn swaps_compare_and_have_one_winner(
+    store: &dyn ChunkStore,
+    base: &Key,
+    caps: Capabilities,
+) {
+    let key = k(base, "cas");
+    let (a, b, c) = (pattern(1, 100), pattern(2, 90), pattern(3, 80));
+    must(store.swap(&key, None, a.clone()).await, "swap from nothing");
+    match store.swap(&key, None, b.clone()).await {
+        Err(CkptError::AlreadyExists { .. }) => {}
+        other => panic!("a swap from nothing over an object must fail AlreadyExists: {other:?}"),
+    }
+    match store.swap(&key, Some(b.clone()), c.clone()).await {
+        Err(CkptError::Precondition { .. }) => {}
+        other => panic!("a swap from stale content must fail Precondition: {other:?}"),
+    }
+    assert_eq!(must(store.get(&key).await, "get"), a, "a failed swap wrote");
+    must(store.swap(&key, Some(a.clone()), b.clone()).await, "swap a->b");
+    assert_eq!(must(store.get(&key).await, "get"), b);
+    match store.swap(&k(base, "missing"), Some(a.clone()), c.clone()).await {
+        Err(CkptError::Precondition { .. }) => {}
+        other => panic!("a swap of a missing key from content must fail Precondition: {other:?}"),
+    }
+    for round in 0..4u64 {
+        let from = must(store.get(&key).await, "get");
+        let racers = (0..6u64).map(|i| {
+            let (key, from) = (key.clone(), from.clone());
+            async move {
+                let data = pattern(1000 * (round + 1) + i, 64);
+                (i, store.swap(&key, Some(from), data).await)
+            }
+        });
+        let results = futures_util::future::join_all(racers).await;
+        let winners: Vec<u64> = results
+            .iter()
+            .filter(|(_, r)| r.is_ok())
+            .map(|(i, _)| *i)
+            .collect();
+        if caps.atomic_swap {
+            assert_eq!(winners.len(), 1, "round {round}: winners {winners:?}");
+        } else {
+            assert!(!winners.is_empty(), "round {round}: no racer won");
+        }
+        for (i, r) in &results {
+            if let Err(e) = r {
+                assert!(matches!(e, CkptError::Precondition { .. }), "racer {i}: {e}");
+            }
+        }
+        let stored = must(store.get(&key).await, "get");
+        assert!(
+            winners
+                .iter()
+                .any(|&w| stored == pattern(1000 * (round + 1) + w, 64)),
+            "round {round}: the stored object is no winner's bytes"
+        );
+    }
+}
+
 /// Run case `name`.
 pub async fn run_case(name: &str, store: &dyn ChunkStore, base: &Key, caps: Capabilities) {
     let base = &k(base, name);
@@ -362,6 +427,9 @@ pub async fn run_case(name: &str, store: &dyn ChunkStore, base: &Key, caps: Capa
         }
         "concurrent_creates_have_one_winner" => {
             concurrent_creates_have_one_winner(store, base, caps).await
+        }
+        "swaps_compare_and_have_one_winner" => {
+            swaps_compare_and_have_one_winner(store, base, caps).await
         }
         other => panic!("no conformance case named {other:?}"),
     }
@@ -393,6 +461,7 @@ macro_rules! chunk_store_conformance {
             $crate::__conformance_case!(many_concurrent_puts, $setup, $caps);
             $crate::__conformance_case!(overwrite_is_atomic_for_readers, $setup, $caps);
             $crate::__conformance_case!(concurrent_creates_have_one_winner, $setup, $caps);
+            $crate::__conformance_case!(swaps_compare_and_have_one_winner, $setup, $caps);
         }
     };
 }
@@ -451,6 +520,9 @@ mod tests {
         }
         async fn delete(&self, key: &Key) -> crate::Result<()> {
             self.0.delete(key).await
+        }
+        async fn swap(&self, key: &Key, e: Option<Bytes>, d: Bytes) -> crate::Result<()> {
+            self.0.swap(key, e, d).await
         }
     }
 

@@ -114,6 +114,24 @@ pub enum CkptError {
     /// A caller-supplied argument is out of range.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+
+    /// Another live job holds the store's writer lease.
+    #[error("{key} is held by {holder}: wait for that job to end, or write to another store")]
+    Held { key: String, holder: String },
+
+    /// This writer lost the store to a newer one (its lease was taken over, or `CURRENT` carries
+    /// a newer generation): it must stop writing.
+    #[error("fenced: {what}")]
+    Fenced { what: String },
+
+    /// A garbage collection is deleting a checkpoint a reader wanted.
+    #[error("checkpoint {id} is being deleted by a garbage collection (it is no longer needed by the job); read a newer state")]
+    BeingCollected { id: String },
+
+    /// A commit failed in a way that leaves open whether `CURRENT` names the checkpoint: keep
+    /// its files.
+    #[error("commit of {id} may or may not have landed ({reason}); its files are kept")]
+    CommitUncertain { id: String, reason: String },
 }
 
 fn summarize(failures: &[(String, String)]) -> String {

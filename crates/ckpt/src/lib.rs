@@ -81,6 +81,7 @@ pub mod error;
 pub mod format;
 pub mod incr;
 pub mod key;
+pub mod lease;
 pub mod location;
 pub mod model_state;
 pub mod snapshot;

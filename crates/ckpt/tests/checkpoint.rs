@@ -367,7 +367,7 @@ async fn faults_during_a_write_never_commit() {
         (
             "fail CURRENT",
             FaultPlan::new(4).rule(
-                FaultRule::new(Op::Put, Trigger::Always, FaultAction::Fail)
+                FaultRule::new(Op::Swap, Trigger::Always, FaultAction::Fail)
                     .on_keys_containing("CURRENT"),
             ),
         ),

@@ -16,14 +16,16 @@ ftrec_ckpt::chunk_store_conformance!(memory, memory_store(), Capabilities::FULL)
 
 ftrec_ckpt::chunk_store_conformance!(local, local_store(), Capabilities::FULL);
 
-// s3s-fs checks `If-None-Match: *` before it writes, so two racing creators can both succeed
-// there; every other property holds.
+// s3s-fs checks `If-None-Match: *` and `If-Match` before it writes, without a lock, so two
+// racing creators (or swaps) can both succeed there; AWS S3 serializes them. Every other
+// property holds.
 #[cfg(feature = "s3")]
 ftrec_ckpt::chunk_store_conformance!(
     s3,
     (s3_store(None).await as Arc<dyn ChunkStore>, ()),
     Capabilities {
-        atomic_create: false
+        atomic_create: false,
+        atomic_swap: false,
     }
 );
 

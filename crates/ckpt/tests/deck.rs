@@ -172,6 +172,7 @@ struct Env {
     staging: tempfile::TempDir,
     gauge: Arc<MemGauge>,
     chunk_bytes: usize,
+    limit_bytes: Option<u64>,
 }
 
 impl Env {
@@ -182,6 +183,7 @@ impl Env {
             staging: tempfile::tempdir().unwrap(),
             gauge: MemGauge::new(),
             chunk_bytes: 1024,
+            limit_bytes: None,
         }
     }
 
@@ -189,6 +191,7 @@ impl Env {
         StagingOptions {
             chunk_bytes: self.chunk_bytes,
             staging_dir: self.staging.path().to_path_buf(),
+            limit_bytes: self.limit_bytes,
         }
     }
 
@@ -702,4 +705,119 @@ fn flip_and_truncate_every_delta_and_merged_file() {
         d[i] ^= 0x01;
         assert!(Manifest::decode("M", &d).unwrap_err().file() == Some("M"));
     }
+}
+
+/// A collection whose read of `CURRENT` fails stops instead of guessing the head: the newest
+/// manifest may be one that was never committed, and taking it for the head would delete the
+/// real one.
+#[test]
+fn gc_stops_when_current_cannot_be_read() {
+    let mem: Arc<dyn ChunkStore> = Arc::new(MemoryStore::new());
+    let env = Env::new(mem.clone());
+    let mut sim = Sim::new(2, 23);
+    sim.step();
+    let f1 = env.save(&mut sim, CheckpointKind::Full, None).unwrap();
+    let key = env.ckpts.current_key();
+    let committed = env.rt.block_on(mem.get(&key)).unwrap();
+    sim.step();
+    let f2 = env.save(&mut sim, CheckpointKind::Full, None).unwrap();
+    // f2's manifest landed but CURRENT still names f1 (a crash between the two).
+    env.rt
+        .block_on(mem.put(&key, committed, ftrec_ckpt::PutMode::Overwrite))
+        .unwrap();
+    let faulty: Arc<dyn ChunkStore> = Arc::new(FaultyStore::new(
+        mem.clone(),
+        FaultPlan {
+            seed: 1,
+            rules: vec![
+                FaultRule::new(Op::Get, Trigger::Always, FaultAction::Fail)
+                    .on_keys_containing("CURRENT"),
+            ],
+        },
+    ));
+    let ck = Checkpoints::new(faulty);
+    let err = env
+        .rt
+        .block_on(deck::gc(&ck, &GcOptions::default()))
+        .unwrap_err();
+    assert!(err.to_string().contains("CURRENT"), "{err}");
+    for m in [&f1, &f2] {
+        env.rt
+            .block_on(env.ckpts.read_manifest(&m.id, None))
+            .unwrap_or_else(|e| panic!("{} was deleted: {e}", m.id));
+    }
+    // With CURRENT readable again, the collection keeps f1 (the head) and what is newer.
+    let rep = env
+        .rt
+        .block_on(deck::gc(&env.ckpts, &GcOptions::default()))
+        .unwrap();
+    assert!(!rep.deleted.contains(&f1.id), "{rep:?}");
+}
+
+/// A commit whose `CURRENT` write landed but whose acknowledgement was lost is a commit: the
+/// committer reads `CURRENT` again before it reports failure (so nobody deletes a checkpoint
+/// `CURRENT` names). Where even that read fails, the outcome is reported as uncertain.
+#[test]
+fn a_commit_whose_acknowledgement_is_lost_is_checked_before_it_fails() {
+    let mem: Arc<dyn ChunkStore> = Arc::new(MemoryStore::new());
+    let faulty = |rules: Vec<FaultRule>| -> Arc<dyn ChunkStore> {
+        Arc::new(FaultyStore::new(mem.clone(), FaultPlan { seed: 2, rules }))
+    };
+    let lose = FaultRule::new(Op::Swap, Trigger::Nth(1), FaultAction::LoseAck)
+        .on_keys_containing("CURRENT");
+    let env = Env::new(faulty(vec![lose.clone()]));
+    let mut sim = Sim::new(2, 29);
+    sim.step();
+    let f1 = env.save(&mut sim, CheckpointKind::Full, None).unwrap();
+    let cur = env.rt.block_on(env.ckpts.read_current()).unwrap().unwrap();
+    assert_eq!(cur.id, f1.id);
+    // The same loss, and the read after it fails too: uncertain, never "failed".
+    let reread_fails = FaultRule::new(Op::Get, Trigger::Nth(2), FaultAction::Fail)
+        .on_keys_containing("CURRENT");
+    let env2 = Env {
+        ckpts: Checkpoints::new(faulty(vec![lose, reread_fails])),
+        ..Env::new(mem.clone())
+    };
+    sim.step();
+    let err = env2
+        .save(&mut sim, CheckpointKind::Full, None)
+        .unwrap_err();
+    assert!(matches!(err, CkptError::CommitUncertain { .. }), "{err}");
+}
+
+/// A full staging disk is named as such wherever the failure surfaces (not "the pipeline
+/// stopped, see elsewhere"), and a save fails cleanly.
+#[test]
+fn a_full_staging_disk_is_named_in_the_error() {
+    let mut env = Env::new(Arc::new(MemoryStore::new()));
+    env.limit_bytes = Some(1);
+    let mut sim = Sim::new(1, 31);
+    sim.step();
+    let err = env
+        .save(&mut sim, CheckpointKind::Full, None)
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("no space left on device"), "{text}");
+    assert!(!text.contains("see the upload"), "{text}");
+}
+
+/// Upload folders of processes that no longer exist are removed; a live process's are kept.
+#[test]
+fn staging_folders_of_dead_processes_are_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let own = std::process::id();
+    let dead_dir = dir.path().join(format!("d-00000000000000000001-s0000-{dead}-0"));
+    let live_dir = dir.path().join(format!("d-00000000000000000001-s0000-{own}-0"));
+    let other = dir.path().join("not-ours");
+    for d in [&dead_dir, &live_dir, &other] {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::write(d.join("x"), b"1").unwrap();
+    }
+    let removed = staging::remove_dead_folders(dir.path()).unwrap();
+    assert_eq!(removed, vec![dead_dir.clone()]);
+    assert!(!dead_dir.exists());
+    assert!(live_dir.exists() && other.exists());
 }

@@ -494,6 +494,7 @@ proptest! {
             id: CheckpointId::for_step(7, CheckpointKind::Delta),
             manifest_size: 999,
             manifest_crc32c: FileChecksums { header: 1, payload: 2 },
+            generation: 0,
         }
         .encode();
         let data = make(&valid.bytes, &i);

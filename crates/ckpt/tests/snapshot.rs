@@ -275,6 +275,9 @@ impl ChunkStore for InFlight {
     async fn delete(&self, key: &Key) -> ftrec_ckpt::Result<()> {
         self.inner.delete(key).await
     }
+    async fn swap(&self, key: &Key, e: Option<Bytes>, d: Bytes) -> ftrec_ckpt::Result<()> {
+        self.inner.swap(key, e, d).await
+    }
 }
 
 #[tokio::test]

@@ -362,6 +362,7 @@ fn stage(
     let opts = StagingOptions {
         chunk_bytes: env.args.chunk_kib.max(1) * 1024,
         staging_dir: env.root.join("staging"),
+        limit_bytes: None,
     };
     let (sink, upload) = staging::start(
         ckpts.clone(),

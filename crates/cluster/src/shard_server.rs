@@ -114,7 +114,18 @@ pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
         let staging = StagingOptions {
             chunk_bytes: c.chunk_bytes,
             staging_dir: c.staging_dir.clone(),
+            limit_bytes: None,
         };
+        // Upload folders of servers that crashed here before (named by their pid).
+        if let Ok(gone) = ftrec_ckpt::deck::staging::remove_dead_folders(&c.staging_dir) {
+            if !gone.is_empty() {
+                eprintln!(
+                    "removed {} staging folder(s) of processes that no longer run under {}",
+                    gone.len(),
+                    c.staging_dir.display()
+                );
+            }
+        }
         // A recovery with nothing committed resets every server to this initial state.
         let initial_spec = spec.clone();
         let mut node = CkptNode::new(server, staging, LocationOptions::from_env())

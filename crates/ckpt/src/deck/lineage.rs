@@ -110,13 +110,21 @@ pub struct Lineage {
     pub unreadable: Vec<(CheckpointId, String)>,
     /// The id `CURRENT` points at, if readable.
     pub current: Option<CheckpointId>,
+    /// Why `CURRENT` could not be read (present but unreadable, or the read failed). Then
+    /// the head is a guess, and nothing may be collected on its strength.
+    pub current_error: Option<String>,
 }
 
 impl Lineage {
     /// Read every manifest (and `CURRENT`) of `ckpts`.
     pub async fn load(ckpts: &Checkpoints) -> Result<Lineage> {
+        let (current, current_error) = match ckpts.read_current().await {
+            Ok(p) => (p.map(|p| p.id), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
         let mut l = Lineage {
-            current: ckpts.read_current().await.ok().flatten().map(|p| p.id),
+            current,
+            current_error,
             ..Default::default()
         };
         for id in ckpts.list_checkpoints().await? {
@@ -167,7 +175,12 @@ impl Lineage {
 
     /// Remove and return every node no live lineage needs under `retention` (DECK §4.3), the
     /// checkpoints a collection deletes. In memory: reads nothing.
+    /// Nothing while `CURRENT` is unreadable ([`Lineage::current_error`]): the head would be
+    /// a guess.
     pub fn take_dead(&mut self, retention: &Retention) -> Vec<Node> {
+        if self.current_error.is_some() {
+            return Vec::new();
+        }
         let live = self.live(retention);
         let dead: Vec<CheckpointId> = self
             .nodes

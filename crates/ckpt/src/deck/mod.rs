@@ -701,20 +701,34 @@ pub struct GcReport {
 }
 
 /// Delete every checkpoint no live lineage needs (DECK §4.3). Unreadable checkpoints are kept
-/// (they are evidence, and `verify` names them).
+/// (they are evidence, and `verify` names them). An unreadable `CURRENT` stops the collection
+/// (the head would be a guess); checkpoints a live reader holds are kept
+/// ([`crate::lease::sweep`]).
 pub async fn gc(ckpts: &Checkpoints, opts: &GcOptions) -> Result<GcReport> {
     let lineage = Lineage::load(ckpts).await?;
+    if let Some(e) = &lineage.current_error {
+        return Err(CkptError::Precondition {
+            key: ckpts.current_key().to_string(),
+            reason: format!(
+                "garbage collection stopped: CURRENT cannot be read ({e}), so what training resumes from is unknown"
+            ),
+        });
+    }
     let live = lineage.live(&opts.retention);
     let mut report = GcReport::default();
+    let mut dead = Vec::new();
     for n in lineage.nodes() {
         if live.contains(&n.id) {
             report.kept.push(n.id.clone());
         } else {
-            ckpts.delete_checkpoint(&n.id).await?;
-            report.deleted.push(n.id.clone());
+            dead.push(n.id.clone());
         }
     }
-    if opts.remove_orphans {
+    let swept = crate::lease::sweep(ckpts, &dead).await?;
+    report.deleted = swept.deleted;
+    report.kept.extend(swept.held);
+    report.kept.extend(swept.failed);
+    if opts.remove_orphans && swept.readers == 0 {
         report.orphans_removed = remove_orphans(ckpts).await?;
     }
     Ok(report)

@@ -6,8 +6,14 @@
 //!    save are gathered from the live tables into one chunk buffer at a time and handed on;
 //! 2. *stage* (a blocking task): each chunk is framed and written to the staging directory
 //!    without a second in-memory copy, then its buffer is freed;
-//! 3. *upload* (an async task): each staged file is read back and put create-only into the
-//!    store, then removed from the staging directory.
+//! 3. *upload* (an async task): each staged file is read back, checked against the checksums
+//!    recorded when it was written, put create-only into the store, then removed from the
+//!    staging directory.
+//!
+//! The first failure of any stage is kept, and every later error of the pipeline names it (a
+//! full staging disk reads `no space left on device` wherever it surfaces). Each upload stages
+//! into a folder named after its process; [`remove_dead_folders`] deletes the folders of
+//! processes that no longer exist (a crashed server's), and a server calls it at start.
 //!
 //! The hand-offs hold at most one chunk each, so at most four chunks are in memory at any time
 //! (one being gathered, one queued, one being staged, one being uploaded) whatever the model
@@ -42,6 +48,9 @@ pub struct StagingOptions {
     pub chunk_bytes: usize,
     /// Local staging directory (the SSD layer). Each upload uses its own subdirectory.
     pub staging_dir: PathBuf,
+    /// Most bytes one upload may hold staged on local disk at once (`None`: what the disk
+    /// has). A write past it fails as a full disk does (`ENOSPC`).
+    pub limit_bytes: Option<u64>,
 }
 
 impl StagingOptions {
@@ -49,6 +58,7 @@ impl StagingOptions {
         StagingOptions {
             chunk_bytes: 4 << 20,
             staging_dir: staging_dir.into(),
+            limit_bytes: None,
         }
     }
 
@@ -194,6 +204,7 @@ pub struct CopyReport {
 #[derive(Debug)]
 pub struct ChunkSink {
     tx: mpsc::Sender<Chunk>,
+    progress: Arc<UploadProgress>,
     gauge: Arc<MemGauge>,
     chunk_bytes: usize,
     quant: Option<QuantBits>,
@@ -214,11 +225,27 @@ fn dense_path(server: ServerId, chunk: u64) -> String {
     format!("s{:04}/dense-{chunk:06}.dense", server.0)
 }
 
-fn stopped() -> CkptError {
+/// The error of a stage that finds its neighbour gone: it names the neighbour's failure.
+fn stopped(progress: &UploadProgress) -> CkptError {
+    let cause = progress
+        .failure
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+        .unwrap_or_else(|| "the other end of the pipeline ended early".into());
     CkptError::TemporarilyUnavailable {
         backend: "staging",
-        reason: "the staging pipeline stopped (see the upload's error)".into(),
+        reason: format!("the staging pipeline stopped: {cause}"),
     }
+}
+
+/// Keep the pipeline's first failure; return the error unchanged.
+fn note_failure(progress: &UploadProgress, e: CkptError) -> CkptError {
+    let mut f = progress.failure.lock().unwrap_or_else(|e| e.into_inner());
+    if f.is_none() {
+        *f = Some(e.to_string());
+    }
+    e
 }
 
 impl ChunkSink {
@@ -235,7 +262,7 @@ impl ChunkSink {
         let n = c.bytes();
         if self.tx.blocking_send(c).is_err() {
             self.gauge.sub(n);
-            return Err(stopped());
+            return Err(stopped(&self.progress));
         }
         Ok(())
     }
@@ -397,6 +424,8 @@ pub struct UploadProgress {
     uploaded_bytes: AtomicU64,
     /// Bits of the largest quantization error (a non-negative f32 orders as its bits do).
     quant_err_bits: std::sync::atomic::AtomicU32,
+    /// The pipeline's first failure, named by every later error.
+    failure: std::sync::Mutex<Option<String>>,
 }
 
 impl UploadProgress {
@@ -472,25 +501,32 @@ pub fn start(
         let gauge = gauge.clone();
         let dir = dir.clone();
         let progress = progress.clone();
-        rt.spawn_blocking(move || stage_loop(rx, up_tx, &dir, &gauge, &progress))
+        let limit = opts.limit_bytes;
+        rt.spawn_blocking(move || {
+            stage_loop(rx, up_tx, &dir, &gauge, &progress, limit)
+                .map_err(|e| note_failure(&progress, e))
+        })
     };
     let task = {
         let progress = progress.clone();
         rt.spawn(async move {
-            let up = upload_loop(&ckpts, &id, up_rx, &gauge, &progress).await;
+            let up = upload_loop(&ckpts, &id, up_rx, &gauge, &progress)
+                .await
+                .map_err(|e| note_failure(&progress, e));
             let staged = stage.await.map_err(|e| CkptError::TemporarilyUnavailable {
                 backend: "staging",
                 reason: format!("stage task ended abnormally: {e}"),
             });
             let _ = std::fs::remove_dir_all(&dir);
-            let report = up?;
+            // The stage's own error first: it is the cause when the upload saw the stage stop.
             staged??;
-            Ok(report)
+            up
         })
     };
     Ok((
         ChunkSink {
             tx,
+            progress: progress.clone(),
             gauge: sink_gauge,
             chunk_bytes: opts.chunk_bytes,
             quant: None,
@@ -505,6 +541,7 @@ fn stage_loop(
     dir: &Path,
     gauge: &MemGauge,
     progress: &UploadProgress,
+    limit_bytes: Option<u64>,
 ) -> Result<()> {
     while let Some(chunk) = rx.blocking_recv() {
         let n = chunk.bytes();
@@ -512,9 +549,25 @@ fn stage_loop(
         gauge.sub(n);
         match res? {
             Ok(staged) => {
+                if let Some(limit) = limit_bytes {
+                    // What is staged and not yet uploaded (uploads remove their files).
+                    let held = dir_bytes(dir);
+                    if held > limit {
+                        let _ = std::fs::remove_file(&staged.local);
+                        return Err(CkptError::io(
+                            staged.local.display().to_string(),
+                            std::io::Error::new(
+                                std::io::ErrorKind::StorageFull,
+                                format!(
+                                    "no space left on device: the staging limit of {limit} bytes is reached ({held} bytes staged)"
+                                ),
+                            ),
+                        ));
+                    }
+                }
                 progress.staged.fetch_add(1, Ordering::SeqCst);
                 if up.send(Ok(staged)).is_err() {
-                    return Err(stopped());
+                    return Err(stopped(progress));
                 }
             }
             Err(info) => {
@@ -526,6 +579,58 @@ fn stage_loop(
     Err(CkptError::InvalidArgument(
         "the copy-out ended before it sent the shard's shape".into(),
     ))
+}
+
+/// Bytes of the files in `dir` (not recursive).
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Remove the upload folders under `staging_dir` whose process no longer exists (named
+/// `<id>-s<server>-<pid>-<n>` by [`start`]); returns what it removed. Folders of live
+/// processes, this one's included, and anything not named so are left alone.
+pub fn remove_dead_folders(staging_dir: &Path) -> Result<Vec<PathBuf>> {
+    let rd = match std::fs::read_dir(staging_dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(CkptError::io(staging_dir.display().to_string(), e)),
+    };
+    let mut removed = Vec::new();
+    for entry in rd.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let mut parts = name.rsplitn(3, '-');
+        let (Some(n), Some(pid), Some(_)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let (Ok(_), Ok(pid)) = (n.parse::<u64>(), pid.parse::<i32>()) else {
+            continue;
+        };
+        if pid <= 0 || pid as u32 == std::process::id() || process_alive(pid) {
+            continue;
+        }
+        let path = entry.path();
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path)
+                .map_err(|e| CkptError::io(path.display().to_string(), e))?;
+            removed.push(path);
+        }
+    }
+    Ok(removed)
+}
+
+/// Whether process `pid` exists (signal 0 probes without sending anything).
+fn process_alive(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks that the process exists and may be signalled.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 fn stage_one(
@@ -629,7 +734,7 @@ async fn upload_loop(
     let result: Result<ShardInfo> = async {
         loop {
             match rx.recv().await {
-                None => return Err(stopped()),
+                None => return Err(stopped(progress)),
                 Some(Err(info)) => return Ok(info),
                 Some(Ok(staged)) => {
                     let local = staged.local.clone();
@@ -640,9 +745,14 @@ async fn upload_loop(
                             reason: format!("read task failed: {e}"),
                         })?
                         .map_err(|e| CkptError::io(staged.local.display().to_string(), e))?;
+                    let key = ckpts.file_key(id, &staged.info.path)?;
+                    crate::format::verify_staged(
+                        &staged.local.display().to_string(),
+                        &data,
+                        &staged.info,
+                    )?;
                     let n = data.len() as u64;
                     gauge.add(n);
-                    let key = ckpts.file_key(id, &staged.info.path)?;
                     let put = ckpts
                         .store()
                         .put(&key, bytes::Bytes::from(data), PutMode::Create)
@@ -675,5 +785,55 @@ async fn upload_loop(
             }
             Err(e)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::store::memory::MemoryStore;
+    use crate::store::ChunkStore;
+
+    /// A staged file whose bytes changed on local disk after it was written is caught when it
+    /// is read back, and never uploaded.
+    #[test]
+    fn a_staged_file_damaged_on_disk_is_not_uploaded() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let progress = UploadProgress::default();
+        let chunk = Chunk::Dense {
+            path: dense_path(ServerId(0), 0),
+            server: ServerId(0),
+            first_block: 0,
+            values: (0..300).map(|i| i as f32).collect(),
+            state: Vec::new(),
+            spb: 0,
+        };
+        let staged = stage_one(chunk, dir.path(), &progress).unwrap().unwrap();
+        let mut bytes = std::fs::read(&staged.local).unwrap();
+        let at = bytes.len() - 5;
+        bytes[at] ^= 0x10;
+        std::fs::write(&staged.local, &bytes).unwrap();
+        let mem = Arc::new(MemoryStore::new());
+        let ckpts = Checkpoints::new(mem.clone());
+        let (tx, rx) = mpsc::unbounded_channel();
+        tx.send(Ok(staged)).unwrap();
+        drop(tx);
+        let id = CheckpointId::new("c").unwrap();
+        let gauge = MemGauge::new();
+        let err = rt
+            .block_on(upload_loop(&ckpts, &id, rx, &gauge, &progress))
+            .unwrap_err();
+        assert!(
+            matches!(err, CkptError::ChecksumMismatch { .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("dense-000000.dense"), "{err}");
+        assert!(rt.block_on(mem.list(None)).unwrap().is_empty());
     }
 }

@@ -2,11 +2,15 @@
 //! checksums of its manifest so a reader can tell a stale or damaged manifest from the one that
 //! was committed.
 //!
-//! Header body (after the payload length), 16 bytes:
+//! Header body (after the payload length), 16 or 24 bytes:
 //!
 //! ```text
-//! manifest_size u64 | manifest header crc32c u32 | manifest payload crc32c u32
+//! manifest_size u64 | manifest header crc32c u32 | manifest payload crc32c u32 [| generation u64]
 //! ```
+//!
+//! The generation is the writer lease's ([`crate::lease`]) at the commit; a pointer without it
+//! (written before leases existed) has generation 0. Readers of the 16-byte form ignore the
+//! trailing field, so the version stays 1.
 //!
 //! Payload: the checkpoint id (UTF-8).
 
@@ -20,14 +24,19 @@ pub struct CurrentPointer {
     pub id: CheckpointId,
     pub manifest_size: u64,
     pub manifest_crc32c: FileChecksums,
+    /// The writer lease's generation at the commit (0: none).
+    pub generation: u64,
 }
 
 impl CurrentPointer {
     pub fn encode(&self) -> EncodedFile {
-        let mut head = Vec::with_capacity(16);
+        let mut head = Vec::with_capacity(24);
         head.extend_from_slice(&self.manifest_size.to_le_bytes());
         head.extend_from_slice(&self.manifest_crc32c.header.to_le_bytes());
         head.extend_from_slice(&self.manifest_crc32c.payload.to_le_bytes());
+        if self.generation > 0 {
+            head.extend_from_slice(&self.generation.to_le_bytes());
+        }
         let id = self.id.as_str().as_bytes();
         let mut b = FrameBuilder::new(FileKind::Current, &head, id.len() as u64);
         b.push(id);
@@ -43,6 +52,7 @@ impl CurrentPointer {
             header: f.u32()?,
             payload: f.u32()?,
         };
+        let generation = if frame.header.len() >= 24 { f.u64()? } else { 0 };
         let id = std::str::from_utf8(frame.payload)
             .ok()
             .and_then(|s| CheckpointId::new(s).ok())
@@ -54,6 +64,7 @@ impl CurrentPointer {
             id,
             manifest_size,
             manifest_crc32c,
+            generation,
         })
     }
 }
@@ -72,7 +83,16 @@ mod tests {
                 header: 0xdead_beef,
                 payload: 0x1234_5678,
             },
+            generation: 7,
         };
+        // Without a generation the pointer keeps the 16-byte header of the first writers.
+        let old = CurrentPointer {
+            generation: 0,
+            ..p.clone()
+        };
+        let f0 = old.encode();
+        assert_eq!(f0.bytes.len() + 8, p.encode().bytes.len());
+        assert_eq!(CurrentPointer::decode("CURRENT", &f0.bytes).unwrap(), old);
         let f = p.encode();
         assert_eq!(CurrentPointer::decode("CURRENT", &f.bytes).unwrap(), p);
         for i in 0..f.bytes.len() {

@@ -129,6 +129,7 @@ mod tests {
                 header: 0,
                 payload: 0,
             },
+            generation: 0,
         }
         .encode();
         let err = JobRecord::decode("JOB", &cur.bytes).unwrap_err();

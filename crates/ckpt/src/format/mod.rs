@@ -407,6 +407,28 @@ pub(crate) fn parse_frame_checked<'a>(
     })
 }
 
+/// Check `data`, a file staged on local disk and read back before its upload, against the
+/// size and checksums recorded when it was written: a disk that returns other bytes than it
+/// was given is caught before the file reaches the store.
+pub(crate) fn verify_staged(file: &str, data: &[u8], info: &FileInfo) -> Result<()> {
+    let kind = match info.content {
+        FileContent::Rows { .. } => FileKind::Rows,
+        FileContent::QuantRows { .. } => FileKind::QuantRows,
+        FileContent::Dense { .. } => FileKind::Dense,
+        FileContent::Bundle { .. } => FileKind::Bundle,
+        FileContent::PieceIndex { .. } => FileKind::PieceIndex,
+    };
+    let frame = parse_frame(file, kind, data)?;
+    check_recorded(
+        file,
+        "staging",
+        data.len() as u64,
+        frame.checksums,
+        info.size,
+        info.crc32c,
+    )
+}
+
 /// Check a parsed file against what its manifest (or CURRENT) recorded.
 pub(crate) fn check_recorded(
     file: &str,
@@ -445,6 +467,7 @@ pub(crate) fn check_recorded(
 fn by_header(by: &'static str) -> &'static str {
     match by {
         "CURRENT" => "header (as recorded in CURRENT)",
+        "staging" => "header (as recorded when staged)",
         _ => "header (as recorded in the manifest)",
     }
 }
@@ -452,6 +475,7 @@ fn by_header(by: &'static str) -> &'static str {
 fn by_payload(by: &'static str) -> &'static str {
     match by {
         "CURRENT" => "payload (as recorded in CURRENT)",
+        "staging" => "payload (as recorded when staged)",
         _ => "payload (as recorded in the manifest)",
     }
 }

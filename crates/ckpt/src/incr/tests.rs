@@ -599,6 +599,7 @@ fn pieces_through_staging_quantized_and_exact() {
             let opts = StagingOptions {
                 chunk_bytes: 1024,
                 staging_dir: dir.path().to_path_buf(),
+                limit_bytes: None,
             };
             let (sink, upload) = staging::start(
                 ckpts.clone(),

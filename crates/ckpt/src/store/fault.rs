@@ -29,6 +29,8 @@ pub enum Op {
     Head,
     List,
     Delete,
+    /// Conditional replaces ([`ChunkStore::swap`]).
+    Swap,
 }
 
 /// When a rule fires, counting only the calls that match its op and key filter.
@@ -75,6 +77,9 @@ pub enum FaultAction {
     /// Do nothing and fail as a full disk does: [`CkptError::Io`] of kind
     /// [`std::io::ErrorKind::StorageFull`] (`ENOSPC`).
     StorageFull,
+    /// Put and swap: carry the write out, then return a transient error, as a store whose
+    /// acknowledgement is lost does (a directory fsync failing after the rename).
+    LoseAck,
 }
 
 /// One rule of a [`FaultPlan`].
@@ -167,8 +172,8 @@ pub const FAULTS_ENV: &str = "FTREC_STORE_FAULTS";
 
 impl FaultPlan {
     /// A plan from text: `;`-separated rules `OP:ACTION:CALLS[:KEY]`, optionally after a
-    /// `seed=N;`. `OP` is `put`, `get`, `get_range`, `head`, `list`, `delete` or `all` (one
-    /// rule per op); `ACTION` is `fail`, `enospc` or `delay=MS`; `CALLS` is `N` (the n-th
+    /// `seed=N;`. `OP` is `put`, `get`, `get_range`, `head`, `list`, `delete`, `swap` or `all`
+    /// (one rule per op); `ACTION` is `fail`, `enospc`, `lose-ack` or `delay=MS`; `CALLS` is `N` (the n-th
     /// matching call), `A-B` (calls A to B), `A-` (from A on) or `*` (every call); `KEY` keeps
     /// the rule to keys containing it. Example: `put:enospc:3-40;all:delay=20:*`.
     pub fn parse(spec: &str) -> Result<FaultPlan> {
@@ -196,6 +201,7 @@ impl FaultPlan {
                 "head" => vec![Op::Head],
                 "list" => vec![Op::List],
                 "delete" => vec![Op::Delete],
+                "swap" => vec![Op::Swap],
                 "all" => vec![
                     Op::Put,
                     Op::Get,
@@ -203,12 +209,14 @@ impl FaultPlan {
                     Op::Head,
                     Op::List,
                     Op::Delete,
+                    Op::Swap,
                 ],
                 other => return Err(bad(part, format!("unknown op {other:?}"))),
             };
             let action = match fields[1] {
                 "fail" => FaultAction::Fail,
                 "enospc" => FaultAction::StorageFull,
+                "lose-ack" => FaultAction::LoseAck,
                 other => match other.strip_prefix("delay=") {
                     Some(ms) => FaultAction::Delay(Duration::from_millis(num(part, ms)?)),
                     None => return Err(bad(part, format!("unknown action {other:?}"))),
@@ -419,7 +427,23 @@ impl ChunkStore for FaultyStore {
                 let data = self.flip(Op::Put, key, i, data, draw);
                 self.inner.put(key, data, mode).await
             }
+            Some((i, FaultAction::LoseAck, _)) => {
+                self.inner.put(key, data, mode).await?;
+                self.record(Op::Put, key, i, FaultAction::LoseAck, None);
+                Err(self.injected_error(Op::Put, key, FaultAction::LoseAck))
+            }
             _ => self.inner.put(key, data, mode).await,
+        }
+    }
+
+    async fn swap(&self, key: &Key, expected: Option<Bytes>, data: Bytes) -> Result<()> {
+        match self.pre(Op::Swap, key).await? {
+            Some((i, FaultAction::LoseAck, _)) => {
+                self.inner.swap(key, expected, data).await?;
+                self.record(Op::Swap, key, i, FaultAction::LoseAck, None);
+                Err(self.injected_error(Op::Swap, key, FaultAction::LoseAck))
+            }
+            _ => self.inner.swap(key, expected, data).await,
         }
     }
 
@@ -592,7 +616,7 @@ mod tests {
     async fn plans_parse_from_text_and_bad_text_is_one_error() {
         let plan = FaultPlan::parse("seed=7; put:enospc:2-3:ckpt/ ; all:delay=5:*").unwrap();
         assert_eq!(plan.seed, 7);
-        assert_eq!(plan.rules.len(), 1 + 6);
+        assert_eq!(plan.rules.len(), 1 + 7);
         assert_eq!(plan.rules[0].trigger, Trigger::Range(2, 3));
         assert_eq!(plan.rules[0].action, FaultAction::StorageFull);
         assert_eq!(plan.rules[0].key_contains.as_deref(), Some("ckpt/"));

@@ -8,6 +8,10 @@
 //! system lacks the flag): both fail if the destination exists, so of two racing creators
 //! exactly one wins.
 //!
+//! A swap (compare and replace) holds an exclusive `flock` on `<root>/.swap.lock` while it
+//! reads, compares and renames, so swaps from any process on this machine are serialized; the
+//! lock dies with its holder.
+//!
 //! Blocking file-system calls run on tokio's blocking pool, so a caller must be inside a tokio
 //! runtime.
 //!
@@ -26,7 +30,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{check_range, ChunkStore, ObjectMeta, PutMode};
+use super::{check_range, swap_conflict, ChunkStore, ObjectMeta, PutMode};
 use crate::error::{CkptError, Result};
 use crate::key::Key;
 
@@ -263,6 +267,44 @@ fn put_blocking(inner: &Inner, path: &Path, data: &[u8], mode: PutMode) -> LResu
     Ok(())
 }
 
+/// Compare `path`'s content with `expected` and replace it, under the store's swap lock.
+fn swap_blocking(
+    inner: &Inner,
+    path: &Path,
+    key: &Key,
+    expected: Option<&[u8]>,
+    data: &[u8],
+) -> LResult<Result<()>> {
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(inner.root.join(".swap.lock"))?;
+    lock.lock()?;
+    let have = match open_object(path) {
+        Ok(mut f) => {
+            let mut buf = Vec::new();
+            f.read_to_end(&mut buf)?;
+            Some(buf)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e.into()),
+    };
+    let r = match (have, expected) {
+        (None, None) => put_blocking(inner, path, data, PutMode::Create).map(Ok),
+        (Some(_), None) => Ok(Err(CkptError::AlreadyExists {
+            key: key.to_string(),
+        })),
+        (Some(h), Some(want)) if h == want => {
+            put_blocking(inner, path, data, PutMode::Overwrite).map(Ok)
+        }
+        _ => Ok(Err(swap_conflict(key))),
+    };
+    // Closing the file releases the lock as well; unlocking first keeps the window short.
+    let _ = lock.unlock();
+    r
+}
+
 /// Map "is a directory" on read to NotFound: a prefix is not an object.
 fn open_object(path: &Path) -> io::Result<File> {
     let f = File::open(path)?;
@@ -340,6 +382,15 @@ impl ChunkStore for LocalStore {
         run_blocking(move || put_blocking(&inner, &path, &data, mode))
             .await
             .map_err(|e| e.into_error(key.as_str()))
+    }
+
+    async fn swap(&self, key: &Key, expected: Option<Bytes>, data: Bytes) -> Result<()> {
+        let inner = self.inner.clone();
+        let path = self.path_of(key);
+        let k = key.clone();
+        run_blocking(move || swap_blocking(&inner, &path, &k, expected.as_deref(), &data))
+            .await
+            .map_err(|e| e.into_error(key.as_str()))?
     }
 
     async fn get(&self, key: &Key) -> Result<Bytes> {

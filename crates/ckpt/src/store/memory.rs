@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{check_range, ChunkStore, ObjectMeta, PutMode};
+use super::{check_range, swap_conflict, ChunkStore, ObjectMeta, PutMode};
 use crate::error::{CkptError, Result};
 use crate::key::Key;
 
@@ -91,6 +91,22 @@ impl ChunkStore for MemoryStore {
 
     async fn delete(&self, key: &Key) -> Result<()> {
         self.lock().remove(key);
+        Ok(())
+    }
+
+    async fn swap(&self, key: &Key, expected: Option<Bytes>, data: Bytes) -> Result<()> {
+        let mut map = self.lock();
+        match (map.get(key), expected) {
+            (None, None) => {}
+            (Some(_), None) => {
+                return Err(CkptError::AlreadyExists {
+                    key: key.to_string(),
+                })
+            }
+            (Some(have), Some(want)) if *have == want => {}
+            _ => return Err(swap_conflict(key)),
+        }
+        map.insert(key.clone(), data);
         Ok(())
     }
 }

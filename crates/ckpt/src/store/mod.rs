@@ -16,6 +16,11 @@
 //! - `list(prefix)` returns the objects strictly under `prefix/` (segment-wise), sorted by key.
 //! - `delete` is idempotent: deleting a missing key succeeds.
 //! - A missing key is [`CkptError::NotFound`] for `get`, `get_range` and `head`.
+//! - `swap(key, expected, data)` replaces the object only if it holds exactly `expected` now
+//!   (`None`: only if it is missing), else fails with [`CkptError::Precondition`]. Of two
+//!   racing swaps from the same content exactly one wins. This is the one conditional write
+//!   the store's small mutable objects (`CURRENT`, the lease, reader records) go through; on
+//!   S3 it is a conditional put on the ETag read with the content (`If-Match`).
 
 use std::fmt::Debug;
 use std::ops::Range;
@@ -72,6 +77,19 @@ pub trait ChunkStore: Send + Sync + Debug {
 
     /// Remove the object; succeeds if it is already gone.
     async fn delete(&self, key: &Key) -> Result<()>;
+
+    /// Replace `key` with `data` only if it holds exactly `expected` (`None`: only if it does
+    /// not exist); otherwise [`CkptError::Precondition`] (or [`CkptError::AlreadyExists`] when
+    /// `expected` is `None` and the key exists).
+    async fn swap(&self, key: &Key, expected: Option<Bytes>, data: Bytes) -> Result<()>;
+}
+
+/// The error of a swap whose expected content is not what the store holds.
+pub(crate) fn swap_conflict(key: &Key) -> CkptError {
+    CkptError::Precondition {
+        key: key.to_string(),
+        reason: "the object changed since it was read (another writer replaced it)".into(),
+    }
 }
 
 /// Check `range` against an object of `size` bytes.

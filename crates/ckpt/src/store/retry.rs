@@ -226,6 +226,27 @@ impl ChunkStore for RetryingStore {
         self.run("delete", key.as_str(), |_| self.inner.delete(key))
             .await
     }
+
+    async fn swap(&self, key: &Key, expected: Option<Bytes>, data: Bytes) -> Result<()> {
+        self.run("swap", key.as_str(), |n| {
+            let (expected, data) = (expected.clone(), data.clone());
+            async move {
+                match self.inner.swap(key, expected, data.clone()).await {
+                    // A retried swap that meets an earlier try of itself that landed.
+                    Err(e @ (CkptError::Precondition { .. } | CkptError::AlreadyExists { .. }))
+                        if n > 1 =>
+                    {
+                        match self.inner.get(key).await {
+                            Ok(found) if found == data => Ok(()),
+                            _ => Err(e),
+                        }
+                    }
+                    other => other,
+                }
+            }
+        })
+        .await
+    }
 }
 
 #[cfg(test)]

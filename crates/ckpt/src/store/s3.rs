@@ -18,7 +18,7 @@ use object_store::{
     GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutOptions, PutPayload, RetryConfig,
 };
 
-use super::{check_range, ChunkStore, ObjectMeta, PutMode};
+use super::{check_range, swap_conflict, ChunkStore, ObjectMeta, PutMode};
 use crate::error::{CkptError, Result};
 use crate::key::Key;
 
@@ -313,6 +313,44 @@ impl ChunkStore for S3Store {
             .collect();
         out.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(out)
+    }
+
+    async fn swap(&self, key: &Key, expected: Option<Bytes>, data: Bytes) -> Result<()> {
+        let mode = match expected {
+            None => object_store::PutMode::Create,
+            Some(want) => {
+                let got = self
+                    .client
+                    .get_opts(&self.path(key), GetOptions::default())
+                    .await
+                    .map_err(|e| match e {
+                        object_store::Error::NotFound { .. } => swap_conflict(key),
+                        e => map_err(key.as_str(), e),
+                    })?;
+                let version = object_store::UpdateVersion {
+                    e_tag: got.meta.e_tag.clone(),
+                    version: got.meta.version.clone(),
+                };
+                let have = got.bytes().await.map_err(|e| map_err(key.as_str(), e))?;
+                if have != want {
+                    return Err(swap_conflict(key));
+                }
+                object_store::PutMode::Update(version)
+            }
+        };
+        let opts = PutOptions {
+            mode,
+            ..PutOptions::default()
+        };
+        match self
+            .client
+            .put_opts(&self.path(key), PutPayload::from_bytes(data), opts)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(object_store::Error::Precondition { .. }) => Err(swap_conflict(key)),
+            Err(e) => Err(map_err(key.as_str(), e)),
+        }
     }
 
     async fn delete(&self, key: &Key) -> Result<()> {
