@@ -209,11 +209,7 @@ impl Checkpoints {
                 manifest_crc32c: mfile.checksums,
                 generation: self.generation.unwrap_or(have_gen),
             };
-            match self
-                .store
-                .swap(&key, raw, pointer.encode().bytes)
-                .await
-            {
+            match self.store.swap(&key, raw, pointer.encode().bytes).await {
                 Ok(()) => return Ok(pointer),
                 // Someone moved it between the read and the swap: look again.
                 Err(CkptError::Precondition { .. } | CkptError::AlreadyExists { .. }) => continue,

@@ -367,9 +367,15 @@ pub async fn swaps_compare_and_have_one_winner(
         other => panic!("a swap from stale content must fail Precondition: {other:?}"),
     }
     assert_eq!(must(store.get(&key).await, "get"), a, "a failed swap wrote");
-    must(store.swap(&key, Some(a.clone()), b.clone()).await, "swap a->b");
+    must(
+        store.swap(&key, Some(a.clone()), b.clone()).await,
+        "swap a->b",
+    );
     assert_eq!(must(store.get(&key).await, "get"), b);
-    match store.swap(&k(base, "missing"), Some(a.clone()), c.clone()).await {
+    match store
+        .swap(&k(base, "missing"), Some(a.clone()), c.clone())
+        .await
+    {
         Err(CkptError::Precondition { .. }) => {}
         other => panic!("a swap of a missing key from content must fail Precondition: {other:?}"),
     }
@@ -395,7 +401,10 @@ pub async fn swaps_compare_and_have_one_winner(
         }
         for (i, r) in &results {
             if let Err(e) = r {
-                assert!(matches!(e, CkptError::Precondition { .. }), "racer {i}: {e}");
+                assert!(
+                    matches!(e, CkptError::Precondition { .. }),
+                    "racer {i}: {e}"
+                );
             }
         }
         let stored = must(store.get(&key).await, "get");

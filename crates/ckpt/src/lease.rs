@@ -54,6 +54,30 @@ pub fn this_process() -> String {
     format!("{host}:{}", std::process::id())
 }
 
+/// Whether `holder` (`host:pid`) is a process of this host that no longer exists: its lease is
+/// free at once (a job killed here can be resumed without waiting for the expiry). A holder on
+/// another host is never taken for gone.
+pub fn holder_is_gone(holder: &str) -> bool {
+    let Some((host, pid)) = holder.rsplit_once(':') else {
+        return false;
+    };
+    let me = this_process();
+    let Some((my_host, _)) = me.rsplit_once(':') else {
+        return false;
+    };
+    match pid.parse::<i32>() {
+        Ok(pid) if host == my_host && pid > 0 => !process_alive(pid),
+        _ => false,
+    }
+}
+
+/// Whether process `pid` exists (signal 0 probes without sending anything).
+pub fn process_alive(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks that the process exists and may be signalled.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
 /// The `LEASE` object.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseRecord {
@@ -150,7 +174,7 @@ impl Lease {
             Ok(d) => {
                 let old = LeaseRecord::decode(&key, &d)?;
                 let now = now_ms();
-                if !old.is_free(now) {
+                if !old.is_free(now) && !holder_is_gone(&old.holder) {
                     return Err(CkptError::Held {
                         key: key.to_string(),
                         holder: old.describe(now),

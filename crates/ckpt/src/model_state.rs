@@ -7,6 +7,11 @@
 //! are then laid out by the store's [`ShardMap`] into global tables, one table at a time, each
 //! server's part dropped once copied: the peak is the model plus one table.
 //!
+//! The restore registers as a reader of the checkpoints it reads ([`crate::lease`]), so a
+//! job's garbage collection running meanwhile keeps them; a state that a collection is already
+//! deleting is selected again (the head moved on). A store this process cannot write to (read-only
+//! credentials) is read without a registration.
+//!
 //! What a store says about the model's shape is what its manifests hold (tables, rows, row
 //! layout, dense values and state width, servers); the preset, seed and optimizer kinds are not
 //! in it and are the caller's to supply and check against this.
@@ -72,13 +77,68 @@ fn check_step(at: &RestoreAt, m: &Manifest) -> Result<()> {
 /// Rebuild the state `at` names (`CURRENT`, an id, or exactly a step) as the whole model, every
 /// file read verified. Holds the whole model in memory.
 pub async fn restore_model(ckpts: &Checkpoints, at: &RestoreAt) -> Result<ModelState> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match restore_once(ckpts, at).await {
+            // Collected between the selection and the registration: select again.
+            Err(CkptError::BeingCollected { .. } | CkptError::NotFound { .. }) if attempt < 3 => {
+                continue
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Register as a reader of `ids` and keep the registration alive while `read` runs.
+async fn while_registered<T>(
+    ckpts: &Checkpoints,
+    ids: &[CheckpointId],
+    read: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    use crate::lease::ReaderLease;
+    let ttl = std::time::Duration::from_secs(120);
+    let lease = match ReaderLease::register(ckpts, "restore", ids, ttl).await {
+        Ok(l) => l,
+        Err(e @ CkptError::BeingCollected { .. }) => return Err(e),
+        // Read-only access: read unregistered.
+        Err(_) => return read.await,
+    };
+    // The registration might have come after the sweep that deleted a manifest: check that
+    // every checkpoint is still there now that any later sweep sees the registration.
+    for id in ids {
+        if let Err(e) = ckpts.read_manifest(id, None).await {
+            lease.release().await;
+            return Err(e);
+        }
+    }
+    let lease = std::sync::Arc::new(tokio::sync::Mutex::new(lease));
+    let renewer = {
+        let lease = lease.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(ttl / 3).await;
+                let _ = lease.lock().await.renew().await;
+            }
+        })
+    };
+    let out = read.await;
+    renewer.abort();
+    let _ = renewer.await;
+    if let Ok(l) = std::sync::Arc::try_unwrap(lease) {
+        l.into_inner().release().await;
+    }
+    out
+}
+
+async fn restore_once(ckpts: &Checkpoints, at: &RestoreAt) -> Result<ModelState> {
     let (manifest, chain, shards) = if incr::is_incremental_store(ckpts).await? {
         let chain = incr::select(ckpts, at).await?;
         let target = chain.target_manifest().clone();
         check_step(at, &target)?;
-        let shards = incr::restore_all(ckpts, &chain).await?;
         let mut ids = vec![chain.base.id.clone()];
         ids.extend(chain.pieces.iter().map(|m| m.id.clone()));
+        let shards = while_registered(ckpts, &ids, incr::restore_all(ckpts, &chain)).await?;
         (target, ids, shards)
     } else {
         let chain = deck::select_chain(ckpts, at, false).await?;
@@ -92,13 +152,17 @@ pub async fn restore_model(ckpts: &Checkpoints, at: &RestoreAt) -> Result<ModelS
         };
         check_step(at, last)?;
         let map = shard_map(full)?;
-        let mut shards = Vec::with_capacity(full.shards.len());
-        for info in &full.shards {
-            let mut s = MemShard::of(info, map);
-            deck::restore_chain(ckpts, &chain, &mut s).await?;
-            shards.push(s);
-        }
-        let ids = chain.iter().map(|m| m.id.clone()).collect();
+        let ids: Vec<CheckpointId> = chain.iter().map(|m| m.id.clone()).collect();
+        let read = async {
+            let mut shards = Vec::with_capacity(full.shards.len());
+            for info in &full.shards {
+                let mut s = MemShard::of(info, map);
+                deck::restore_chain(ckpts, &chain, &mut s).await?;
+                shards.push(s);
+            }
+            Ok(shards)
+        };
+        let shards = while_registered(ckpts, &ids, read).await?;
         (last.clone(), ids, shards)
     };
     assemble(manifest, chain, shards)

@@ -729,10 +729,8 @@ fn gc_stops_when_current_cannot_be_read() {
         mem.clone(),
         FaultPlan {
             seed: 1,
-            rules: vec![
-                FaultRule::new(Op::Get, Trigger::Always, FaultAction::Fail)
-                    .on_keys_containing("CURRENT"),
-            ],
+            rules: vec![FaultRule::new(Op::Get, Trigger::Always, FaultAction::Fail)
+                .on_keys_containing("CURRENT")],
         },
     ));
     let ck = Checkpoints::new(faulty);
@@ -772,16 +770,14 @@ fn a_commit_whose_acknowledgement_is_lost_is_checked_before_it_fails() {
     let cur = env.rt.block_on(env.ckpts.read_current()).unwrap().unwrap();
     assert_eq!(cur.id, f1.id);
     // The same loss, and the read after it fails too: uncertain, never "failed".
-    let reread_fails = FaultRule::new(Op::Get, Trigger::Nth(2), FaultAction::Fail)
-        .on_keys_containing("CURRENT");
+    let reread_fails =
+        FaultRule::new(Op::Get, Trigger::Nth(2), FaultAction::Fail).on_keys_containing("CURRENT");
     let env2 = Env {
         ckpts: Checkpoints::new(faulty(vec![lose, reread_fails])),
         ..Env::new(mem.clone())
     };
     sim.step();
-    let err = env2
-        .save(&mut sim, CheckpointKind::Full, None)
-        .unwrap_err();
+    let err = env2.save(&mut sim, CheckpointKind::Full, None).unwrap_err();
     assert!(matches!(err, CkptError::CommitUncertain { .. }), "{err}");
 }
 
@@ -793,9 +789,7 @@ fn a_full_staging_disk_is_named_in_the_error() {
     env.limit_bytes = Some(1);
     let mut sim = Sim::new(1, 31);
     sim.step();
-    let err = env
-        .save(&mut sim, CheckpointKind::Full, None)
-        .unwrap_err();
+    let err = env.save(&mut sim, CheckpointKind::Full, None).unwrap_err();
     let text = err.to_string();
     assert!(text.contains("no space left on device"), "{text}");
     assert!(!text.contains("see the upload"), "{text}");
@@ -809,8 +803,12 @@ fn staging_folders_of_dead_processes_are_removed() {
     let dead = child.id();
     child.wait().unwrap();
     let own = std::process::id();
-    let dead_dir = dir.path().join(format!("d-00000000000000000001-s0000-{dead}-0"));
-    let live_dir = dir.path().join(format!("d-00000000000000000001-s0000-{own}-0"));
+    let dead_dir = dir
+        .path()
+        .join(format!("d-00000000000000000001-s0000-{dead}-0"));
+    let live_dir = dir
+        .path()
+        .join(format!("d-00000000000000000001-s0000-{own}-0"));
     let other = dir.path().join("not-ours");
     for d in [&dead_dir, &live_dir, &other] {
         std::fs::create_dir_all(d).unwrap();

@@ -72,6 +72,8 @@ pub struct JobFile {
     pub heartbeat_timeout_ms: Option<u64>,
     pub report_interval_s: Option<f64>,
     pub start_timeout_s: Option<f64>,
+    pub lease_ttl_s: Option<f64>,
+    pub save_timeout_s: Option<f64>,
     #[serde(default)]
     pub server_addr: Vec<ftrec_cluster::net::PeerAddr>,
     #[serde(default, deserialize_with = "listen_addr")]
@@ -203,6 +205,8 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
         heartbeat_timeout_ms: a.heartbeat_timeout_ms.or(f.heartbeat_timeout_ms),
         report_interval_s: a.report_interval_s.or(f.report_interval_s),
         start_timeout_s: a.start_timeout_s.or(f.start_timeout_s),
+        lease_ttl_s: a.lease_ttl_s.or(f.lease_ttl_s),
+        save_timeout_s: a.save_timeout_s.or(f.save_timeout_s),
         server_addr: if a.server_addr.is_empty() {
             f.server_addr
         } else {
@@ -340,13 +344,31 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
     Ok(cfg)
 }
 
-/// `--start-timeout-s`, checked (shared by a new run and a resumed one).
+/// `--start-timeout-s`, `--lease-ttl-s` and `--save-timeout-s`, checked (shared by a new run
+/// and a resumed one).
 pub fn apply_start_timeout(a: &RunArgs, cfg: &mut RunConfig) -> Result<()> {
-    if let Some(s) = a.start_timeout_s {
-        if !(s.is_finite() && s > 0.0) {
-            bail!("--start-timeout-s must be a positive number of seconds, not {s}");
+    for (flag, v) in [
+        ("--start-timeout-s", a.start_timeout_s),
+        ("--lease-ttl-s", a.lease_ttl_s),
+        ("--save-timeout-s", a.save_timeout_s),
+    ] {
+        if let Some(s) = v {
+            if !(s.is_finite() && s > 0.0) {
+                bail!("{flag} must be a positive number of seconds, not {s}");
+            }
         }
+    }
+    if let Some(s) = a.start_timeout_s {
         cfg.start_timeout = Duration::from_secs_f64(s);
+    }
+    if let Some(s) = a.lease_ttl_s {
+        if s < 1.0 {
+            bail!("--lease-ttl-s must be at least 1 second (it is renewed every third of it), not {s}");
+        }
+        cfg.lease_ttl = Duration::from_secs_f64(s);
+    }
+    if a.save_timeout_s.is_some() {
+        cfg.save_timeout_s = a.save_timeout_s;
     }
     Ok(())
 }

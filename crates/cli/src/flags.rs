@@ -176,6 +176,14 @@ pub struct RunArgs {
     /// (--server-addr) are waited for at start and after a loss, in seconds [default: 30].
     #[arg(long, value_name = "SECONDS")]
     pub start_timeout_s: Option<f64>,
+    /// How long the store's writer lease lives without renewal, in seconds [default: 30]. A
+    /// second job on the store is refused while it lives; a job that cannot renew it stops.
+    #[arg(long, value_name = "SECONDS")]
+    pub lease_ttl_s: Option<f64>,
+    /// Longest wait for a save's uploads, in seconds [default: 60 plus 1 per 16 MiB saved].
+    /// A save that takes longer is dropped once its uploads end (never deleted under them).
+    #[arg(long, value_name = "SECONDS")]
+    pub save_timeout_s: Option<f64>,
     /// Address of a server started elsewhere, in server order (repeatable; then no server is
     /// started here): HOST:PORT with a DNS name, an IPv4 or an [IPv6] address. A name is
     /// looked up at every connection, so a server restarted at a new address behind the same

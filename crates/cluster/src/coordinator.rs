@@ -22,6 +22,7 @@
 
 mod ecrec;
 mod faults;
+mod lease;
 mod outside;
 mod partial;
 mod resume;
@@ -189,7 +190,8 @@ fn run_job(cfg: &RunConfig, resume: bool) -> Result<RunReport, ClusterError> {
         Some(store::StoreState::open(
             &rt,
             cfg.store_location(),
-            &cfg.strategy,
+            cfg,
+            resume,
         )?)
     } else {
         None
@@ -1298,6 +1300,7 @@ impl Coordinator {
 
     /// Carry out a strategy's actions. `Ok(false)`: the run was aborted.
     fn execute(&mut self, actions: Vec<Action>) -> Result<bool, ClusterError> {
+        self.check_lease()?;
         for action in actions {
             match action {
                 // Batches are handed out by the training loop, which has stopped before it
@@ -1614,6 +1617,7 @@ impl Coordinator {
             p.stop(STOP_GRACE);
         }
         self.procs.clear();
+        self.release_lease();
         outcome?;
         let samples = self.samples_in(self.batches);
         let data = self.data_report();

@@ -31,6 +31,8 @@ pub const PER_INVOCATION: &[&str] = &[
     "heartbeat",
     "heartbeat_timeout",
     "start_timeout",
+    "lease_ttl",
+    "save_timeout_s",
     "report_interval_s",
 ];
 

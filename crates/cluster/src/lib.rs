@@ -151,4 +151,8 @@ pub enum ClusterError {
     /// `--skip-malformed`, an unreadable file).
     #[error("batch {index}: {reason}")]
     BadData { index: u64, reason: String },
+    /// This run lost the store to another writer (or could not renew its lease): it stopped
+    /// writing.
+    #[error("stopped writing to the store: {0}")]
+    Fenced(String),
 }

@@ -701,6 +701,14 @@ pub struct RunConfig {
     /// Longest wait for a started server to write its port file.
     #[serde(with = "millis")]
     pub start_timeout: Duration,
+    /// The store's writer lease lives this long without renewal; the coordinator renews it
+    /// every third of it and stops writing when it cannot.
+    #[serde(with = "millis", default = "default_lease_ttl")]
+    pub lease_ttl: Duration,
+    /// Longest wait for a save's uploads, in seconds (`None`: sized to the save, 60 s plus a
+    /// second per 16 MiB copied out).
+    #[serde(default)]
+    pub save_timeout_s: Option<f64>,
     /// Threads of the matrix kernels in each worker.
     pub threads: usize,
     /// Servers started elsewhere (`ftrec server` on other hosts), in server order; empty: the
@@ -734,6 +742,10 @@ fn default_control() -> SocketAddr {
 
 fn default_interval() -> f64 {
     1.0
+}
+
+fn default_lease_ttl() -> Duration {
+    ftrec_ckpt::lease::DEFAULT_TTL
 }
 
 fn default_chunk_kib() -> usize {
@@ -777,6 +789,8 @@ impl RunConfig {
             heartbeat: Duration::from_millis(100),
             heartbeat_timeout: Duration::from_millis(1000),
             start_timeout: Duration::from_secs(30),
+            lease_ttl: default_lease_ttl(),
+            save_timeout_s: None,
             threads: 1,
             external_servers: Vec::new(),
             external_workers: false,
@@ -991,6 +1005,15 @@ impl RunConfig {
     }
 
     /// The checkpoint store's location.
+    /// How long a blocking wait for the uploads of a save of `bytes` copied-out bytes may
+    /// take: the configured timeout, or 60 s plus a second per 16 MiB.
+    pub fn save_wait(&self, bytes: u64) -> Duration {
+        match self.save_timeout_s {
+            Some(s) => Duration::from_secs_f64(s),
+            None => Duration::from_secs(60) + Duration::from_secs(bytes >> 24),
+        }
+    }
+
     pub fn store_location(&self) -> String {
         self.store
             .clone()

@@ -613,7 +613,7 @@ pub fn remove_dead_folders(staging_dir: &Path) -> Result<Vec<PathBuf>> {
         let (Ok(_), Ok(pid)) = (n.parse::<u64>(), pid.parse::<i32>()) else {
             continue;
         };
-        if pid <= 0 || pid as u32 == std::process::id() || process_alive(pid) {
+        if pid <= 0 || pid as u32 == std::process::id() || crate::lease::process_alive(pid) {
             continue;
         }
         let path = entry.path();
@@ -624,13 +624,6 @@ pub fn remove_dead_folders(staging_dir: &Path) -> Result<Vec<PathBuf>> {
         }
     }
     Ok(removed)
-}
-
-/// Whether process `pid` exists (signal 0 probes without sending anything).
-fn process_alive(pid: i32) -> bool {
-    // SAFETY: kill with signal 0 only checks that the process exists and may be signalled.
-    let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 fn stage_one(
@@ -829,10 +822,7 @@ mod tests {
         let err = rt
             .block_on(upload_loop(&ckpts, &id, rx, &gauge, &progress))
             .unwrap_err();
-        assert!(
-            matches!(err, CkptError::ChecksumMismatch { .. }),
-            "{err}"
-        );
+        assert!(matches!(err, CkptError::ChecksumMismatch { .. }), "{err}");
         assert!(err.to_string().contains("dense-000000.dense"), "{err}");
         assert!(rt.block_on(mem.list(None)).unwrap().is_empty());
     }

@@ -52,7 +52,11 @@ impl CurrentPointer {
             header: f.u32()?,
             payload: f.u32()?,
         };
-        let generation = if frame.header.len() >= 24 { f.u64()? } else { 0 };
+        let generation = if frame.header.len() >= 24 {
+            f.u64()?
+        } else {
+            0
+        };
         let id = std::str::from_utf8(frame.payload)
             .ok()
             .and_then(|s| CheckpointId::new(s).ok())

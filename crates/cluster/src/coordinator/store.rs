@@ -46,9 +46,10 @@ use crate::plan::BatchPlan;
 use crate::report::EventKind;
 use crate::spec::MergeSettings;
 use crate::worker::position_after;
-use crate::{ClusterError, Phase, Role, StrategyChoice};
+use crate::{ClusterError, Phase, Role};
 
-/// How long the end of a run waits for a save in flight and for the merger.
+/// How long the end of a run waits for the merger. (A save's uploads are waited for as long
+/// as [`RunConfig::save_wait`] says.)
 const FINISH_WAIT: Duration = Duration::from_secs(60);
 
 /// The store side of a run whose strategy saves.
@@ -92,6 +93,8 @@ pub(super) struct StoreState {
     pub fulls: u64,
     pub deltas: u64,
     pub copy_pause_s: f64,
+    /// The store's writer lease, held for the whole run.
+    pub lease: Option<super::lease::LeaseKeeper>,
 }
 
 /// A save whose rows are copied out and whose uploads are still running.
@@ -104,6 +107,8 @@ pub(super) struct Inflight {
     parent: Option<CheckpointId>,
     position: DataPosition,
     pause_s: f64,
+    /// Bytes copied out: what sizes the wait for the uploads.
+    bytes: u64,
     /// A prioritized partial save (CPR §4.2): the manifest is marked with this.
     prioritized: Option<PrioritizedMeta>,
     task: tokio::task::JoinHandle<Result<Vec<ShardReport>, String>>,
@@ -176,18 +181,31 @@ pub(super) async fn state_manifest(
 }
 
 impl StoreState {
-    /// Open the store of `location` (S3 settings from the AWS environment variables).
+    /// Open the store of `location` (S3 settings from the AWS environment variables) and
+    /// claim its writer lease ([`super::lease::claim`]).
     pub fn open(
         rt: &tokio::runtime::Runtime,
         location: String,
-        strategy: &StrategyChoice,
+        cfg: &crate::RunConfig,
+        resume: bool,
     ) -> Result<StoreState, ClusterError> {
+        let strategy = &cfg.strategy;
         let store = rt
             .block_on(location::open(&location, &LocationOptions::from_env()))
             .map_err(|e| ClusterError::Checkpoint(format!("store {location}: {e}")))?;
+        let ckpts = Checkpoints::new(store);
+        let what = format!(
+            "ftrec run ({}, preset {}, {} servers)",
+            strategy.name(),
+            cfg.preset.name,
+            cfg.servers
+        );
+        let (keeper, generation) =
+            super::lease::claim(rt, &ckpts, &location, &what, cfg.lease_ttl, resume)?;
         Ok(StoreState {
+            lease: Some(keeper),
             location,
-            ckpts: Checkpoints::new(store),
+            ckpts: ckpts.with_generation(generation),
             clients: Vec::new(),
             inflight: None,
             committed: None,
@@ -450,6 +468,7 @@ impl Coordinator {
             parent,
             position,
             pause_s,
+            bytes: copied.1,
             prioritized,
             task,
         };
@@ -522,26 +541,40 @@ impl Coordinator {
             parent,
             position,
             pause_s,
+            bytes: copied_bytes,
             prioritized,
-            task,
+            mut task,
         } = inflight;
         let copy_pause_s = pause_s;
         let ckpts = st.ckpts.clone();
+        let wait = self.cfg.save_wait(copied_bytes);
+        // Why a commit failed in a way that forbids deleting the checkpoint (it may be
+        // current; or this run no longer owns the store).
+        let mut keep_files: Option<bool> = None;
         let outcome = self.rt.block_on(async {
-            let reports = match tokio::time::timeout(FINISH_WAIT, task).await {
+            let reports = match tokio::time::timeout(wait, &mut task).await {
                 Ok(Ok(Ok(r))) => r,
                 Ok(Ok(Err(e))) => return Err(e),
                 Ok(Err(e)) => return Err(format!("the upload task failed: {e}")),
-                Err(_) => return Err("the uploads did not end in time".into()),
+                Err(_) => {
+                    return Err(format!(
+                        "the uploads did not end within {:.0}s (--save-timeout-s); the save is dropped once they end",
+                        wait.as_secs_f64()
+                    ))
+                }
             };
             let mut manifest = shard_manifest(id.clone(), kind, step, parent, position, reports);
             if let Some(m) = &prioritized {
                 m.store_in(&mut manifest);
             }
-            ckpts
-                .commit(&manifest)
-                .await
-                .map_err(|e| format!("commit: {e}"))?;
+            ckpts.commit(&manifest).await.map_err(|e| {
+                match &e {
+                    ftrec_ckpt::CkptError::Fenced { .. } => keep_files = Some(true),
+                    ftrec_ckpt::CkptError::CommitUncertain { .. } => keep_files = Some(false),
+                    _ => {}
+                }
+                format!("commit: {e}")
+            })?;
             // What the servers' piece indexes say (IncrCP §4.5's restore estimate, extraction,
             // quantization error); a piece whose indexes cannot be read is still committed.
             let sums = if piece.is_some() {
@@ -609,10 +642,24 @@ impl Coordinator {
             }
             Err(e) => {
                 self.event(EventKind::CheckpointFailed, None, format!("{id}: {e}"));
-                let ckpts = ckpts.clone();
-                self.rt.spawn(async move {
-                    let _ = ckpts.delete_checkpoint(&id).await;
-                });
+                match keep_files {
+                    // Fenced: another job owns the store now; write nothing more.
+                    Some(true) => {
+                        if let Some(k) = self.store.as_ref().and_then(|s| s.lease.as_ref()) {
+                            k.lost(e.clone());
+                        }
+                    }
+                    // `CURRENT` may name it: keep its files (a resume finds out).
+                    Some(false) => {}
+                    // Its files go once its uploads have ended, never under them.
+                    None => {
+                        let ckpts = ckpts.clone();
+                        self.rt.spawn(async move {
+                            let _ = task.await;
+                            let _ = ckpts.delete_checkpoint(&id).await;
+                        });
+                    }
+                }
                 actions.extend(self.strategy.on(&Event::SaveFailed { step, reason: e }));
             }
         }
@@ -777,14 +824,18 @@ impl Coordinator {
             // Best effort: what one pass cannot delete goes back into the lineage and the next
             // pass tries again. Manifest first (`delete_checkpoint`), so a half-deleted
             // checkpoint is never taken for a readable one.
-            let mut kept = Vec::new();
-            for n in dead {
-                if ckpts.delete_checkpoint(&n.id).await.is_err() {
-                    kept.push(n);
-                }
-            }
-            // With a chunk list, also the files no live chunk points into any more.
-            if let Some(head) = list_head {
+            // Checkpoints a live reader (eval, export) holds stay (`lease::sweep`).
+            let ids: Vec<CheckpointId> = dead.iter().map(|n| n.id.clone()).collect();
+            let Ok(rep) = ftrec_ckpt::lease::sweep(&ckpts, &ids).await else {
+                return dead;
+            };
+            let kept: Vec<Node> = dead
+                .into_iter()
+                .filter(|n| !rep.deleted.contains(&n.id))
+                .collect();
+            // With a chunk list, also the files no live chunk points into any more (only
+            // while nobody reads: a reader's chunks are not in the live list).
+            if let (Some(head), 0) = (list_head, rep.readers) {
                 let _ = incr::remove_dead_files_of(&ckpts, std::slice::from_ref(&head)).await;
             }
             kept
@@ -850,6 +901,21 @@ impl Coordinator {
         );
         let mut cmd = Command::new(&exe);
         cmd.args(args.to_args());
+        // The merger dies with this coordinator: it never merges or collects for a job that
+        // is gone (and a paused one cannot outlive its coordinator's death either: SIGKILL
+        // ends a stopped process too).
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: only prctl, which is async-signal-safe, runs between fork and exec.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         let spawned = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -989,6 +1055,19 @@ impl Coordinator {
     /// The end of a run: commit the save in flight, let the strategy save the final model
     /// (so the store's `CURRENT` is the model the run ends with), commit that, then let the
     /// merger or garbage collection finish (bounded).
+    /// `Err` once the store's lease is lost: the run stops writing.
+    pub(super) fn check_lease(&self) -> Result<(), ClusterError> {
+        match self.store.as_ref().and_then(|s| s.lease.as_ref()) {
+            Some(k) => k.check(),
+            None => Ok(()),
+        }
+    }
+
+    /// Give the store's lease up: the run has ended (after its last write).
+    pub(super) fn release_lease(&mut self) {
+        drop(self.store.as_mut().and_then(|s| s.lease.take()));
+    }
+
     pub(super) fn store_finish(&mut self) -> Result<bool, ClusterError> {
         let done = self.poll_store(true);
         if !self.execute(done)? {

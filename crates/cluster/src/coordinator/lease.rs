@@ -1,0 +1,135 @@
+//! The coordinator's side of the store's writer lease ([`ftrec_ckpt::lease`]): claimed before
+//! the run writes anything, renewed in the background every third of its time to live,
+//! released when the run ends. A run that loses it (another job took the store over while this
+//! one was paused, or the store could not be reached for a whole time to live) stops with one
+//! line and writes nothing more: its commits would fail anyway, `CURRENT` carrying the newer
+//! generation.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ftrec_ckpt::lease::{self, Lease};
+use ftrec_ckpt::{Checkpoints, CkptError};
+
+use crate::ClusterError;
+
+/// The lease this run holds, and why it was lost, if it was.
+/// Dropping it gives the lease up (whatever ends the run: its end, an error before training).
+pub(super) struct LeaseKeeper {
+    lease: Arc<tokio::sync::Mutex<Lease>>,
+    lost: Arc<Mutex<Option<String>>>,
+    renewer: tokio::task::JoinHandle<()>,
+    rt: tokio::runtime::Handle,
+}
+
+fn store_err(location: &str, e: CkptError) -> ClusterError {
+    ClusterError::Checkpoint(format!("store {location}: {e}"))
+}
+
+/// Claim `ckpts` for this run. A fresh run (`resume` false) is refused on a store that holds
+/// another job's checkpoints or record; any run is refused while another live process holds
+/// the lease. Returns the keeper and the generation commits carry.
+pub(super) fn claim(
+    rt: &tokio::runtime::Runtime,
+    ckpts: &Checkpoints,
+    location: &str,
+    what: &str,
+    ttl: Duration,
+    resume: bool,
+) -> Result<(LeaseKeeper, u64), ClusterError> {
+    let lease = rt.block_on(async {
+        if !resume {
+            let held = lease::read_lease(ckpts)
+                .await
+                .map_err(|e| store_err(location, e))?;
+            let live = held
+                .as_ref()
+                .filter(|r| !r.is_free(lease::now_ms()) && !lease::holder_is_gone(&r.holder));
+            if live.is_none() {
+                let job = ckpts.read_job().await.map_err(|e| store_err(location, e))?;
+                let current = ckpts
+                    .read_current()
+                    .await
+                    .map_err(|e| store_err(location, e))?;
+                if job.is_some() || current.is_some() {
+                    return Err(ClusterError::Config(format!(
+                        "store {location} already holds a job's checkpoints: continue that job \
+                         with `ftrec run --resume {location}`, or pass a new --store"
+                    )));
+                }
+            }
+        }
+        Lease::acquire(ckpts, what, ttl).await.map_err(|e| match e {
+            CkptError::Held { .. } => ClusterError::Config(format!("store {location}: {e}")),
+            e => store_err(location, e),
+        })
+    })?;
+    let generation = lease.generation();
+    let lease = Arc::new(tokio::sync::Mutex::new(lease));
+    let lost = Arc::new(Mutex::new(None));
+    let renewer = {
+        let (lease, lost) = (lease.clone(), lost.clone());
+        rt.spawn(async move {
+            loop {
+                tokio::time::sleep(ttl / 3).await;
+                let mut l = lease.lock().await;
+                let why = match l.renew().await {
+                    Ok(()) => continue,
+                    Err(e @ CkptError::Fenced { .. }) => e.to_string(),
+                    Err(_) if l.is_fresh() => continue,
+                    Err(e) => format!(
+                        "the store's lease could not be renewed for {:.0}s ({e}): another job may take the store over",
+                        ttl.as_secs_f64()
+                    ),
+                };
+                *lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+                return;
+            }
+        })
+    };
+    Ok((
+        LeaseKeeper {
+            lease,
+            lost,
+            renewer,
+            rt: rt.handle().clone(),
+        },
+        generation,
+    ))
+}
+
+impl LeaseKeeper {
+    /// `Err` once the lease is lost: the run must stop writing.
+    pub(super) fn check(&self) -> Result<(), ClusterError> {
+        match self.lost.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            Some(why) => Err(ClusterError::Fenced(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// A store operation found this writer fenced (a commit refused by `CURRENT`'s
+    /// generation): the lease is lost whatever the renewals say.
+    pub(super) fn lost(&self, why: String) {
+        let mut l = self.lost.lock().unwrap_or_else(|p| p.into_inner());
+        l.get_or_insert(why);
+    }
+}
+
+impl Drop for LeaseKeeper {
+    /// Give the lease up. Nothing to give up once it is lost.
+    fn drop(&mut self) {
+        self.renewer.abort();
+        if self.check().is_err() {
+            return;
+        }
+        let (lease, rt) = (self.lease.clone(), self.rt.clone());
+        // A thread of its own: a drop may happen inside the runtime, where blocking on it
+        // is not allowed.
+        let _ = std::thread::spawn(move || {
+            rt.block_on(async move {
+                let _ = lease.lock().await.release().await;
+            })
+        })
+        .join();
+    }
+}
