@@ -414,6 +414,7 @@ fn schedule(a: &CompareArgs, cfg: &RunConfig) -> Result<(Schedule, Vec<KillSpec>
                     role: Role::Server,
                     id: f.server,
                     at: KillAt::Time((f.t_s * 1e3).round() / 1e3),
+                    pause: false,
                 })
                 .collect();
             Ok((

@@ -307,6 +307,9 @@ fn run_job(cfg: &RunConfig, resume: bool) -> Result<RunReport, ClusterError> {
     c.finish(result)
 }
 
+/// The shortest wait between two looks at the heartbeats while a step runs.
+const MIN_TICK: Duration = Duration::from_millis(20);
+
 /// How a step or batch failed.
 enum Failure {
     /// Workers whose control connection broke or who stopped answering.
@@ -887,7 +890,12 @@ impl Coordinator {
                 lost.extend(waiting.keys());
                 break;
             }
-            match self.pool.next(left) {
+            // Wake at every heartbeat: a paused server fails no RPC, its heartbeats do.
+            let event = self.pool.next(left.min(self.cfg.heartbeat.max(MIN_TICK)));
+            if event.is_none() {
+                self.fence_silent_servers();
+            }
+            match event {
                 Some(PoolEvent::Msg {
                     worker,
                     msg:

@@ -21,6 +21,9 @@ pub enum EventKind {
     MergerStopped,
     FailureInjected,
     FailureDetected,
+    /// A server that answered no heartbeat (paused, hung) was killed: nothing it holds or
+    /// sends lands any more.
+    ServerFenced,
     RecoveryStart,
     ServerReplaced,
     /// One server loaded its shard (partial recovery restores the lost servers only).

@@ -327,13 +327,18 @@ pub enum KillAt {
 /// `ROLE=I@phase=checkpoint-write|recovery|merge|prepare|commit|rebuild[#N]` (the `N`-th time
 /// the phase is entered, default the first), with ROLE
 /// `server` or `worker` (for example `server=1@step=12`, `worker=0@time=2.5`), or the whole
-/// job at once after a step: `job@step=S` ([`Role::Job`]).
+/// job at once after a step: `job@step=S` ([`Role::Job`]). With the prefix `stop:` a server
+/// is paused (SIGSTOP) instead: a gray failure, a process that is there and answers nothing
+/// (`stop:server=1@step=4`); the coordinator finds it lost by its heartbeats, replaces it and
+/// kills the paused process, so it never wakes up into the job.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct KillSpec {
     pub role: Role,
     pub id: u32,
     pub at: KillAt,
+    /// SIGSTOP instead of SIGKILL.
+    pub pause: bool,
 }
 
 impl KillSpec {
@@ -343,12 +348,16 @@ impl KillSpec {
             role: Role::Server,
             id,
             at: KillAt::Step(step),
+            pause: false,
         }
     }
 }
 
 impl std::fmt::Display for KillSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.pause {
+            write!(f, "stop:")?;
+        }
         match self.role {
             Role::Job => write!(f, "job@")?,
             _ => write!(f, "{}={}@", self.role, self.id)?,
@@ -383,10 +392,15 @@ impl FromStr for KillSpec {
             ClusterError::Config(format!(
                 "--kill {s:?}: {why}; expected ROLE=I@step=S, ROLE=I@time=T or \
                  ROLE=I@phase=checkpoint-write|recovery|merge|prepare|commit|rebuild[#N] with \
-                 ROLE server, worker or merger (for example server=1@step=12), or job@step=S"
+                 ROLE server, worker or merger (for example server=1@step=12), or job@step=S; \
+                 stop:server=I@... pauses a server instead"
             ))
         };
-        let (who, when) = s.split_once('@').ok_or_else(|| bad("no '@'"))?;
+        let (pause, rest) = match s.strip_prefix("stop:") {
+            Some(r) => (true, r),
+            None => (false, s),
+        };
+        let (who, when) = rest.split_once('@').ok_or_else(|| bad("no '@'"))?;
         let (role, id) = match who {
             "job" => (Role::Job, 0),
             _ => {
@@ -428,7 +442,15 @@ impl FromStr for KillSpec {
                 "the whole job is killed after a step only (job@step=S)",
             ));
         }
-        Ok(KillSpec { role, id, at })
+        if pause && role != Role::Server {
+            return Err(bad("only a server is paused (stop:server=I@...)"));
+        }
+        Ok(KillSpec {
+            role,
+            id,
+            at,
+            pause,
+        })
     }
 }
 

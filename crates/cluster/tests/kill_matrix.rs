@@ -36,10 +36,22 @@ const PHASES: &[&str] = &[
     "prepare",
     "commit",
     "rebuild",
+    "pause",
+    "second-run",
+    "gc-read",
 ];
 /// The roles, in table row order. `replacement`: a server that is itself a replacement (the
-/// second kill of the same server id, after its first loss was replaced).
-const ROLES: &[&str] = &["server", "worker", "merger", "replacement"];
+/// second kill of the same server id, after its first loss was replaced). `coordinator` and
+/// `reader`: the gray-failure columns' other processes (a second coordinator on the store, a
+/// restore reading while the job collects garbage).
+const ROLES: &[&str] = &[
+    "server",
+    "worker",
+    "merger",
+    "replacement",
+    "coordinator",
+    "reader",
+];
 
 /// One row group of the table: a strategy configuration.
 #[derive(Clone, Copy)]
@@ -164,6 +176,10 @@ impl Strat {
 /// A cell of the matrix: the kills that express it, or why it does not apply.
 enum Cell {
     Kills(Vec<String>),
+    /// A second job on the store of a finished one, while a live process holds its lease.
+    SecondRun,
+    /// Restores of the store in a loop while the job runs and collects garbage.
+    GcRead,
     NotApplicable(&'static str),
 }
 
@@ -178,6 +194,26 @@ fn matrix(s: Strat, phase: &str, role: &str) -> Cell {
     use Cell::NotApplicable as Na;
     let k = |v: &[&str]| Cell::Kills(v.iter().map(|s| s.to_string()).collect());
     let ec = s.label == "ecrec";
+    // The gray-failure columns and rows.
+    match (phase, role) {
+        // A paused server (SIGSTOP): found lost by its heartbeats, replaced, and the paused
+        // process killed, so it never wakes up into the job.
+        ("pause", "server") => return k(&["stop:server=1@step=4"]),
+        ("pause", _) => {
+            return Na("a pause (SIGSTOP) is injected into a server only: a paused worker or merger is not fenced yet")
+        }
+        ("second-run", "coordinator") if s.saves() => return Cell::SecondRun,
+        ("gc-read", "reader") if s.saves() => return Cell::GcRead,
+        ("second-run" | "gc-read", _) if !s.saves() => {
+            return Na("no store: none and ecrec write no checkpoints")
+        }
+        ("second-run", _) => return Na("a second coordinator on the store (the coordinator row)"),
+        ("gc-read", _) => return Na("a reader during garbage collection (the reader row)"),
+        (_, "coordinator" | "reader") => {
+            return Na("the coordinator and reader rows hold the gray-failure columns only")
+        }
+        _ => {}
+    }
     if role == "merger" && s.label != "deck" {
         return Na("no merger: only deck merges (DECK §3.3)");
     }
@@ -416,6 +452,122 @@ fn run_cell(s: Strat, kills: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// A store belongs to one job at a time. The job runs to its end; then a live process holds
+/// the store's lease (as a second coordinator would): a `--resume` and a fresh run of the job
+/// are refused, naming the holder. Once the holder is paused past its lease, the resume takes
+/// the store over (the next generation, stamped into `CURRENT`) and ends with the failure-free
+/// model; the paused holder is fenced: its renewal and its commits fail.
+fn second_run_cell(s: Strat) -> Result<(), String> {
+    use ftrec_ckpt::lease::{self, Lease};
+    let clean = clean_digest(s);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), s);
+    let first = run(&cfg).map_err(|e| format!("first run: {e}"))?;
+    if first.model_digest != clean {
+        return Err(format!("first run digest {}", first.model_digest));
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt
+        .block_on(ftrec_ckpt::location::open(
+            &cfg.store_location(),
+            &Default::default(),
+        ))
+        .map_err(|e| e.to_string())?;
+    let ckpts = ftrec_ckpt::Checkpoints::new(store);
+    let ttl = std::time::Duration::from_secs(600);
+    let mut other = rt
+        .block_on(Lease::acquire(&ckpts, "another coordinator", ttl))
+        .map_err(|e| format!("taking the released lease: {e}"))?;
+    let mut again = cfg.clone();
+    again.work_dir = dir.path().join("again");
+    again.store = Some(cfg.store_location());
+    for (what, r) in [
+        ("resume", ftrec_cluster::resume(&again)),
+        ("fresh run", run(&again)),
+    ] {
+        match r {
+            Err(e) if e.to_string().contains("is held by") => {}
+            Err(e) => return Err(format!("{what} refused for another reason: {e}")),
+            Ok(_) => return Err(format!("{what} ran while another process held the store")),
+        }
+    }
+    // The holder pauses past its lease.
+    let mut rec = rt
+        .block_on(lease::read_lease(&ckpts))
+        .map_err(|e| e.to_string())?
+        .ok_or("no lease")?;
+    rec.expires_unix_ms = 1;
+    rt.block_on(ckpts.store().put(
+        &lease::lease_key(&ckpts),
+        serde_json::to_vec(&rec).unwrap().into(),
+        ftrec_ckpt::PutMode::Overwrite,
+    ))
+    .map_err(|e| e.to_string())?;
+    let resumed = ftrec_cluster::resume(&again).map_err(|e| format!("resume after expiry: {e}"))?;
+    if resumed.model_digest != clean {
+        return Err(format!("resumed digest {}", resumed.model_digest));
+    }
+    check_nothing_left(&resumed)?;
+    let l = rt
+        .block_on(lease::read_lease(&ckpts))
+        .map_err(|e| e.to_string())?
+        .ok_or("no lease")?;
+    if l.generation != other.generation() + 1 || !l.released {
+        return Err(format!("lease after the resume: {l:?}"));
+    }
+    match rt.block_on(other.renew()) {
+        Err(ftrec_ckpt::CkptError::Fenced { .. }) => Ok(()),
+        r => Err(format!("the paused holder was not fenced: {r:?}")),
+    }
+}
+
+/// Restores of the job's newest state in a loop while the job runs (and collects garbage):
+/// each one succeeds, or finds nothing committed yet; none meets a half-deleted checkpoint.
+/// The job ends with the failure-free model and a last restore succeeds.
+fn gc_read_cell(s: Strat) -> Result<(), String> {
+    use ftrec_ckpt::deck::RestoreAt;
+    use ftrec_ckpt::model_state::restore_model;
+    let clean = clean_digest(s);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), s);
+    let location = cfg.store_location();
+    let job = {
+        let cfg = cfg.clone();
+        std::thread::spawn(move || run(&cfg))
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let read = || -> Result<bool, String> {
+        let store = match rt.block_on(ftrec_ckpt::location::open(&location, &Default::default())) {
+            Ok(s) => s,
+            Err(_) => return Ok(false),
+        };
+        let ckpts = ftrec_ckpt::Checkpoints::new(store);
+        match rt.block_on(restore_model(&ckpts, &RestoreAt::Current)) {
+            Ok(_) => Ok(true),
+            Err(ftrec_ckpt::CkptError::NoCheckpoint { .. }) => Ok(false),
+            Err(e) => Err(format!("a restore during the job failed: {e}")),
+        }
+    };
+    let mut reads = 0;
+    while !job.is_finished() {
+        if read()? {
+            reads += 1;
+        }
+    }
+    let report = job
+        .join()
+        .map_err(|_| "the job panicked".to_string())?
+        .map_err(|e| format!("run error: {e}"))?;
+    if report.model_digest != clean {
+        return Err(format!("digest {}", report.model_digest));
+    }
+    if !read()? {
+        return Err("no state to restore after the job".into());
+    }
+    eprintln!("  {reads} restores during the job");
+    check_nothing_left(&report)
+}
+
 /// What a cell came to, for the table.
 enum Outcome {
     Pass,
@@ -424,8 +576,27 @@ enum Outcome {
 }
 
 fn run_one(s: Strat, phase: &str, role: &str) -> Outcome {
+    let timed = |what: &str, f: &dyn Fn() -> Result<(), String>| {
+        let t = std::time::Instant::now();
+        let r = f();
+        eprintln!(
+            "{} x {role} x {phase} [{what}]: {} ({:.1} s)",
+            s.label,
+            match &r {
+                Ok(()) => "pass".to_string(),
+                Err(e) => format!("FAIL: {e}"),
+            },
+            t.elapsed().as_secs_f64()
+        );
+        match r {
+            Ok(()) => Outcome::Pass,
+            Err(e) => Outcome::Fail(e),
+        }
+    };
     match matrix(s, phase, role) {
         Cell::NotApplicable(why) => Outcome::NotApplicable(why),
+        Cell::SecondRun => timed("second coordinator", &|| second_run_cell(s)),
+        Cell::GcRead => timed("restores during GC", &|| gc_read_cell(s)),
         Cell::Kills(kills) => {
             let t = std::time::Instant::now();
             let r = run_cell(s, &kills);
@@ -460,6 +631,9 @@ fn kill_matrix_subset() {
         ("incremental", "checkpoint-write", "worker"),
         ("cnr", "recovery", "replacement"),
         ("cnr-q8", "step", "server"),
+        ("full", "pause", "server"),
+        ("deck", "second-run", "coordinator"),
+        ("deck", "gc-read", "reader"),
     ];
     let mut failed = Vec::new();
     for (strategy, phase, role) in cells {
@@ -532,7 +706,16 @@ fn kill_matrix_full() {
          end with the failure-free digest, `cpr` and `cnr-q8` (8-bit quantized pieces) finish \
          with their PLS or quantization error reported (exact when no server was lost), `none` \
          ends with one error line naming the lost server, and no process or port is left \
-         behind.\n\n{pass} passed, {fail} failed, {na} not applicable.\n\n"
+         behind. The gray-failure columns: `pause` SIGSTOPs a server (`stop:server=1@step=4`) \
+         instead of killing it: it is found lost by its heartbeats, replaced, and the paused \
+         process is killed so it never wakes up into the job; `second-run` (the coordinator \
+         row) holds the store's lease from another live process after the job: a resume and a \
+         fresh run are refused naming the holder, and once the holder is paused past its \
+         lease the resume takes the store over, ends with the failure-free model, and the \
+         paused holder's renewal is fenced; `gc-read` (the reader row) restores the newest \
+         state in a loop while the job runs and collects garbage: every restore succeeds or \
+         finds nothing committed yet, never a half-deleted checkpoint.\n\n{pass} passed, \
+         {fail} failed, {na} not applicable.\n\n"
     ));
     md.push_str("| strategy | role |");
     for p in PHASES {

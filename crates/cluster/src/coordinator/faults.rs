@@ -28,7 +28,7 @@ impl Coordinator {
                     t_s: self.now(),
                     step: self.step(),
                 };
-                if self.inject(k.role, k.id, &k.to_string()) {
+                if self.inject(k.role, k.id, k.pause, &k.to_string()) {
                     self.kills[i].1 = Some(at);
                     fired = true;
                 }
@@ -65,11 +65,20 @@ impl Coordinator {
             .map(|(k, _)| k)
     }
 
-    /// SIGKILL a process and record the failure; whether a process was lost (a server
-    /// started elsewhere is killed by whoever runs it: pid 0).
-    fn inject(&mut self, role: Role, id: u32, why: &str) -> bool {
+    /// SIGKILL (or, with `pause`, SIGSTOP) a process and record the failure; whether a
+    /// process was lost (a server started elsewhere is killed by whoever runs it: pid 0). A
+    /// paused server is found lost by its heartbeats, and its replacement kills it.
+    fn inject(&mut self, role: Role, id: u32, pause: bool, why: &str) -> bool {
         let pid = match role {
             Role::Server if self.external_servers() => self.await_outside_kill(id, why),
+            Role::Server if pause => self.procs.get_mut(id as usize).map(|p| {
+                // SAFETY: kill(2) with SIGSTOP on a child this coordinator started and still
+                // holds (not reaped, so the pid is not reused).
+                unsafe {
+                    libc::kill(p.pid() as i32, libc::SIGSTOP);
+                }
+                p.pid()
+            }),
             Role::Server => self.procs.get_mut(id as usize).map(|p| {
                 let pid = p.pid();
                 self.cpu.add(pid, true);
@@ -90,6 +99,7 @@ impl Coordinator {
         self.failures.push(lost);
         let how = match pid {
             0 => "killed from outside".to_string(),
+            pid if pause => format!("SIGSTOP to pid {pid}"),
             pid => format!("SIGKILL to pid {pid}"),
         };
         self.event(
@@ -98,6 +108,28 @@ impl Coordinator {
             format!("{role} {id}: {how} ({why})"),
         );
         true
+    }
+
+    /// Servers the heartbeats found silent while a step waits (a paused or hung process,
+    /// which no connection error reveals: its RPCs just hang): SIGKILL the ones this
+    /// coordinator started, so the RPCs hung on them fail now and the loss takes a crash's
+    /// path. A paused server never wakes up into the job.
+    pub(super) fn fence_silent_servers(&mut self) {
+        for s in self.confirmed_heartbeat_losses() {
+            let Some(p) = self.procs.get_mut(s as usize) else {
+                continue;
+            };
+            if p.has_exited() {
+                continue;
+            }
+            let pid = p.pid();
+            p.kill();
+            self.event(
+                EventKind::ServerFenced,
+                Some(s),
+                format!("server {s} (pid {pid}) answered no heartbeat: killed, so nothing it holds or sends lands"),
+            );
+        }
     }
 
     /// SIGKILL the merger, every worker and every server, then this process.

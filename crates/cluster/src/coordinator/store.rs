@@ -551,8 +551,11 @@ impl Coordinator {
         // Why a commit failed in a way that forbids deleting the checkpoint (it may be
         // current; or this run no longer owns the store).
         let mut keep_files: Option<bool> = None;
+        let mut uploads_ended = false;
         let outcome = self.rt.block_on(async {
-            let reports = match tokio::time::timeout(wait, &mut task).await {
+            let waited = tokio::time::timeout(wait, &mut task).await;
+            uploads_ended = waited.is_ok();
+            let reports = match waited {
                 Ok(Ok(Ok(r))) => r,
                 Ok(Ok(Err(e))) => return Err(e),
                 Ok(Err(e)) => return Err(format!("the upload task failed: {e}")),
@@ -655,7 +658,9 @@ impl Coordinator {
                     None => {
                         let ckpts = ckpts.clone();
                         self.rt.spawn(async move {
-                            let _ = task.await;
+                            if !uploads_ended {
+                                let _ = task.await;
+                            }
                             let _ = ckpts.delete_checkpoint(&id).await;
                         });
                     }

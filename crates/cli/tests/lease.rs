@@ -1,0 +1,91 @@
+//! One writer per store: while a job runs, a second `ftrec run` on its store and a
+//! `--resume` of it are refused with one line naming the holder; once the job is gone (killed
+//! here, so its holder is provably dead), `--resume` takes the store over with the next
+//! generation, which `CURRENT` then carries, and gives the lease up when it ends.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use common::{ftrec, one_error_line, read_json, succeed};
+
+const JOB: &[&str] = &[
+    "--preset",
+    "tiny",
+    "--servers",
+    "2",
+    "--workers",
+    "1",
+    "--sync",
+    "--batch",
+    "32",
+    "--eval-samples",
+    "0",
+    "--seed",
+    "5",
+    "--strategy",
+    "full",
+    "--ckpt-every-steps",
+    "100",
+    "--steps",
+    "600",
+];
+
+fn lease(store: &Path) -> serde_json::Value {
+    read_json(&store.join("LEASE"))
+}
+
+#[test]
+fn a_live_job_keeps_its_store_and_a_resume_takes_over_once_it_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let s = store.to_str().unwrap();
+    // A job that commits at step 100 and trains on to step 600.
+    let mut first = Command::new(env!("CARGO_BIN_EXE_ftrec"))
+        .arg("run")
+        .args(JOB)
+        .args(["--store", s])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait for its first commit (a condition, not a duration; the bound only stops a hang).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !store.join("CURRENT").exists() {
+        assert!(std::time::Instant::now() < deadline, "no commit in 120 s");
+        assert!(first.try_wait().unwrap().is_none(), "the first job ended");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(lease(&store)["generation"], 1);
+    let second = ftrec()
+        .arg("run")
+        .args(JOB)
+        .args(["--store", s])
+        .output()
+        .unwrap();
+    let line = one_error_line(&second);
+    assert!(line.contains("is held by"), "{line}");
+    assert!(line.contains(&format!(":{}", first.id())), "{line}");
+    let resume = ftrec().args(["run", "--resume", s]).output().unwrap();
+    let line = one_error_line(&resume);
+    assert!(line.contains("is held by"), "{line}");
+    // The job dies; its lease is free at once (its holder is gone on this host).
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let report = dir.path().join("r.json");
+    succeed(ftrec().args(["run", "--resume", s, "--json"]).arg(&report));
+    let l = lease(&store);
+    assert_eq!(l["generation"], 2, "{l}");
+    assert_eq!(l["released"], true, "{l}");
+    // A fresh run on the used store is pointed to --resume.
+    let fresh = ftrec()
+        .arg("run")
+        .args(JOB)
+        .args(["--store", s])
+        .output()
+        .unwrap();
+    let line = one_error_line(&fresh);
+    assert!(line.contains("--resume"), "{line}");
+}
