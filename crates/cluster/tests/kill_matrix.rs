@@ -504,7 +504,8 @@ fn second_run_cell(s: Strat) -> Result<(), String> {
     ))
     .map_err(|e| e.to_string())?;
     let resumed = ftrec_cluster::resume(&again).map_err(|e| format!("resume after expiry: {e}"))?;
-    if resumed.model_digest != clean {
+    // An approximate store (8-bit pieces) restores an approximate model: exact ones the model.
+    if s.kind != Kind::Approximate && resumed.model_digest != clean {
         return Err(format!("resumed digest {}", resumed.model_digest));
     }
     check_nothing_left(&resumed)?;

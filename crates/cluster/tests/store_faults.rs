@@ -181,3 +181,53 @@ fn a_stalled_store_slows_saves_but_training_goes_on() {
     assert_eq!(r.model_digest, free);
     current_is_complete(&cfg.store_location());
 }
+
+/// A blocking save whose uploads outlive their wait (`--save-timeout-s`) is dropped, and its
+/// files are deleted only once its uploads have ended: no file of it is left behind (before,
+/// the delete started at the timeout while the servers still wrote). Later saves commit.
+#[test]
+fn a_save_that_outlives_its_wait_is_dropped_after_its_uploads_end() {
+    let _g = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let steps = 9;
+    let mut cfg = config(
+        &dir.path().join("slow"),
+        StrategyChoice::Full { every_steps: 3 },
+        steps,
+    );
+    cfg.save_timeout_s = Some(0.2);
+    // Each server's first two data files take 600 ms each: the first save misses its wait.
+    let r = run_with_faults(&cfg, "put:delay=600:1-2:-a0/s");
+    assert!(
+        r.checkpoint_failures
+            .iter()
+            .any(|f| f.contains("did not end within")),
+        "{:?}",
+        r.checkpoint_failures
+    );
+    assert!(r.checkpoints > 0, "{}", r.summary());
+    // Every checkpoint directory left with files has its manifest: nothing of the dropped
+    // save remains (the local store leaves empty directories behind).
+    fn files_under(p: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(p).unwrap().flatten() {
+            if e.path().is_dir() {
+                out.extend(files_under(&e.path()));
+            } else {
+                out.push(e.path());
+            }
+        }
+        out
+    }
+    let ckpt_dir = std::path::Path::new(&cfg.store_location()).join("ckpt");
+    for e in std::fs::read_dir(&ckpt_dir).unwrap().flatten() {
+        let files = files_under(&e.path());
+        assert!(
+            files.is_empty() || e.path().join("MANIFEST").exists(),
+            "{} files of a dropped save were left, e.g. {:?}",
+            files.len(),
+            files.first()
+        );
+    }
+    current_is_complete(&cfg.store_location());
+}

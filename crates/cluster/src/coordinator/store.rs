@@ -95,6 +95,9 @@ pub(super) struct StoreState {
     pub copy_pause_s: f64,
     /// The store's writer lease, held for the whole run.
     pub lease: Option<super::lease::LeaseKeeper>,
+    /// Dropped saves whose files are deleted once their uploads end (the end of the run
+    /// waits for them).
+    pub discards: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// A save whose rows are copied out and whose uploads are still running.
@@ -225,6 +228,7 @@ impl StoreState {
             fulls: 0,
             deltas: 0,
             copy_pause_s: 0.0,
+            discards: Vec::new(),
         })
     }
 }
@@ -490,15 +494,15 @@ impl Coordinator {
 
     /// Drop a save that will never commit: once its uploads end, delete its files.
     fn discard(&mut self, inflight: Inflight) {
-        let Some(st) = self.store.as_ref() else {
+        let Some(st) = self.store.as_mut() else {
             return;
         };
         let ckpts = st.ckpts.clone();
         let Inflight { id, task, .. } = inflight;
-        self.rt.spawn(async move {
+        st.discards.push(self.rt.spawn(async move {
             let _ = task.await;
             let _ = ckpts.delete_checkpoint(&id).await;
-        });
+        }));
     }
 
     /// Whether a save is copied out and still uploading.
@@ -657,12 +661,15 @@ impl Coordinator {
                     // Its files go once its uploads have ended, never under them.
                     None => {
                         let ckpts = ckpts.clone();
-                        self.rt.spawn(async move {
+                        let gone = self.rt.spawn(async move {
                             if !uploads_ended {
                                 let _ = task.await;
                             }
                             let _ = ckpts.delete_checkpoint(&id).await;
                         });
+                        if let Some(st) = self.store.as_mut() {
+                            st.discards.push(gone);
+                        }
                     }
                 }
                 actions.extend(self.strategy.on(&Event::SaveFailed { step, reason: e }));
@@ -1091,6 +1098,21 @@ impl Coordinator {
             return Ok(false);
         }
         self.final_save_s = self.pause_s - before;
+        // Dropped saves: their files go once their uploads end.
+        let discards = self
+            .store
+            .as_mut()
+            .map(|s| std::mem::take(&mut s.discards))
+            .unwrap_or_default();
+        let wait = self.cfg.save_wait(0);
+        self.rt.block_on(async {
+            let _ = tokio::time::timeout(wait, async {
+                for d in discards {
+                    let _ = d.await;
+                }
+            })
+            .await;
+        });
         let deadline = Instant::now() + FINISH_WAIT;
         while self.store.as_ref().is_some_and(|s| s.merger.is_some()) {
             self.poll_merger();
