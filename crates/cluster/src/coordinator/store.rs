@@ -48,8 +48,8 @@ use crate::spec::MergeSettings;
 use crate::worker::position_after;
 use crate::{ClusterError, Phase, Role};
 
-/// How long the end of a run waits for the merger. (A save's uploads are waited for as long
-/// as [`RunConfig::save_wait`] says.)
+/// How long the end of a run waits for the merger and for dropped saves' uploads to end. (A
+/// save's uploads are waited for as long as [`RunConfig::save_wait`] says.)
 const FINISH_WAIT: Duration = Duration::from_secs(60);
 
 /// The store side of a run whose strategy saves.
@@ -1104,9 +1104,8 @@ impl Coordinator {
             .as_mut()
             .map(|s| std::mem::take(&mut s.discards))
             .unwrap_or_default();
-        let wait = self.cfg.save_wait(0);
         self.rt.block_on(async {
-            let _ = tokio::time::timeout(wait, async {
+            let _ = tokio::time::timeout(FINISH_WAIT, async {
                 for d in discards {
                     let _ = d.await;
                 }
