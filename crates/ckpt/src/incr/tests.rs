@@ -765,3 +765,195 @@ fn damaged_chunk_files_are_errors_naming_them() {
         }
     });
 }
+
+impl Model {
+    /// Update rows `rows` of `table` (one server: global ids are local ones) and track them.
+    fn touch(&mut self, table: u32, rows: impl IntoIterator<Item = RowId>) {
+        assert_eq!(self.shards.len(), 1, "touch is for one server");
+        for row in rows {
+            let r = self.shards[0].tables[table as usize].row_mut(row);
+            r[0] += 0.25;
+            r[2] += 1.0;
+            self.tracked[0].entry(table).or_default().insert(row);
+        }
+    }
+}
+
+/// One server's chunk-list run under `spec`.
+fn one_server_run(spec: PieceSpec) -> Run {
+    let model = Model::new(1, 9);
+    Run {
+        ckpts: Checkpoints::new(Arc::new(MemoryStore::new())),
+        spec,
+        chunk_rows: 1000,
+        chains: vec![ServerChain::new(ServerId(0), model.map)],
+        model,
+        committed: Vec::new(),
+        base: None,
+        prev: None,
+        step: 0,
+    }
+}
+
+impl Run {
+    /// The extraction statistics of the piece just committed.
+    async fn last_stats(&self) -> crate::format::ExtractStats {
+        let m = self
+            .ckpts
+            .read_manifest(self.prev.as_ref().unwrap(), None)
+            .await
+            .unwrap();
+        piece_summaries(&self.ckpts, &m).await.unwrap()[0].stats
+    }
+
+    /// Every committed checkpoint restores bit for bit (the check inside `restore`).
+    async fn restore_all_committed(&mut self) {
+        for i in 0..self.committed.len() {
+            self.restore(i, false).await;
+        }
+    }
+}
+
+/// The workload of IncrCP §4.3's argument, on table 2 (130 rows): column 1 saves rows 0..50;
+/// column 2 rows 60..120 (no key overlap with column 1); column 3 rows 45..50 and 121..130 (a
+/// tenth of column 1's rows again, none of column 2's); column 4 rows 0..50 again (all of
+/// column 1's). Writes the full, then pieces `from..to` of the four; returns the statistics of
+/// each piece's round.
+async fn section_4_3_pieces(
+    run: &mut Run,
+    pieces: std::ops::Range<usize>,
+) -> Vec<crate::format::ExtractStats> {
+    if run.base.is_none() {
+        run.full().await;
+    }
+    let all: [Vec<RowId>; 4] = [
+        (0..50).collect(),
+        (60..120).collect(),
+        (45..50).chain(121..130).collect(),
+        (0..50).collect(),
+    ];
+    let mut stats = Vec::new();
+    for rows in &all[pieces] {
+        run.model.touch(2, rows.iter().copied());
+        run.piece().await;
+        stats.push(run.last_stats().await);
+    }
+    stats
+}
+
+async fn section_4_3_workload(run: &mut Run) -> Vec<crate::format::ExtractStats> {
+    section_4_3_pieces(run, 0..4).await
+}
+
+/// IncrCP §4.3 at R = 0.3, every filter on: the index range check skips a column whose keys
+/// do not overlap (column 2 against column 1); the Bloom filter skips a comparison whose
+/// duplicate share is at or below R (column 3 duplicates a tenth of column 1 and nothing of
+/// column 2), so those superseded rows stay in row 0 and a restore reads them and writes them
+/// not; a share above R is extracted (column 4 against column 1). Every checkpoint restores
+/// bit for bit.
+#[test]
+fn selective_extraction_skips_small_duplicate_shares() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut run = one_server_run(PieceSpec::chunk_list(0.3));
+        let mut st = section_4_3_pieces(&mut run, 0..3).await;
+        // Restoring column 3: the rectangle holds rows 45..50 twice (columns 1 and 3, the
+        // skipped extraction); each is written once, from column 3.
+        let chain = select(&run.ckpts, &RestoreAt::Current).await.unwrap();
+        let list = run.chains[0].list().unwrap();
+        let in_rect: u64 = list.rectangle(3).iter().map(|c| c.rows).sum();
+        let mut target = MemShard::of(&chain.base.shards[0], run.model.map);
+        let out = restore_server(&run.ckpts, &chain, &mut target)
+            .await
+            .unwrap();
+        assert_eq!(in_rect, 50 + 60 + 14, "the skipped rows stay in row 0");
+        assert_eq!(out.rows_written, in_rect - 5, "each row written once");
+        assert_eq!(bits_of(&target), run.committed[3].1[0]);
+        st.extend(section_4_3_pieces(&mut run, 3..4).await);
+        // Column 2 against column 1: key ranges [60, 119] and [0, 49].
+        assert_eq!((st[1].compared, st[1].range_skips), (1, 1), "{:?}", st[1]);
+        assert_eq!(st[1].extracted, 0, "{:?}", st[1]);
+        // Column 3 against columns 1 and 2: ranges overlap, shares 5/50 and 0/60 <= 0.3.
+        assert_eq!(st[2].compared, 2, "{:?}", st[2]);
+        assert_eq!(st[2].range_skips, 0, "{:?}", st[2]);
+        assert_eq!(st[2].bloom_skips, 2, "{:?}", st[2]);
+        assert_eq!((st[2].extracted, st[2].rows_extracted), (0, 0), "{:?}", st[2]);
+        // Column 4 against column 1: all 50 rows again, extracted; column 3's remainder of
+        // rows 45..50 left in row 0 overlaps and is 5 of 14 rows (0.36 > 0.3): extracted too.
+        assert!(st[3].extracted >= 1, "{:?}", st[3]);
+        assert!(st[3].rows_extracted >= 50, "{:?}", st[3]);
+        run.restore_all_committed().await;
+    });
+}
+
+/// The third stage alone (Bloom filter off): column 3's comparison with column 1 is loaded
+/// and dropped by the actual count (5 of 50 rows <= R), and the one with column 2 too (0 of
+/// 60).
+#[test]
+fn the_actual_count_skips_what_the_bloom_filter_would_have() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut spec = PieceSpec::chunk_list(0.3);
+        spec.extract.filters.bloom = false;
+        let mut run = one_server_run(spec);
+        let st = section_4_3_workload(&mut run).await;
+        assert_eq!(st[2].bloom_skips, 0, "{:?}", st[2]);
+        assert_eq!(st[2].actual_skips, 2, "{:?}", st[2]);
+        assert_eq!(st[2].extracted, 0, "{:?}", st[2]);
+        assert!(st[2].files_read >= 1, "stage 3 loads the chunks: {:?}", st[2]);
+        run.restore_all_committed().await;
+    });
+}
+
+/// R = 0 is the paper's full extraction (§5.3.1): no duplicate is left in row 0, whatever its
+/// share (only key ranges that cannot overlap are skipped); every row of every rectangle is
+/// written exactly once. R = 1 is the other end: nothing is ever extracted, and the list is row
+/// 0 alone. Both restore every checkpoint bit for bit.
+#[test]
+fn r_zero_skips_no_duplicate_and_r_one_extracts_nothing() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut run = one_server_run(PieceSpec::chunk_list(0.0));
+        let st = section_4_3_workload(&mut run).await;
+        // Column 3 duplicates 5 of column 1's 50 rows: extracted all the same; its comparison
+        // with column 2 (no duplicate at all) is the only one skipped.
+        assert_eq!(st[2].actual_skips, 0, "{:?}", st[2]);
+        assert_eq!((st[2].extracted, st[2].rows_extracted), (1, 5), "{:?}", st[2]);
+        assert_eq!(st[3].actual_skips, 0, "{:?}", st[3]);
+        for col in 1..=4u32 {
+            let chain = select(
+                &run.ckpts,
+                &RestoreAt::Id(run.committed[col as usize].0.clone()),
+            )
+            .await
+            .unwrap();
+            let list = super::restore::fold_list(&run.ckpts, &chain, ServerId(0))
+                .await
+                .unwrap();
+            let in_rect: u64 = list.rectangle(col).iter().map(|c| c.rows).sum();
+            let mut target = MemShard::of(&chain.base.shards[0], run.model.map);
+            let out = restore_server(&run.ckpts, &chain, &mut target)
+                .await
+                .unwrap();
+            assert_eq!(out.rows_written, in_rect, "column {col}: a row read twice");
+        }
+        run.restore_all_committed().await;
+
+        let mut run = one_server_run(PieceSpec::chunk_list(1.0));
+        let st = section_4_3_workload(&mut run).await;
+        for (i, s) in st.iter().enumerate() {
+            assert_eq!(s.extracted, 0, "piece {}: {s:?}", i + 1);
+        }
+        assert!(st[3].bloom_skips >= 1, "{:?}", st[3]);
+        let list = run.chains[0].list().unwrap();
+        assert!(list.row0_chunks().count() >= 4);
+        assert_eq!(list.shape().1, 0, "no chunk below row 0");
+        run.restore_all_committed().await;
+    });
+}
