@@ -957,3 +957,101 @@ fn r_zero_skips_no_duplicate_and_r_one_extracts_nothing() {
         run.restore_all_committed().await;
     });
 }
+
+/// A damaged extraction bundle takes down exactly the states whose rectangles read it:
+/// `damage` names the file and those states, and `select_intact` falls back past them only, to
+/// the newest state that reads no damaged file, which restores bit for bit. For naive
+/// incremental a damaged piece takes down it and every later state; Check-N-Run, the one
+/// differential.
+#[test]
+fn a_damaged_file_takes_down_the_states_that_read_it_and_restores_fall_back() {
+    use crate::store::PutMode;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // IncrCP, full extraction: column 4's round extracts rows 0..50 of columns 1 and 3
+        // into a bundle of round 4, which the rectangles of columns 1 to 3 read, not 4's.
+        let mut run = one_server_run(PieceSpec::chunk_list(0.0));
+        section_4_3_workload(&mut run).await;
+        let list = run.chains[0].list().unwrap().clone();
+        let deep = list
+            .rectangle(1)
+            .into_iter()
+            .find(|c| c.round == 4)
+            .expect("column 1's rows extracted in round 4");
+        let f = list.file(deep.parts[0].file).file.clone();
+        let key = run.ckpts.file_key(&f.ckpt, &f.path).unwrap();
+        let mut bad = run.ckpts.store().get(&key).await.unwrap().to_vec();
+        let at = deep.parts[0].rows_at as usize;
+        bad[at] ^= 0x40;
+        run.ckpts
+            .store()
+            .put(&key, bad.into(), PutMode::Overwrite)
+            .await
+            .unwrap();
+        let (found, unreadable) = damage(&run.ckpts).await.unwrap();
+        assert!(unreadable.is_empty(), "{unreadable:?}");
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].file, key.to_string());
+        let ids = |cols: &[usize]| -> Vec<CheckpointId> {
+            cols.iter().map(|&c| run.committed[c].0.clone()).collect()
+        };
+        assert_eq!(found[0].states, ids(&[3, 2, 1]), "{found:?}");
+        // The newest state does not read the bundle: nothing to fall back from.
+        let (chain, skipped) = select_intact(&run.ckpts, &RestoreAt::Current).await.unwrap();
+        assert!(skipped.is_empty(), "{skipped:?}");
+        assert_eq!(chain.target, 4);
+        // Column 3 does: the restore falls back past 3, 2 and 1 to the base, and says why.
+        let at3 = RestoreAt::Id(run.committed[3].0.clone());
+        let (chain, skipped) = select_intact(&run.ckpts, &at3).await.unwrap();
+        assert_eq!(
+            skipped.iter().map(|(id, _)| id.clone()).collect::<Vec<_>>(),
+            ids(&[3, 2, 1])
+        );
+        assert!(skipped.iter().all(|(_, why)| why.contains(&f.path)), "{skipped:?}");
+        assert_eq!(chain.target, 0);
+        let mut target = MemShard::of(&chain.base.shards[0], run.model.map);
+        restore_server(&run.ckpts, &chain, &mut target).await.unwrap();
+        assert_eq!(bits_of(&target), run.committed[0].1[0]);
+
+        // Naive incremental: piece 2's row file takes down states 2, 3 and 4.
+        for (spec, down) in [
+            (PieceSpec::incremental(), vec![4, 3, 2]),
+            (PieceSpec::differential(None), vec![2]),
+        ] {
+            let mut run = one_server_run(spec);
+            section_4_3_workload(&mut run).await;
+            let m = run
+                .ckpts
+                .read_manifest(&run.committed[2].0, None)
+                .await
+                .unwrap();
+            let f = m
+                .files
+                .iter()
+                .find(|f| matches!(f.content, FileContent::Rows { .. }))
+                .unwrap();
+            let key = run.ckpts.file_key(&m.id, &f.path).unwrap();
+            run.ckpts.store().delete(&key).await.unwrap();
+            let (found, _) = damage(&run.ckpts).await.unwrap();
+            assert_eq!(found.len(), 1, "{found:?}");
+            assert_eq!(found[0].states, ids_of(&run, &down), "{:?}", spec.scheme);
+            let (chain, _) = select_intact(&run.ckpts, &RestoreAt::Current).await.unwrap();
+            let newest_intact = if down.contains(&4) { 1 } else { 4 };
+            assert_eq!(
+                chain.target_manifest().id,
+                run.committed[newest_intact].0,
+                "{:?}",
+                spec.scheme
+            );
+            let mut target = MemShard::of(&chain.base.shards[0], run.model.map);
+            restore_server(&run.ckpts, &chain, &mut target).await.unwrap();
+            assert_eq!(bits_of(&target), run.committed[newest_intact].1[0]);
+        }
+    });
+}
+
+fn ids_of(run: &Run, cols: &[usize]) -> Vec<CheckpointId> {
+    cols.iter().map(|&c| run.committed[c].0.clone()).collect()
+}
