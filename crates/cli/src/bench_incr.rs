@@ -622,6 +622,8 @@ struct Timed {
     /// Seconds restoring what lies over the base (IncrCP §5.1.4), page cache warm and cold.
     warm_s: f64,
     cold_s: f64,
+    /// Of `warm_s`: reading (and for IncrCP folding) the piece indexes.
+    index_warm_s: f64,
     /// Bytes and files read over the base, and rows written.
     bytes: u64,
     files: u64,
@@ -658,7 +660,7 @@ fn sample(len: usize, n: usize) -> Vec<usize> {
 
 /// Restore checkpoint `s` of `run` into a fresh shard, check it against the digest the live
 /// model had, and time what lies over the base.
-fn restore_one(env: &Env<'_>, run: &RunOut, s: &Saved) -> Result<(f64, Timed)> {
+fn restore_one(env: &Env<'_>, run: &RunOut, s: &Saved) -> Result<(f64, f64, Timed)> {
     let ckpts = Checkpoints::new(Arc::new(LocalStore::new(&run.dir)?));
     let chain = env
         .rt
@@ -676,6 +678,7 @@ fn restore_one(env: &Env<'_>, run: &RunOut, s: &Saved) -> Result<(f64, Timed)> {
     }
     Ok((
         o.chain_s,
+        o.index_s,
         Timed {
             bytes: o.bytes,
             files: o.files,
@@ -737,10 +740,13 @@ fn sweep(env: &Env<'_>, label: &'static str, runs: &[&RunOut], which: &[usize]) 
                     .get(i)
                     .with_context(|| format!("{} saved no checkpoint {}", run.name, i + 1))?;
                 cold_dropped &= ftrec_ckpt::bench::drop_dir_cache(&run.dir);
-                let (cold_s, t) = restore_one(env, run, s)?;
-                let (warm_s, _) = restore_one(env, run, s)?;
+                let (cold_s, _, t) = restore_one(env, run, s)?;
+                let (warm_s, index_s, _) = restore_one(env, run, s)?;
                 pass[k][r] = (warm_s, cold_s);
-                info[k][r] = t;
+                info[k][r] = Timed {
+                    index_warm_s: index_s,
+                    ..t
+                };
             }
         }
         progress.report(&format!("pass {}", p + 1), "done");
