@@ -28,8 +28,8 @@
 //!   cache-resident, where its column map, 12 MB, is a cache miss a row).
 //!
 //! A rectangle larger than that streams whatever the map costs (bounded memory). Rows go to the
-//! shard in runs straight from the read buffer either way. `docs/BENCHMARKS.md` has the
-//! profiles this came from.
+//! shard in runs straight from the read buffer either way (the profiles this came from, on
+//! earlier forms of the benchmark, are summed up in `docs/BENCHMARKS.md`, IncrCP, History).
 //!
 //! A state saved by a different number of servers than the writer's shard map has (an elastic
 //! restore) is re-sharded: the base re-shards itself ([`deck::restore_chain`]); then each saved
@@ -688,7 +688,7 @@ pub const IN_MEMORY_RECTANGLE_BYTES: u64 = 1 << 30;
 /// deciding which copy wins) when that column map is at most this many bytes: it then stays
 /// cached, and the writes run beside the reads. A larger map is a cache miss a row, and the
 /// rectangle is read whole first (up to [`IN_MEMORY_RECTANGLE_BYTES`]). 4 MiB is a million
-/// rows; the profiles behind both figures are in `docs/BENCHMARKS.md`.
+/// rows (both figures came from profiles of an earlier form of the benchmark).
 pub const STREAM_MAP_BYTES: u64 = 4 << 20;
 
 /// How [`restore_server_with`] restores a chunk list.
@@ -1136,8 +1136,9 @@ async fn read_and_write(
 /// A chunk list's restore reads a file in spans of about this many bytes, each in one request
 /// (a part larger than this is one span of its own). One 13 MB bundle read whole took 6-7 ms
 /// into fresh pages, most of it page faults, while the writes waited; in 1 MiB spans the reads
-/// run on both cores beside the writes, and a written span's buffer is reused
-/// (`docs/BENCHMARKS.md`).
+/// run on both cores beside the writes, and a written span's buffer is reused. Every scheme's
+/// restore reads through these spans (one engine), so a ratio between schemes is not the
+/// reader's.
 pub const READ_SPAN_BYTES: u64 = 1 << 20;
 
 /// The bytes a part occupies in its file: its ids and its rows.
