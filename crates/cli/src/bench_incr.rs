@@ -353,9 +353,9 @@ fn mean(v: &[f64]) -> f64 {
 /// Half-width of the 95% interval of the mean of `v` (Student's t; 0 below two values).
 fn ci95(v: &[f64]) -> f64 {
     const T: [f64; 30] = [
-        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-        2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042,
     ];
     let n = v.len();
     if n < 2 {
@@ -1079,9 +1079,7 @@ fn bench(env: &Env<'_>) -> Result<IncrBench> {
     let (step_share, interval_share) = update_shares(work, a.steps_per_ckpt);
     let model = Model::new(work, a.seed);
     let (w, c) = (sw.ratio(1, 0, false), sw.ratio(1, 0, true));
-    let point_mean = |f: &dyn Fn(&Point) -> f64| {
-        mean(&sw.points.iter().map(f).collect::<Vec<_>>())
-    };
+    let point_mean = |f: &dyn Fn(&Point) -> f64| mean(&sw.points.iter().map(f).collect::<Vec<_>>());
     let without_index = point_mean(&|p| p.schemes[1].1.warm_s)
         / point_mean(&|p| p.schemes[0].1.warm_s - p.schemes[0].1.index_warm_s).max(1e-12);
     Ok(IncrBench {
@@ -1105,8 +1103,7 @@ fn bench(env: &Env<'_>) -> Result<IncrBench> {
              before each cold restore"
                 .into()
         } else {
-            "posix_fadvise DONTNEED was refused for some file: the cold figures may be warm"
-                .into()
+            "posix_fadvise DONTNEED was refused for some file: the cold figures may be warm".into()
         },
         rows_updated_per_step_share: step_share,
         rows_updated_per_interval_share: interval_share,
@@ -1176,7 +1173,12 @@ fn ablation(env: &Env<'_>) -> Result<Ablation> {
         .into_iter()
         .map(|i| i + 1)
         .collect();
-    let sw = sweep(&senv, "bench incremental: ablation recoveries", &refs, &which)?;
+    let sw = sweep(
+        &senv,
+        "bench incremental: ablation recoveries",
+        &refs,
+        &which,
+    )?;
     let variants = variants
         .iter()
         .zip(&runs)
@@ -1261,11 +1263,9 @@ fn print_summary(r: &IncrBench) {
     for i in sample(r.points.len(), 16) {
         let p = &r.points[i];
         let cell = |k: usize| {
-            p.schemes
-                .get(k)
-                .map_or("-".into(), |(_, t)| {
-                    format!("{:.2} / {:.2}", t.warm_s * 1e3, t.cold_s * 1e3)
-                })
+            p.schemes.get(k).map_or("-".into(), |(_, t)| {
+                format!("{:.2} / {:.2}", t.warm_s * 1e3, t.cold_s * 1e3)
+            })
         };
         println!(
             "{:>10} {:>6} {:>18} {:>18} {:>18}",
@@ -1356,7 +1356,10 @@ mod tests {
         let s = sample(150, 15);
         assert_eq!(s.len(), 15);
         assert_eq!((s[0], s[14]), (0, 149));
-        assert!(s.windows(2).all(|w| (10..=11).contains(&(w[1] - w[0]))), "{s:?}");
+        assert!(
+            s.windows(2).all(|w| (10..=11).contains(&(w[1] - w[0]))),
+            "{s:?}"
+        );
         assert_eq!(sample(10, 1), vec![9]);
     }
 

@@ -357,10 +357,7 @@ async fn verify_incremental(ckpts: &Checkpoints) -> Result<i32> {
     }
     if !found.is_empty() || !unreadable.is_empty() {
         match incr::select_intact(ckpts, &RestoreAt::Current).await {
-            Ok((chain, _)) => println!(
-                "newest intact state: {}",
-                chain.target_manifest().id
-            ),
+            Ok((chain, _)) => println!("newest intact state: {}", chain.target_manifest().id),
             Err(e) => println!("no intact state: {e}"),
         }
     }

@@ -727,6 +727,9 @@ struct Target {
 /// round).
 type Read = (LivePart, u32, u32, u32, u32);
 
+/// Files and the parts read from each.
+type FileReads = Vec<(FileRef, Vec<Read>)>;
+
 /// The target of `table` (created on first use, its shapes checked against the part's).
 #[allow(clippy::too_many_arguments)]
 fn target_of<'a>(
@@ -892,7 +895,7 @@ async fn restore_list(
                 .push((*p, c.table, c.range, c.col, c.round));
         }
     }
-    let files: Vec<(FileRef, Vec<Read>)> = by_file
+    let files: FileReads = by_file
         .into_iter()
         .map(|(f, reads)| (list.file(f).file.clone(), reads))
         .collect();
@@ -913,7 +916,7 @@ async fn restore_list(
 fn row_file_reads(
     pieces: &[(&Manifest, u32)],
     writer: &dyn ShardWriter,
-) -> Result<Option<Vec<(FileRef, Vec<Read>)>>> {
+) -> Result<Option<FileReads>> {
     let server = writer.server();
     let mut out = Vec::new();
     for (m, col) in pieces {
@@ -979,7 +982,7 @@ fn row_file_reads(
 async fn read_and_write(
     ckpts: &Checkpoints,
     base: &Manifest,
-    files: Vec<(FileRef, Vec<Read>)>,
+    files: FileReads,
     writer: &mut dyn ShardWriter,
     out: &mut RestoreOutcome,
     opts: RestoreOptions,
@@ -1115,17 +1118,7 @@ async fn read_and_write(
             let (f, reads, data) = &loaded[fi];
             let (p, d) = (&reads[pi].0, &data[pi]);
             let name = || format!("{}/{}", f.ckpt, f.path);
-            let t = target_of(
-                &mut targets,
-                &*writer,
-                &map,
-                base,
-                table,
-                p,
-                d,
-                &name,
-                true,
-            )?;
+            let t = target_of(&mut targets, &*writer, &map, base, table, p, d, &name, true)?;
             write_part(writer, t, table, ccol, d, true, &name, &mut bufs, out)?;
         }
         out.apply_s += ta.elapsed().as_secs_f64();

@@ -534,7 +534,11 @@ pub async fn files_read(
             let by_name: BTreeMap<(String, String), (&Manifest, &FileInfo)> = chain
                 .pieces
                 .iter()
-                .flat_map(|m| m.files.iter().map(move |f| ((m.id.to_string(), f.path.clone()), (m, f))))
+                .flat_map(|m| {
+                    m.files
+                        .iter()
+                        .map(move |f| ((m.id.to_string(), f.path.clone()), (m, f)))
+                })
                 .collect();
             for s in &chain.base.shards {
                 let list = fold_list(ckpts, chain, s.server).await?;
@@ -659,9 +663,7 @@ pub struct Damage {
 
 /// Every damaged file some state's restore reads, with the states it takes down; and the
 /// states whose list cannot even be read (a damaged piece index or manifest), with why.
-pub async fn damage(
-    ckpts: &Checkpoints,
-) -> Result<(Vec<Damage>, Vec<(CheckpointId, String)>)> {
+pub async fn damage(ckpts: &Checkpoints) -> Result<(Vec<Damage>, Vec<(CheckpointId, String)>)> {
     let lineage = Lineage::load(ckpts).await?;
     let mut known: BTreeMap<Key, Option<String>> = BTreeMap::new();
     let mut by_file: BTreeMap<Key, Damage> = BTreeMap::new();

@@ -879,7 +879,12 @@ fn selective_extraction_skips_small_duplicate_shares() {
         assert_eq!(st[2].compared, 2, "{:?}", st[2]);
         assert_eq!(st[2].range_skips, 0, "{:?}", st[2]);
         assert_eq!(st[2].bloom_skips, 2, "{:?}", st[2]);
-        assert_eq!((st[2].extracted, st[2].rows_extracted), (0, 0), "{:?}", st[2]);
+        assert_eq!(
+            (st[2].extracted, st[2].rows_extracted),
+            (0, 0),
+            "{:?}",
+            st[2]
+        );
         // Column 4 against column 1: all 50 rows again, extracted; column 3's remainder of
         // rows 45..50 left in row 0 overlaps and is 5 of 14 rows (0.36 > 0.3): extracted too.
         assert!(st[3].extracted >= 1, "{:?}", st[3]);
@@ -904,7 +909,11 @@ fn the_actual_count_skips_what_the_bloom_filter_would_have() {
         assert_eq!(st[2].bloom_skips, 0, "{:?}", st[2]);
         assert_eq!(st[2].actual_skips, 2, "{:?}", st[2]);
         assert_eq!(st[2].extracted, 0, "{:?}", st[2]);
-        assert!(st[2].files_read >= 1, "stage 3 loads the chunks: {:?}", st[2]);
+        assert!(
+            st[2].files_read >= 1,
+            "stage 3 loads the chunks: {:?}",
+            st[2]
+        );
         run.restore_all_committed().await;
     });
 }
@@ -924,7 +933,12 @@ fn r_zero_skips_no_duplicate_and_r_one_extracts_nothing() {
         // Column 3 duplicates 5 of column 1's 50 rows: extracted all the same; its comparison
         // with column 2 (no duplicate at all) is the only one skipped.
         assert_eq!(st[2].actual_skips, 0, "{:?}", st[2]);
-        assert_eq!((st[2].extracted, st[2].rows_extracted), (1, 5), "{:?}", st[2]);
+        assert_eq!(
+            (st[2].extracted, st[2].rows_extracted),
+            (1, 5),
+            "{:?}",
+            st[2]
+        );
         assert_eq!(st[3].actual_skips, 0, "{:?}", st[3]);
         for col in 1..=4u32 {
             let chain = select(
@@ -999,7 +1013,9 @@ fn a_damaged_file_takes_down_the_states_that_read_it_and_restores_fall_back() {
         };
         assert_eq!(found[0].states, ids(&[3, 2, 1]), "{found:?}");
         // The newest state does not read the bundle: nothing to fall back from.
-        let (chain, skipped) = select_intact(&run.ckpts, &RestoreAt::Current).await.unwrap();
+        let (chain, skipped) = select_intact(&run.ckpts, &RestoreAt::Current)
+            .await
+            .unwrap();
         assert!(skipped.is_empty(), "{skipped:?}");
         assert_eq!(chain.target, 4);
         // Column 3 does: the restore falls back past 3, 2 and 1 to the base, and says why.
@@ -1009,10 +1025,15 @@ fn a_damaged_file_takes_down_the_states_that_read_it_and_restores_fall_back() {
             skipped.iter().map(|(id, _)| id.clone()).collect::<Vec<_>>(),
             ids(&[3, 2, 1])
         );
-        assert!(skipped.iter().all(|(_, why)| why.contains(&f.path)), "{skipped:?}");
+        assert!(
+            skipped.iter().all(|(_, why)| why.contains(&f.path)),
+            "{skipped:?}"
+        );
         assert_eq!(chain.target, 0);
         let mut target = MemShard::of(&chain.base.shards[0], run.model.map);
-        restore_server(&run.ckpts, &chain, &mut target).await.unwrap();
+        restore_server(&run.ckpts, &chain, &mut target)
+            .await
+            .unwrap();
         assert_eq!(bits_of(&target), run.committed[0].1[0]);
 
         // Naive incremental: piece 2's row file takes down states 2, 3 and 4.
@@ -1037,7 +1058,9 @@ fn a_damaged_file_takes_down_the_states_that_read_it_and_restores_fall_back() {
             let (found, _) = damage(&run.ckpts).await.unwrap();
             assert_eq!(found.len(), 1, "{found:?}");
             assert_eq!(found[0].states, ids_of(&run, &down), "{:?}", spec.scheme);
-            let (chain, _) = select_intact(&run.ckpts, &RestoreAt::Current).await.unwrap();
+            let (chain, _) = select_intact(&run.ckpts, &RestoreAt::Current)
+                .await
+                .unwrap();
             let newest_intact = if down.contains(&4) { 1 } else { 4 };
             assert_eq!(
                 chain.target_manifest().id,
@@ -1046,7 +1069,9 @@ fn a_damaged_file_takes_down_the_states_that_read_it_and_restores_fall_back() {
                 spec.scheme
             );
             let mut target = MemShard::of(&chain.base.shards[0], run.model.map);
-            restore_server(&run.ckpts, &chain, &mut target).await.unwrap();
+            restore_server(&run.ckpts, &chain, &mut target)
+                .await
+                .unwrap();
             assert_eq!(bits_of(&target), run.committed[newest_intact].1[0]);
         }
     });
