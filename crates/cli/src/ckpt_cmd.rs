@@ -336,6 +336,31 @@ async fn verify_incremental(ckpts: &Checkpoints) -> Result<i32> {
             }
         }
     }
+    // What each damaged file takes down: the states whose restores read it.
+    let (found, unreadable) = incr::damage(ckpts).await?;
+    for d in &found {
+        bad += 1;
+        println!(
+            "DAMAGED FILE {}: {}; takes down {}",
+            d.file,
+            d.problem,
+            d.states
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    for (id, why) in &unreadable {
+        bad += 1;
+        println!("DOWN    {id}: {why}");
+    }
+    if !found.is_empty() || !unreadable.is_empty() {
+        match incr::select_intact(ckpts, &RestoreAt::Current).await {
+            Ok((chain, _)) => println!("newest intact state: {}", chain.target_manifest().id),
+            Err(e) => println!("no intact state: {e}"),
+        }
+    }
     Ok(if bad == 0 { 0 } else { 1 })
 }
 
@@ -345,59 +370,30 @@ async fn restore_incremental(
     out: &std::path::Path,
     fallback: bool,
 ) -> Result<i32> {
-    let first = incr::select(ckpts, at).await?;
-    let mut tried = Vec::new();
-    let mut candidates = vec![first.clone()];
-    if fallback {
-        // Older states of the same lineage, newest first.
-        let lineage = Lineage::load(ckpts).await?;
-        let step = first.target_manifest().step;
-        for (s, id) in lineage.states_newest_first() {
-            if s < step {
-                if let Ok(c) = incr::select(ckpts, &RestoreAt::Id(id)).await {
-                    candidates.push(c);
-                }
-            }
+    let chain = if fallback {
+        // The newest state at or before `at` whose every file a restore reads is intact.
+        let (chain, skipped) = incr::select_intact(ckpts, at).await?;
+        for (id, why) in &skipped {
+            println!("skipping {id}: {why}");
         }
-    }
-    for chain in candidates {
-        let target = chain.target_manifest().id.clone();
-        match incr::restore_all(ckpts, &chain).await {
-            Ok(shards) => {
-                let dst = Checkpoints::new(std::sync::Arc::new(LocalStore::new(out)?));
-                let m = incr::write_full(&dst, &chain, &shards, 4 << 20).await?;
-                println!(
-                    "restored step {} ({} column {} over {}) into {} as full checkpoint {} ({} \
-                     bytes)",
-                    m.step,
-                    chain.scheme.map_or("full", |s| s.name()),
-                    chain.target,
-                    chain.base.id,
-                    out.display(),
-                    m.id,
-                    m.data_bytes()
-                );
-                return Ok(0);
-            }
-            Err(e)
-                if fallback
-                    && (e.is_corruption()
-                        || matches!(e, ftrec_ckpt::CkptError::NotFound { .. })) =>
-            {
-                println!("skipping {target}: {e}");
-                tried.push(target);
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    bail!(
-        "no intact state to restore (tried {})",
-        tried
-            .iter()
-            .map(|t| t.to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    )
+        chain
+    } else {
+        incr::select(ckpts, at).await?
+    };
+    let shards = incr::restore_all(ckpts, &chain).await?;
+    let dst = Checkpoints::new(std::sync::Arc::new(LocalStore::new(out)?));
+    let m = incr::write_full(&dst, &chain, &shards, 4 << 20).await?;
+    println!(
+        "restored step {} ({} column {} over {}) into {} as full checkpoint {} ({} bytes)",
+        m.step,
+        chain.scheme.map_or("full", |s| s.name()),
+        chain.target,
+        chain.base.id,
+        out.display(),
+        m.id,
+        m.data_bytes()
+    );
+    Ok(0)
 }
 
 fn merge(cmd: CkptCmd) -> Result<i32> {

@@ -422,8 +422,9 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 1)]
         kill_seed: u64,
     },
-    /// IncrCP against naive incremental and Check-N-Run (and DECK) on one workload: bytes
-    /// stored after N checkpoints, pause and checkpoint time, restore time at chain depths.
+    /// IncrCP against naive incremental and Check-N-Run (and DECK) on one workload, as IncrCP
+    /// §5 measures: every checkpoint written first, then each one's recovery timed warm and
+    /// cold (the mean over the checkpoints), bytes stored, pauses.
     Incremental(crate::bench_incr::IncrBenchArgs),
     /// ECRec's costs on one cluster configuration, asynchronous unless `--sync`: `none`, then
     /// ECRec all on (k = 2 and 4), without dense replication, and without dense replication

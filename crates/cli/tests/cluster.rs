@@ -554,6 +554,21 @@ fn ckpt_commands_understand_an_incrcp_store() {
         stdout.contains("DAMAGED") && stdout.contains("piece.pidx"),
         "{stdout}"
     );
+    // It names the newest state no damage takes down, and a restore with --fallback goes
+    // there, saying which states it skipped.
+    assert!(stdout.contains("newest intact state: "), "{stdout}");
+    let fell_back = String::from_utf8(
+        succeed(
+            ftrec()
+                .args(["ckpt", "restore", "--fallback"])
+                .arg(&store)
+                .arg("--out")
+                .arg(dir.path().join("restored-fallback")),
+        )
+        .stdout,
+    )
+    .unwrap();
+    assert!(fell_back.contains("restored step"), "{fell_back}");
 }
 
 fn walk(dir: &Path) -> Vec<std::path::PathBuf> {

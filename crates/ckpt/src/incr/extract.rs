@@ -44,7 +44,7 @@ use crate::format::{
 /// Where a bundle's payload starts (its header body is 28 bytes).
 const BUNDLE_PAYLOAD: u64 = 48;
 /// Where a row file's payload starts (its header body is 44 bytes).
-const ROWS_PAYLOAD: u64 = 64;
+pub(super) const ROWS_PAYLOAD: u64 = 64;
 
 /// Which of the three filter stages run (IncrCP §4.3; all by default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -55,8 +55,8 @@ pub use restore::{
     RestoreOutcome, IN_MEMORY_RECTANGLE_BYTES, READ_SPAN_BYTES, STREAM_MAP_BYTES,
 };
 pub use store::{
-    gc, materialize_full, piece_summaries, remove_dead_files, remove_dead_files_of, restore_all,
-    verify, write_full, MemShard,
+    damage, files_read, gc, materialize_full, piece_summaries, remove_dead_files,
+    remove_dead_files_of, restore_all, select_intact, verify, write_full, Damage, MemShard,
 };
 
 /// What a server saves for one piece.

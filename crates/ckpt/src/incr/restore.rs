@@ -1,19 +1,23 @@
-//! Choosing and restoring an incremental state, for all three schemes.
+//! Choosing and restoring an incremental state, for all three schemes, through one engine
+//! ([`read_and_write`]); only what each scheme must read differs:
 //!
-//! - naive incremental: the base, then every piece up to the target, oldest first, each row
-//!   written as read (the whole chain is replayed; IncrCP §2.2's baseline);
-//! - Check-N-Run differential: the base, then the target differential;
+//! - naive incremental: the base, then every piece up to the target (IncrCP §2.2's baseline;
+//!   the duplicates are read, and deduplicated as they arrive: §5.1.5's "complex deduplication
+//!   process in recovery");
+//! - Check-N-Run differential: the base, then the target differential (§5.1.5);
 //! - IncrCP chunk list: the base, then the rectangle of the target column in the list folded
 //!   from every piece's index (IncrCP §4.2). A row may sit in several chunks of the rectangle
 //!   when an extraction was skipped (§4.3: a chunk whose duplicate share is below `R` is left
-//!   whole); the copy of the newest column wins, never the copy read last, so each row is
-//!   written once.
+//!   whole).
 //!
-//! Every file is checked against its manifest entry (chunk-list files against the size and
-//! checksums the piece index recorded; every chunk part against its own crc32c before a byte
-//! of it is written).
+//! Whatever the scheme, the copy of the newest column wins, never the copy read last, so each
+//! row is written once. Every file is checked against its manifest entry (chunk-list files
+//! against the size and checksums the piece index recorded, a piece's row file against its
+//! manifest's payload checksum; every part against its crc32c before a byte of it is written).
+//! A quantized Check-N-Run differential is the one exception: its rows are decoded row by row
+//! (an approximate restore, outside the timed comparison).
 //!
-//! A chunk list's rectangle is read in spans of up to [`READ_SPAN_BYTES`] of a file, four spans
+//! What a scheme reads is read in spans of up to [`READ_SPAN_BYTES`] of a file, four spans
 //! at a time, every part's crc32c checked before a byte of it is written, in one of two forms:
 //! - streamed, when a column per local row of the tables restored takes at most
 //!   [`STREAM_MAP_BYTES`] (a million rows): each span is written as it arrives, beside the
@@ -24,8 +28,8 @@
 //!   cache-resident, where its column map, 12 MB, is a cache miss a row).
 //!
 //! A rectangle larger than that streams whatever the map costs (bounded memory). Rows go to the
-//! shard in runs straight from the read buffer either way. `docs/BENCHMARKS.md` has the
-//! profiles this came from.
+//! shard in runs straight from the read buffer either way (the profiles this came from, on
+//! earlier forms of the benchmark, are summed up in `docs/BENCHMARKS.md`, IncrCP, History).
 //!
 //! A state saved by a different number of servers than the writer's shard map has (an elastic
 //! restore) is re-sharded: the base re-shards itself ([`deck::restore_chain`]); then each saved
@@ -41,14 +45,15 @@ use std::time::Instant;
 use ftrec_core::{RowId, RowLayout, ServerId, ShardMap, TableId, DENSE_BLOCK};
 use futures_util::StreamExt;
 
+use super::extract::ROWS_PAYLOAD;
 use super::list::{ChunkList, LivePart};
 use super::read::{read_parts, PartData, ReadStats};
 use crate::checkpoint::{Checkpoints, VerifiedFile};
 use crate::deck::{self, Lineage, RestoreAt, ShardWriter};
 use crate::error::{CkptError, Result};
 use crate::format::{
-    copy_le_into_f32s, CheckpointId, CheckpointKind, FileContent, Manifest, PieceIndex,
-    PieceScheme, ShardInfo,
+    copy_le_into_f32s, CheckpointId, CheckpointKind, FileContent, FileRef, Manifest, Part,
+    PieceIndex, PieceScheme, ShardInfo,
 };
 
 /// The manifests a restore needs.
@@ -249,14 +254,10 @@ pub async fn restore_server_with(
         Some(PieceScheme::ChunkList) => restore_list(ckpts, chain, writer, &mut out, opts).await?,
         Some(PieceScheme::Differential) => {
             let mut ids = Vec::new();
-            apply_rows(ckpts, &target, writer, &mut out, Some(&mut ids)).await?;
+            restore_rows(ckpts, chain, writer, &mut out, opts, Some(&mut ids)).await?;
             out.since_base = Some(ids);
         }
-        _ => {
-            for m in chain.pieces.iter().take(chain.target as usize) {
-                apply_rows(ckpts, m, writer, &mut out, None).await?;
-            }
-        }
+        _ => restore_rows(ckpts, chain, writer, &mut out, opts, None).await?,
     }
     apply_dense(ckpts, &target, server, writer, &mut out).await?;
     out.chain_s = t1.elapsed().as_secs_f64();
@@ -303,14 +304,7 @@ async fn restore_resharded(
             Some(PieceScheme::ChunkList) => {
                 restore_list(ckpts, chain, &mut w, &mut out, opts).await?
             }
-            Some(PieceScheme::Differential) => {
-                apply_rows(ckpts, &target, &mut w, &mut out, None).await?
-            }
-            _ => {
-                for m in chain.pieces.iter().take(chain.target as usize) {
-                    apply_rows(ckpts, m, &mut w, &mut out, None).await?;
-                }
-            }
+            _ => restore_rows(ckpts, chain, &mut w, &mut out, opts, None).await?,
         }
         apply_dense(ckpts, &target, shard.server, &mut w, &mut out).await?;
         dense_blocks += w.dense_blocks;
@@ -428,6 +422,54 @@ impl ShardWriter for AsSavedServer<'_> {
         self.dense_blocks += hi - lo;
         Ok(())
     }
+}
+
+/// The pieces over the base of a naive incremental or Check-N-Run restore (every piece up to
+/// the target, or the target differential), through the engine every scheme shares
+/// ([`read_and_write`]); quantized differentials are decoded row by row instead. With `ids`,
+/// also collect the rows restored, per table.
+async fn restore_rows(
+    ckpts: &Checkpoints,
+    chain: &IncrChain,
+    writer: &mut dyn ShardWriter,
+    out: &mut RestoreOutcome,
+    opts: RestoreOptions,
+    mut ids: Option<&mut Vec<(TableId, Vec<RowId>)>>,
+) -> Result<()> {
+    let pieces: Vec<(&Manifest, u32)> = match chain.scheme {
+        Some(PieceScheme::Differential) => vec![(chain.target_manifest(), chain.target)],
+        // `select` checked that piece i holds column i + 1.
+        _ => chain
+            .pieces
+            .iter()
+            .take(chain.target as usize)
+            .zip(1..)
+            .collect(),
+    };
+    match row_file_reads(&pieces, &*writer)? {
+        Some(files) => {
+            let got =
+                read_and_write(ckpts, &chain.base, files, writer, out, opts, ids.is_some()).await?;
+            if let Some(ids) = ids {
+                let mut by_table: std::collections::BTreeMap<u32, Vec<RowId>> = Default::default();
+                for ((table, _, _), v) in got {
+                    by_table.entry(table).or_default().extend(v);
+                }
+                ids.clear();
+                for (t, mut v) in by_table {
+                    v.sort_unstable();
+                    v.dedup();
+                    ids.push((TableId(t), v));
+                }
+            }
+        }
+        None => {
+            for (m, _) in pieces {
+                apply_rows(ckpts, m, writer, out, ids.as_deref_mut()).await?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Write every row file of `m` of the writer's server (quantized ones dequantized); with
@@ -646,7 +688,7 @@ pub const IN_MEMORY_RECTANGLE_BYTES: u64 = 1 << 30;
 /// deciding which copy wins) when that column map is at most this many bytes: it then stays
 /// cached, and the writes run beside the reads. A larger map is a cache miss a row, and the
 /// rectangle is read whole first (up to [`IN_MEMORY_RECTANGLE_BYTES`]). 4 MiB is a million
-/// rows; the profiles behind both figures are in `docs/BENCHMARKS.md`.
+/// rows (both figures came from profiles of an earlier form of the benchmark).
 pub const STREAM_MAP_BYTES: u64 = 4 << 20;
 
 /// How [`restore_server_with`] restores a chunk list.
@@ -684,6 +726,9 @@ struct Target {
 /// What the rectangle reads of one file: each part, and its chunk's (table, range, column,
 /// round).
 type Read = (LivePart, u32, u32, u32, u32);
+
+/// Files and the parts read from each.
+type FileReads = Vec<(FileRef, Vec<Read>)>;
 
 /// The target of `table` (created on first use, its shapes checked against the part's).
 #[allow(clippy::too_many_arguments)]
@@ -842,16 +887,114 @@ async fn restore_list(
     // Which parts of which files the rectangle reads, and each part's chunk (for Bloom
     // filters of row-0 chunks when the list will grow again).
     let mut by_file: HashMap<u32, Vec<Read>> = HashMap::new();
-    let mut rect_bytes = 0u64;
-    let mut tables = std::collections::BTreeSet::new();
     for c in list.rectangle(col) {
-        tables.insert(c.table);
         for p in &c.parts {
-            rect_bytes = rect_bytes.saturating_add(p.bytes());
             by_file
                 .entry(p.file)
                 .or_default()
                 .push((*p, c.table, c.range, c.col, c.round));
+        }
+    }
+    let files: FileReads = by_file
+        .into_iter()
+        .map(|(f, reads)| (list.file(f).file.clone(), reads))
+        .collect();
+    let row0_ids = read_and_write(ckpts, &chain.base, files, writer, out, opts, newest).await?;
+    if newest {
+        // The Bloom filters are built later, by the next extraction round that needs them
+        // (off the recovery's critical path): keep the ids.
+        out.row0_ids = row0_ids.into_iter().collect();
+        out.list = Some(list);
+    }
+    Ok(())
+}
+
+/// The reads of the plain row files of `pieces` (the writer's server), each file's whole
+/// payload one part of column `col` (the piece's), checked against the payload checksum its
+/// manifest records: the reads of a naive incremental or Check-N-Run restore. `None` when a
+/// piece holds quantized rows (decoded by [`apply_rows`] instead).
+fn row_file_reads(
+    pieces: &[(&Manifest, u32)],
+    writer: &dyn ShardWriter,
+) -> Result<Option<FileReads>> {
+    let server = writer.server();
+    let mut out = Vec::new();
+    for (m, col) in pieces {
+        for f in m.files_of(server) {
+            let (table, rows) = match f.content {
+                FileContent::Rows { table, rows, .. } => (table, rows),
+                FileContent::QuantRows { .. } => return Ok(None),
+                _ => continue,
+            };
+            let (_, layout) =
+                writer
+                    .table_shape(table)
+                    .ok_or_else(|| CkptError::InvalidCheckpoint {
+                        id: m.id.to_string(),
+                        reason: format!(
+                            "file {} holds rows of table {}, which server {} does not have",
+                            f.path, table.0, server.0
+                        ),
+                    })?;
+            let rb = layout.bytes() as u64;
+            // Frame prefix and header (64 bytes), ids, rows, payload checksum (4 bytes).
+            let want = rows
+                .checked_mul(8 + rb)
+                .and_then(|p| p.checked_add(ROWS_PAYLOAD + 4));
+            if want != Some(f.size) {
+                return Err(CkptError::InvalidCheckpoint {
+                    id: m.id.to_string(),
+                    reason: format!(
+                        "file {} of {} rows of {rb} bytes has {} bytes",
+                        f.path, rows, f.size
+                    ),
+                });
+            }
+            let part = Part {
+                file: 0,
+                section: 0,
+                lo: 0,
+                hi: rows,
+                ids_at: ROWS_PAYLOAD,
+                rows_at: ROWS_PAYLOAD + 8 * rows,
+                row_bytes: rb as u32,
+                // The payload is the ids then the rows: its checksum is the part's.
+                crc: f.crc32c.payload,
+            };
+            let file = FileRef {
+                ckpt: m.id.clone(),
+                path: f.path.clone(),
+                size: f.size,
+                crc32c: f.crc32c,
+            };
+            out.push((file, vec![(part, table.0, 0, *col, 0)]));
+        }
+    }
+    Ok(Some(out))
+}
+
+/// The restore engine every scheme shares: read `files` (each with the parts wanted from it)
+/// in spans of up to [`READ_SPAN_BYTES`], four at a time, every part's crc32c checked before a
+/// byte of it is written, and write each row's copy of the newest column once, straight from
+/// the read buffer. Only what a scheme reads differs (naive incremental: every piece's row
+/// files; Check-N-Run: the target's; IncrCP: the target's rectangle). With `collect`, returns
+/// the ids of every part of round 0, by `(table, range, column)`.
+async fn read_and_write(
+    ckpts: &Checkpoints,
+    base: &Manifest,
+    files: FileReads,
+    writer: &mut dyn ShardWriter,
+    out: &mut RestoreOutcome,
+    opts: RestoreOptions,
+    collect: bool,
+) -> Result<HashMap<(u32, u32, u32), Vec<RowId>>> {
+    let map = server_map(base)?;
+    let mut rect_bytes = 0u64;
+    let mut tables = std::collections::BTreeSet::new();
+    for (_, reads) in &files {
+        for r in reads {
+            tables.insert(r.1);
+            rect_bytes = rect_bytes.saturating_add(r.0.bytes());
         }
     }
     // Streaming needs a column per local row of the tables restored: cheap while that map is
@@ -866,16 +1009,16 @@ async fn restore_list(
     // A large file is read in spans of about READ_SPAN_BYTES, several at a time: the reads
     // then run beside each other and beside the writes, and each span's buffer is freed (and
     // its pages reused) once written.
-    let mut jobs: Vec<(u32, Vec<Read>)> = Vec::new();
-    out.files += by_file.len() as u64;
-    for (f, mut reads) in by_file {
+    let mut jobs: Vec<(FileRef, Vec<Read>)> = Vec::new();
+    out.files += files.len() as u64;
+    for (f, mut reads) in files {
         reads.sort_unstable_by_key(|r| r.0.ids_at.min(r.0.rows_at));
         let mut group: Vec<Read> = Vec::new();
         let mut start = 0u64;
         for r in reads {
             let (lo, hi) = part_extent(&r.0);
             if !group.is_empty() && hi.saturating_sub(start) > opts.read_span_bytes {
-                jobs.push((f, std::mem::take(&mut group)));
+                jobs.push((f.clone(), std::mem::take(&mut group)));
             }
             if group.is_empty() {
                 start = lo;
@@ -887,19 +1030,18 @@ async fn restore_list(
         }
     }
     // Newest columns first: streaming, a row's first copy is then usually its newest and older
-    // copies (left by skipped extractions, §4.3) are skipped rather than written and
-    // overwritten.
-    jobs.sort_unstable_by_key(|(f, reads)| {
-        (
-            std::cmp::Reverse(reads.iter().map(|r| r.3).max().unwrap_or(0)),
-            *f,
-            reads.first().map_or(0, |r| r.0.ids_at),
-        )
+    // copies (of older pieces, or left by skipped extractions, §4.3) are skipped rather than
+    // written and overwritten.
+    jobs.sort_by(|(fa, ra), (fb, rb)| {
+        let key = |f: &FileRef, r: &[Read]| {
+            (
+                std::cmp::Reverse(r.iter().map(|r| r.3).max().unwrap_or(0)),
+                (f.ckpt.to_string(), f.path.clone()),
+                r.first().map_or(0, |r| r.0.ids_at),
+            )
+        };
+        key(fa, ra).cmp(&key(fb, rb))
     });
-    let jobs: Vec<_> = jobs
-        .into_iter()
-        .map(|(f, reads)| (list.file(f).file.clone(), reads))
-        .collect();
     // Each span is read (four at a time, on the store's blocking threads), and every part's
     // crc32c checked before a byte of it is written.
     let mut stream = futures_util::stream::iter(jobs)
@@ -925,7 +1067,7 @@ async fn restore_list(
         let ta = Instant::now();
         let (f, reads, data, st) = r?;
         out.bytes += st.bytes;
-        if newest {
+        if collect {
             for ((_, table, range, ccol, round), d) in reads.iter().zip(&data) {
                 if *round == 0 {
                     row0_ids
@@ -948,7 +1090,7 @@ async fn restore_list(
                 &mut targets,
                 &*writer,
                 &map,
-                &chain.base,
+                base,
                 table,
                 &p,
                 &d,
@@ -976,35 +1118,20 @@ async fn restore_list(
             let (f, reads, data) = &loaded[fi];
             let (p, d) = (&reads[pi].0, &data[pi]);
             let name = || format!("{}/{}", f.ckpt, f.path);
-            let t = target_of(
-                &mut targets,
-                &*writer,
-                &map,
-                &chain.base,
-                table,
-                p,
-                d,
-                &name,
-                true,
-            )?;
+            let t = target_of(&mut targets, &*writer, &map, base, table, p, d, &name, true)?;
             write_part(writer, t, table, ccol, d, true, &name, &mut bufs, out)?;
         }
         out.apply_s += ta.elapsed().as_secs_f64();
     }
-    if newest {
-        // The Bloom filters are built later, by the next extraction round that needs them
-        // (off the recovery's critical path): keep the ids.
-        out.row0_ids = row0_ids.into_iter().collect();
-        out.list = Some(list);
-    }
-    Ok(())
+    Ok(row0_ids)
 }
 
 /// A chunk list's restore reads a file in spans of about this many bytes, each in one request
 /// (a part larger than this is one span of its own). One 13 MB bundle read whole took 6-7 ms
 /// into fresh pages, most of it page faults, while the writes waited; in 1 MiB spans the reads
-/// run on both cores beside the writes, and a written span's buffer is reused
-/// (`docs/BENCHMARKS.md`).
+/// run on both cores beside the writes, and a written span's buffer is reused. Every scheme's
+/// restore reads through these spans (one engine), so a ratio between schemes is not the
+/// reader's.
 pub const READ_SPAN_BYTES: u64 = 1 << 20;
 
 /// The bytes a part occupies in its file: its ids and its rows.

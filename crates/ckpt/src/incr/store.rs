@@ -483,3 +483,218 @@ pub async fn stored_bytes(ckpts: &Checkpoints) -> Result<BTreeMap<String, u64>> 
     }
     Ok(out)
 }
+
+/// Every file restoring the state `chain` names reads, on every server, with the entry its
+/// manifest records: the base's files, then what the scheme reads over it (naive incremental:
+/// the row files of every piece up to the target; Check-N-Run: the target's row files; IncrCP:
+/// the piece indexes folded and the files of the target's rectangle), and the target's dense
+/// range. A piece index that cannot be read or folded is an error naming it.
+pub async fn files_read(
+    ckpts: &Checkpoints,
+    chain: &IncrChain,
+) -> Result<BTreeMap<Key, crate::format::FileInfo>> {
+    let mut out = BTreeMap::new();
+    let mut add = |m: &Manifest, f: &FileInfo| -> Result<()> {
+        out.insert(ckpts.file_key(&m.id, &f.path)?, f.clone());
+        Ok(())
+    };
+    for f in &chain.base.files {
+        add(&chain.base, f)?;
+    }
+    if chain.target == 0 {
+        return Ok(out);
+    }
+    let target = chain.target_manifest();
+    let rows = |f: &FileInfo| {
+        matches!(
+            f.content,
+            FileContent::Rows { .. } | FileContent::QuantRows { .. }
+        )
+    };
+    for f in target
+        .files
+        .iter()
+        .filter(|f| matches!(f.content, FileContent::Dense { .. }))
+    {
+        add(target, f)?;
+    }
+    match chain.scheme {
+        Some(PieceScheme::ChunkList) => {
+            let newest = chain.target as usize == chain.pieces.len();
+            let indexed: &[Manifest] = if newest {
+                &chain.pieces[chain.pieces.len() - 1..]
+            } else {
+                &chain.pieces
+            };
+            for m in indexed {
+                for (f, _, _) in m.pieces() {
+                    add(m, f)?;
+                }
+            }
+            let by_name: BTreeMap<(String, String), (&Manifest, &FileInfo)> = chain
+                .pieces
+                .iter()
+                .flat_map(|m| {
+                    m.files
+                        .iter()
+                        .map(move |f| ((m.id.to_string(), f.path.clone()), (m, f)))
+                })
+                .collect();
+            for s in &chain.base.shards {
+                let list = fold_list(ckpts, chain, s.server).await?;
+                for c in list.rectangle(chain.target) {
+                    for p in &c.parts {
+                        let r = &list.file(p.file).file;
+                        match by_name.get(&(r.ckpt.to_string(), r.path.clone())) {
+                            Some((m, f)) => add(m, f)?,
+                            None => {
+                                return Err(CkptError::InvalidCheckpoint {
+                                    id: r.ckpt.to_string(),
+                                    reason: format!(
+                                        "the chunk list reads {}, which no manifest of the list \
+                                         commits",
+                                        r.path
+                                    ),
+                                })
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Some(PieceScheme::Differential) => {
+            for f in target.files.iter().filter(|f| rows(f)) {
+                add(target, f)?;
+            }
+        }
+        _ => {
+            for m in chain.pieces.iter().take(chain.target as usize) {
+                for f in m.files.iter().filter(|f| rows(f)) {
+                    add(m, f)?;
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Read and check every file of `files`: the first problem, naming the file.
+async fn check_files(
+    ckpts: &Checkpoints,
+    files: &BTreeMap<Key, FileInfo>,
+    known: &mut BTreeMap<Key, Option<String>>,
+) -> Option<String> {
+    for (key, f) in files {
+        let problem = match known.get(key) {
+            Some(p) => p.clone(),
+            None => {
+                let p = match ckpts.store().get(key).await {
+                    Ok(data) => Checkpoints::verify_file(key, f, &data)
+                        .err()
+                        .map(|e| e.to_string()),
+                    Err(e) => Some(e.to_string()),
+                };
+                known.insert(key.clone(), p.clone());
+                p
+            }
+        };
+        if problem.is_some() {
+            return problem;
+        }
+    }
+    None
+}
+
+/// The manifests that rebuild the newest state at or before the one `at` names whose every
+/// file a restore reads is intact (DECK's fallback, `deck::select_chain`, for incremental
+/// stores), and each newer state skipped with why. A damaged bundle takes down exactly the
+/// states whose rectangles read it; the restore falls back past those only.
+pub async fn select_intact(
+    ckpts: &Checkpoints,
+    at: &RestoreAt,
+) -> Result<(IncrChain, Vec<(CheckpointId, String)>)> {
+    let lineage = Lineage::load(ckpts).await?;
+    let first = super::restore::select(ckpts, at).await;
+    let target_step = match &first {
+        Ok(c) => c.target_manifest().step,
+        Err(_) => match at {
+            RestoreAt::Step(s) => *s,
+            _ => u64::MAX,
+        },
+    };
+    let mut skipped = Vec::new();
+    let mut known = BTreeMap::new();
+    for (step, id) in lineage.states_newest_first() {
+        if step > target_step {
+            continue;
+        }
+        let attempt = async {
+            let chain = super::restore::select(ckpts, &RestoreAt::Id(id.clone())).await?;
+            let files = files_read(ckpts, &chain).await?;
+            Ok::<_, CkptError>((chain, files))
+        }
+        .await;
+        let problem = match attempt {
+            Ok((chain, files)) => match check_files(ckpts, &files, &mut known).await {
+                None => return Ok((chain, skipped)),
+                Some(p) => p,
+            },
+            Err(e) => e.to_string(),
+        };
+        skipped.push((id, problem));
+    }
+    Err(CkptError::NoIntactCheckpoint {
+        root: format!("{} store", ckpts.store().backend()),
+        failures: skipped
+            .into_iter()
+            .map(|(id, p)| (id.to_string(), p))
+            .collect(),
+    })
+}
+
+/// A damaged or missing file of an incremental store, and the states it takes down (their
+/// restores read it), newest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damage {
+    pub file: String,
+    pub problem: String,
+    pub states: Vec<CheckpointId>,
+}
+
+/// Every damaged file some state's restore reads, with the states it takes down; and the
+/// states whose list cannot even be read (a damaged piece index or manifest), with why.
+pub async fn damage(ckpts: &Checkpoints) -> Result<(Vec<Damage>, Vec<(CheckpointId, String)>)> {
+    let lineage = Lineage::load(ckpts).await?;
+    let mut known: BTreeMap<Key, Option<String>> = BTreeMap::new();
+    let mut by_file: BTreeMap<Key, Damage> = BTreeMap::new();
+    let mut unreadable = Vec::new();
+    for (_, id) in lineage.states_newest_first() {
+        let attempt = async {
+            let chain = super::restore::select(ckpts, &RestoreAt::Id(id.clone())).await?;
+            files_read(ckpts, &chain).await
+        }
+        .await;
+        let files = match attempt {
+            Ok(f) => f,
+            Err(e) => {
+                unreadable.push((id, e.to_string()));
+                continue;
+            }
+        };
+        for (key, f) in &files {
+            let one = BTreeMap::from([(key.clone(), f.clone())]);
+            if let Some(problem) = check_files(ckpts, &one, &mut known).await {
+                by_file
+                    .entry(key.clone())
+                    .or_insert_with(|| Damage {
+                        file: key.to_string(),
+                        problem,
+                        states: Vec::new(),
+                    })
+                    .states
+                    .push(id.clone());
+            }
+        }
+    }
+    Ok((by_file.into_values().collect(), unreadable))
+}

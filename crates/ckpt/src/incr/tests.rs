@@ -766,3 +766,318 @@ fn damaged_chunk_files_are_errors_naming_them() {
         }
     });
 }
+
+impl Model {
+    /// Update rows `rows` of `table` (one server: global ids are local ones) and track them.
+    fn touch(&mut self, table: u32, rows: impl IntoIterator<Item = RowId>) {
+        assert_eq!(self.shards.len(), 1, "touch is for one server");
+        for row in rows {
+            let r = self.shards[0].tables[table as usize].row_mut(row);
+            r[0] += 0.25;
+            r[2] += 1.0;
+            self.tracked[0].entry(table).or_default().insert(row);
+        }
+    }
+}
+
+/// One server's chunk-list run under `spec`.
+fn one_server_run(spec: PieceSpec) -> Run {
+    let model = Model::new(1, 9);
+    Run {
+        ckpts: Checkpoints::new(Arc::new(MemoryStore::new())),
+        spec,
+        chunk_rows: 1000,
+        chains: vec![ServerChain::new(ServerId(0), model.map)],
+        model,
+        committed: Vec::new(),
+        base: None,
+        prev: None,
+        step: 0,
+    }
+}
+
+impl Run {
+    /// The extraction statistics of the piece just committed.
+    async fn last_stats(&self) -> crate::format::ExtractStats {
+        let m = self
+            .ckpts
+            .read_manifest(self.prev.as_ref().unwrap(), None)
+            .await
+            .unwrap();
+        piece_summaries(&self.ckpts, &m).await.unwrap()[0].stats
+    }
+
+    /// Every committed checkpoint restores bit for bit (the check inside `restore`).
+    async fn restore_all_committed(&mut self) {
+        for i in 0..self.committed.len() {
+            self.restore(i, false).await;
+        }
+    }
+}
+
+/// The workload of IncrCP §4.3's argument, on table 2 (130 rows): column 1 saves rows 0..50;
+/// column 2 rows 60..120 (no key overlap with column 1); column 3 rows 45..50 and 121..130 (a
+/// tenth of column 1's rows again, none of column 2's); column 4 rows 0..50 again (all of
+/// column 1's). Writes the full, then pieces `from..to` of the four; returns the statistics of
+/// each piece's round.
+async fn section_4_3_pieces(
+    run: &mut Run,
+    pieces: std::ops::Range<usize>,
+) -> Vec<crate::format::ExtractStats> {
+    if run.base.is_none() {
+        run.full().await;
+    }
+    let all: [Vec<RowId>; 4] = [
+        (0..50).collect(),
+        (60..120).collect(),
+        (45..50).chain(121..130).collect(),
+        (0..50).collect(),
+    ];
+    let mut stats = Vec::new();
+    for rows in &all[pieces] {
+        run.model.touch(2, rows.iter().copied());
+        run.piece().await;
+        stats.push(run.last_stats().await);
+    }
+    stats
+}
+
+async fn section_4_3_workload(run: &mut Run) -> Vec<crate::format::ExtractStats> {
+    section_4_3_pieces(run, 0..4).await
+}
+
+/// IncrCP §4.3 at R = 0.3, every filter on: the index range check skips a column whose keys
+/// do not overlap (column 2 against column 1); the Bloom filter skips a comparison whose
+/// duplicate share is at or below R (column 3 duplicates a tenth of column 1 and nothing of
+/// column 2), so those superseded rows stay in row 0 and a restore reads them and writes them
+/// not; a share above R is extracted (column 4 against column 1). Every checkpoint restores
+/// bit for bit.
+#[test]
+fn selective_extraction_skips_small_duplicate_shares() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut run = one_server_run(PieceSpec::chunk_list(0.3));
+        let mut st = section_4_3_pieces(&mut run, 0..3).await;
+        // Restoring column 3: the rectangle holds rows 45..50 twice (columns 1 and 3, the
+        // skipped extraction); each is written once, from column 3.
+        let chain = select(&run.ckpts, &RestoreAt::Current).await.unwrap();
+        let list = run.chains[0].list().unwrap();
+        let in_rect: u64 = list.rectangle(3).iter().map(|c| c.rows).sum();
+        let mut target = MemShard::of(&chain.base.shards[0], run.model.map);
+        let out = restore_server(&run.ckpts, &chain, &mut target)
+            .await
+            .unwrap();
+        assert_eq!(in_rect, 50 + 60 + 14, "the skipped rows stay in row 0");
+        assert_eq!(out.rows_written, in_rect - 5, "each row written once");
+        assert_eq!(bits_of(&target), run.committed[3].1[0]);
+        st.extend(section_4_3_pieces(&mut run, 3..4).await);
+        // Column 2 against column 1: key ranges [60, 119] and [0, 49].
+        assert_eq!((st[1].compared, st[1].range_skips), (1, 1), "{:?}", st[1]);
+        assert_eq!(st[1].extracted, 0, "{:?}", st[1]);
+        // Column 3 against columns 1 and 2: ranges overlap, shares 5/50 and 0/60 <= 0.3.
+        assert_eq!(st[2].compared, 2, "{:?}", st[2]);
+        assert_eq!(st[2].range_skips, 0, "{:?}", st[2]);
+        assert_eq!(st[2].bloom_skips, 2, "{:?}", st[2]);
+        assert_eq!(
+            (st[2].extracted, st[2].rows_extracted),
+            (0, 0),
+            "{:?}",
+            st[2]
+        );
+        // Column 4 against column 1: all 50 rows again, extracted; column 3's remainder of
+        // rows 45..50 left in row 0 overlaps and is 5 of 14 rows (0.36 > 0.3): extracted too.
+        assert!(st[3].extracted >= 1, "{:?}", st[3]);
+        assert!(st[3].rows_extracted >= 50, "{:?}", st[3]);
+        run.restore_all_committed().await;
+    });
+}
+
+/// The third stage alone (Bloom filter off): column 3's comparison with column 1 is loaded
+/// and dropped by the actual count (5 of 50 rows <= R), and the one with column 2 too (0 of
+/// 60).
+#[test]
+fn the_actual_count_skips_what_the_bloom_filter_would_have() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut spec = PieceSpec::chunk_list(0.3);
+        spec.extract.filters.bloom = false;
+        let mut run = one_server_run(spec);
+        let st = section_4_3_workload(&mut run).await;
+        assert_eq!(st[2].bloom_skips, 0, "{:?}", st[2]);
+        assert_eq!(st[2].actual_skips, 2, "{:?}", st[2]);
+        assert_eq!(st[2].extracted, 0, "{:?}", st[2]);
+        assert!(
+            st[2].files_read >= 1,
+            "stage 3 loads the chunks: {:?}",
+            st[2]
+        );
+        run.restore_all_committed().await;
+    });
+}
+
+/// R = 0 is the paper's full extraction (§5.3.1): no duplicate is left in row 0, whatever its
+/// share (only key ranges that cannot overlap are skipped); every row of every rectangle is
+/// written exactly once. R = 1 is the other end: nothing is ever extracted, and the list is row
+/// 0 alone. Both restore every checkpoint bit for bit.
+#[test]
+fn r_zero_skips_no_duplicate_and_r_one_extracts_nothing() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut run = one_server_run(PieceSpec::chunk_list(0.0));
+        let st = section_4_3_workload(&mut run).await;
+        // Column 3 duplicates 5 of column 1's 50 rows: extracted all the same; its comparison
+        // with column 2 (no duplicate at all) is the only one skipped.
+        assert_eq!(st[2].actual_skips, 0, "{:?}", st[2]);
+        assert_eq!(
+            (st[2].extracted, st[2].rows_extracted),
+            (1, 5),
+            "{:?}",
+            st[2]
+        );
+        assert_eq!(st[3].actual_skips, 0, "{:?}", st[3]);
+        for col in 1..=4u32 {
+            let chain = select(
+                &run.ckpts,
+                &RestoreAt::Id(run.committed[col as usize].0.clone()),
+            )
+            .await
+            .unwrap();
+            let list = super::restore::fold_list(&run.ckpts, &chain, ServerId(0))
+                .await
+                .unwrap();
+            let in_rect: u64 = list.rectangle(col).iter().map(|c| c.rows).sum();
+            let mut target = MemShard::of(&chain.base.shards[0], run.model.map);
+            let out = restore_server(&run.ckpts, &chain, &mut target)
+                .await
+                .unwrap();
+            assert_eq!(out.rows_written, in_rect, "column {col}: a row read twice");
+        }
+        run.restore_all_committed().await;
+
+        let mut run = one_server_run(PieceSpec::chunk_list(1.0));
+        let st = section_4_3_workload(&mut run).await;
+        for (i, s) in st.iter().enumerate() {
+            assert_eq!(s.extracted, 0, "piece {}: {s:?}", i + 1);
+        }
+        assert!(st[3].bloom_skips >= 1, "{:?}", st[3]);
+        let list = run.chains[0].list().unwrap();
+        assert!(list.row0_chunks().count() >= 4);
+        assert_eq!(list.shape().1, 0, "no chunk below row 0");
+        run.restore_all_committed().await;
+    });
+}
+
+/// A damaged extraction bundle takes down exactly the states whose rectangles read it:
+/// `damage` names the file and those states, and `select_intact` falls back past them only, to
+/// the newest state that reads no damaged file, which restores bit for bit. For naive
+/// incremental a damaged piece takes down it and every later state; Check-N-Run, the one
+/// differential.
+#[test]
+fn a_damaged_file_takes_down_the_states_that_read_it_and_restores_fall_back() {
+    use crate::store::PutMode;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // IncrCP, full extraction: column 4's round extracts rows 0..50 of columns 1 and 3
+        // into a bundle of round 4, which the rectangles of columns 1 to 3 read, not 4's.
+        let mut run = one_server_run(PieceSpec::chunk_list(0.0));
+        section_4_3_workload(&mut run).await;
+        let list = run.chains[0].list().unwrap().clone();
+        let deep = list
+            .rectangle(1)
+            .into_iter()
+            .find(|c| c.round == 4)
+            .expect("column 1's rows extracted in round 4");
+        let f = list.file(deep.parts[0].file).file.clone();
+        let key = run.ckpts.file_key(&f.ckpt, &f.path).unwrap();
+        let mut bad = run.ckpts.store().get(&key).await.unwrap().to_vec();
+        let at = deep.parts[0].rows_at as usize;
+        bad[at] ^= 0x40;
+        run.ckpts
+            .store()
+            .put(&key, bad.into(), PutMode::Overwrite)
+            .await
+            .unwrap();
+        let (found, unreadable) = damage(&run.ckpts).await.unwrap();
+        assert!(unreadable.is_empty(), "{unreadable:?}");
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].file, key.to_string());
+        let ids = |cols: &[usize]| -> Vec<CheckpointId> {
+            cols.iter().map(|&c| run.committed[c].0.clone()).collect()
+        };
+        assert_eq!(found[0].states, ids(&[3, 2, 1]), "{found:?}");
+        // The newest state does not read the bundle: nothing to fall back from.
+        let (chain, skipped) = select_intact(&run.ckpts, &RestoreAt::Current)
+            .await
+            .unwrap();
+        assert!(skipped.is_empty(), "{skipped:?}");
+        assert_eq!(chain.target, 4);
+        // Column 3 does: the restore falls back past 3, 2 and 1 to the base, and says why.
+        let at3 = RestoreAt::Id(run.committed[3].0.clone());
+        let (chain, skipped) = select_intact(&run.ckpts, &at3).await.unwrap();
+        assert_eq!(
+            skipped.iter().map(|(id, _)| id.clone()).collect::<Vec<_>>(),
+            ids(&[3, 2, 1])
+        );
+        assert!(
+            skipped.iter().all(|(_, why)| why.contains(&f.path)),
+            "{skipped:?}"
+        );
+        assert_eq!(chain.target, 0);
+        let mut target = MemShard::of(&chain.base.shards[0], run.model.map);
+        restore_server(&run.ckpts, &chain, &mut target)
+            .await
+            .unwrap();
+        assert_eq!(bits_of(&target), run.committed[0].1[0]);
+
+        // Naive incremental: piece 2's row file takes down states 2, 3 and 4.
+        for (spec, down) in [
+            (PieceSpec::incremental(), vec![4, 3, 2]),
+            (PieceSpec::differential(None), vec![2]),
+        ] {
+            let mut run = one_server_run(spec);
+            section_4_3_workload(&mut run).await;
+            let m = run
+                .ckpts
+                .read_manifest(&run.committed[2].0, None)
+                .await
+                .unwrap();
+            let f = m
+                .files
+                .iter()
+                .find(|f| matches!(f.content, FileContent::Rows { .. }))
+                .unwrap();
+            let key = run.ckpts.file_key(&m.id, &f.path).unwrap();
+            run.ckpts.store().delete(&key).await.unwrap();
+            let (found, _) = damage(&run.ckpts).await.unwrap();
+            assert_eq!(found.len(), 1, "{found:?}");
+            assert_eq!(found[0].states, ids_of(&run, &down), "{:?}", spec.scheme);
+            let (chain, _) = select_intact(&run.ckpts, &RestoreAt::Current)
+                .await
+                .unwrap();
+            let newest_intact = if down.contains(&4) { 1 } else { 4 };
+            assert_eq!(
+                chain.target_manifest().id,
+                run.committed[newest_intact].0,
+                "{:?}",
+                spec.scheme
+            );
+            let mut target = MemShard::of(&chain.base.shards[0], run.model.map);
+            restore_server(&run.ckpts, &chain, &mut target)
+                .await
+                .unwrap();
+            assert_eq!(bits_of(&target), run.committed[newest_intact].1[0]);
+        }
+    });
+}
+
+fn ids_of(run: &Run, cols: &[usize]) -> Vec<CheckpointId> {
+    cols.iter().map(|&c| run.committed[c].0.clone()).collect()
+}
