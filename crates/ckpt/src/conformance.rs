@@ -320,30 +320,14 @@ pub async fn concurrent_creates_have_one_winner(
             }
         });
         let results = futures_util::future::join_all(racers).await;
-        let winners: Vec<u64> = results
-            .iter()
-            .filter(|(_, r)| r.is_ok())
-            .map(|(i, _)| *i)
-            .collect();
-        if caps.atomic_create {
-            assert_eq!(winners.len(), 1, "round {round}: winners {winners:?}");
-        } else {
-            assert!(!winners.is_empty(), "round {round}: no racer won");
-        }
-        for (i, r) in &results {
-            if let Err(e) = r {
-                assert!(
-                    matches!(e, CkptError::AlreadyExists { .. }),
-                    "racer {i}: {e}"
-                );
-            }
-        }
         let stored = must(store.get(&key).await, "get");
-        assert!(
-            winners
-                .iter()
-                .any(|&w| stored == pattern(100 * round + w, 4096)),
-            "round {round}: the stored object is no winner's bytes"
+        check_race(
+            round,
+            &results,
+            caps.atomic_create,
+            &stored,
+            |e| matches!(e, CkptError::AlreadyExists { .. }),
+            |w| pattern(100 * round + w, 4096),
         );
     }
 }
@@ -389,32 +373,48 @@ pub async fn swaps_compare_and_have_one_winner(
             }
         });
         let results = futures_util::future::join_all(racers).await;
-        let winners: Vec<u64> = results
-            .iter()
-            .filter(|(_, r)| r.is_ok())
-            .map(|(i, _)| *i)
-            .collect();
-        if caps.atomic_swap {
-            assert_eq!(winners.len(), 1, "round {round}: winners {winners:?}");
-        } else {
-            assert!(!winners.is_empty(), "round {round}: no racer won");
-        }
-        for (i, r) in &results {
-            if let Err(e) = r {
-                assert!(
-                    matches!(e, CkptError::Precondition { .. }),
-                    "racer {i}: {e}"
-                );
-            }
-        }
         let stored = must(store.get(&key).await, "get");
-        assert!(
-            winners
-                .iter()
-                .any(|&w| stored == pattern(1000 * (round + 1) + w, 64)),
-            "round {round}: the stored object is no winner's bytes"
+        check_race(
+            round,
+            &results,
+            caps.atomic_swap,
+            &stored,
+            |e| matches!(e, CkptError::Precondition { .. }),
+            |w| pattern(1000 * (round + 1) + w, 64),
         );
     }
+}
+
+/// A race of writers `(i, result)` of one key: exactly one won (`atomic`, else at least one),
+/// every loser failed as `lost` says a loser fails, and `stored` is one winner's bytes
+/// (`bytes_of(i)`).
+fn check_race(
+    round: u64,
+    results: &[(u64, crate::Result<()>)],
+    atomic: bool,
+    stored: &Bytes,
+    lost: impl Fn(&CkptError) -> bool,
+    bytes_of: impl Fn(u64) -> Bytes,
+) {
+    let winners: Vec<u64> = results
+        .iter()
+        .filter(|(_, r)| r.is_ok())
+        .map(|(i, _)| *i)
+        .collect();
+    if atomic {
+        assert_eq!(winners.len(), 1, "round {round}: winners {winners:?}");
+    } else {
+        assert!(!winners.is_empty(), "round {round}: no racer won");
+    }
+    for (i, r) in results {
+        if let Err(e) = r {
+            assert!(lost(e), "racer {i}: {e}");
+        }
+    }
+    assert!(
+        winners.iter().any(|&w| *stored == bytes_of(w)),
+        "round {round}: the stored object is no winner's bytes"
+    );
 }
 
 /// Run case `name`.

@@ -598,24 +598,7 @@ fn run_one(s: Strat, phase: &str, role: &str) -> Outcome {
         Cell::NotApplicable(why) => Outcome::NotApplicable(why),
         Cell::SecondRun => timed("second coordinator", &|| second_run_cell(s)),
         Cell::GcRead => timed("restores during GC", &|| gc_read_cell(s)),
-        Cell::Kills(kills) => {
-            let t = std::time::Instant::now();
-            let r = run_cell(s, &kills);
-            eprintln!(
-                "{} x {role} x {phase} [{}]: {} ({:.1} s)",
-                s.label,
-                kills.join(" "),
-                match &r {
-                    Ok(()) => "pass".to_string(),
-                    Err(e) => format!("FAIL: {e}"),
-                },
-                t.elapsed().as_secs_f64()
-            );
-            match r {
-                Ok(()) => Outcome::Pass,
-                Err(e) => Outcome::Fail(e),
-            }
-        }
+        Cell::Kills(kills) => timed(&kills.join(" "), &|| run_cell(s, &kills)),
     }
 }
 
