@@ -478,6 +478,8 @@ pub struct SweepReport {
 pub async fn sweep(ckpts: &Checkpoints, candidates: &[CheckpointId]) -> Result<SweepReport> {
     let mut report = SweepReport::default();
     if candidates.is_empty() {
+        // Nothing to delete, but the caller may sweep shared files by the reader count.
+        report.readers = live_readers(ckpts).await?.len();
         return Ok(report);
     }
     let store = ckpts.store();

@@ -100,6 +100,15 @@ pub(super) struct StoreState {
     pub discards: Vec<tokio::task::JoinHandle<()>>,
 }
 
+/// Why a failed commit's files stay in the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeepFiles {
+    /// Another job owns the store now: this run writes (and deletes) nothing more.
+    Fenced,
+    /// `CURRENT` may name it: a resume finds out.
+    MayBeCurrent,
+}
+
 /// A save whose rows are copied out and whose uploads are still running.
 pub(super) struct Inflight {
     id: CheckpointId,
@@ -552,9 +561,8 @@ impl Coordinator {
         let copy_pause_s = pause_s;
         let ckpts = st.ckpts.clone();
         let wait = self.cfg.save_wait(copied_bytes);
-        // Why a commit failed in a way that forbids deleting the checkpoint (it may be
-        // current; or this run no longer owns the store).
-        let mut keep_files: Option<bool> = None;
+        // A commit failure that forbids deleting the checkpoint.
+        let mut keep_files: Option<KeepFiles> = None;
         let mut uploads_ended = false;
         let outcome = self.rt.block_on(async {
             let waited = tokio::time::timeout(wait, &mut task).await;
@@ -576,8 +584,10 @@ impl Coordinator {
             }
             ckpts.commit(&manifest).await.map_err(|e| {
                 match &e {
-                    ftrec_ckpt::CkptError::Fenced { .. } => keep_files = Some(true),
-                    ftrec_ckpt::CkptError::CommitUncertain { .. } => keep_files = Some(false),
+                    ftrec_ckpt::CkptError::Fenced { .. } => keep_files = Some(KeepFiles::Fenced),
+                    ftrec_ckpt::CkptError::CommitUncertain { .. } => {
+                        keep_files = Some(KeepFiles::MayBeCurrent)
+                    }
                     _ => {}
                 }
                 format!("commit: {e}")
@@ -650,14 +660,12 @@ impl Coordinator {
             Err(e) => {
                 self.event(EventKind::CheckpointFailed, None, format!("{id}: {e}"));
                 match keep_files {
-                    // Fenced: another job owns the store now; write nothing more.
-                    Some(true) => {
+                    Some(KeepFiles::Fenced) => {
                         if let Some(k) = self.store.as_ref().and_then(|s| s.lease.as_ref()) {
                             k.lost(e.clone());
                         }
                     }
-                    // `CURRENT` may name it: keep its files (a resume finds out).
-                    Some(false) => {}
+                    Some(KeepFiles::MayBeCurrent) => {}
                     // Its files go once its uploads have ended, never under them.
                     None => {
                         let ckpts = ckpts.clone();
