@@ -58,6 +58,7 @@ impl AuthArgs {
                 None if self.tls.is_empty() => env.tls,
                 None => None,
             },
+            fences: env.fences,
         })
     }
 }
@@ -131,6 +132,7 @@ pub fn check_hello(auth: &Auth, token: Option<&Secret>, job: Option<&str>) -> Re
             token: auth.token.clone(),
             job: None,
             tls: None,
+            fences: Default::default(),
         }
         .check(token, None),
         _ => auth.check(token, job),
@@ -155,6 +157,7 @@ mod tests {
             token: None,
             job: Some(JobId::new("mine").unwrap()),
             tls: None,
+            fences: Default::default(),
         };
         assert_eq!(with_job(&given, 1), given);
         assert!(with_job(&Auth::none(), 1).job.is_some());
@@ -166,6 +169,7 @@ mod tests {
             token: Some(Token::new("tok", "test").unwrap()),
             job: Some(JobId::new("job-a").unwrap()),
             tls: None,
+            fences: Default::default(),
         };
         let good = Secret("tok".into());
         assert_eq!(check_hello(&auth, Some(&good), Some("job-a")), Ok(()));
@@ -206,6 +210,7 @@ mod tests {
             token: Some(Token::new("tok", "test").unwrap()),
             job: None,
             tls: None,
+            fences: Default::default(),
         };
         assert!(check_exposure("--listen", open, &token, false).is_ok());
         for lo in ["127.0.0.1:0", "[::1]:7000", "127.0.0.2:9"] {

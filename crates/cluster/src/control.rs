@@ -256,6 +256,8 @@ struct Slot {
     conn: Option<(u64, TcpStream)>,
     pid: Option<u32>,
     child: Option<Child>,
+    /// Processes started for this worker so far: the next one's incarnation epoch.
+    starts: u64,
 }
 
 /// The coordinator's workers: their control connections and, for workers it started, their
@@ -340,6 +342,7 @@ impl WorkerPool {
                     conn: None,
                     pid: None,
                     child: None,
+                    starts: 0,
                 })
                 .collect(),
             by_conn: HashMap::new(),
@@ -372,6 +375,15 @@ impl WorkerPool {
             .clone()
             .ok_or_else(|| ClusterError::Config("this pool does not start workers".into()))?;
         self.kill(w);
+        // Its incarnation: from now on every server the coordinator tells refuses the ones
+        // before it ([`ftrec_ps::fence`]).
+        let me = ftrec_ps::fence::Incarnation::new(
+            ftrec_ps::fence::FenceRole::Worker,
+            w,
+            self.slots[w as usize].starts,
+        );
+        self.slots[w as usize].starts += 1;
+        self.auth.fences.raise(me);
         let child = Command::new(&exe)
             .args([
                 "worker",
@@ -389,6 +401,7 @@ impl WorkerPool {
             .env_remove(ftrec_ps::tls::KEY_ENV)
             .env_remove(ftrec_ps::tls::CA_ENV)
             .envs(self.auth.env_vars())
+            .env(ftrec_ps::fence::INCARNATION_ENV, me.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

@@ -215,6 +215,8 @@ fn run_job(cfg: &RunConfig, resume: bool) -> Result<RunReport, ClusterError> {
         }
         None => None,
     };
+    // From here on every request of the coordinator carries its incarnation.
+    let cfg = &lease::incarnate(cfg, store.as_ref());
     let resume_at = match (&store, resume) {
         (Some(st), true) => Some(resume::resume_point(&rt, st, cfg.steps)?),
         _ => None,
@@ -255,6 +257,7 @@ fn run_job(cfg: &RunConfig, resume: bool) -> Result<RunReport, ClusterError> {
         bytes_written: 0,
         pause_s: 0.0,
         paused: false,
+        stopped: Vec::new(),
         samples_redone: 0,
         recoveries: 0,
         aborted: None,
@@ -350,6 +353,8 @@ struct Coordinator {
     pause_s: f64,
     /// The strategy paused training and has not resumed it: a save in flight is waited for.
     paused: bool,
+    /// Servers a scheduled kill stopped (SIGSTOP), not yet found lost.
+    stopped: Vec<u32>,
     samples_redone: u64,
     recoveries: u32,
     aborted: Option<String>,
@@ -509,6 +514,8 @@ impl Coordinator {
     }
 
     fn spawn_server(&mut self, id: u32) -> Result<ServerProcess, ClusterError> {
+        let me = crate::launcher::server_incarnation(id, self.generation[id as usize]);
+        self.cfg.auth.fences.raise(me);
         let p = ServerProcess::spawn(
             &self.cfg.exe,
             &self.cfg.server_spec(id),
@@ -1021,6 +1028,7 @@ impl Coordinator {
         f.resumed_s = f.replaced_s;
         f.recovered_s = f.replaced_s;
         let pid = self.pool.pid(w).unwrap_or(0);
+        self.announce_fences(&[]);
         self.event(
             EventKind::WorkerReplaced,
             None,
@@ -1435,12 +1443,13 @@ impl Coordinator {
         if self.external_servers() {
             return self.await_return(id);
         }
-        self.procs[id as usize].kill();
+        self.end_incarnation(id, self.generation[id as usize] - 1);
         let p = self.spawn_server(id)?;
         let detail = format!("pid {} at {}", p.pid(), p.addr);
         self.server_addrs[id as usize] = p.addr.into();
         self.procs[id as usize] = p;
         self.event(EventKind::ServerReplaced, Some(id), detail);
+        self.announce_fences(&[id]);
         Ok(())
     }
 

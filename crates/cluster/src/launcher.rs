@@ -16,6 +16,11 @@ pub struct ServerProcess {
     child: Child,
 }
 
+/// Server `id`'s incarnation number `generation` ([`ftrec_ps::fence`]).
+pub fn server_incarnation(id: u32, generation: u32) -> ftrec_ps::fence::Incarnation {
+    ftrec_ps::fence::Incarnation::new(ftrec_ps::fence::FenceRole::Server, id, generation.into())
+}
+
 impl ServerProcess {
     /// Start `exe server ...` for `spec`, with its port file under `dir`, and wait (at most
     /// `timeout`) until it has written its bound address.
@@ -40,6 +45,11 @@ impl ServerProcess {
             .env_remove(ftrec_ps::tls::KEY_ENV)
             .env_remove(ftrec_ps::tls::CA_ENV)
             .envs(spec.auth.env_vars())
+            // Its incarnation: the coordinator's table fences the ones before it.
+            .env(
+                ftrec_ps::fence::INCARNATION_ENV,
+                server_incarnation(spec.id, generation).to_string(),
+            )
             // The server lives until this pipe closes (see `serve_shard`).
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -91,6 +101,20 @@ impl ServerProcess {
     /// Whether the process has exited (and was reaped).
     pub fn has_exited(&mut self) -> bool {
         !matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Wait up to `timeout` for the process to exit by itself; its exit status if it did.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                _ => return None,
+            }
+        }
     }
 
     /// SIGKILL the process and reap it.

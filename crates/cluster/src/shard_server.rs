@@ -92,6 +92,31 @@ async fn wait_for_end(until: Lifetime) {
     }
 }
 
+/// Exit this process with one line on standard error and [`ftrec_ps::fence::FENCED_EXIT`]
+/// once it learns that the coordinator replaced it ([`ftrec_ps::fence`]): a process paused
+/// past its failure timeout, or cut off, that comes back does nothing more for the job. Its
+/// own watcher thread, so it fires whatever the process's runtimes are doing.
+pub(crate) fn exit_when_fenced(fences: &ftrec_ps::fence::Fences, what: String) {
+    if fences.me().is_none() {
+        return;
+    }
+    let fences = fences.clone();
+    let who = what.clone();
+    let spawned = std::thread::Builder::new()
+        .name("fence-watch".into())
+        .spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread().build() else {
+                return;
+            };
+            let line = rt.block_on(fences.fenced());
+            eprintln!("{who}: {line}");
+            std::process::exit(i32::from(ftrec_ps::fence::FENCED_EXIT));
+        });
+    if let Err(e) = spawned {
+        eprintln!("{what}: cannot watch for fencing: {e}");
+    }
+}
+
 /// Run a server process: serve the shard until [`ServerSpec::until`] says stop (the launcher
 /// asks for end of file on standard input: it holds the other end of the pipe, so a launcher
 /// that exits or dies takes its servers with it and no orphan is left), then shut down cleanly.
@@ -141,6 +166,7 @@ pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
         }
         routes = routes.add_service(ckpt_service(node));
     }
+    exit_when_fenced(&spec.auth.fences, format!("ftrec server {}", spec.id));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -404,6 +404,7 @@ pub fn worker_process(
     auth: &Auth,
 ) -> Result<(), ClusterError> {
     let mut auth = auth.clone();
+    crate::shard_server::exit_when_fenced(&auth.fences, format!("ftrec worker {id}"));
     if lifetime == WorkerLifetime::Stdin {
         // The launcher holds the other end: when it exits or dies, so does this worker, even
         // in the middle of a batch.

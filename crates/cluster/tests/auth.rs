@@ -24,6 +24,7 @@ fn auth(token: Option<&str>, job: Option<&str>) -> Auth {
         token: token.map(|t| Token::new(t, "test").unwrap()),
         job: job.map(|j| JobId::new(j).unwrap()),
         tls: None,
+        fences: Default::default(),
     }
 }
 

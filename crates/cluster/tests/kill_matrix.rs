@@ -196,8 +196,8 @@ fn matrix(s: Strat, phase: &str, role: &str) -> Cell {
     let ec = s.label == "ecrec";
     // The gray-failure columns and rows.
     match (phase, role) {
-        // A paused server (SIGSTOP): found lost by its heartbeats, replaced, and the paused
-        // process killed, so it never wakes up into the job.
+        // A paused server (SIGSTOP): found lost by its heartbeats and fenced, then woken
+        // (SIGCONT): it learns it was replaced and exits by itself.
         ("pause", "server") => return k(&["stop:server=1@step=4"]),
         ("pause", _) => {
             return Na("a pause (SIGSTOP) is injected into a server only: a paused worker or merger is not fenced yet")
@@ -394,6 +394,22 @@ fn run_cell(s: Strat, kills: &[String]) -> Result<(), String> {
             if !replaced {
                 return Err(format!("{k} fired before server {} was replaced", spec.id));
             }
+        }
+    }
+    // A paused server is fenced and woken: it must learn it was replaced and exit by itself
+    // (`ftrec_ps::fence`), so nothing it sends after its pause lands.
+    for k in kills.iter().filter(|k| k.starts_with("stop:")) {
+        let spec: ftrec_cluster::KillSpec = k.parse().unwrap();
+        let fenced: Vec<&str> = report
+            .events
+            .iter()
+            .filter(|e| e.kind == EventKind::ServerFenced && e.server == Some(spec.id))
+            .map(|e| e.detail.as_str())
+            .collect();
+        if !fenced.iter().any(|d| d.contains("exited by itself")) {
+            return Err(format!(
+                "{k}: the paused server did not leave by itself once fenced: {fenced:?}"
+            ));
         }
     }
     let server_lost = report.failures.iter().any(|f| f.role == Role::Server);
@@ -631,11 +647,14 @@ fn kill_matrix_subset() {
 }
 
 /// Every cell. `KILL_MATRIX_OUT=FILE` writes the table; `KILL_MATRIX_ONLY=a,b` runs only the
-/// strategies named.
+/// strategies named, `KILL_MATRIX_PHASES=p,q` only the phases (columns) named.
 #[test]
 #[ignore = "the whole matrix takes minutes: scripts/kill-matrix.sh"]
 fn kill_matrix_full() {
     let only: Option<Vec<String>> = std::env::var("KILL_MATRIX_ONLY")
+        .ok()
+        .map(|v| v.split(',').map(str::to_string).collect());
+    let phases: Option<Vec<String>> = std::env::var("KILL_MATRIX_PHASES")
         .ok()
         .map(|v| v.split(',').map(str::to_string).collect());
     let mut rows = Vec::new();
@@ -652,6 +671,12 @@ fn kill_matrix_full() {
         for &role in ROLES {
             let mut row = format!("| {} | {role} |", s.label);
             for &phase in PHASES {
+                if phases
+                    .as_ref()
+                    .is_some_and(|p| !p.iter().any(|x| x == phase))
+                {
+                    continue;
+                }
                 let text = match run_one(s, phase, role) {
                     Outcome::Pass => {
                         pass += 1;

@@ -63,6 +63,7 @@ fn with_tls(t: Option<Tls>) -> Auth {
         token: None,
         job: None,
         tls: t,
+        fences: Default::default(),
     }
 }
 

@@ -35,6 +35,7 @@ use tonic::metadata::{Ascii, MetadataMap, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::Status;
 
+use crate::fence::{Fences, Incarnation};
 use crate::tls::Tls;
 use crate::PsError;
 
@@ -157,6 +158,10 @@ pub struct Auth {
     pub token: Option<Token>,
     pub job: Option<JobId>,
     pub tls: Option<Tls>,
+    /// This process's incarnation and its view of the job's live incarnations
+    /// ([`crate::fence`]): clients send them, the server's check applies them. Clones share
+    /// one table.
+    pub fences: Fences,
 }
 
 impl Auth {
@@ -180,11 +185,14 @@ impl Auth {
                 .transpose()?,
             job: var(JOB_ENV)?.map(|j| JobId::new(&j)).transpose()?,
             tls: Tls::from_env()?,
+            fences: Fences::new(Incarnation::from_env()?),
         })
     }
 
     /// The environment a child process needs to prove the same (see [`Auth::from_env`]).
-    /// Processes get the token this way, never on their command line, which `ps` shows.
+    /// Processes get the token this way, never on their command line, which `ps` shows. The
+    /// incarnation is each process's own: whoever starts one sets
+    /// [`crate::fence::INCARNATION_ENV`].
     pub fn env_vars(&self) -> Vec<(&'static str, String)> {
         let mut v = Vec::new();
         if let Some(t) = &self.token {
@@ -268,6 +276,7 @@ impl Auth {
                 .as_ref()
                 .and_then(|t| value(format!("Bearer {}", t.expose()))),
             job: self.job.as_ref().and_then(|j| value(j.to_string())),
+            fences: self.fences.clone(),
         }))
     }
 }
@@ -312,6 +321,7 @@ pub struct ClientAuth(Arc<ClientValues>);
 struct ClientValues {
     token: Option<MetadataValue<Ascii>>,
     job: Option<MetadataValue<Ascii>>,
+    fences: Fences,
 }
 
 impl fmt::Debug for ClientAuth {
@@ -330,6 +340,9 @@ impl Interceptor for ClientAuth {
         }
         if let Some(j) = &self.0.job {
             req.metadata_mut().insert(JOB_HEADER, j.clone());
+        }
+        for (k, v) in self.0.fences.headers() {
+            req.metadata_mut().insert(k, v);
         }
         Ok(req)
     }
@@ -368,7 +381,11 @@ impl ServerAuth {
         let job = md
             .get(JOB_HEADER)
             .map(|v| v.to_str().unwrap_or("<not text>"));
-        self.auth.check(token, job).map_err(|r| r.to_status())
+        self.auth.check(token, job).map_err(|r| r.to_status())?;
+        self.auth
+            .fences
+            .admit(md, job)
+            .map_err(|e| crate::grpc::wire::to_status(&e))
     }
 }
 
@@ -565,6 +582,7 @@ mod tests {
             token: Some(Token::new("t", "test").unwrap()),
             job: Some(JobId::new("job-a").unwrap()),
             tls: None,
+            fences: Default::default(),
         };
         assert_eq!(auth.check(None, Some("job-a")), Err(Refusal::MissingToken));
         assert_eq!(
@@ -590,6 +608,7 @@ mod tests {
             token: Some(Token::new("t0k", "test").unwrap()),
             job: Some(JobId::new("job-x").unwrap()),
             tls: None,
+            fences: Default::default(),
         };
         let req = auth.client().call(tonic::Request::new(())).unwrap();
         assert!(ServerAuth::new(auth.clone())

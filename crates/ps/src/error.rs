@@ -98,6 +98,14 @@ pub enum PsError {
     /// and dense replicas). `reason` says which path to use instead.
     #[error("{what} refused: {reason}")]
     Refused { what: String, reason: String },
+    /// The sender `who` (an incarnation, `s1.3`: see [`crate::fence`]) was replaced by epoch
+    /// `newer` of the same process: nothing it sends is taken any more.
+    #[error(
+        "fenced: {} was replaced by epoch {newer} of the same process; nothing it sends is \
+         taken",
+        crate::fence::Incarnation::parse(who).map_or_else(|_| who.clone(), |i| crate::fence::describe(&i))
+    )]
+    Fenced { who: String, newer: u64 },
 }
 
 impl PsError {

@@ -61,6 +61,7 @@ pub mod auth;
 pub mod ckpt;
 pub mod ec;
 pub mod error;
+pub mod fence;
 pub mod grpc;
 pub mod net;
 pub mod observer;

@@ -1,7 +1,8 @@
 //! Who may call a server, over gRPC on loopback: a server started with a token refuses a client
 //! without it and one with a wrong token on every service (parameter server, ECRec,
 //! checkpoint) and serves the right one; a job-id mismatch is refused naming both ids; the
-//! server-wide in-flight limit and the message size limit refuse with a clear status.
+//! server-wide in-flight limit and the message size limit refuse with a clear status; a
+//! replaced process (an older incarnation) is refused by every service and learns it is fenced.
 
 mod ec_common;
 
@@ -17,6 +18,7 @@ use ftrec_ps::auth::{Auth, JobId, ServeOptions, Token};
 use ftrec_ps::ckpt::grpc::{ckpt_service, CkptGrpcClient};
 use ftrec_ps::ckpt::{CkptApi, CkptNode, CkptServiceError};
 use ftrec_ps::ec::{ec_service, EcConfig, EcGrpcClient, EcNode, EcService};
+use ftrec_ps::fence::{FenceRole, Fences, Incarnation};
 use ftrec_ps::grpc::proto::parameter_server_client::ParameterServerClient;
 use ftrec_ps::grpc::proto::{self, InfoRequest};
 use ftrec_ps::grpc::{ps_service, serve_routes_with, GrpcClient, GrpcConfig, Routes, ServeHandle};
@@ -27,6 +29,7 @@ fn auth(token: Option<&str>, job: Option<&str>) -> Auth {
         token: token.map(|t| Token::new(t, "test").unwrap()),
         job: job.map(|j| JobId::new(j).unwrap()),
         tls: None,
+        fences: Default::default(),
     }
 }
 
@@ -240,5 +243,103 @@ async fn a_message_past_the_size_limit_is_refused_with_a_clear_status() {
     assert_eq!(s.code(), tonic::Code::OutOfRange, "{s:?}");
     assert!(s.message().contains("too large"), "{}", s.message());
     h.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `base` as process `me` ([`ftrec_ps::fence`]), with a table of its own.
+fn as_process(base: &Auth, me: &str) -> Auth {
+    Auth {
+        fences: Fences::new(Some(Incarnation::parse(me).unwrap())),
+        ..base.clone()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_worker_is_refused_by_every_service_and_learns_it_is_fenced() {
+    let dir = temp("fence-worker");
+    let base = auth(Some("t"), Some("job-a"));
+    let server = as_process(&base, "s0.0");
+    let h = serve_all(ServeOptions::with_auth(server.clone()), &dir).await;
+    let addr = h.local_addr();
+    let old = as_process(&base, "w1.0");
+    for v in verdicts(addr, &old).await {
+        assert_eq!(v, Ok(()));
+    }
+    // The coordinator replaces worker 1 and tells the server.
+    let coordinator = as_process(&base, "c.1");
+    coordinator
+        .fences
+        .supersede(Incarnation::parse("w1.0").unwrap());
+    for v in verdicts(addr, &coordinator).await {
+        assert_eq!(v, Ok(()));
+    }
+    assert_eq!(server.fences.newest(FenceRole::Worker, 1), Some(1));
+    // The old worker comes back: every service refuses it, naming it and the newer epoch.
+    let c = GrpcClient::connect_with(addr, GrpcConfig::default(), &old).await;
+    let e = c.map(|_| ()).unwrap_err();
+    assert_eq!(
+        e,
+        PsError::Fenced {
+            who: "w1.0".into(),
+            newer: 1
+        }
+    );
+    assert!(e.to_string().contains("worker 1 (epoch 0)"), "{e}");
+    // ... and it learned that it is the one fenced: its main loop exits.
+    assert_eq!(old.fences.replaced_by(), Some(1));
+    for v in verdicts(addr, &old).await {
+        let (_, msg) = v.unwrap_err();
+        assert!(
+            msg.contains("fenced") && msg.contains("worker 1 (epoch 0)"),
+            "{msg}"
+        );
+    }
+    // The replacement, and the other workers, are served.
+    for who in ["w1.1", "w0.0"] {
+        for v in verdicts(addr, &as_process(&base, who)).await {
+            assert_eq!(v, Ok(()), "{who}");
+        }
+    }
+    h.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_told_of_its_replacement_refuses_everyone_and_its_peers_refuse_it() {
+    let dir = temp("fence-server");
+    let base = auth(Some("t"), Some("job-a"));
+    // Two servers: 0 (the zombie to be) and 1 (a live peer).
+    let zombie = as_process(&base, "s0.0");
+    let peer = as_process(&base, "s1.0");
+    let hz = serve_all(ServeOptions::with_auth(zombie.clone()), &dir.join("z")).await;
+    let hp = serve_all(ServeOptions::with_auth(peer.clone()), &dir.join("p")).await;
+    // The coordinator fences server 0 and tells the live peer.
+    let coordinator = as_process(&base, "c.1");
+    coordinator
+        .fences
+        .supersede(Incarnation::parse("s0.0").unwrap());
+    for v in verdicts(hp.local_addr(), &coordinator).await {
+        assert_eq!(v, Ok(()));
+    }
+    // The zombie's ECRec traffic to its peer is refused, and it learns it is fenced.
+    let to_peer = EcGrpcClient::connect_lazy_with(&hp.local_addr().to_string(), &zombie).unwrap();
+    let e = to_peer.rebuild_status().await.unwrap_err();
+    assert!(
+        matches!(&e, PsError::Fenced { who, newer: 1 } if who == "s0.0"),
+        "{e}"
+    );
+    assert_eq!(zombie.fences.replaced_by(), Some(1));
+    let line = zombie.fences.fenced().await;
+    assert!(line.contains("server 0 (epoch 0)"), "{line}");
+    // From then on the zombie serves no one, not even a process it never heard of.
+    for v in verdicts(hz.local_addr(), &as_process(&base, "w0.0")).await {
+        let (_, msg) = v.unwrap_err();
+        assert!(
+            msg.contains("fenced") && msg.contains("server 0 (epoch 0)"),
+            "{msg}"
+        );
+    }
+    hz.shutdown().await.unwrap();
+    hp.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -6,9 +6,14 @@
 //! A kill of the whole job (`job@step=S`) SIGKILLs every process of the job and then the
 //! process running the coordinator: nothing after it runs, as in a crash of the machine.
 
+use ftrec_ps::PsService;
+
 use super::Coordinator;
 use crate::report::{EventKind, FailureReport, KillOutcome};
 use crate::{ClusterError, KillAt, KillSpec, Phase, Role};
+
+/// How long a fenced server that was woken gets to exit by itself.
+const ZOMBIE_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// When a kill fired.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -71,14 +76,18 @@ impl Coordinator {
     fn inject(&mut self, role: Role, id: u32, pause: bool, why: &str) -> bool {
         let pid = match role {
             Role::Server if self.external_servers() => self.await_outside_kill(id, why),
-            Role::Server if pause => self.procs.get_mut(id as usize).map(|p| {
-                // SAFETY: kill(2) with SIGSTOP on a child this coordinator started and still
-                // holds (not reaped, so the pid is not reused).
-                unsafe {
-                    libc::kill(p.pid() as i32, libc::SIGSTOP);
-                }
-                p.pid()
-            }),
+            Role::Server if pause => {
+                let pid = self.procs.get_mut(id as usize).map(|p| {
+                    // SAFETY: kill(2) with SIGSTOP on a child this coordinator started and
+                    // still holds (not reaped, so the pid is not reused).
+                    unsafe {
+                        libc::kill(p.pid() as i32, libc::SIGSTOP);
+                    }
+                    p.pid()
+                });
+                self.stopped.extend(pid.map(|_| id));
+                pid
+            }
             Role::Server => self.procs.get_mut(id as usize).map(|p| {
                 let pid = p.pid();
                 self.cpu.add(pid, true);
@@ -111,25 +120,106 @@ impl Coordinator {
     }
 
     /// Servers the heartbeats found silent while a step waits (a paused or hung process,
-    /// which no connection error reveals: its RPCs just hang): SIGKILL the ones this
-    /// coordinator started, so the RPCs hung on them fail now and the loss takes a crash's
-    /// path. A paused server never wakes up into the job.
+    /// which no connection error reveals: its RPCs just hang). Each one's incarnation ends
+    /// here: the coordinator raises its epoch and tells every other server, which from then on
+    /// refuse whatever it sends ([`ftrec_ps::fence`]). Then a server this coordinator started
+    /// is made to leave, so the RPCs hung on it fail now and the loss takes a crash's path:
+    /// one a scheduled kill paused is woken (SIGCONT), as a stalled process comes back, and
+    /// must learn it was replaced and exit by itself; any other is SIGKILLed.
     pub(super) fn fence_silent_servers(&mut self) {
         for s in self.confirmed_heartbeat_losses() {
-            let Some(p) = self.procs.get_mut(s as usize) else {
-                continue;
-            };
-            if p.has_exited() {
-                continue;
-            }
-            let pid = p.pid();
-            p.kill();
-            self.event(
-                EventKind::ServerFenced,
-                Some(s),
-                format!("server {s} (pid {pid}) answered no heartbeat: killed, so nothing it holds or sends lands"),
-            );
+            self.end_incarnation(s, self.generation[s as usize]);
         }
+    }
+
+    /// End epoch `epoch` of server `s`, found lost: raise its epoch past it in the
+    /// coordinator's table and tell every other server, then make the process (if this
+    /// coordinator started it and it still runs) leave: woken if a scheduled kill paused it,
+    /// SIGKILLed otherwise.
+    pub(super) fn end_incarnation(&mut self, s: u32, epoch: u32) {
+        let old = crate::launcher::server_incarnation(s, epoch);
+        self.cfg.auth.fences.supersede(old);
+        self.announce_fences(&[s]);
+        let woken = match self.stopped.iter().position(|&x| x == s) {
+            Some(i) => {
+                self.stopped.remove(i);
+                true
+            }
+            None => false,
+        };
+        let Some(p) = self.procs.get_mut(s as usize) else {
+            return;
+        };
+        if p.has_exited() {
+            return;
+        }
+        let pid = p.pid();
+        let detail = if woken {
+            self.wake_fenced(s)
+        } else {
+            p.kill();
+            "killed".to_string()
+        };
+        self.event(
+            EventKind::ServerFenced,
+            Some(s),
+            format!("server {s} (pid {pid}, epoch {epoch}) is lost: fenced, {detail}"),
+        );
+    }
+
+    /// SIGCONT server `s`, which the coordinator fenced while it was stopped, tell it so, and
+    /// wait for it to exit by itself; what happened, in words.
+    fn wake_fenced(&mut self, s: u32) -> String {
+        let Some(p) = self.procs.get_mut(s as usize) else {
+            return "gone".into();
+        };
+        // SAFETY: kill(2) with SIGCONT on a child this coordinator started and still holds
+        // (not reaped, so the pid is not reused).
+        unsafe {
+            libc::kill(p.pid() as i32, libc::SIGCONT);
+        }
+        // Any request tells it: the coordinator's table names its newer epoch.
+        self.announce_fences(&[]);
+        let Some(p) = self.procs.get_mut(s as usize) else {
+            return "gone".into();
+        };
+        match p.wait_exit(ZOMBIE_EXIT_WAIT) {
+            Some(st) if st.code() == Some(i32::from(ftrec_ps::fence::FENCED_EXIT)) => {
+                "woken, it learned it was replaced and exited by itself (status 3)".into()
+            }
+            Some(st) => format!("woken, it exited with {st}, not as fenced"),
+            None => {
+                p.kill();
+                format!(
+                    "woken, it did not exit within {:.0}s of learning it was replaced: killed",
+                    ZOMBIE_EXIT_WAIT.as_secs_f64()
+                )
+            }
+        }
+    }
+
+    /// Tell every server but `skip` the newest incarnations the coordinator knows (any request
+    /// carries them; a server that does not answer in a heartbeat timeout learns at the next
+    /// heartbeat).
+    pub(super) fn announce_fences(&mut self, skip: &[u32]) {
+        let Some(clients) = self.clients.as_ref() else {
+            return;
+        };
+        let timeout = self.cfg.heartbeat_timeout;
+        let mut calls = tokio::task::JoinSet::new();
+        for (i, c) in clients.servers().iter().enumerate() {
+            if !skip.contains(&(i as u32)) {
+                let c = c.clone();
+                calls.spawn_on(
+                    async move {
+                        let _ = tokio::time::timeout(timeout, c.info()).await;
+                    },
+                    self.rt.handle(),
+                );
+            }
+        }
+        self.rt
+            .block_on(async { while calls.join_next().await.is_some() {} });
     }
 
     /// SIGKILL the merger, every worker and every server, then this process.

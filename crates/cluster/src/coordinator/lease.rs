@@ -3,15 +3,18 @@
 //! released when the run ends. A run that loses it (another job took the store over while this
 //! one was paused, or the store could not be reached for a whole time to live) stops with one
 //! line and writes nothing more: its commits would fail anyway, `CURRENT` carrying the newer
-//! generation.
+//! generation. The lease's generation is also the coordinator's incarnation epoch on every
+//! RPC ([`incarnate`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ftrec_ckpt::lease::{self, Lease};
 use ftrec_ckpt::{Checkpoints, CkptError};
+use ftrec_ps::auth::Auth;
+use ftrec_ps::fence::{FenceRole, Fences, Incarnation};
 
-use crate::ClusterError;
+use crate::{ClusterError, RunConfig};
 
 /// The lease this run holds, and why it was lost, if it was.
 /// Dropping it gives the lease up (whatever ends the run: its end, an error before training).
@@ -131,5 +134,21 @@ impl Drop for LeaseKeeper {
             })
         })
         .join();
+    }
+}
+
+/// `cfg` with the coordinator's incarnation ([`ftrec_ps::fence`]): its epoch is the store
+/// lease's generation (0 without a store), so a coordinator that took the job over outranks
+/// the one before it on every server both reach. Clones of the returned configuration share
+/// one table of the job's live incarnations.
+pub(super) fn incarnate(cfg: &RunConfig, store: Option<&super::store::StoreState>) -> RunConfig {
+    let epoch = store.and_then(|s| s.ckpts.generation()).unwrap_or(0);
+    let me = Incarnation::new(FenceRole::Coordinator, 0, epoch);
+    RunConfig {
+        auth: Auth {
+            fences: Fences::new(Some(me)),
+            ..cfg.auth.clone()
+        },
+        ..cfg.clone()
     }
 }

@@ -1075,8 +1075,14 @@ impl Coordinator {
     /// The end of a run: commit the save in flight, let the strategy save the final model
     /// (so the store's `CURRENT` is the model the run ends with), commit that, then let the
     /// merger or garbage collection finish (bounded).
-    /// `Err` once the store's lease is lost: the run stops writing.
+    /// `Err` once the store's lease is lost, or a newer coordinator fenced this one on the
+    /// servers: the run stops writing.
     pub(super) fn check_lease(&self) -> Result<(), ClusterError> {
+        if let Some(newer) = self.cfg.auth.fences.replaced_by() {
+            return Err(ClusterError::Fenced(format!(
+                "a coordinator of epoch {newer} took this job's servers over"
+            )));
+        }
         match self.store.as_ref().and_then(|s| s.lease.as_ref()) {
             Some(k) => k.check(),
             None => Ok(()),

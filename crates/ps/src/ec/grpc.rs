@@ -563,6 +563,8 @@ pub struct EcGrpcClient {
     addr: String,
     /// Longest one call may take (`None`: as long as it takes).
     timeout: Option<Duration>,
+    /// This process's view of the live incarnations: a refusal naming it fences it.
+    fences: crate::fence::Fences,
 }
 
 impl EcGrpcClient {
@@ -585,6 +587,7 @@ impl EcGrpcClient {
                 .max_encoding_message_size(EC_MAX_MESSAGE_BYTES),
             addr: addr.to_string(),
             timeout: None,
+            fences: auth.fences.clone(),
         })
     }
 
@@ -632,7 +635,9 @@ impl EcGrpcClient {
     }
 
     fn err(&self, st: Status) -> PsError {
-        from_status(&st, &self.addr)
+        let e = from_status(&st, &self.addr);
+        self.fences.learn(&e);
+        e
     }
 
     async fn read_chunk(&self, keys: &[MemberKey]) -> Result<MemberRead, PsError> {

@@ -25,6 +25,8 @@ pub struct GrpcClient {
     /// a server's lifetime, read once at connect.
     row_words: usize,
     dense_state_per_block: usize,
+    /// This process's view of the live incarnations: a refusal naming it fences it.
+    fences: crate::fence::Fences,
 }
 
 impl GrpcClient {
@@ -65,6 +67,7 @@ impl GrpcClient {
             dim: 0,
             row_words: 0,
             dense_state_per_block: 0,
+            fences: auth.fences.clone(),
         };
         // The first call is where a TLS mismatch shows (the handshake, or the first frame).
         let info = c.info().await.map_err(|e| match e {
@@ -102,7 +105,9 @@ impl GrpcClient {
     }
 
     fn err(&self, s: tonic::Status) -> PsError {
-        from_status(&s, &self.addr)
+        let e = from_status(&s, &self.addr);
+        self.fences.learn(&e);
+        e
     }
 
     /// Requests of at most about `chunk_bytes` each, on the request and on the reply side.

@@ -358,6 +358,7 @@ fn code_of(e: &PsError) -> Code {
         PsError::Internal(_) => Code::Internal,
         PsError::Unavailable { .. } | PsError::NotReady { .. } => Code::Unavailable,
         PsError::Refused { .. } => Code::PermissionDenied,
+        PsError::Fenced { .. } => Code::FailedPrecondition,
         _ => Code::InvalidArgument,
     }
 }
@@ -450,6 +451,7 @@ fn detail_of(e: &PsError) -> proto::ErrorDetail {
         PsError::NotReady { server, reason } => (K::NotReady, vec![*server as u64], reason.clone()),
         // The two texts travel as one, split at the first newline (`what` has none).
         PsError::Refused { what, reason } => (K::Refused, vec![], format!("{what}\n{reason}")),
+        PsError::Fenced { who, newer } => (K::Fenced, vec![*newer], who.clone()),
         // Client-side conditions never come from a server; carried as text if they ever do.
         other => (K::Internal, vec![], other.to_string()),
     };
@@ -541,6 +543,10 @@ fn from_detail(d: proto::ErrorDetail) -> Option<PsError> {
         K::NotReady => PsError::NotReady {
             server: u32_at(0)?,
             reason: text,
+        },
+        K::Fenced => PsError::Fenced {
+            who: text,
+            newer: arg(0)?,
         },
         K::Refused => {
             let (what, reason) = text.split_once('\n')?;
@@ -653,6 +659,10 @@ mod tests {
             PsError::NotReady {
                 server: 2,
                 reason: "rebuilding".into(),
+            },
+            PsError::Fenced {
+                who: "s1.0".into(),
+                newer: 1,
             },
             PsError::Refused {
                 what: "push".into(),
