@@ -62,6 +62,11 @@ pub enum ToWorker {
         /// none on synthetic data, where the index alone gives the batch.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         start: Option<ftrec_data::Position>,
+        /// The coordinator's table of the job's newest incarnations
+        /// ([`ftrec_ps::fence::Fences::table_text`]): the worker's requests carry it to every
+        /// server, those the coordinator cannot reach included.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        fences: String,
     },
     /// Go on after [`FromWorker::Held`].
     Resume,
@@ -771,6 +776,7 @@ mod tests {
                     line: 3,
                     epoch: 1,
                 }),
+                fences: "c.1,s0.0,w1.2".into(),
             }),
             serde_json::to_vec(&ToWorker::Connect { servers: vec![] }),
         ];

@@ -480,6 +480,7 @@ impl Coordinator {
             seq,
             hold,
             start,
+            fences: self.cfg.auth.fences.table_text(),
         })
     }
 
@@ -1440,10 +1441,10 @@ impl Coordinator {
     /// until its address answers again).
     fn replace_server(&mut self, id: u32) -> Result<(), ClusterError> {
         self.generation[id as usize] += 1;
+        self.end_incarnation(id, self.generation[id as usize] - 1);
         if self.external_servers() {
             return self.await_return(id);
         }
-        self.end_incarnation(id, self.generation[id as usize] - 1);
         let p = self.spawn_server(id)?;
         let detail = format!("pid {} at {}", p.pid(), p.addr);
         self.server_addrs[id as usize] = p.addr.into();

@@ -329,8 +329,9 @@ pub enum KillAt {
 /// `server` or `worker` (for example `server=1@step=12`, `worker=0@time=2.5`), or the whole
 /// job at once after a step: `job@step=S` ([`Role::Job`]). With the prefix `stop:` a server
 /// is paused (SIGSTOP) instead: a gray failure, a process that is there and answers nothing
-/// (`stop:server=1@step=4`); the coordinator finds it lost by its heartbeats, replaces it and
-/// kills the paused process, so it never wakes up into the job.
+/// (`stop:server=1@step=4`); the coordinator finds it lost by its heartbeats, fences it (its
+/// epoch raised on every other server, `ftrec_ps::fence`) and wakes it (SIGCONT): it learns
+/// it was replaced and exits by itself, and a replacement takes its place.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct KillSpec {

@@ -571,7 +571,14 @@ pub fn worker_process(
                 seq,
                 hold,
                 start,
+                fences,
             }) => {
+                if let Err(e) = auth.fences.merge(&fences) {
+                    return Err(ClusterError::Protocol(format!(
+                        "the coordinator at {coordinator} sent worker {id} a bad table of \
+                         incarnations: {e}"
+                    )));
+                }
                 let mut stop = false;
                 let mut at_hold = |phase: TxnHold| {
                     // The coordinator injects its fault, then lets the batch go on.

@@ -292,6 +292,7 @@ fn a_worker_refuses_a_huge_batch_and_batch_indices_out_of_range() {
             seq: None,
             hold: Vec::new(),
             start: None,
+            fences: String::new(),
         };
         match ask(&mut w, &mut r, &batch) {
             FromWorker::Failed { index: i, error } => {
@@ -307,6 +308,7 @@ fn a_worker_refuses_a_huge_batch_and_batch_indices_out_of_range() {
         seq: None,
         hold: Vec::new(),
         start: None,
+        fences: String::new(),
     };
     match ask(&mut w, &mut r, &batch) {
         FromWorker::Failed { error, .. } => assert!(error.contains("connected"), "{error}"),

@@ -200,7 +200,7 @@ fn matrix(s: Strat, phase: &str, role: &str) -> Cell {
         // (SIGCONT): it learns it was replaced and exits by itself.
         ("pause", "server") => return k(&["stop:server=1@step=4"]),
         ("pause", _) => {
-            return Na("a pause (SIGSTOP) is injected into a server only: a paused worker or merger is not fenced yet")
+            return Na("a pause (SIGSTOP) is injected into a server only: a silent worker is found by the step timeout (60 s) and SIGKILLed, and a merger is never replaced while it runs (the coordinator kills it before any other pass)")
         }
         ("second-run", "coordinator") if s.saves() => return Cell::SecondRun,
         ("gc-read", "reader") if s.saves() => return Cell::GcRead,
@@ -716,8 +716,9 @@ fn kill_matrix_full() {
          with their PLS or quantization error reported (exact when no server was lost), `none` \
          ends with one error line naming the lost server, and no process or port is left \
          behind. The gray-failure columns: `pause` SIGSTOPs a server (`stop:server=1@step=4`) \
-         instead of killing it: it is found lost by its heartbeats, replaced, and the paused \
-         process is killed so it never wakes up into the job; `second-run` (the coordinator \
+         instead of killing it: it is found lost by its heartbeats and fenced (its epoch \
+         raised on every other server), then woken (SIGCONT): it must learn it was replaced \
+         and exit by itself, and the run end as above; `second-run` (the coordinator \
          row) holds the store's lease from another live process after the job: a resume and a \
          fresh run are refused naming the holder, and once the holder is paused past its \
          lease the resume takes the store over, ends with the failure-free model, and the \

@@ -339,14 +339,7 @@ impl Fences {
             let text = v
                 .to_str()
                 .map_err(|_| PsError::MalformedRequest(format!("{FENCE_HEADER} is not text")))?;
-            for (n, part) in text.split(',').filter(|p| !p.is_empty()).enumerate() {
-                if n >= MAX_ENTRIES {
-                    return Err(PsError::MalformedRequest(format!(
-                        "{FENCE_HEADER} holds more than {MAX_ENTRIES} entries"
-                    )));
-                }
-                self.raise(Incarnation::parse(part)?);
-            }
+            self.merge(text)?;
         }
         if let (Some(me), Some(newer)) = (self.0.me, self.replaced_by()) {
             return Err(PsError::Fenced {
@@ -370,6 +363,31 @@ impl Fences {
         Ok(())
     }
 
+    /// The table as text (`c.2,s0.0,s1.3`): what [`Fences::merge`] reads, and what the
+    /// coordinator hands its workers with every batch, so that they carry it to servers it
+    /// cannot reach itself (a server cut off from the coordinator learns it was replaced from
+    /// the next worker request).
+    pub fn table_text(&self) -> String {
+        self.entries()
+            .iter()
+            .map(Incarnation::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Raise every entry of a table in text form ([`Fences::table_text`]).
+    pub fn merge(&self, text: &str) -> Result<(), PsError> {
+        for (n, part) in text.split(',').filter(|p| !p.is_empty()).enumerate() {
+            if n >= MAX_ENTRIES {
+                return Err(PsError::MalformedRequest(format!(
+                    "a table of incarnations holds more than {MAX_ENTRIES} entries"
+                )));
+            }
+            self.raise(Incarnation::parse(part)?);
+        }
+        Ok(())
+    }
+
     /// The two headers a request of this process carries (none for a process without an
     /// incarnation and an empty table).
     pub(crate) fn headers(&self) -> Vec<(&'static str, MetadataValue<Ascii>)> {
@@ -379,12 +397,7 @@ impl Fences {
                 out.push((FROM_HEADER, v));
             }
         }
-        let table = self
-            .entries()
-            .iter()
-            .map(Incarnation::to_string)
-            .collect::<Vec<_>>()
-            .join(",");
+        let table = self.table_text();
         if !table.is_empty() {
             if let Ok(v) = MetadataValue::try_from(table) {
                 out.push((FENCE_HEADER, v));

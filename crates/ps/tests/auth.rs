@@ -343,3 +343,33 @@ async fn a_server_told_of_its_replacement_refuses_everyone_and_its_peers_refuse_
     hp.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_cut_off_from_the_coordinator_learns_of_its_replacement_from_a_worker() {
+    let dir = temp("fence-partition");
+    let base = auth(Some("t"), Some("job-a"));
+    let cut_off = as_process(&base, "s0.0");
+    let h = serve_all(ServeOptions::with_auth(cut_off.clone()), &dir).await;
+    // The coordinator replaces server 0, which it cannot reach: it tells no server, but hands
+    // its table to a worker with the next batch.
+    let coordinator = as_process(&base, "c.1");
+    coordinator
+        .fences
+        .supersede(Incarnation::parse("s0.0").unwrap());
+    let worker = as_process(&base, "w0.0");
+    worker
+        .fences
+        .merge(&coordinator.fences.table_text())
+        .unwrap();
+    // The worker's next request tells the cut-off server, which refuses it and every later one.
+    for v in verdicts(h.local_addr(), &worker).await {
+        let (_, msg) = v.unwrap_err();
+        assert!(msg.contains("server 0 (epoch 0)"), "{msg}");
+    }
+    assert_eq!(cut_off.fences.replaced_by(), Some(1));
+    // The refusal names the server, not the worker: the worker is not fenced.
+    assert_eq!(worker.fences.replaced_by(), None);
+    assert!(worker.fences.merge("s0.x").is_err());
+    h.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
