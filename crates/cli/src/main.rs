@@ -81,7 +81,18 @@ fn main() -> ExitCode {
             // One line: the chain of causes, outermost first.
             let msg: Vec<String> = e.chain().map(|c| c.to_string()).collect();
             eprintln!("ftrec: error: {}", msg.join(": "));
-            ExitCode::from(2)
+            // A process that lost its place in the job to a newer one says so in its status.
+            let fenced = e.chain().any(|c| {
+                matches!(
+                    c.downcast_ref(),
+                    Some(ftrec_cluster::ClusterError::Fenced(_))
+                )
+            });
+            ExitCode::from(if fenced {
+                ftrec_cluster::fence::FENCED_EXIT
+            } else {
+                2
+            })
         }
     }
 }

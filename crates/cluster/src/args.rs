@@ -370,6 +370,12 @@ pub struct MergeArgs {
     /// Delete what no live lineage needs once the merge is done.
     #[arg(long)]
     pub gc: bool,
+    /// Work for the job holding the store's lease at this generation only: the pass stops
+    /// with one line (exit status 3), writing and deleting nothing more, once another job or
+    /// a resume took the store over, or the job gave the lease up. `ftrec run` sets it for the
+    /// merger it starts; without it the pass works for whoever holds the store.
+    #[arg(long, value_name = "G")]
+    pub writer_generation: Option<u64>,
 }
 
 impl MergeArgs {
@@ -382,6 +388,7 @@ impl MergeArgs {
             chunk_bytes: self.chunk_kib.max(1).saturating_mul(1024),
             max_mib_per_s: self.max_mib_per_s,
             gc: self.gc,
+            writer_generation: self.writer_generation,
             store: self.store.options(),
         }
     }

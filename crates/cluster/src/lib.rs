@@ -100,6 +100,7 @@ pub use cpr::{CprFlags, ServerPriority};
 pub use ecrec::{EcFlags, EcReport, EcServerSpec};
 pub use ftrec_ec::CodeKind;
 /// Peer addresses by name (`--server-addr`, `--coordinator`), looked up at every connection.
+pub use ftrec_ps::fence;
 pub use ftrec_ps::net;
 pub use launcher::ServerProcess;
 pub use report::{

@@ -24,6 +24,8 @@ pub struct MergerArgs {
     pub max_mib_per_s: Option<f64>,
     /// Collect garbage after the merge.
     pub gc: bool,
+    /// The lease generation of the job this pass works for ([`check_writer`]).
+    pub writer_generation: Option<u64>,
     /// S3 settings (unset fields come from the environment).
     pub store: LocationOptions,
 }
@@ -55,7 +57,11 @@ pub fn merge_once(args: &MergerArgs) -> Result<(MergeReport, Option<GcReport>), 
     rt.block_on(async {
         let opts = args.store.clone().or(LocationOptions::from_env());
         let store = location::open(&args.location, &opts).await.map_err(ck)?;
-        let ckpts = Checkpoints::new(store);
+        let mut ckpts = Checkpoints::new(store);
+        if let Some(g) = args.writer_generation {
+            check_writer(&ckpts, g).await?;
+            ckpts = ckpts.with_generation(g);
+        }
         let merger = Merger::new(
             ckpts.clone(),
             MergePolicy {
@@ -69,6 +75,10 @@ pub fn merge_once(args: &MergerArgs) -> Result<(MergeReport, Option<GcReport>), 
         .with_rate_limit(args.max_mib_per_s.map(|r| r * (1 << 20) as f64))
         .with_progress(announce);
         let merged = merger.run_once().await.map_err(ck)?;
+        // Nothing is deleted for a job that no longer holds the store.
+        if let Some(g) = args.writer_generation {
+            check_writer(&ckpts, g).await?;
+        }
         let gc = if args.gc {
             Some(
                 deck::gc(
@@ -91,6 +101,30 @@ pub fn merge_once(args: &MergerArgs) -> Result<(MergeReport, Option<GcReport>), 
     })
 }
 
+/// `Err` ([`ClusterError::Fenced`]) unless the store's lease is held, not given up, at
+/// generation `generation`: a merger left running by a coordinator that was paused and taken
+/// over (its parent still lives, so no parent-death signal ends it) must not merge or delete
+/// next to the new job's own merger.
+pub async fn check_writer(ckpts: &Checkpoints, generation: u64) -> Result<(), ClusterError> {
+    let held = ftrec_ckpt::lease::read_lease(ckpts)
+        .await
+        .map_err(|e| ClusterError::Checkpoint(e.to_string()))?;
+    match held {
+        Some(r) if r.generation == generation && !r.released => Ok(()),
+        Some(r) => Err(ClusterError::Fenced(format!(
+            "the merger works for the store's writer of generation {generation}, and the lease \
+             is now {} by {} at generation {}",
+            if r.released { "given up" } else { "held" },
+            r.holder,
+            r.generation
+        ))),
+        None => Err(ClusterError::Fenced(format!(
+            "the merger works for the store's writer of generation {generation}, and the \
+             store holds no lease"
+        ))),
+    }
+}
+
 impl MergerArgs {
     /// The pass the coordinator runs after a commit: merge, then collect garbage.
     pub fn for_run(
@@ -106,6 +140,7 @@ impl MergerArgs {
             chunk_bytes: 4 << 20,
             max_mib_per_s,
             gc: true,
+            writer_generation: None,
             store: LocationOptions::default(),
         }
     }
@@ -132,6 +167,9 @@ impl MergerArgs {
         if self.gc {
             a.push("--gc".into());
         }
+        if let Some(g) = self.writer_generation {
+            a.extend(["--writer-generation".into(), g.to_string()]);
+        }
         a
     }
 }
@@ -144,6 +182,7 @@ mod tests {
     fn merger_args_round_trip_and_bad_flags_are_named() {
         let mut m = MergerArgs::for_run("/tmp/store".into(), 3, Some(8), Some(1.5));
         m.chunk_bytes = 64 << 10;
+        m.writer_generation = Some(4);
         assert_eq!(MergerArgs::from_args(&m.to_args()).unwrap(), m);
         let e = MergerArgs::from_args(&["merge".into(), "/x".into(), "--bogus".into()]);
         assert!(matches!(e, Err(ClusterError::Config(s)) if s.contains("--bogus")));

@@ -180,6 +180,68 @@ fn a_merger_killed_mid_merge_leaves_a_lineage_that_restores_and_merging_resumes(
     assert_eq!(restored_digest(&cfg, RestoreAt::Current), (steps, clean));
 }
 
+/// Every object of the store, by key and size.
+fn objects(ckpts: &Checkpoints) -> Vec<(String, u64)> {
+    let mut v: Vec<(String, u64)> = block_on(ckpts.store().list(None))
+        .unwrap()
+        .into_iter()
+        .map(|m| (m.key.to_string(), m.size))
+        .collect();
+    v.sort();
+    v
+}
+
+/// A merger started for a writer that no longer holds the store (its job gave the lease up, or
+/// another took it over while the merger ran on) merges and deletes nothing; the holder's own
+/// generation merges.
+#[test]
+fn a_merger_of_a_writer_that_lost_the_store_merges_and_deletes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 12);
+    // Six deltas and no merger during the run: a pass afterwards has work to do.
+    cfg.strategy = deck(2, None, None);
+    run(&cfg).unwrap();
+    let loc = cfg.store_location();
+    let ckpts =
+        Checkpoints::new(block_on(location::open(&loc, &LocationOptions::from_env())).unwrap());
+    let job = block_on(ftrec_ckpt::lease::read_lease(&ckpts))
+        .unwrap()
+        .unwrap();
+    assert!(job.released);
+    let mut pass = ftrec_cluster::merger::MergerArgs::for_run(loc.clone(), 2, None, None);
+    pass.writer_generation = Some(job.generation);
+    let before = objects(&ckpts);
+    // The job ended: its merger has nothing more to do on the store.
+    let e = ftrec_cluster::merger::merge_once(&pass).unwrap_err();
+    assert!(
+        matches!(&e, ftrec_cluster::ClusterError::Fenced(m) if m.contains("given up")),
+        "{e}"
+    );
+    assert_eq!(objects(&ckpts), before);
+    // Another writer takes the store over: the old generation's pass is refused naming it.
+    let lease = block_on(ftrec_ckpt::lease::Lease::acquire(
+        &ckpts,
+        "the next job",
+        std::time::Duration::from_secs(60),
+    ))
+    .unwrap();
+    assert_eq!(lease.generation(), job.generation + 1);
+    let before = objects(&ckpts);
+    let e = ftrec_cluster::merger::merge_once(&pass).unwrap_err();
+    let m = e.to_string();
+    assert!(
+        m.contains(&format!("generation {}", job.generation + 1)) && m.contains("held"),
+        "{m}"
+    );
+    assert_eq!(objects(&ckpts), before);
+    // The holder's generation merges.
+    pass.writer_generation = Some(lease.generation());
+    let (merged, gc) = ftrec_cluster::merger::merge_once(&pass).unwrap();
+    assert!(!merged.written.is_empty());
+    assert!(gc.is_some());
+    assert_ne!(objects(&ckpts), before);
+}
+
 #[test]
 fn deck_flags_are_validated() {
     let dir = tempfile::tempdir().unwrap();

@@ -24,7 +24,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ftrec-cluster-server: error: {e}");
-            ExitCode::from(2)
+            ExitCode::from(match e {
+                ftrec_cluster::ClusterError::Fenced(_) => ftrec_ps::fence::FENCED_EXIT,
+                _ => 2,
+            })
         }
     }
 }

@@ -913,12 +913,14 @@ impl Coordinator {
             return;
         }
         st.merge_pending = false;
-        let args = MergerArgs::for_run(
+        let mut args = MergerArgs::for_run(
             st.location.clone(),
             merge.stride as usize,
             merge.full_every_deltas,
             merge.mib_per_s,
         );
+        // It works for this job's lease only: taken over, the store is not merged by it.
+        args.writer_generation = st.ckpts.generation();
         let mut cmd = Command::new(&exe);
         cmd.args(args.to_args());
         // The merger dies with this coordinator: it never merges or collects for a job that
