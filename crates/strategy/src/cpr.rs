@@ -189,8 +189,8 @@ enum Phase {
     Saving {
         step: u64,
         full: bool,
-        /// The full-save clock before this save started (restored if a full fails).
-        prev_full: (u64, f64),
+        /// When it started (step, seconds): the schedule's new origin once it commits.
+        started_s: f64,
     },
     Recovering,
 }
@@ -207,7 +207,9 @@ pub struct Cpr {
     committed: Option<CheckpointRef>,
     /// Step of the newest committed full save.
     full_step: Option<u64>,
-    /// Where the last full save started (step, seconds) and the last save of any kind.
+    /// Where the newest committed full save started (step, seconds) and the newest committed
+    /// save of any kind: the schedule runs from commits only, so a save lost to a failure
+    /// (or that failed) leaves the next one due where it was.
     last_full: (u64, f64),
     last_save: (u64, f64),
     last_step: u64,
@@ -340,12 +342,8 @@ impl Cpr {
         self.phase = Phase::Saving {
             step,
             full,
-            prev_full: self.last_full,
+            started_s: now_s,
         };
-        if full {
-            self.last_full = (step, now_s);
-        }
-        self.last_save = (step, now_s);
         let save = if full {
             Action::SaveFull { step }
         } else {
@@ -481,10 +479,18 @@ impl Strategy for Cpr {
                 Event::SaveFinished {
                     checkpoint, cost_s, ..
                 },
-                Phase::Saving { step, full, .. },
+                Phase::Saving {
+                    step,
+                    full,
+                    started_s,
+                },
             ) if checkpoint.step == step => {
                 self.committed = Some(checkpoint.clone());
                 self.phase = Phase::Training;
+                self.last_save = (step, started_s);
+                if full {
+                    self.last_full = (step, started_s);
+                }
                 if full {
                     self.need_full = false;
                     self.full_step = Some(step);
@@ -496,25 +502,19 @@ impl Strategy for Cpr {
                 }
                 Vec::new()
             }
-            (
-                Event::SaveFailed { step: failed, .. },
-                Phase::Saving {
-                    step,
-                    full,
-                    prev_full,
-                },
-            ) if *failed == step => {
-                // Nothing committed; the chain so far stays what a loss restores. A failed full
-                // is due again at the next step.
+            (Event::SaveFailed { step: failed, .. }, Phase::Saving { step, .. })
+                if *failed == step =>
+            {
+                // Nothing committed; the chain so far stays what a loss restores, and the
+                // schedule did not move: the save is due again at the next step.
                 self.failed_saves += 1;
-                if full {
-                    self.last_full = prev_full;
-                }
                 self.phase = Phase::Training;
                 Vec::new()
             }
             (Event::ServerLost { server, .. }, Phase::Training | Phase::Saving { .. }) => {
-                // A save in flight is abandoned: the lost server's part of it is gone.
+                // A save in flight is abandoned: the lost server's part of it is gone. The
+                // schedule stays at the newest commit, so the next save comes at the first
+                // step after the recovery if this one was due.
                 self.phase = Phase::Recovering;
                 let mut out = vec![Action::PauseTraining];
                 out.extend(self.lost(server.0));
@@ -806,6 +806,74 @@ mod tests {
             }]
         );
         assert_eq!(s.pls().per_failure.len(), 2);
+    }
+
+    /// A save lost with a server does not move the schedule: the interval runs from the
+    /// newest *committed* save, so the next save comes at the first step after the recovery,
+    /// not a whole interval after the lost save started (else the newest committed save could
+    /// be two intervals old).
+    #[test]
+    fn a_save_lost_to_a_failure_leaves_the_schedule_where_it_was() {
+        // Vanilla, full saves every 10 steps: the full of step 10 commits, the one of step 20
+        // is lost with server 1 while it uploads.
+        let mut s = Cpr::new(steps_cfg(10, 1)).unwrap();
+        for n in 1..=20 {
+            if !step(&mut s, n).is_empty() {
+                if n == 10 {
+                    done(&mut s, 10, 0.1);
+                } else {
+                    assert_eq!(n, 20);
+                }
+            }
+        }
+        assert_eq!(
+            lose(&mut s, 1)[1],
+            Action::RestorePartial {
+                servers: vec![ServerId(1)],
+                checkpoint: Some(ckpt(10))
+            }
+        );
+        s.on(&Event::RestoreFinished {
+            step: 20,
+            now_s: 20.5,
+        });
+        // Overdue since step 20: the first step after the recovery saves.
+        assert_eq!(step(&mut s, 21)[1], Action::SaveFull { step: 21 });
+        done(&mut s, 21, 0.1);
+        // Then every 10 steps from the committed save.
+        for n in 22..=30 {
+            assert!(step(&mut s, n).is_empty(), "step {n}");
+        }
+        assert_eq!(step(&mut s, 31)[1], Action::SaveFull { step: 31 });
+
+        // Time-based, with prioritized saves (a save point every 48 / 8 = 6 s): the first
+        // save is a full at 6 s; the prioritized save of 12 s is lost with a server, so the
+        // next point is the first step after the recovery, and from its commit 6 s on.
+        let cfg = CprConfig {
+            saves_per_full: 8,
+            ..CprConfig::vanilla(
+                CprInterval::TargetPls {
+                    pls: 0.1,
+                    mtbf_s: 60.0,
+                },
+                4,
+                1000,
+            )
+        };
+        let mut s = Cpr::new(cfg).unwrap();
+        let at = |s: &mut Cpr, step: u64, now_s: f64| s.on(&Event::StepDone { step, now_s });
+        assert_eq!(at(&mut s, 1, 6.0)[1], Action::SaveFull { step: 1 });
+        done(&mut s, 1, 0.1);
+        assert_eq!(at(&mut s, 2, 12.0)[1], Action::SavePartial { step: 2 });
+        lose(&mut s, 0);
+        s.on(&Event::RestoreFinished {
+            step: 2,
+            now_s: 12.5,
+        });
+        assert_eq!(at(&mut s, 3, 12.6)[1], Action::SavePartial { step: 3 });
+        done(&mut s, 3, 0.1);
+        assert!(at(&mut s, 4, 18.5).is_empty());
+        assert_eq!(at(&mut s, 5, 18.7)[1], Action::SavePartial { step: 5 });
     }
 
     #[test]
