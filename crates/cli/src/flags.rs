@@ -204,8 +204,10 @@ pub struct RunArgs {
 /// CPR flags of `ftrec run` (strategy cpr only; cpr.txt §4).
 #[derive(Args, Debug, Default, Clone)]
 pub struct CprRunArgs {
-    /// CPR: prioritized partial saves between full saves, choosing rows by none, mfu (most
-    /// frequently used), ssu (sub-sampled used) or scar (largest change) [default: none].
+    /// CPR: prioritized saves instead of full saves after the first (CPR §5.1): at most r of
+    /// the largest tables' rows, chosen by mfu (most frequently used), ssu (sub-sampled used)
+    /// or scar (largest change), the other tables whole; none: a full every interval
+    /// (CPR-vanilla) [default: none].
     #[arg(long, value_name = "RULE")]
     pub cpr_priority: Option<String>,
     /// CPR: target portion of lost samples; with --mtbf-s the full-save interval is
@@ -219,8 +221,8 @@ pub struct CprRunArgs {
     /// CPR: share of each prioritized table's rows a prioritized save writes [default: 0.125].
     #[arg(long, value_name = "R")]
     pub cpr_r: Option<f64>,
-    /// CPR: save points per full-save interval, every one but the full a prioritized save
-    /// [default: 1/r, 8].
+    /// CPR: save points per save interval with --cpr-priority, the first a full and every
+    /// later one a prioritized save [default: 1/r, 8].
     #[arg(long, value_name = "K")]
     pub cpr_saves_per_full: Option<u64>,
     /// CPR-SSU: look at every N-th update [default: 2].

@@ -287,25 +287,22 @@ mod cpr {
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].servers_restored, vec![1]);
         assert_eq!(f[0].steps_redone, 0);
-        // Saves: a full at the first point (2, partial saves need a base), prioritized at
-        // 4, 6, 8, a full at 10, prioritized at 12. The loss after step 13 restores the chain
-        // of the full at 10 and the prioritized save of step 12; PLS (Eq. 3) counts from the
-        // full:
-        // 3 steps of 20, half the model: 0.075.
+        // Saves (CPR §5.1): a full at the first point (2, prioritized saves need a base),
+        // then prioritized saves only, at 4, 6, ..., 12. The loss after step 13 restores the
+        // chain of the full and the five prioritized saves, each row from the newest save
+        // holding it; Eq. 3 counts from the newest save: 1 step of 20, half the model: 0.025.
         let from = events(&a, EventKind::RecoveryStart);
         assert!(
             from[0].contains("00000000000000000012-prioritized"),
             "{from:?}"
         );
         let restored = events(&a, EventKind::ServerRestored);
-        assert!(restored[0].contains("2 checkpoints"), "{restored:?}");
+        assert!(restored[0].contains("6 checkpoints"), "{restored:?}");
         let c = a.cpr.as_ref().unwrap();
         let p = &c.pls.per_failure[0];
-        assert_eq!(
-            (p.server, p.step, p.full_step, p.steps_lost),
-            (1, 13, 10, 3)
-        );
-        assert_eq!(c.pls.total, 3.0 / 20.0 * 0.5);
+        assert_eq!((p.server, p.step, p.full_step, p.steps_lost), (1, 13, 2, 1));
+        assert_eq!(c.pls.total, 1.0 / 20.0 * 0.5);
+        assert_eq!((c.full_saves, c.partial_saves), (2, 9));
         assert_eq!(c.recovery, "partial");
     }
 
@@ -318,9 +315,11 @@ mod cpr {
         cfg.servers = 3;
         cfg.sync = false;
         cfg.eval_samples = 1024;
-        cfg.strategy = cpr(10, Some(Priority::Scar), 8);
+        // Save points every 4 steps: each kill falls 2 steps after one, so Eq. 3 counts at
+        // least 2 lost steps per failure however the uploads run.
+        cfg.strategy = cpr(16, Some(Priority::Scar), 4);
         cfg.kills = vec![
-            "server=0@step=12".parse().unwrap(),
+            "server=0@step=14".parse().unwrap(),
             "server=2@step=22".parse().unwrap(),
         ];
         let report = run(&cfg).unwrap();
@@ -342,6 +341,7 @@ mod cpr {
         assert_eq!(report.overheads.o_lost, 0.0);
         let c = report.cpr.as_ref().unwrap();
         assert_eq!(c.pls.per_failure.len(), 2);
+        assert!(c.pls.per_failure.iter().all(|f| f.steps_lost >= 2));
         assert!(c.pls.total > 0.0 && c.pls.total <= 2.0 / 3.0);
         assert!(c.full_saves >= 1);
         assert!(report.auc.is_some());

@@ -9,14 +9,18 @@
 //! run, times the share of the model that shard holds (`1 / N_emb`).
 //!
 //! The machine decides:
-//! - **when to save** (§4.1): a full save of every shard every `T_save`, either a fixed number
-//!   of steps or `T_save,part = 2 · PLS · N_emb · T_fail` for a target PLS and an MTBF
-//!   (Eq. 4 solved for the interval, [`crate::policy::interval_for_pls`]);
-//! - **prioritized partial saves** (§4.2, MFU / SSU / SCAR): with a priority rule on, a save
-//!   point comes `saves_per_full` times per full interval (the paper: `1/r = 8`) and every one
-//!   that is not a full saves only the servers' most valuable rows ([`Action::SavePartial`];
-//!   *which* rows is the servers' business: access counts, a sub-sampled list or the size of
-//!   each row's change). The first save is always a full: partial saves apply on top of it;
+//! - **when to save** (§4.1): CPR-vanilla takes a full save of every shard every `T_save`,
+//!   either a fixed number of steps or `T_save,part = 2 · PLS · N_emb · T_fail` for a target
+//!   PLS and an MTBF (Eq. 4 solved for the interval, [`crate::policy::interval_for_pls`]);
+//! - **prioritized saves instead of full saves** (§4.2, §5.1: MFU / SSU / SCAR): with a
+//!   priority rule on, a save point comes `saves_per_full` times per interval `T_save` (the
+//!   paper: `1/r = 8`, "8 times more frequently but, at most, only 1/8 of the parameters").
+//!   The first save is a full (prioritized saves apply on top of it); every later one is a
+//!   prioritized save ([`Action::SavePartial`]): the servers write at most `r` of the rows of
+//!   the prioritized (largest) tables, the rows their rule values most (access counts, a
+//!   sub-sampled list or the size of each row's change: the servers' business), and every
+//!   other table whole. No periodic full follows: a row is as new as the newest save that
+//!   chose it;
 //! - **whether partial recovery pays** (§4.2): with a target PLS, once the first save measured
 //!   `O_save`, the expected overheads of full recovery at Young's interval (Eq. 1) and of
 //!   partial recovery at the PLS interval (Eq. 2, with the prioritized saves' cost) are
@@ -26,6 +30,9 @@
 //!   [`Action::RestoreAll`]) for the rest of the run;
 //! - **what a loss restores**: [`Action::RestorePartial`] with the newest committed save (the
 //!   head of the chain full + prioritized saves; a row comes from the newest save holding it).
+//!
+//! Saves are scheduled from the newest *commit*: a save lost with a server, or one that
+//! failed, does not move the schedule, so the next one comes at the first step it may.
 //!
 //! One save is in flight at a time; a save point reached while one uploads is taken at the
 //! first step after it commits. The run ends with a full save of its last step
@@ -56,11 +63,12 @@ pub enum CprInterval {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct CprConfig {
     pub interval: CprInterval,
-    /// Save points per full interval when prioritized saves are on (CPR §5.1: 8 times as often
-    /// as full saves); 1 turns prioritized saves off (CPR-vanilla).
+    /// Save points per interval `T_save` when prioritized saves are on (CPR §5.1: 8 times as
+    /// often as full recovery saves, each a prioritized save after the first full); 1 turns
+    /// prioritized saves off (CPR-vanilla: a full every `T_save`).
     pub saves_per_full: u64,
-    /// Share of a shard's rows one prioritized save writes (`r`, CPR §4.2); only used here to
-    /// price prioritized saves in the benefit analysis.
+    /// Share of a prioritized table's rows one prioritized save writes (`r`, CPR §4.2); only
+    /// used here to price prioritized saves in the benefit analysis.
     pub r: f64,
     /// Embedding servers (`N_emb`).
     pub n_emb: u32,
@@ -116,10 +124,10 @@ pub struct PlsFailure {
     /// Step of the newest committed full save, which every row of the lost shard is at least
     /// as new as (0: the initial state).
     pub full_step: u64,
-    /// Step of the newest committed save of any kind (prioritized saves restore their rows
-    /// from up to here).
+    /// Step of the newest committed save of any kind: Eq. 3's `S_last chkpt`.
     pub newest_save_step: u64,
-    /// `step - full_step`: the steps whose updates of the lost shard may be gone.
+    /// `step - newest_save_step`: Eq. 3's lost steps. With prioritized saves a row may be
+    /// older than the newest save (only `r` of a large table's rows are in each).
     pub steps_lost: u64,
     /// The lost share of each sample's effect: `1 / N_emb` (Eq. 3; the round-robin shard map
     /// spreads every table's rows, hot ones included, evenly over the servers).
@@ -315,6 +323,10 @@ impl Cpr {
             let t = young_interval(self.o_save().unwrap_or(0.0), mtbf);
             return now_s - self.last_full.1 >= t;
         }
+        // CPR §5.1: with priority, prioritized saves take the place of full saves.
+        if self.cfg.prioritized() {
+            return false;
+        }
         match self.cfg.interval {
             CprInterval::Steps(n) => step >= self.last_full.0 + n,
             CprInterval::TargetPls { .. } => {
@@ -323,7 +335,8 @@ impl Cpr {
         }
     }
 
-    /// Whether a prioritized save point is due (partial recovery with priority only).
+    /// Whether a save point is due (partial recovery with priority only): the first is a full,
+    /// the others prioritized saves.
     fn partial_due(&self, step: u64, now_s: f64) -> bool {
         if self.fallback || !self.cfg.prioritized() {
             return false;
@@ -371,8 +384,13 @@ impl Cpr {
         let t_full = young_interval(o_save, mtbf);
         // Per second of training (T_total = 1); load and rescheduling cancel.
         let full = full_recovery_overhead(o_save, 0.0, 0.0, t_full, mtbf, 1.0);
-        let k = self.cfg.saves_per_full as f64;
-        let o_part = o_save * (1.0 + (k - 1.0) * self.cfg.r);
+        // Per interval: one vanilla full, or `k` prioritized saves of at most `r` of the
+        // model each (CPR §5.1 prices them so: the prioritized tables are 99.6% of the rows).
+        let o_part = if self.cfg.prioritized() {
+            o_save * self.cfg.saves_per_full as f64 * self.cfg.r
+        } else {
+            o_save
+        };
         let part = partial_recovery_overhead(o_part, 0.0, 0.0, t_part, mtbf, 1.0);
         // NaN (a degenerate measurement) counts as no benefit.
         let pays = part.total() <= full.total() * (1.0 - self.cfg.min_benefit);
@@ -395,13 +413,14 @@ impl Cpr {
             }];
         }
         let full_step = self.full_step.unwrap_or(0);
-        let steps_lost = self.last_step.saturating_sub(full_step);
+        let newest_save_step = self.committed.as_ref().map_or(0, |c| c.step);
+        let steps_lost = self.last_step.saturating_sub(newest_save_step);
         let share = 1.0 / self.cfg.n_emb as f64;
         self.failures.push(PlsFailure {
             server,
             step: self.last_step,
             full_step,
-            newest_save_step: self.committed.as_ref().map_or(0, |c| c.step),
+            newest_save_step,
             steps_lost,
             share,
             pls: steps_lost as f64 / self.cfg.total_steps as f64 * share,
@@ -523,8 +542,10 @@ impl Strategy for Cpr {
             (Event::ServerLost { server, .. }, Phase::Recovering) => self.lost(server.0),
             // The store ends at the model the run ends with (unless the last step was saved
             // already), as every saving strategy's does.
+            // A prioritized save of the last step is no end state: rows it did not choose
+            // are older in the store than in the model.
             (Event::TrainingDone { step, now_s }, Phase::Training)
-                if self.committed.as_ref().is_none_or(|c| c.step != *step) =>
+                if self.full_step != Some(*step) =>
             {
                 let mut out = self.save(*step, *now_s, true);
                 // Whatever the mode, the run ends only once it is committed.
@@ -724,10 +745,11 @@ mod tests {
         );
     }
 
-    /// Prioritized saves: a save point every `n / saves_per_full` steps; the first is a full
-    /// (partial saves need a base), then partial saves until the full interval comes round.
+    /// CPR §5.1: with priority, a save point every `n / saves_per_full` steps; the first is a
+    /// full (prioritized saves need a base), every later one a prioritized save: no periodic
+    /// full on top of them.
     #[test]
-    fn prioritized_saves_between_fulls() {
+    fn prioritized_saves_take_the_place_of_full_saves() {
         let mut s = Cpr::new(steps_cfg(16, 8)).unwrap();
         let mut kinds = Vec::new();
         for n in 1..=40 {
@@ -739,33 +761,11 @@ mod tests {
         }
         let full = |step| Action::SaveFull { step };
         let part = |step| Action::SavePartial { step };
-        assert_eq!(
-            kinds,
-            vec![
-                full(2),
-                part(4),
-                part(6),
-                part(8),
-                part(10),
-                part(12),
-                part(14),
-                part(16),
-                full(18),
-                part(20),
-                part(22),
-                part(24),
-                part(26),
-                part(28),
-                part(30),
-                part(32),
-                full(34),
-                part(36),
-                part(38),
-                part(40)
-            ]
-        );
-        // A loss restores the newest save (the head of full + partial saves), and PLS counts
-        // from the newest full.
+        let mut expect = vec![full(2)];
+        expect.extend((2..=20).map(|i| part(2 * i)));
+        assert_eq!(kinds, expect);
+        // A loss restores the newest save (the head of full + partial saves); Eq. 3 counts
+        // from it.
         assert_eq!(
             lose(&mut s, 3)[1],
             Action::RestorePartial {
@@ -774,7 +774,9 @@ mod tests {
             }
         );
         let f = &s.pls().per_failure[0];
-        assert_eq!((f.full_step, f.newest_save_step, f.steps_lost), (34, 40, 6));
+        assert_eq!((f.full_step, f.newest_save_step, f.steps_lost), (2, 40, 0));
+        assert_eq!(s.report().full_saves, 1);
+        assert_eq!(s.report().partial_saves, 19);
     }
 
     #[test]
@@ -961,7 +963,7 @@ mod tests {
     }
 
     /// Prioritized saves are priced into Eq. 2: with 8 save points per interval and r = 1/8,
-    /// one interval costs 1 + 7/8 full saves.
+    /// one interval costs 8 saves of 1/8 of a full each: one full's worth.
     #[test]
     fn benefit_analysis_prices_prioritized_saves() {
         let cfg = CprConfig {
@@ -986,7 +988,7 @@ mod tests {
         );
         done(&mut s, 1, 0.5);
         let b = s.report().benefit.unwrap();
-        assert!((b.partial_overhead - 0.5 * 1.875 / 48.0).abs() < 1e-12);
+        assert!((b.partial_overhead - 0.5 * 8.0 * 0.125 / 48.0).abs() < 1e-12);
     }
 
     #[test]
@@ -997,7 +999,7 @@ mod tests {
                 done(&mut s, n, 0.1);
             }
         }
-        // The last step is saved already: nothing to do.
+        // The last step is saved whole already: nothing to do.
         assert!(s
             .on(&Event::TrainingDone {
                 step: 4,
@@ -1016,6 +1018,28 @@ mod tests {
                 Action::AwaitSave,
                 Action::ResumeTraining
             ]
+        );
+        // With priority, a prioritized save of the last step leaves rows behind: a full too.
+        let mut s = Cpr::new(steps_cfg(4, 2)).unwrap();
+        for n in 1..=4 {
+            if let Some(save) = step(&mut s, n).get(1).cloned() {
+                assert_eq!(
+                    save,
+                    if n == 2 {
+                        Action::SaveFull { step: 2 }
+                    } else {
+                        Action::SavePartial { step: 4 }
+                    }
+                );
+                done(&mut s, n, 0.1);
+            }
+        }
+        assert_eq!(
+            s.on(&Event::TrainingDone {
+                step: 4,
+                now_s: 4.0
+            })[1],
+            Action::SaveFull { step: 4 }
         );
     }
 
