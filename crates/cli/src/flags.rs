@@ -139,8 +139,8 @@ pub struct RunArgs {
     /// ROLE=I@phase=checkpoint-write|piece-write|recovery|merge|prepare|commit|rebuild[#N]
     /// (piece-write with incrcp, incremental, cnr: while a piece uploads and is extracted;
     /// merge with deck; prepare, commit, rebuild with ecrec: phase 1 or 2 of a step's commit,
-    /// during a rebuild; #N: the N-th time), ROLE server, worker or merger
-    /// (repeatable).
+    /// during a rebuild; #N: the N-th time), ROLE server, worker or merger; several servers
+    /// failing together: server=0,2@step=S (repeatable).
     #[arg(long, value_name = "ROLE=I@POINT")]
     pub kill: Vec<String>,
     #[command(flatten)]

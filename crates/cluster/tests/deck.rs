@@ -6,7 +6,9 @@ mod common;
 use ftrec_ckpt::deck::{select_chain, Lineage, RestoreAt, StagingOptions};
 use ftrec_ckpt::location::{self, LocationOptions};
 use ftrec_ckpt::{CheckpointKind, Checkpoints};
-use ftrec_cluster::{build_server, run, EventKind, Role, RunConfig, RunReport, StrategyChoice};
+use ftrec_cluster::{
+    build_server, run, EventKind, KillSpec, Role, RunConfig, RunReport, StrategyChoice,
+};
 use ftrec_core::ModelDigest;
 use ftrec_ps::ckpt::{CkptApi, CkptNode};
 use ftrec_ps::SharedServer;
@@ -345,6 +347,72 @@ mod cpr {
         assert!(c.pls.total > 0.0 && c.pls.total <= 2.0 / 3.0);
         assert!(c.full_saves >= 1);
         assert!(report.auc.is_some());
+    }
+
+    /// A failure that takes two of three servers at once (`server=0,2@step=13`; CPR §5.1
+    /// clears up to half the tables in one failure), for both kinds of restore: `full` brings
+    /// every server back to its newest save and redoes the steps since, ending at the
+    /// failure-free model; `cpr` restores the two lost shards alone, redoes nothing, and Eq. 3
+    /// counts a third of the model twice.
+    #[test]
+    fn a_failure_of_two_servers_at_once_is_restored() {
+        let steps = 20;
+        let kills = KillSpec::parse_many("server=0,2@step=13").unwrap();
+        let run_with = |strategy: Option<StrategyChoice>| {
+            let dir = tempfile::tempdir().unwrap();
+            let mut cfg = config(&dir, steps);
+            cfg.servers = 3;
+            if let Some(s) = strategy {
+                cfg.strategy = s;
+                cfg.kills = kills.clone();
+            }
+            let report = run(&cfg).unwrap();
+            assert_no_children_left(&report);
+            assert!(report.aborted.is_none(), "{:?}", report.aborted);
+            assert_eq!(report.steps, steps);
+            report
+        };
+        let lost = |r: &RunReport| {
+            let mut ids: Vec<u32> = r
+                .failures
+                .iter()
+                .filter(|f| f.role == Role::Server)
+                .map(|f| f.id)
+                .collect();
+            ids.sort();
+            ids
+        };
+        let clean = run_with(None).model_digest;
+
+        let full = run_with(Some(StrategyChoice::parse("full", 5).unwrap()));
+        assert_eq!(lost(&full), [0, 2]);
+        assert_eq!(full.model_digest, clean);
+
+        let c = run_with(Some(cpr(8, Some(Priority::Mfu), 4)));
+        assert_eq!(lost(&c), [0, 2]);
+        assert_eq!(c.samples_redone, 0);
+        let mut restored: Vec<u32> = c
+            .failures
+            .iter()
+            .flat_map(|f| f.servers_restored.clone())
+            .collect();
+        restored.sort();
+        assert_eq!(restored, [0, 2]);
+        assert_ne!(c.model_digest, clean);
+        // Saves every 2 steps: the newest before the failure is step 12's.
+        let p = &c.cpr.as_ref().unwrap().pls;
+        let mut per: Vec<(u32, u64, u64)> = p
+            .per_failure
+            .iter()
+            .map(|f| (f.server, f.newest_save_step, f.steps_lost))
+            .collect();
+        per.sort();
+        assert_eq!(per, [(0, 12, 1), (2, 12, 1)]);
+        assert!(
+            (p.total - 2.0 * 1.0 / 20.0 / 3.0).abs() < 1e-12,
+            "{}",
+            p.total
+        );
     }
 
     #[test]
