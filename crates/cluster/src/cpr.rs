@@ -227,6 +227,35 @@ impl CprFlags {
     }
 }
 
+/// What each of `servers` servers' prioritized save `id` left out, as the servers wrote it
+/// beside the save's files ([`ftrec_ckpt::cpr::Coverage`]); a server whose report is missing or
+/// unreadable is left out (the strategy then reports that PLS unknown).
+pub(crate) async fn read_coverage(
+    ckpts: &ftrec_ckpt::Checkpoints,
+    id: &ftrec_ckpt::CheckpointId,
+    servers: u32,
+) -> Vec<ftrec_strategy::ShardCoverage> {
+    let dir = ckpts.checkpoint_dir(id);
+    let mut out = Vec::new();
+    for s in 0..servers {
+        let Ok(key) = dir.join(&ftrec_ckpt::cpr::Coverage::file_name(s)) else {
+            continue;
+        };
+        let Ok(bytes) = ckpts.store().get(&key).await else {
+            continue;
+        };
+        if let Ok(c) = ftrec_ckpt::cpr::Coverage::from_json(&bytes) {
+            out.push(ftrec_strategy::ShardCoverage {
+                server: ftrec_core::ServerId(s),
+                since_step: c.since_step,
+                updates: c.updates,
+                uncovered: c.uncovered,
+            });
+        }
+    }
+    out
+}
+
 /// Check a `cpr` run (nothing to check for other strategies).
 pub(crate) fn validate_run(cfg: &RunConfig) -> Result<(), ClusterError> {
     if let StrategyChoice::Cpr { .. } = cfg.strategy {

@@ -304,6 +304,14 @@ mod cpr {
         let p = &c.pls.per_failure[0];
         assert_eq!((p.server, p.step, p.full_step, p.steps_lost), (1, 13, 2, 1));
         assert_eq!(c.pls.total, 1.0 / 20.0 * 0.5);
+        // Counting what was saved: the rows SSU left out of the saves are older than step 12,
+        // so the loss is larger than Eq. 3's (the figure is deterministic in this mode).
+        let saved = p
+            .saved_steps_lost
+            .expect("every server reported what it left out");
+        assert!(saved > 1.0, "{saved}");
+        assert_eq!(c.pls.saved_total, p.saved_pls);
+        assert_eq!(b.cpr.as_ref().unwrap().pls.saved_total, c.pls.saved_total);
         assert_eq!((c.full_saves, c.partial_saves), (2, 9));
         assert_eq!(c.recovery, "partial");
     }

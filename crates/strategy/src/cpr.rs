@@ -34,6 +34,14 @@
 //! Saves are scheduled from the newest *commit*: a save lost with a server, or one that
 //! failed, does not move the schedule, so the next one comes at the first step it may.
 //!
+//! PLS comes in two figures. Eq. 3 as the paper writes it counts, per failure, the steps since
+//! the newest committed save. With prioritized saves a row the newest save did not choose is
+//! older than that save, so the machine also counts *what was saved*: per row of the lost
+//! shard, the updates since the newest save holding it, summed ([`Event::SaveCoverage`] brings
+//! each server's sum at each prioritized save), turned into steps by the server's row updates
+//! per step, plus the steps since that save, over `S_total · N_emb` as Eq. 3 does. With every
+//! row saved at once (full saves, CPR-vanilla) the two figures are equal.
+//!
 //! One save is in flight at a time; a save point reached while one uploads is taken at the
 //! first step after it commits. The run ends with a full save of its last step
 //! ([`Event::TrainingDone`]), so the store holds the model the run ends with. With [`CprConfig::await_commit`] (deterministic mode) every
@@ -42,7 +50,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::machine::{Action, CheckpointRef, Event, Strategy};
+use crate::machine::{Action, CheckpointRef, Event, ShardCoverage, Strategy};
 use crate::policy::{
     expected_pls, full_recovery_overhead, interval_for_pls, partial_recovery_overhead,
     young_interval,
@@ -134,6 +142,12 @@ pub struct PlsFailure {
     pub share: f64,
     /// `steps_lost / total_steps * share`.
     pub pls: f64,
+    /// Counting what was saved: the lost shard's updates since the newest save holding each
+    /// row, in steps of that shard's updates, plus `steps_lost` (`None`: a save did not report
+    /// what it left out).
+    pub saved_steps_lost: Option<f64>,
+    /// `saved_steps_lost / total_steps * share`.
+    pub saved_pls: Option<f64>,
 }
 
 /// The §4.2 benefit analysis, made once `O_save` is measured.
@@ -171,10 +185,13 @@ pub struct IntervalReport {
     pub expected_pls: Option<f64>,
 }
 
-/// PLS over the run (CPR Eq. 3).
+/// PLS over the run (CPR Eq. 3), and the same sum counting what was saved.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlsReport {
+    /// Eq. 3 as the paper writes it.
     pub total: f64,
+    /// The sum of every failure's `saved_pls` (`None` if one is unknown).
+    pub saved_total: Option<f64>,
     pub per_failure: Vec<PlsFailure>,
 }
 
@@ -229,6 +246,13 @@ pub struct Cpr {
     /// The committed state is no base for a prioritized save (resumed onto another number of
     /// servers): the next save is a full.
     need_full: bool,
+    /// Per server, what the newest committed save left out, in steps of its updates (`None`:
+    /// unknown).
+    uncovered_steps: Vec<Option<f64>>,
+    /// Per server, where its process began counting updates (a replacement: its restore).
+    counting_from: Vec<u64>,
+    /// The reports of the save in flight.
+    coverage: Vec<ShardCoverage>,
 }
 
 impl Cpr {
@@ -282,6 +306,9 @@ impl Cpr {
             partial_saves: 0,
             failed_saves: 0,
             need_full: false,
+            uncovered_steps: vec![Some(0.0); cfg.n_emb as usize],
+            counting_from: vec![0; cfg.n_emb as usize],
+            coverage: Vec::new(),
         })
     }
 
@@ -299,11 +326,38 @@ impl Cpr {
         self.fallback
     }
 
-    /// The PLS of every failure so far and their sum (Eq. 3).
+    /// The PLS of every failure so far and their sum (Eq. 3), both ways.
     pub fn pls(&self) -> PlsReport {
         PlsReport {
             total: self.failures.iter().map(|f| f.pls).sum(),
+            saved_total: self.failures.iter().map(|f| f.saved_pls).sum(),
             per_failure: self.failures.clone(),
+        }
+    }
+
+    /// A save of `step` committed: what it left out per server (nothing for a full).
+    fn note_coverage(&mut self, step: u64, full: bool) {
+        let reports = std::mem::take(&mut self.coverage);
+        for (j, u) in self.uncovered_steps.iter_mut().enumerate() {
+            *u = if full {
+                Some(0.0)
+            } else {
+                reports
+                    .iter()
+                    .find(|c| c.server.0 as usize == j)
+                    .and_then(|c| {
+                        let from = c.since_step.unwrap_or(self.counting_from[j]);
+                        let steps = step.saturating_sub(from);
+                        if c.uncovered == 0 {
+                            Some(0.0)
+                        } else if c.updates == 0 || steps == 0 {
+                            None
+                        } else {
+                            // Updates per step of this server over the report's window.
+                            Some(c.uncovered as f64 * steps as f64 / c.updates as f64)
+                        }
+                    })
+            };
         }
     }
 
@@ -416,6 +470,13 @@ impl Cpr {
         let newest_save_step = self.committed.as_ref().map_or(0, |c| c.step);
         let steps_lost = self.last_step.saturating_sub(newest_save_step);
         let share = 1.0 / self.cfg.n_emb as f64;
+        let saved_steps_lost = self
+            .uncovered_steps
+            .get(server as usize)
+            .copied()
+            .flatten()
+            .map(|u| u + steps_lost as f64);
+        let total = self.cfg.total_steps as f64;
         self.failures.push(PlsFailure {
             server,
             step: self.last_step,
@@ -423,8 +484,15 @@ impl Cpr {
             newest_save_step,
             steps_lost,
             share,
-            pls: steps_lost as f64 / self.cfg.total_steps as f64 * share,
+            pls: steps_lost as f64 / total * share,
+            saved_steps_lost,
+            saved_pls: saved_steps_lost.map(|s| s / total * share),
         });
+        // The replacement counts its updates from here; what was lost before is this
+        // failure's (a second loss before the next save counts it again, as Eq. 3 does).
+        if let Some(c) = self.counting_from.get_mut(server as usize) {
+            *c = self.last_step;
+        }
         vec![Action::RestorePartial {
             servers: vec![ftrec_core::ServerId(server)],
             checkpoint: self.committed.clone(),
@@ -510,6 +578,7 @@ impl Strategy for Cpr {
                 if full {
                     self.last_full = (step, started_s);
                 }
+                self.note_coverage(step, full);
                 if full {
                     self.need_full = false;
                     self.full_step = Some(step);
@@ -521,9 +590,16 @@ impl Strategy for Cpr {
                 }
                 Vec::new()
             }
+            (Event::SaveCoverage { step: at, servers }, Phase::Saving { step, .. })
+                if *at == step =>
+            {
+                self.coverage = servers.clone();
+                Vec::new()
+            }
             (Event::SaveFailed { step: failed, .. }, Phase::Saving { step, .. })
                 if *failed == step =>
             {
+                self.coverage.clear();
                 // Nothing committed; the chain so far stays what a loss restores, and the
                 // schedule did not move: the save is due again at the next step.
                 self.failed_saves += 1;
@@ -535,6 +611,7 @@ impl Strategy for Cpr {
                 // schedule stays at the newest commit, so the next save comes at the first
                 // step after the recovery if this one was due.
                 self.phase = Phase::Recovering;
+                self.coverage.clear();
                 let mut out = vec![Action::PauseTraining];
                 out.extend(self.lost(server.0));
                 out
@@ -581,6 +658,9 @@ impl Strategy for Cpr {
                 self.last_full = (checkpoint.step, *now_s);
                 self.last_save = (checkpoint.step, *now_s);
                 self.need_full = !*continues;
+                // Fresh processes count from the resumed state.
+                self.uncovered_steps.fill(Some(0.0));
+                self.counting_from.fill(checkpoint.step);
                 self.phase = Phase::Training;
                 Vec::new()
             }
@@ -689,6 +769,101 @@ mod tests {
         assert_eq!(pls.per_failure[1].full_step, 300);
         assert!((pls.per_failure[1].pls - 0.0125).abs() < 1e-15);
         assert!((pls.total - 0.0325).abs() < 1e-15);
+    }
+
+    /// The PLS that counts what was saved, by hand. 4 servers, 1000 steps, a save point every
+    /// 25 steps (interval 100, 4 points): a full at 25, prioritized saves at 50 and 75.
+    /// - At 50, server 2 reports 500 row updates since it started (10 a step) and 120 of them
+    ///   left out: 12 steps' worth. Server 1 left nothing out; servers 0 and 3 did not report.
+    /// - At 75, server 2 reports 300 updates since 50 (12 a step) and 60 left out: 5 steps.
+    /// - Lost after step 80: Eq. 3 counts 5 steps (80 - 75): 5 / 1000 / 4 = 0.00125; counting
+    ///   what was saved, 5 + 5 = 10 steps: 0.0025. Server 1 lost then: 5 steps both ways.
+    ///   Server 3: Eq. 3 only, the other figure unknown.
+    /// - Server 2's replacement counts from step 80: at 100 it reports 200 updates and 40 left
+    ///   out (20 steps, 10 a step: 4 steps); lost after 103: 3 + 4 = 7 steps.
+    #[test]
+    fn pls_counting_what_was_saved_by_hand() {
+        let mut s = Cpr::new(steps_cfg(100, 4)).unwrap();
+        let cov = |server: u32, since_step, updates, uncovered| ShardCoverage {
+            server: ServerId(server),
+            since_step,
+            updates,
+            uncovered,
+        };
+        let mut reports = vec![
+            (50, vec![cov(2, None, 500, 120), cov(1, None, 400, 0)]),
+            (
+                75,
+                vec![cov(2, Some(50), 300, 60), cov(1, Some(50), 100, 0)],
+            ),
+        ]
+        .into_iter();
+        for n in 1..=80 {
+            if let Some(save) = step(&mut s, n).get(1).cloned() {
+                if n == 25 {
+                    assert_eq!(save, Action::SaveFull { step: 25 });
+                } else {
+                    assert_eq!(save, Action::SavePartial { step: n });
+                    let (at, servers) = reports.next().unwrap();
+                    assert_eq!(at, n);
+                    assert!(s.on(&Event::SaveCoverage { step: n, servers }).is_empty());
+                }
+                done(&mut s, n, 0.1);
+            }
+        }
+        assert!(reports.next().is_none());
+        for server in [2, 1, 3] {
+            lose(&mut s, server);
+            s.on(&Event::RestoreFinished {
+                step: 80,
+                now_s: 80.0,
+            });
+        }
+        for n in 81..=103 {
+            if !step(&mut s, n).is_empty() {
+                assert_eq!(n, 100);
+                s.on(&Event::SaveCoverage {
+                    step: 100,
+                    servers: vec![cov(2, None, 200, 40)],
+                });
+                done(&mut s, 100, 0.1);
+            }
+        }
+        lose(&mut s, 2);
+        let p = s.pls();
+        let got: Vec<(u32, u64, Option<f64>)> = p
+            .per_failure
+            .iter()
+            .map(|f| (f.server, f.steps_lost, f.saved_steps_lost))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (2, 5, Some(10.0)),
+                (1, 5, Some(5.0)),
+                (3, 5, None),
+                (2, 3, Some(7.0))
+            ]
+        );
+        assert!((p.per_failure[0].pls - 0.00125).abs() < 1e-15);
+        assert!((p.per_failure[0].saved_pls.unwrap() - 0.0025).abs() < 1e-15);
+        assert!((p.total - 18.0 / 4000.0).abs() < 1e-15);
+        assert_eq!(p.saved_total, None);
+    }
+
+    /// CPR-vanilla: every save is a full, so both figures are Eq. 3's.
+    #[test]
+    fn without_priority_both_pls_figures_agree() {
+        let mut s = Cpr::new(steps_cfg(10, 1)).unwrap();
+        for n in 1..=27 {
+            if !step(&mut s, n).is_empty() {
+                done(&mut s, n, 0.1);
+            }
+        }
+        lose(&mut s, 0);
+        let p = s.pls();
+        assert_eq!(p.per_failure[0].steps_lost, 7);
+        assert_eq!(p.saved_total, Some(p.total));
     }
 
     /// A loss before any save restores the lost shard to its initial state; PLS counts from
