@@ -406,24 +406,15 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 2)]
         single_threads: usize,
     },
-    /// CPR's experiment (cpr.txt §6.1) on one workload and one seeded kill schedule,
-    /// asynchronous: the failure-free run, then `cpr` with no priority, MFU, SSU and SCAR
-    /// (full saves every 2 * PLS * servers * MTBF, Eq. 4), then `full` with Young's interval;
-    /// CPR Eq. 1/2's overhead terms, PLS, AUC and logloss of each, and the overhead reduction
-    /// and AUC delta of the best cpr variant against full. `--mtbf-s` [default: the
-    /// failure-free training time / --kills] and `--target-pls` [default: 0.1] are the
-    /// experiment's.
-    Cpr {
-        #[command(flatten)]
-        run: RunArgs,
-        /// Most kills in the schedule (exponential gaps of mean --mtbf-s; consecutive kills hit
-        /// different servers).
-        #[arg(long, default_value_t = 3)]
-        kills: usize,
-        /// Seed of the kill schedule.
-        #[arg(long, default_value_t = 1)]
-        kill_seed: u64,
-    },
+    /// CPR's emulation experiment (cpr.txt §5.1, §6.1, Figure 7) on one workload and one
+    /// failure schedule: full (full recovery at Young's interval), part (partial recovery at
+    /// the same interval), cpr (CPR-vanilla at the Eq. 4 interval for --target-pls, default
+    /// 0.1), cpr-mfu, cpr-ssu, cpr-scar (prioritized saves instead of full saves). Overhead
+    /// (save pauses, lost computation, restore) from asynchronous runs; PLS (Eq. 3 and
+    /// counting what was saved) and the paired AUC drop against full recovery from synchronous
+    /// runs over --seeds failure placements, mean and 95% interval. --failures failures per
+    /// run (default 2, as the paper's emulated 56-hour job) of --fail-servers servers each.
+    Cpr(crate::bench_cpr::CprBenchArgs),
     /// IncrCP against naive incremental and Check-N-Run (and DECK) on one workload, as IncrCP
     /// §5 measures: every checkpoint written first, then each one's recovery timed warm and
     /// cold (the mean over the checkpoints), bytes stored, pauses.

@@ -251,10 +251,17 @@ mod cpr {
             assert!(help.contains(flag), "{flag} missing from ftrec run --help");
         }
         let bench = stdout(&succeed(ftrec().args(["bench", "cpr", "--help"])));
-        assert!(
-            bench.contains("--kills") && bench.contains("--kill-seed"),
-            "{bench}"
-        );
+        for flag in [
+            "--failures",
+            "--fail-servers",
+            "--kill-seed",
+            "--seeds",
+            "--rounds",
+            "cpr-mfu",
+            "part",
+        ] {
+            assert!(bench.contains(flag), "{flag} missing from {bench}");
+        }
         let server = stdout(&succeed(ftrec().args(["server", "--help"])));
         assert!(server.contains("--cpr-priority"), "{server}");
     }
