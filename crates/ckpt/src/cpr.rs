@@ -31,6 +31,13 @@
 //! The tracker works in local row indices (`0..rows` of the shard); mapping to global ids is
 //! the caller's.
 //!
+//! Apart from the rule, the tracker *measures* what the saves leave out, for the PLS that
+//! counts what was saved (CPR Eq. 3 per row): [`PriorityTracker::cover`] counts, per row of a
+//! prioritized table, the updates since the newest save that held the row, and every row
+//! update of the server; [`PriorityTracker::take_coverage`] reports both at a prioritized
+//! save ([`Coverage`]). A row of a table saved whole is covered by every save. The counters are
+//! 4 bytes a row, measurement only ([`PriorityTracker::memory_bytes`] leaves them out).
+//!
 //! ```
 //! use ftrec_ckpt::cpr::{Priority, PriorityConfig, PriorityTracker, RowsView, TableSpec};
 //! use ftrec_core::TableId;
@@ -257,11 +264,52 @@ fn top_k<S: Copy>(
     ids
 }
 
+/// What a server's prioritized save leaves out (see the module docs): written beside the
+/// save's files, read by the coordinator for the PLS that counts what was saved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Coverage {
+    /// Step of the save that took the previous report (`None`: none since this tracker
+    /// started, a fresh server or a replacement).
+    pub since_step: Option<u64>,
+    /// Step of this save.
+    pub step: u64,
+    /// Row updates of the server (every table) since `since_step` (or since it started).
+    pub updates: u64,
+    /// Updates of prioritized rows since the newest save that held each row, summed over the
+    /// rows, once this save's rows count as saved: what a loss right after it would lose.
+    pub uncovered: u64,
+}
+
+impl Coverage {
+    /// The file of server `server`'s report in its checkpoint's directory.
+    pub fn file_name(server: u32) -> String {
+        format!("cpr-coverage-{server}.json")
+    }
+
+    /// The report as its file holds it.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a coverage report serializes")
+    }
+
+    /// A report read back from its file.
+    pub fn from_json(bytes: &[u8]) -> Result<Coverage> {
+        serde_json::from_slice(bytes)
+            .map_err(|e| CkptError::InvalidArgument(format!("a CPR coverage report: {e}")))
+    }
+}
+
 /// Priority state of one server's prioritized tables (see the module docs).
 #[derive(Debug)]
 pub struct PriorityTracker {
     cfg: PriorityConfig,
     tables: BTreeMap<TableId, TableState>,
+    /// Per prioritized table, updates of each row since the newest save that held it.
+    pending: BTreeMap<TableId, Vec<u32>>,
+    /// The sum of `pending`.
+    uncovered: u64,
+    /// Row updates of every table since the last report, and that report's step.
+    updates: u64,
+    since_step: Option<u64>,
 }
 
 impl PriorityTracker {
@@ -318,7 +366,62 @@ impl PriorityTracker {
                 )));
             }
         }
-        Ok(PriorityTracker { cfg, tables: out })
+        let pending = out
+            .iter()
+            .map(|(&t, st)| (t, vec![0u32; st.rows as usize]))
+            .collect();
+        Ok(PriorityTracker {
+            cfg,
+            tables: out,
+            pending,
+            uncovered: 0,
+            updates: 0,
+            since_step: None,
+        })
+    }
+
+    /// The update path's measurement (every table, not only prioritized ones): local rows
+    /// `rows` of `table` got one update each.
+    #[inline]
+    pub fn cover(&mut self, table: TableId, rows: impl IntoIterator<Item = u64>) {
+        match self.pending.get_mut(&table) {
+            None => self.updates += rows.into_iter().count() as u64,
+            Some(p) => {
+                for i in rows {
+                    self.updates += 1;
+                    if let Some(c) = p.get_mut(i as usize) {
+                        *c = c.saturating_add(1);
+                        self.uncovered += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// At a prioritized save of `step`, once its rows are [`PriorityTracker::saved`]: what it
+    /// leaves out, and the row updates since the previous report (whose window then starts
+    /// over).
+    pub fn take_coverage(&mut self, step: u64) -> Coverage {
+        let c = Coverage {
+            since_step: self.since_step,
+            step,
+            updates: self.updates,
+            uncovered: self.uncovered,
+        };
+        self.updates = 0;
+        self.since_step = Some(step);
+        c
+    }
+
+    fn uncover(&mut self, table: TableId, rows: &[u64]) {
+        if let Some(p) = self.pending.get_mut(&table) {
+            for &i in rows {
+                if let Some(c) = p.get_mut(i as usize) {
+                    self.uncovered -= u64::from(*c);
+                    *c = 0;
+                }
+            }
+        }
     }
 
     pub fn config(&self) -> &PriorityConfig {
@@ -435,6 +538,7 @@ impl PriorityTracker {
     /// copied into a save: their priority starts over (MFU clears their counters, SSU drops
     /// them from its list, SCAR remembers their values from `view` as saved).
     pub fn saved(&mut self, table: TableId, rows: &[u64], view: RowsView<'_>) {
+        self.uncover(table, rows);
         let Some(t) = self.tables.get_mut(&table) else {
             return;
         };
@@ -467,6 +571,10 @@ impl PriorityTracker {
     /// Every row of `table` is saved as it is in `view` (a full save, or a restore loaded it):
     /// all priority starts over.
     pub fn reset(&mut self, table: TableId, view: RowsView<'_>) {
+        if let Some(p) = self.pending.get_mut(&table) {
+            self.uncovered -= p.iter().map(|&c| u64::from(c)).sum::<u64>();
+            p.fill(0);
+        }
         let Some(t) = self.tables.get_mut(&table) else {
             return;
         };
@@ -504,6 +612,75 @@ impl PriorityTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The measurement by hand: table 3 (8 rows) prioritized, table 4 not. Updates: rows 1, 5
+    /// of table 3 and 3 rows of table 4, then row 5 twice more: 7 row updates, 4 of them to
+    /// prioritized rows; after a save of row 5 only row 1's one update is uncovered. A reset
+    /// (a full save) covers everything.
+    #[test]
+    fn coverage_counts_updates_since_the_newest_save_holding_each_row() {
+        let mut t = PriorityTracker::new(
+            PriorityConfig {
+                priority: Priority::Mfu,
+                r: 0.25,
+                ssu_period: 1,
+                seed: 1,
+            },
+            &[TableSpec {
+                table: T,
+                rows: 8,
+                dim: 1,
+            }],
+        )
+        .unwrap();
+        let values = vec![0.0f32; 8];
+        let view = RowsView {
+            data: &values,
+            words: 1,
+            dim: 1,
+        };
+        t.cover(T, [1, 5]);
+        t.cover(TableId(4), [0, 1, 2]);
+        t.cover(T, [5]);
+        t.cover(T, [5]);
+        t.saved(T, &[5], view);
+        assert_eq!(
+            t.take_coverage(10),
+            Coverage {
+                since_step: None,
+                step: 10,
+                updates: 7,
+                uncovered: 1
+            }
+        );
+        t.cover(T, [1, 2]);
+        t.saved(T, &[1], view);
+        assert_eq!(
+            t.take_coverage(20),
+            Coverage {
+                since_step: Some(10),
+                step: 20,
+                updates: 2,
+                uncovered: 1
+            }
+        );
+        t.reset(T, view);
+        assert_eq!(t.take_coverage(30).uncovered, 0);
+        let c = t.take_coverage(25);
+        assert_eq!(Coverage::from_json(&c.to_json()).unwrap(), c);
+        assert!(Coverage::from_json(b"{}").is_err());
+        // Rows outside the shard are not counted as prioritized rows.
+        t.cover(T, [99]);
+        assert_eq!(
+            t.take_coverage(40),
+            Coverage {
+                since_step: Some(25),
+                step: 40,
+                updates: 1,
+                uncovered: 0
+            }
+        );
+    }
 
     const T: TableId = TableId(3);
 

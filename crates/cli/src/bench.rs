@@ -155,11 +155,7 @@ fn cluster_bench(
 
 pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
-        BenchCmd::Cpr {
-            run,
-            kills,
-            kill_seed,
-        } => crate::bench_cpr::run(run, kills, kill_seed),
+        BenchCmd::Cpr(args) => crate::bench_cpr::run(args),
         BenchCmd::Incremental(args) => crate::bench_incr::run(args),
         BenchCmd::Ecrec {
             run,

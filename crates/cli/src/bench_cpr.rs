@@ -1,77 +1,182 @@
-//! `ftrec bench cpr`: the experiment of cpr.txt §5.1/§6.1 in one invocation, asynchronous
-//! training on one workload with one kill schedule for every strategy:
-//! - a failure-free run (`none`): the reference AUC, the training time and the step rate;
-//! - the kill schedule: failure times drawn as exponential gaps of mean `--mtbf-s` from
-//!   `--kill-seed` (at most `--kills` of them inside the run), each hitting the next server in
-//!   a seeded order (so consecutive kills hit different servers), turned into steps with the
-//!   failure-free run's step rate so that every strategy loses a server at the same point of
-//!   training;
-//! - `cpr` (vanilla), `cpr` + MFU, + SSU and + SCAR: full saves every
-//!   `2 * PLS * servers * MTBF` (Eq. 4; `--target-pls`, default the paper's 0.1), prioritized
-//!   saves in between, partial recovery;
-//! - `full` with Young's interval `sqrt(2 O_save MTBF)` (CPR §2.2), `O_save` measured as the
-//!   vanilla run's mean save pause, converted to steps with the step rate, full recovery.
+//! `ftrec bench cpr`: CPR's emulation experiment (cpr.txt §5.1, §6.1, Figure 7) on one
+//! workload and one failure schedule for every variant:
+//! - `full`: full recovery at Young's interval `sqrt(2 O_save T_fail)` (CPR §2.2);
+//! - `part`: baseline partial recovery at the same interval (§5.1, "naively uses the same
+//!   interval"), which splits CPR's gain into "no lost computation" (full → part) and "the
+//!   PLS-chosen interval" (part → cpr);
+//! - `cpr`: CPR-vanilla, full saves every `2 · PLS · N_emb · T_fail` (Eq. 4, target PLS 0.1);
+//! - `cpr-mfu`, `cpr-ssu`, `cpr-scar`: the same interval, prioritized saves 8 times as often
+//!   after the first full, at most r = 1/8 of the 7 largest tables' rows each (§5.1).
 //!
-//! For each: CPR Eq. 1/2's terms as measured (save pauses, loading, lost computation redone,
-//! rescheduling), PLS (Eq. 3), final AUC and logloss on the held-out split, and the AUC delta
-//! against the failure-free run. At the top: `overhead_reduction_vs_full` (1 - the best `cpr`
-//! variant's overhead / `full`'s) and `auc_delta_vs_full` (that variant's AUC - `full`'s).
+//! Failures as the paper emulates them: its 56-hour job saw 2 failures on average, injected at
+//! uniformly random times; here `--failures` (default 2) at uniformly random steps of the run,
+//! each taking `--fail-servers` servers at once (the paper clears 12.5–50% of the tables), so
+//! `T_fail` = training time / failures. The ratio `O_save / T_fail` that decides every
+//! overhead is reported beside the paper's.
+//!
+//! Two phases:
+//! - **Overhead**, asynchronous (CPR's home): a failure-free run gives the training time and
+//!   the step rate, `cpr` runs first and measures `O_save` (its saves are fulls), then every
+//!   variant on the same schedule, `--rounds` times, interleaved. Each run's overhead is split
+//!   into save pauses, lost computation (steps redone) and restore (load + rescheduling, CPR
+//!   Eq. 1/2's terms as the cluster measures them).
+//! - **Accuracy**, synchronous and deterministic: full recovery ends at the failure-free model
+//!   bit for bit (checked once, on the first placement), so each variant's AUC drop against the
+//!   failure-free run *is* its drop against full recovery, the effect of partial recovery
+//!   alone. `--seeds` failure placements (default 5), the intervals of the overhead phase in
+//!   steps, the drop's mean and 95% interval (Student's t over the placements).
+//!
+//! No best-of selection: every variant's figures are its own.
 
 use anyhow::{bail, Result};
+use clap::Args;
 use ftrec_cluster::RunReport;
 use ftrec_core::rng::SplitMix;
 use serde::Serialize;
 
+use crate::bench_incr::{ci95, mean};
 use crate::flags::RunArgs;
 
 /// The paper's target PLS for every CPR variant (CPR §6.1).
 const DEFAULT_TARGET_PLS: f64 = 0.1;
+/// The paper's `O_save / T_fail` for Kaggle, as Figure 7 implies it: full recovery at Young's
+/// interval costs `sqrt(2 O_save / T_fail)` of the training time in saves and lost work
+/// (Eq. 1), 8.5% there, so `O_save / T_fail` = 0.085² / 2.
+const PAPER_SAVE_TO_FAILURE: f64 = 0.085 * 0.085 / 2.0;
 
-#[derive(Serialize)]
-struct Kill {
-    server: u32,
-    /// Seconds of training into the failure-free run.
-    t_s: f64,
+/// Flags of `ftrec bench cpr`.
+#[derive(Args, Debug, Clone)]
+pub struct CprBenchArgs {
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Failures in a run, at uniformly random steps (CPR §5.1: 2 in the emulated 56-hour job).
+    #[arg(long, default_value_t = 2)]
+    pub failures: usize,
+    /// Servers each failure takes at once [default: a quarter of them, at least 1].
+    #[arg(long, value_name = "K")]
+    pub fail_servers: Option<u32>,
+    /// Seed of the overhead phase's failure schedule; placement `i` of the accuracy phase uses
+    /// this seed + 1 + i.
+    #[arg(long, default_value_t = 1)]
+    pub kill_seed: u64,
+    /// Failure placements of the accuracy phase (synchronous runs, paired with the
+    /// failure-free run).
+    #[arg(long, default_value_t = 5)]
+    pub seeds: usize,
+    /// Rounds of the overhead phase (every variant once a round, interleaved).
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
+    /// Skip the accuracy phase.
+    #[arg(long)]
+    pub no_accuracy: bool,
+}
+
+/// The variants, in the order each round runs them (`cpr` first: it measures `O_save`).
+const VARIANTS: [&str; 6] = ["cpr", "full", "part", "cpr-mfu", "cpr-ssu", "cpr-scar"];
+
+#[derive(Serialize, Clone)]
+struct Failure {
     step: u64,
+    servers: Vec<u32>,
+}
+
+impl Failure {
+    fn kill_arg(&self) -> String {
+        let ids: Vec<String> = self.servers.iter().map(|s| s.to_string()).collect();
+        format!("server={}@step={}", ids.join(","), self.step)
+    }
+}
+
+/// `n` failures at distinct uniformly random steps in `1..steps`, each taking `k` distinct
+/// servers of `servers`, from `seed`.
+fn placement(seed: u64, n: usize, k: u32, servers: u32, steps: u64) -> Vec<Failure> {
+    let mut rng = SplitMix::keyed(seed, 0x63_7072, 0);
+    let mut at: Vec<u64> = Vec::new();
+    let room = steps.saturating_sub(1) as usize;
+    while at.len() < n.min(room) {
+        let s = 1 + rng.next_u64() % steps.saturating_sub(1).max(1);
+        if !at.contains(&s) {
+            at.push(s);
+        }
+    }
+    at.sort_unstable();
+    at.into_iter()
+        .map(|step| {
+            let mut order: Vec<u32> = (0..servers).collect();
+            for i in (1..order.len()).rev() {
+                order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+            }
+            let mut ids: Vec<u32> = order.into_iter().take(k as usize).collect();
+            ids.sort_unstable();
+            Failure { step, servers: ids }
+        })
+        .collect()
+}
+
+/// One run's overhead, CPR Eq. 1/2's terms, in seconds.
+#[derive(Serialize, Clone, Copy, Default)]
+struct Split {
+    save_s: f64,
+    lost_s: f64,
+    /// Loading and rescheduling.
+    restore_s: f64,
+}
+
+impl Split {
+    fn of(r: &RunReport) -> Split {
+        let o = &r.overheads;
+        Split {
+            save_s: o.o_save,
+            lost_s: o.o_lost,
+            restore_s: o.o_load + o.o_res,
+        }
+    }
+    fn total(&self) -> f64 {
+        self.save_s + self.lost_s + self.restore_s
+    }
 }
 
 #[derive(Serialize)]
-struct Schedule {
-    mtbf_s: f64,
+struct SeedResult {
     seed: u64,
-    /// Failure-free steps per second, which turns times into steps.
-    steps_per_s: f64,
-    kills: Vec<Kill>,
-}
-
-/// CPR Eq. 1 / Eq. 2's terms as one run measured them, in seconds.
-#[derive(Serialize, Clone, Copy)]
-struct Overhead {
-    save: f64,
-    load: f64,
-    lost: f64,
-    res: f64,
-    total: f64,
-    /// `total` over the failure-free run's training time.
-    share_of_training: f64,
+    failures: Vec<Failure>,
+    auc: Option<f64>,
+    /// Failure-free AUC minus this run's.
+    auc_drop: Option<f64>,
+    pls: Option<f64>,
+    pls_saved: Option<f64>,
+    model_digest: String,
 }
 
 #[derive(Serialize)]
-struct Variant {
+struct VariantResult {
     name: String,
-    strategy: String,
-    priority: Option<String>,
-    overhead: Overhead,
-    /// Training time over the failure-free run's, minus one (includes everything, noise too).
-    training_time_overhead: f64,
+    /// Mean checkpoint-related overhead of the asynchronous runs, seconds.
+    overhead_s: f64,
+    overhead_ci95_s: f64,
+    /// Its mean split.
+    split: Split,
+    /// `overhead_s` over the failure-free training time.
+    overhead_share: f64,
+    /// 1 - this variant's mean overhead / `full`'s.
+    overhead_reduction_vs_full: f64,
+    /// PLS, Eq. 3 as the paper writes it: mean over the accuracy placements (the overhead
+    /// runs' when there are none).
     pls: Option<f64>,
-    auc: Option<f64>,
-    logloss: Option<f64>,
-    auc_delta_vs_failure_free: Option<f64>,
+    /// PLS counting what was saved (per row, since the newest save holding it).
+    pls_saved: Option<f64>,
+    /// Mean paired AUC drop against the failure-free (= full recovery's) model, and the
+    /// half-width of its 95% interval.
+    auc_drop_mean: Option<f64>,
+    auc_drop_ci95: Option<f64>,
+    /// The accuracy placements.
+    seeds: Vec<SeedResult>,
+    /// Every overhead run: its split.
+    overhead_runs: Vec<Split>,
+    /// Every overhead run's Eq. 3 PLS.
+    overhead_runs_pls: Vec<Option<f64>>,
+    /// Saves committed in the first overhead run.
     saves: u64,
-    steps_redone: u64,
-    servers_restored: Vec<Vec<u32>>,
-    report: RunReport,
 }
 
 #[derive(Serialize)]
@@ -81,60 +186,30 @@ struct CprBench {
     workers: u32,
     steps: u64,
     target_pls: f64,
-    /// Full saves of the `cpr` runs every this many seconds (Eq. 4).
+    failures: usize,
+    fail_servers: u32,
+    /// Failure-free asynchronous training time and step rate.
+    failure_free_train_s: f64,
+    steps_per_s: f64,
+    /// `T_fail` = training time / failures.
+    t_fail_s: f64,
+    /// Mean pause of `cpr`'s (full) saves in the first round.
+    o_save_s: f64,
+    /// `O_save / T_fail` here and in the paper (Kaggle, Figure 7's 8.5% at Young's interval).
+    save_to_failure_interval: f64,
+    paper_save_to_failure_interval: f64,
+    /// `cpr*`'s interval (Eq. 4) in seconds and, for the synchronous runs, in steps.
     cpr_interval_s: f64,
-    /// `full`'s interval: Young's, from the measured save cost.
+    cpr_every_steps: u64,
+    /// `full`'s and `part`'s interval (Young's) in seconds and steps.
     full_interval_s: f64,
     full_every_steps: u64,
-    o_save_s: f64,
-    schedule: Schedule,
-    failure_free: Variant,
-    variants: Vec<Variant>,
-    /// 1 - (best `cpr` variant's overhead) / (`full`'s).
-    overhead_reduction_vs_full: f64,
-    /// The variant that gave it.
-    best_variant: String,
-    /// Its AUC minus `full`'s.
-    auc_delta_vs_full: Option<f64>,
-}
-
-fn overhead(r: &RunReport, none_train_s: f64) -> Overhead {
-    let o = &r.overheads;
-    let total = o.o_save + o.o_load + o.o_lost + o.o_res;
-    Overhead {
-        save: o.o_save,
-        load: o.o_load,
-        lost: o.o_lost,
-        res: o.o_res,
-        total,
-        share_of_training: total / none_train_s.max(1e-9),
-    }
-}
-
-fn variant(name: &str, priority: Option<&str>, r: RunReport, none: Option<&RunReport>) -> Variant {
-    let none_train_s = none.map_or(r.train_s, |n| n.train_s);
-    Variant {
-        name: name.into(),
-        strategy: r.strategy.clone(),
-        priority: priority.map(str::to_string),
-        overhead: overhead(&r, none_train_s),
-        training_time_overhead: r.train_s / none_train_s.max(1e-9) - 1.0,
-        pls: r.cpr.as_ref().map(|c| c.pls.total),
-        auc: r.auc,
-        logloss: r.logloss,
-        auc_delta_vs_failure_free: match (r.auc, none.and_then(|n| n.auc)) {
-            (Some(a), Some(b)) => Some(a - b),
-            _ => None,
-        },
-        saves: r.checkpoints,
-        steps_redone: r.failures.iter().map(|f| f.steps_redone).sum(),
-        servers_restored: r
-            .failures
-            .iter()
-            .map(|f| f.servers_restored.clone())
-            .collect(),
-        report: r,
-    }
+    /// The overhead phase's failures.
+    schedule: Vec<Failure>,
+    /// Synchronous failure-free AUC, and whether full recovery ended at its digest.
+    sync_failure_free_auc: Option<f64>,
+    sync_full_matches_failure_free: Option<bool>,
+    variants: Vec<VariantResult>,
 }
 
 fn run_one(
@@ -148,259 +223,342 @@ fn run_one(
     crate::bench::bench_run(name, a, |_| {}, progress)
 }
 
-/// Failure times as exponential gaps of mean `mtbf_s` (inverse transform of a seeded uniform),
-/// at most `kills` of them before `end_s`.
-fn failure_times(mtbf_s: f64, end_s: f64, kills: usize, seed: u64) -> Vec<f64> {
-    let mut rng = SplitMix::keyed(seed, 0x6b_696c6c, 0);
-    let mut t = 0.0;
-    let mut out = Vec::new();
-    while out.len() < kills {
-        let u = rng.next_f64();
-        t += -mtbf_s * (1.0 - u).ln();
-        if t >= end_s {
-            break;
-        }
-        out.push(t);
-    }
-    out
+/// How variant `name` is configured on top of `a` (strategy, interval, priority, kills).
+struct Intervals {
+    cpr_time: Option<(f64, f64)>,
+    cpr_steps: u64,
+    full_steps: u64,
 }
 
-fn bench(
-    run: &RunArgs,
-    kills: usize,
-    kill_seed: u64,
-    mtbf_s: Option<f64>,
-    target_pls: f64,
-) -> Result<CprBench> {
+fn configure(a: &mut RunArgs, name: &str, iv: &Intervals, kills: &[Failure]) {
+    a.kill = kills.iter().map(Failure::kill_arg).collect();
+    match name {
+        "full" => {
+            a.strategy = Some("full".into());
+            a.ckpt_every_steps = Some(iv.full_steps);
+        }
+        "part" => {
+            a.strategy = Some("cpr".into());
+            a.ckpt_every_steps = Some(iv.full_steps);
+        }
+        _ => {
+            a.strategy = Some("cpr".into());
+            if let Some(p) = name.strip_prefix("cpr-") {
+                a.cpr.cpr_priority = Some(p.into());
+            }
+            match iv.cpr_time {
+                Some((pls, mtbf)) => {
+                    a.cpr.target_pls = Some(pls);
+                    a.cpr.mtbf_s = Some(mtbf);
+                }
+                None => a.ckpt_every_steps = Some(iv.cpr_steps),
+            }
+        }
+    }
+}
+
+fn bench(args: &CprBenchArgs, target_pls: f64) -> Result<CprBench> {
+    let run = &args.run;
     if run.strategy.is_some() || !run.kill.is_empty() || run.cpr.cpr_priority.is_some() {
         bail!("ftrec bench cpr chooses --strategy, --cpr-priority and --kill itself");
     }
     if run.sync {
-        bail!("ftrec bench cpr runs asynchronous training, CPR's home (drop --sync)");
-    }
-    if run.ckpt_every_steps.is_some() {
         bail!(
-            "ftrec bench cpr sets the intervals itself (Eq. 4 for cpr, Young's for full): \
-             drop --ckpt-every-steps"
+            "ftrec bench cpr runs its overhead phase asynchronously and its accuracy phase \
+             synchronously: drop --sync"
         );
     }
-    if kills == 0 {
-        bail!("--kills must be at least 1");
+    if run.ckpt_every_steps.is_some() || run.cpr.mtbf_s.is_some() {
+        bail!(
+            "ftrec bench cpr sets the intervals itself (Eq. 4 for cpr, Young's for full and \
+             part) from the failures it injects: drop --ckpt-every-steps and --mtbf-s"
+        );
+    }
+    if args.failures == 0 {
+        bail!("--failures must be at least 1");
+    }
+    if args.rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
+    if !args.no_accuracy && args.seeds < 2 {
+        bail!("--seeds must be at least 2 for an interval (or pass --no-accuracy)");
     }
     if !(target_pls.is_finite() && target_pls > 0.0 && target_pls <= 1.0) {
         bail!("--target-pls {target_pls} must be in (0, 1]");
     }
     let mut base = crate::cluster_cmd::merge(run)?;
     base.cpr.target_pls = None;
-    base.cpr.mtbf_s = None;
     base.strategy = Some("none".into());
     let cfg = crate::cluster_cmd::run_config(&base)?;
+    base.strategy = None;
     let (steps, servers) = (cfg.steps, cfg.servers);
+    if steps < 2 {
+        bail!("--steps must be at least 2 to place a failure inside the run");
+    }
+    let k = args.fail_servers.unwrap_or(servers.div_ceil(4).max(1));
+    if k == 0 || k > servers {
+        bail!("--fail-servers {k} must be between 1 and the {servers} servers");
+    }
 
-    // failure_free, cpr with each of 4 priorities, full.
-    let mut progress = crate::progress::Runs::new("bench cpr", 6);
-    let none = run_one(&base, "failure_free", |_| {}, &mut progress)?;
-    let steps_per_s = none.steps as f64 / none.train_s.max(1e-9);
-    let mtbf_s = mtbf_s.unwrap_or(none.train_s / kills as f64);
-    if !(mtbf_s.is_finite() && mtbf_s > 0.0) {
-        bail!("--mtbf-s {mtbf_s} must be a positive number of seconds");
-    }
-    // Servers in a seeded order, each kill the next one: consecutive kills hit different
-    // servers whenever there are two or more.
-    let mut order: Vec<u32> = (0..servers).collect();
-    let mut rng = SplitMix::keyed(kill_seed, 0x6f_72646572, 0);
-    for i in (1..order.len()).rev() {
-        order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
-    }
-    let mut schedule = Schedule {
-        mtbf_s,
-        seed: kill_seed,
-        steps_per_s,
-        kills: Vec::new(),
-    };
-    let mut last_step = 0;
-    for (i, t) in failure_times(mtbf_s, none.train_s, kills, kill_seed)
-        .into_iter()
-        .enumerate()
-    {
-        let step = ((t * steps_per_s).round() as u64)
-            .max(last_step + 1)
-            .clamp(1, steps.saturating_sub(1).max(1));
-        if step <= last_step || step >= steps {
-            continue;
-        }
-        last_step = step;
-        schedule.kills.push(Kill {
-            server: order[i % order.len()],
-            t_s: t,
-            step,
-        });
-    }
-    if schedule.kills.is_empty() {
-        bail!(
-            "no failure fell inside the run (MTBF {mtbf_s:.1}s, {:.1}s of training, seed \
-             {kill_seed}): lower --mtbf-s or change --kill-seed",
-            none.train_s
-        );
-    }
-    let kill_args: Vec<String> = schedule
-        .kills
-        .iter()
-        .map(|k| format!("server={}@step={}", k.server, k.step))
-        .collect();
-    eprintln!(
-        "kill schedule (MTBF {mtbf_s:.1}s, seed {kill_seed}): {}",
-        kill_args.join(" ")
-    );
-
-    let cpr_interval_s = 2.0 * target_pls * servers as f64 * mtbf_s;
-    let mut variants = Vec::new();
-    let mut o_save_s = None;
-    for priority in ["none", "mfu", "ssu", "scar"] {
-        let name = if priority == "none" {
-            "cpr".to_string()
+    let n_runs = 1
+        + VARIANTS.len() * args.rounds
+        + if args.no_accuracy {
+            0
         } else {
-            format!("cpr_{priority}")
+            2 + (VARIANTS.len() - 1) * args.seeds
         };
-        let r = run_one(
-            &base,
-            &name,
-            |a| {
-                a.strategy = Some("cpr".into());
-                a.cpr.cpr_priority = Some(priority.into());
-                a.cpr.target_pls = Some(target_pls);
-                a.cpr.mtbf_s = Some(mtbf_s);
-                a.kill = kill_args.clone();
-            },
-            &mut progress,
-        )?;
-        if priority == "none" {
-            // Every save of the vanilla run is a full: its mean pause is O_save.
-            o_save_s = Some(r.checkpoint_pause_s / r.checkpoints.max(1) as f64);
-        }
-        variants.push(variant(&name, Some(priority), r, Some(&none)));
-    }
-    let o_save_s = o_save_s.unwrap_or(0.0);
-    let full_interval_s = (2.0 * o_save_s * mtbf_s).sqrt();
-    let full_every_steps = ((full_interval_s * steps_per_s).round() as u64).max(1);
-    let full = run_one(
+    let mut progress = crate::progress::Runs::new("bench cpr", n_runs);
+    let none = run_one(
         &base,
-        "full",
-        |a| {
-            a.strategy = Some("full".into());
-            a.ckpt_every_steps = Some(full_every_steps);
-            a.kill = kill_args.clone();
-        },
+        "failure_free",
+        |a| a.strategy = Some("none".into()),
         &mut progress,
     )?;
-    let full = variant("full", None, full, Some(&none));
-    let best = variants
-        .iter()
-        .min_by(|a, b| a.overhead.total.total_cmp(&b.overhead.total))
-        .expect("four cpr variants");
-    let overhead_reduction_vs_full = 1.0 - best.overhead.total / full.overhead.total.max(1e-9);
-    let best_variant = best.name.clone();
-    let auc_delta_vs_full = match (best.auc, full.auc) {
-        (Some(a), Some(b)) => Some(a - b),
-        _ => None,
+    let steps_per_s = none.steps as f64 / none.train_s.max(1e-9);
+    let t_fail_s = none.train_s / args.failures as f64;
+    let schedule = placement(args.kill_seed, args.failures, k, servers, steps);
+    eprintln!(
+        "failures (T_fail {t_fail_s:.1}s): {}",
+        schedule
+            .iter()
+            .map(Failure::kill_arg)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let cpr_interval_s = 2.0 * target_pls * servers as f64 * t_fail_s;
+    let mut iv = Intervals {
+        cpr_time: Some((target_pls, t_fail_s)),
+        cpr_steps: ((cpr_interval_s * steps_per_s).round() as u64).max(1),
+        full_steps: 0,
     };
-    variants.push(full);
-    let failure_free = variant("failure_free", None, none, None);
+
+    // Overhead: asynchronous, every variant each round, `cpr` first.
+    let mut runs: Vec<Vec<RunReport>> = VARIANTS.iter().map(|_| Vec::new()).collect();
+    let mut o_save_s = 0.0;
+    for round in 0..args.rounds {
+        for (vi, name) in VARIANTS.iter().enumerate() {
+            if round == 0 && *name == "full" {
+                // Young's interval from the vanilla run's measured save cost.
+                let full_interval_s = (2.0 * o_save_s * t_fail_s).sqrt();
+                iv.full_steps = ((full_interval_s * steps_per_s).round() as u64).max(1);
+            }
+            let r = run_one(
+                &base,
+                &format!("{name}-r{round}"),
+                |a| configure(a, name, &iv, &schedule),
+                &mut progress,
+            )?;
+            if round == 0 && *name == "cpr" {
+                // Every save of the vanilla run is a full: its mean pause is O_save.
+                o_save_s = r.checkpoint_pause_s / r.checkpoints.max(1) as f64;
+            }
+            runs[vi].push(r);
+        }
+    }
+    let full_interval_s = (2.0 * o_save_s * t_fail_s).sqrt();
+
+    // Accuracy: synchronous, intervals in steps, paired with the failure-free run.
+    let mut sync_ff_auc = None;
+    let mut full_matches = None;
+    let mut seeds: Vec<Vec<SeedResult>> = VARIANTS.iter().map(|_| Vec::new()).collect();
+    if !args.no_accuracy {
+        let mut sync = base.clone();
+        sync.sync = true;
+        let sync_iv = Intervals {
+            cpr_time: None,
+            cpr_steps: iv.cpr_steps,
+            full_steps: iv.full_steps,
+        };
+        let ff = run_one(
+            &sync,
+            "sync-failure-free",
+            |a| a.strategy = Some("none".into()),
+            &mut progress,
+        )?;
+        sync_ff_auc = ff.auc;
+        for i in 0..args.seeds {
+            let seed = args.kill_seed + 1 + i as u64;
+            let kills = placement(seed, args.failures, k, servers, steps);
+            for (vi, name) in VARIANTS.iter().enumerate() {
+                // Full recovery is exact in this mode: checked once, then known.
+                if *name == "full" && i > 0 {
+                    continue;
+                }
+                let r = run_one(
+                    &sync,
+                    &format!("sync-{name}-s{seed}"),
+                    |a| configure(a, name, &sync_iv, &kills),
+                    &mut progress,
+                )?;
+                if *name == "full" {
+                    full_matches = Some(r.model_digest == ff.model_digest);
+                }
+                seeds[vi].push(SeedResult {
+                    seed,
+                    failures: kills.clone(),
+                    auc: r.auc,
+                    auc_drop: match (ff.auc, r.auc) {
+                        (Some(a), Some(b)) => Some(a - b),
+                        _ => None,
+                    },
+                    pls: r.cpr.as_ref().map(|c| c.pls.total),
+                    pls_saved: r.cpr.as_ref().and_then(|c| c.pls.saved_total),
+                    model_digest: r.model_digest.clone(),
+                });
+            }
+        }
+    }
+
+    let full_mean = mean(
+        &runs[1]
+            .iter()
+            .map(|r| Split::of(r).total())
+            .collect::<Vec<_>>(),
+    );
+    let variants = VARIANTS
+        .iter()
+        .enumerate()
+        .map(|(vi, name)| {
+            let splits: Vec<Split> = runs[vi].iter().map(Split::of).collect();
+            let totals: Vec<f64> = splits.iter().map(Split::total).collect();
+            let overhead_s = mean(&totals);
+            let avg = |f: fn(&Split) -> f64| mean(&splits.iter().map(f).collect::<Vec<_>>());
+            let s = std::mem::take(&mut seeds[vi]);
+            let opt_mean = |v: Vec<Option<f64>>| -> Option<f64> {
+                let v: Option<Vec<f64>> = v.into_iter().collect();
+                v.filter(|v| !v.is_empty()).map(|v| mean(&v))
+            };
+            let drops: Option<Vec<f64>> = s.iter().map(|x| x.auc_drop).collect();
+            let drops = drops.filter(|d| !d.is_empty());
+            let async_pls: Vec<Option<f64>> = runs[vi]
+                .iter()
+                .map(|r| r.cpr.as_ref().map(|c| c.pls.total))
+                .collect();
+            let async_saved: Vec<Option<f64>> = runs[vi]
+                .iter()
+                .map(|r| r.cpr.as_ref().and_then(|c| c.pls.saved_total))
+                .collect();
+            let (pls, pls_saved) = if s.is_empty() {
+                (opt_mean(async_pls.clone()), opt_mean(async_saved))
+            } else {
+                (
+                    opt_mean(s.iter().map(|x| x.pls).collect()),
+                    opt_mean(s.iter().map(|x| x.pls_saved).collect()),
+                )
+            };
+            VariantResult {
+                name: name.to_string(),
+                overhead_s,
+                overhead_ci95_s: ci95(&totals),
+                split: Split {
+                    save_s: avg(|s| s.save_s),
+                    lost_s: avg(|s| s.lost_s),
+                    restore_s: avg(|s| s.restore_s),
+                },
+                overhead_share: overhead_s / none.train_s.max(1e-9),
+                overhead_reduction_vs_full: 1.0 - overhead_s / full_mean.max(1e-9),
+                pls,
+                pls_saved,
+                auc_drop_mean: drops.as_ref().map(|d| mean(d)),
+                auc_drop_ci95: drops.as_ref().map(|d| ci95(d)),
+                seeds: s,
+                overhead_runs: splits,
+                overhead_runs_pls: async_pls,
+                saves: runs[vi].first().map_or(0, |r| r.checkpoints),
+            }
+        })
+        .collect();
     Ok(CprBench {
         preset: cfg.preset.name.clone(),
         servers,
         workers: cfg.workers,
         steps,
         target_pls,
-        cpr_interval_s,
-        full_interval_s,
-        full_every_steps,
+        failures: args.failures,
+        fail_servers: k,
+        failure_free_train_s: none.train_s,
+        steps_per_s,
+        t_fail_s,
         o_save_s,
+        save_to_failure_interval: o_save_s / t_fail_s.max(1e-9),
+        paper_save_to_failure_interval: PAPER_SAVE_TO_FAILURE,
+        cpr_interval_s,
+        cpr_every_steps: iv.cpr_steps,
+        full_interval_s,
+        full_every_steps: iv.full_steps,
         schedule,
-        failure_free,
+        sync_failure_free_auc: sync_ff_auc,
+        sync_full_matches_failure_free: full_matches,
         variants,
-        overhead_reduction_vs_full,
-        best_variant,
-        auc_delta_vs_full,
     })
 }
 
-pub fn run(run: RunArgs, kills: usize, kill_seed: u64) -> Result<()> {
-    let json = run.json.clone();
-    let mut args = run;
-    args.json = None;
-    // `--mtbf-s` draws the schedule and feeds both intervals; `--target-pls` is every cpr
-    // variant's.
-    let mtbf_s = args.cpr.mtbf_s.take();
-    let target_pls = args.cpr.target_pls.take().unwrap_or(DEFAULT_TARGET_PLS);
-    let b = bench(&args, kills, kill_seed, mtbf_s, target_pls)?;
-    let ff = &b.failure_free;
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("-".into(), |x| format!("{x:.digits$}"))
+}
+
+pub fn run(args: CprBenchArgs) -> Result<()> {
+    let json = args.run.json.clone();
+    let mut args = args;
+    args.run.json = None;
+    let target_pls = args.run.cpr.target_pls.take().unwrap_or(DEFAULT_TARGET_PLS);
+    let b = bench(&args, target_pls)?;
     println!(
-        "workload: {} preset, {} servers, {} workers, {} steps, async; failure-free: {:.2}s \
-         training, auc {}",
-        b.preset,
-        b.servers,
-        b.workers,
-        b.steps,
-        ff.report.train_s,
-        ff.auc.map_or("-".into(), |a| format!("{a:.4}"))
+        "workload: {} preset, {} servers, {} workers, {} steps; failure-free {:.2}s of \
+         asynchronous training",
+        b.preset, b.servers, b.workers, b.steps, b.failure_free_train_s
     );
     println!(
-        "kills: {} (MTBF {:.1}s, seed {}); cpr saves every {:.2}s (PLS {}), full every {} steps \
-         (Young: {:.2}s from O_save {:.3}s)",
-        b.schedule
-            .kills
-            .iter()
-            .map(|k| format!("server {} after step {}", k.server, k.step))
-            .collect::<Vec<_>>()
-            .join(", "),
-        b.schedule.mtbf_s,
-        b.schedule.seed,
+        "{} failures of {} server(s): T_fail {:.1}s; O_save {:.3}s, O_save/T_fail {:.4} (paper \
+         {:.4}); cpr every {:.2}s ({} steps in sync), full and part every {} steps (Young \
+         {:.2}s)",
+        b.failures,
+        b.fail_servers,
+        b.t_fail_s,
+        b.o_save_s,
+        b.save_to_failure_interval,
+        b.paper_save_to_failure_interval,
         b.cpr_interval_s,
-        b.target_pls,
+        b.cpr_every_steps,
         b.full_every_steps,
-        b.full_interval_s,
-        b.o_save_s
+        b.full_interval_s
     );
-    println!(
-        "{:<9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>10}",
-        "run",
-        "save s",
-        "load s",
-        "lost s",
-        "res s",
-        "total s",
-        "share",
-        "PLS",
-        "AUC",
-        "dAUC ff",
-        "redone"
-    );
-    for v in &b.variants {
-        let o = &v.overhead;
+    if let Some(m) = b.sync_full_matches_failure_free {
         println!(
-            "{:<9} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>9.3} {:>7.2}% {:>9} {:>8} {:>9} {:>10}",
-            v.name,
-            o.save,
-            o.load,
-            o.lost,
-            o.res,
-            o.total,
-            o.share_of_training * 100.0,
-            v.pls.map_or("-".into(), |p| format!("{p:.5}")),
-            v.auc.map_or("-".into(), |a| format!("{a:.4}")),
-            v.auc_delta_vs_failure_free
-                .map_or("-".into(), |d| format!("{d:+.4}")),
-            v.steps_redone
+            "sync: failure-free AUC {}, full recovery ends at the failure-free digest: {m}",
+            opt(b.sync_failure_free_auc, 4)
         );
     }
     println!(
-        "overhead reduction vs full: {:.1}% ({}), AUC delta vs full {}",
-        b.overhead_reduction_vs_full * 100.0,
-        b.best_variant,
-        b.auc_delta_vs_full
-            .map_or("-".into(), |d| format!("{d:+.4}"))
+        "{:<9} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9}",
+        "variant",
+        "save s",
+        "lost s",
+        "restore",
+        "total s",
+        "share",
+        "vs full",
+        "PLS",
+        "PLS saved",
+        "AUC drop",
+        "±95%"
     );
+    for v in &b.variants {
+        println!(
+            "{:<9} {:>8.3} {:>8.3} {:>8.3} {:>9.3} {:>7.2}% {:>7.1}% {:>9} {:>9} {:>9} {:>9}",
+            v.name,
+            v.split.save_s,
+            v.split.lost_s,
+            v.split.restore_s,
+            v.overhead_s,
+            v.overhead_share * 100.0,
+            -v.overhead_reduction_vs_full * 100.0,
+            opt(v.pls, 4),
+            opt(v.pls_saved, 4),
+            opt(v.auc_drop_mean, 5),
+            opt(v.auc_drop_ci95, 5)
+        );
+    }
     if let Some(path) = json {
         crate::write_json(&path, &b)?;
     }
@@ -412,16 +570,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn failure_times_are_seeded_exponential_gaps_inside_the_run() {
-        let a = failure_times(10.0, 1e9, 2000, 3);
-        assert_eq!(a, failure_times(10.0, 1e9, 2000, 3));
-        assert_ne!(a, failure_times(10.0, 1e9, 2000, 4));
-        // Mean gap near the MTBF (2000 draws: standard error ~0.22).
-        let mean = a.last().unwrap() / a.len() as f64;
-        assert!((mean - 10.0).abs() < 1.0, "mean gap {mean}");
-        assert!(a.windows(2).all(|w| w[0] < w[1]));
-        let b = failure_times(10.0, 25.0, 100, 3);
-        assert!(b.iter().all(|&t| t < 25.0));
-        assert!(b.len() < 100);
+    fn placements_are_seeded_distinct_and_inside_the_run() {
+        let a = placement(3, 2, 2, 8, 100);
+        assert_eq!(a.len(), 2);
+        assert!(a[0].step < a[1].step && a[0].step >= 1 && a[1].step < 100);
+        for f in &a {
+            assert_eq!(f.servers.len(), 2);
+            assert!(f.servers[0] < f.servers[1] && f.servers[1] < 8);
+        }
+        let same = placement(3, 2, 2, 8, 100);
+        assert_eq!(
+            a.iter().map(Failure::kill_arg).collect::<Vec<_>>(),
+            same.iter().map(Failure::kill_arg).collect::<Vec<_>>()
+        );
+        let other: Vec<String> = (4..10)
+            .flat_map(|s| placement(s, 2, 2, 8, 100))
+            .map(|f| f.kill_arg())
+            .collect();
+        assert!(other.iter().any(|k| *k != a[0].kill_arg()));
+        // Uniform over the run: the mean step of many placements is near the middle.
+        let steps: Vec<f64> = (0..2000)
+            .flat_map(|s| placement(s, 1, 1, 4, 101))
+            .map(|f| f.step as f64)
+            .collect();
+        let m = mean(&steps);
+        assert!((m - 50.5).abs() < 2.5, "mean failure step {m}");
+        // The kill argument is what `--kill` parses back into one spec per server.
+        let k = ftrec_cluster::KillSpec::parse_many(&a[0].kill_arg()).unwrap();
+        assert_eq!(k.len(), 2);
+        // A run with fewer steps than failures places what fits.
+        assert_eq!(placement(1, 5, 1, 2, 3).len(), 2);
     }
 }

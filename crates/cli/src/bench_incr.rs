@@ -342,7 +342,7 @@ struct Env<'a> {
     root: PathBuf,
 }
 
-fn mean(v: &[f64]) -> f64 {
+pub(crate) fn mean(v: &[f64]) -> f64 {
     if v.is_empty() {
         0.0
     } else {
@@ -351,7 +351,7 @@ fn mean(v: &[f64]) -> f64 {
 }
 
 /// Half-width of the 95% interval of the mean of `v` (Student's t; 0 below two values).
-fn ci95(v: &[f64]) -> f64 {
+pub(crate) fn ci95(v: &[f64]) -> f64 {
     const T: [f64; 30] = [
         12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
         2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,

@@ -307,8 +307,11 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
     cfg.kills = a
         .kill
         .iter()
-        .map(|k| k.parse::<KillSpec>())
-        .collect::<Result<_, _>>()?;
+        .map(|k| KillSpec::parse_many(k))
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .flatten()
+        .collect();
     if let Some(b) = a.batch {
         cfg.batch = b;
     }

@@ -139,8 +139,8 @@ pub struct RunArgs {
     /// ROLE=I@phase=checkpoint-write|piece-write|recovery|merge|prepare|commit|rebuild[#N]
     /// (piece-write with incrcp, incremental, cnr: while a piece uploads and is extracted;
     /// merge with deck; prepare, commit, rebuild with ecrec: phase 1 or 2 of a step's commit,
-    /// during a rebuild; #N: the N-th time), ROLE server, worker or merger
-    /// (repeatable).
+    /// during a rebuild; #N: the N-th time), ROLE server, worker or merger; several servers
+    /// failing together: server=0,2@step=S (repeatable).
     #[arg(long, value_name = "ROLE=I@POINT")]
     pub kill: Vec<String>,
     #[command(flatten)]
@@ -204,8 +204,10 @@ pub struct RunArgs {
 /// CPR flags of `ftrec run` (strategy cpr only; cpr.txt §4).
 #[derive(Args, Debug, Default, Clone)]
 pub struct CprRunArgs {
-    /// CPR: prioritized partial saves between full saves, choosing rows by none, mfu (most
-    /// frequently used), ssu (sub-sampled used) or scar (largest change) [default: none].
+    /// CPR: prioritized saves instead of full saves after the first (CPR §5.1): at most r of
+    /// the largest tables' rows, chosen by mfu (most frequently used), ssu (sub-sampled used)
+    /// or scar (largest change), the other tables whole; none: a full every interval
+    /// (CPR-vanilla) [default: none].
     #[arg(long, value_name = "RULE")]
     pub cpr_priority: Option<String>,
     /// CPR: target portion of lost samples; with --mtbf-s the full-save interval is
@@ -219,8 +221,8 @@ pub struct CprRunArgs {
     /// CPR: share of each prioritized table's rows a prioritized save writes [default: 0.125].
     #[arg(long, value_name = "R")]
     pub cpr_r: Option<f64>,
-    /// CPR: save points per full-save interval, every one but the full a prioritized save
-    /// [default: 1/r, 8].
+    /// CPR: save points per save interval with --cpr-priority, the first a full and every
+    /// later one a prioritized save [default: 1/r, 8].
     #[arg(long, value_name = "K")]
     pub cpr_saves_per_full: Option<u64>,
     /// CPR-SSU: look at every N-th update [default: 2].
@@ -404,24 +406,15 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 2)]
         single_threads: usize,
     },
-    /// CPR's experiment (cpr.txt §6.1) on one workload and one seeded kill schedule,
-    /// asynchronous: the failure-free run, then `cpr` with no priority, MFU, SSU and SCAR
-    /// (full saves every 2 * PLS * servers * MTBF, Eq. 4), then `full` with Young's interval;
-    /// CPR Eq. 1/2's overhead terms, PLS, AUC and logloss of each, and the overhead reduction
-    /// and AUC delta of the best cpr variant against full. `--mtbf-s` [default: the
-    /// failure-free training time / --kills] and `--target-pls` [default: 0.1] are the
-    /// experiment's.
-    Cpr {
-        #[command(flatten)]
-        run: RunArgs,
-        /// Most kills in the schedule (exponential gaps of mean --mtbf-s; consecutive kills hit
-        /// different servers).
-        #[arg(long, default_value_t = 3)]
-        kills: usize,
-        /// Seed of the kill schedule.
-        #[arg(long, default_value_t = 1)]
-        kill_seed: u64,
-    },
+    /// CPR's emulation experiment (cpr.txt §5.1, §6.1, Figure 7) on one workload and one
+    /// failure schedule: full (full recovery at Young's interval), part (partial recovery at
+    /// the same interval), cpr (CPR-vanilla at the Eq. 4 interval for --target-pls, default
+    /// 0.1), cpr-mfu, cpr-ssu, cpr-scar (prioritized saves instead of full saves). Overhead
+    /// (save pauses, lost computation, restore) from asynchronous runs; PLS (Eq. 3 and
+    /// counting what was saved) and the paired AUC drop against full recovery from synchronous
+    /// runs over --seeds failure placements, mean and 95% interval. --failures failures per
+    /// run (default 2, as the paper's emulated 56-hour job) of --fail-servers servers each.
+    Cpr(crate::bench_cpr::CprBenchArgs),
     /// IncrCP against naive incremental and Check-N-Run (and DECK) on one workload, as IncrCP
     /// §5 measures: every checkpoint written first, then each one's recovery timed warm and
     /// cold (the mean over the checkpoints), bytes stored, pauses.

@@ -39,8 +39,11 @@ pub fn config(a: &RunArgs, location: &str) -> Result<RunConfig> {
     cfg.kills = a
         .kill
         .iter()
-        .map(|k| k.parse::<KillSpec>())
-        .collect::<Result<_, _>>()?;
+        .map(|k| KillSpec::parse_many(k))
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .flatten()
+        .collect();
     if let Some(ms) = a.heartbeat_ms {
         cfg.heartbeat = std::time::Duration::from_millis(ms);
     }

@@ -203,7 +203,9 @@ mod cpr {
                 ])
                 .args(["--steps", "24", "--batch", "32", "--seed", "9"])
                 .args(["--eval-samples", "0", "--strategy", "cpr"])
-                .args(["--cpr-priority", "mfu", "--ckpt-every-steps", "8"])
+                .args(["--cpr-priority", "mfu", "--ckpt-every-steps", "16"])
+                // Save points every 4 steps: the kill falls 3 steps after one.
+                .args(["--cpr-saves-per-full", "4"])
                 .args(["--kill", "server=1@step=11", "--store"])
                 .arg(&store)
                 .arg("--work-dir")
@@ -221,8 +223,8 @@ mod cpr {
         assert_eq!(f[0]["steps_redone"], 0);
         let c = &r["cpr"];
         assert_eq!(c["recovery"], "partial");
-        assert_eq!(c["interval"]["full_every_steps"], 8);
-        assert_eq!(c["interval"]["saves_per_full"], 8);
+        assert_eq!(c["interval"]["full_every_steps"], 16);
+        assert_eq!(c["interval"]["saves_per_full"], 4);
         assert!(c["pls"]["total"].as_f64().unwrap() > 0.0, "{c}");
         assert_eq!(c["pls"]["per_failure"][0]["server"], 1);
         // The store's lineage lists and verifies (which saves committed depends on how fast
@@ -249,10 +251,17 @@ mod cpr {
             assert!(help.contains(flag), "{flag} missing from ftrec run --help");
         }
         let bench = stdout(&succeed(ftrec().args(["bench", "cpr", "--help"])));
-        assert!(
-            bench.contains("--kills") && bench.contains("--kill-seed"),
-            "{bench}"
-        );
+        for flag in [
+            "--failures",
+            "--fail-servers",
+            "--kill-seed",
+            "--seeds",
+            "--rounds",
+            "cpr-mfu",
+            "part",
+        ] {
+            assert!(bench.contains(flag), "{flag} missing from {bench}");
+        }
         let server = stdout(&succeed(ftrec().args(["server", "--help"])));
         assert!(server.contains("--cpr-priority"), "{server}");
     }

@@ -2,10 +2,12 @@
 //! priority rule ([`ServerPriority`], carried in their [`crate::CkptSpec`]) and the strategy
 //! machine the coordinator runs.
 //!
-//! The servers run the checkpoint service (as for `deck`): a full save writes every shard, a
-//! prioritized save the rows each server's rule values most, and a loss replaces the lost
-//! server and restores its shard alone from the chain of the newest full and the saves after
-//! it, while the survivors and the workers carry on: no rollback, no redone step.
+//! The servers run the checkpoint service (as for `deck`): a full save writes every shard; with
+//! a priority rule, every save after the first full is a prioritized save, at most `r` of the
+//! rows of the largest tables (those each server's rule values most) and the other tables
+//! whole (CPR §5.1). A loss replaces the lost servers and restores their shards alone from the
+//! chain of the newest full and the saves after it, each row from the newest save holding it,
+//! while the survivors and the workers carry on: no rollback, no redone step.
 
 use ftrec_ckpt::cpr::{Priority, PriorityConfig};
 pub use ftrec_strategy::cpr::DEFAULT_R;
@@ -135,7 +137,7 @@ impl CprFlags {
     }
 
     /// Strategy `cpr` with these flags: the paper's defaults (r = 0.125, a save point 1/r
-    /// times per full interval, SSU period 2, the 7 largest tables) where not given. Every
+    /// times per save interval, SSU period 2, the 7 largest tables) where not given. Every
     /// bad combination is one error naming the flags.
     pub fn strategy(&self) -> Result<StrategyChoice, ClusterError> {
         let bad = |m: String| Err(ClusterError::Config(m));
@@ -223,6 +225,35 @@ impl CprFlags {
         }
         Ok(choice)
     }
+}
+
+/// What each of `servers` servers' prioritized save `id` left out, as the servers wrote it
+/// beside the save's files ([`ftrec_ckpt::cpr::Coverage`]); a server whose report is missing or
+/// unreadable is left out (the strategy then reports that PLS unknown).
+pub(crate) async fn read_coverage(
+    ckpts: &ftrec_ckpt::Checkpoints,
+    id: &ftrec_ckpt::CheckpointId,
+    servers: u32,
+) -> Vec<ftrec_strategy::ShardCoverage> {
+    let dir = ckpts.checkpoint_dir(id);
+    let mut out = Vec::new();
+    for s in 0..servers {
+        let Ok(key) = dir.join(&ftrec_ckpt::cpr::Coverage::file_name(s)) else {
+            continue;
+        };
+        let Ok(bytes) = ckpts.store().get(&key).await else {
+            continue;
+        };
+        if let Ok(c) = ftrec_ckpt::cpr::Coverage::from_json(&bytes) {
+            out.push(ftrec_strategy::ShardCoverage {
+                server: ftrec_core::ServerId(s),
+                since_step: c.since_step,
+                updates: c.updates,
+                uncovered: c.uncovered,
+            });
+        }
+    }
+    out
 }
 
 /// Check a `cpr` run (nothing to check for other strategies).

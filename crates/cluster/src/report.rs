@@ -583,9 +583,14 @@ impl RunReport {
                 (None, Some(t)) => format!("{t:.2}s"),
                 (None, None) => "-".into(),
             };
+            let saved = match c.pls.saved_total {
+                Some(p) => format!("{p:.5}"),
+                None => "unknown".into(),
+            };
             s += &format!(
-                "  cpr: {} recovery, full saves every {every} ({} full + {} prioritized saves \
-                 committed), PLS {:.5} over {} failures\n",
+                "  cpr: {} recovery, save interval {every} ({} full + {} prioritized saves \
+                 committed), PLS {:.5} (Eq. 3) / {saved} (counting what was saved) over {} \
+                 failures\n",
                 c.recovery,
                 c.full_saves,
                 c.partial_saves,

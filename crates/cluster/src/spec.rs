@@ -343,6 +343,42 @@ pub struct KillSpec {
 }
 
 impl KillSpec {
+    /// Parse one `--kill`: a [`KillSpec`], or several servers failing together,
+    /// `server=0,2@step=S` (any point and the `stop:` prefix as for one server): one spec per
+    /// server, all at the same point, so one failure takes them all at once (CPR §5.1 clears
+    /// 12.5-50% of the tables at a time).
+    pub fn parse_many(s: &str) -> Result<Vec<KillSpec>, ClusterError> {
+        let (prefix, rest) = match s.strip_prefix("stop:") {
+            Some(r) => ("stop:", r),
+            None => ("", s),
+        };
+        let Some((ids, when)) = rest
+            .strip_prefix("server=")
+            .and_then(|r| r.split_once('@'))
+            .filter(|(ids, _)| ids.contains(','))
+        else {
+            return Ok(vec![s.parse()?]);
+        };
+        let mut out: Vec<KillSpec> = Vec::new();
+        for id in ids.split(',') {
+            if id.parse::<u32>().is_err() {
+                return Err(ClusterError::Config(format!(
+                    "--kill {s:?}: {id:?} is not a server id; expected server=I,J,..@POINT \
+                     with distinct numbers (for example server=0,2@step=12)"
+                )));
+            }
+            let k: KillSpec = format!("{prefix}server={id}@{when}").parse()?;
+            if out.iter().any(|o| o.id == k.id) {
+                return Err(ClusterError::Config(format!(
+                    "--kill {s:?}: server {} is named twice",
+                    k.id
+                )));
+            }
+            out.push(k);
+        }
+        Ok(out)
+    }
+
     /// Kill server `id` after step `step`.
     pub fn server_at_step(id: u32, step: u64) -> KillSpec {
         KillSpec {
@@ -1108,6 +1144,40 @@ mod tests {
         ] {
             let e = bad.parse::<KillSpec>().unwrap_err();
             assert!(e.to_string().contains("ROLE=I@step=S"), "{e}");
+        }
+    }
+
+    #[test]
+    fn several_servers_fail_at_one_point() {
+        assert_eq!(
+            KillSpec::parse_many("server=0,2@step=12").unwrap(),
+            vec![
+                KillSpec::server_at_step(0, 12),
+                KillSpec::server_at_step(2, 12)
+            ]
+        );
+        let stopped = KillSpec::parse_many("stop:server=1,3@phase=checkpoint-write#2").unwrap();
+        assert_eq!(
+            stopped.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
+            [
+                "stop:server=1@phase=checkpoint-write#2",
+                "stop:server=3@phase=checkpoint-write#2"
+            ]
+        );
+        // One server, or any other role: what `KillSpec` parses.
+        assert_eq!(
+            KillSpec::parse_many("worker=1@step=3").unwrap(),
+            vec!["worker=1@step=3".parse::<KillSpec>().unwrap()]
+        );
+        for (bad, what) in [
+            ("server=0,x@step=2", "\"x\" is not a server id"),
+            ("server=0,@step=2", "\"\" is not a server id"),
+            ("server=1,1@step=2", "server 1 is named twice"),
+            ("worker=0,1@step=2", "ROLE=I@step=S"),
+            ("server=0,1@lunch=2", "unknown point"),
+        ] {
+            let e = KillSpec::parse_many(bad).unwrap_err().to_string();
+            assert!(e.contains(what), "{bad}: {e}");
         }
     }
 

@@ -6,7 +6,9 @@ mod common;
 use ftrec_ckpt::deck::{select_chain, Lineage, RestoreAt, StagingOptions};
 use ftrec_ckpt::location::{self, LocationOptions};
 use ftrec_ckpt::{CheckpointKind, Checkpoints};
-use ftrec_cluster::{build_server, run, EventKind, Role, RunConfig, RunReport, StrategyChoice};
+use ftrec_cluster::{
+    build_server, run, EventKind, KillSpec, Role, RunConfig, RunReport, StrategyChoice,
+};
 use ftrec_core::ModelDigest;
 use ftrec_ps::ckpt::{CkptApi, CkptNode};
 use ftrec_ps::SharedServer;
@@ -349,25 +351,30 @@ mod cpr {
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].servers_restored, vec![1]);
         assert_eq!(f[0].steps_redone, 0);
-        // Saves: a full at the first point (2, partial saves need a base), prioritized at
-        // 4, 6, 8, a full at 10, prioritized at 12. The loss after step 13 restores the chain
-        // of the full at 10 and the prioritized save of step 12; PLS (Eq. 3) counts from the
-        // full:
-        // 3 steps of 20, half the model: 0.075.
+        // Saves (CPR §5.1): a full at the first point (2, prioritized saves need a base),
+        // then prioritized saves only, at 4, 6, ..., 12. The loss after step 13 restores the
+        // chain of the full and the five prioritized saves, each row from the newest save
+        // holding it; Eq. 3 counts from the newest save: 1 step of 20, half the model: 0.025.
         let from = events(&a, EventKind::RecoveryStart);
         assert!(
             from[0].contains("00000000000000000012-prioritized"),
             "{from:?}"
         );
         let restored = events(&a, EventKind::ServerRestored);
-        assert!(restored[0].contains("2 checkpoints"), "{restored:?}");
+        assert!(restored[0].contains("6 checkpoints"), "{restored:?}");
         let c = a.cpr.as_ref().unwrap();
         let p = &c.pls.per_failure[0];
-        assert_eq!(
-            (p.server, p.step, p.full_step, p.steps_lost),
-            (1, 13, 10, 3)
-        );
-        assert_eq!(c.pls.total, 3.0 / 20.0 * 0.5);
+        assert_eq!((p.server, p.step, p.full_step, p.steps_lost), (1, 13, 2, 1));
+        assert_eq!(c.pls.total, 1.0 / 20.0 * 0.5);
+        // Counting what was saved: the rows SSU left out of the saves are older than step 12,
+        // so the loss is larger than Eq. 3's (the figure is deterministic in this mode).
+        let saved = p
+            .saved_steps_lost
+            .expect("every server reported what it left out");
+        assert!(saved > 1.0, "{saved}");
+        assert_eq!(c.pls.saved_total, p.saved_pls);
+        assert_eq!(b.cpr.as_ref().unwrap().pls.saved_total, c.pls.saved_total);
+        assert_eq!((c.full_saves, c.partial_saves), (2, 9));
         assert_eq!(c.recovery, "partial");
     }
 
@@ -380,9 +387,11 @@ mod cpr {
         cfg.servers = 3;
         cfg.sync = false;
         cfg.eval_samples = 1024;
-        cfg.strategy = cpr(10, Some(Priority::Scar), 8);
+        // Save points every 4 steps: each kill falls 2 steps after one, so Eq. 3 counts at
+        // least 2 lost steps per failure however the uploads run.
+        cfg.strategy = cpr(16, Some(Priority::Scar), 4);
         cfg.kills = vec![
-            "server=0@step=12".parse().unwrap(),
+            "server=0@step=14".parse().unwrap(),
             "server=2@step=22".parse().unwrap(),
         ];
         let report = run(&cfg).unwrap();
@@ -404,9 +413,76 @@ mod cpr {
         assert_eq!(report.overheads.o_lost, 0.0);
         let c = report.cpr.as_ref().unwrap();
         assert_eq!(c.pls.per_failure.len(), 2);
+        assert!(c.pls.per_failure.iter().all(|f| f.steps_lost >= 2));
         assert!(c.pls.total > 0.0 && c.pls.total <= 2.0 / 3.0);
         assert!(c.full_saves >= 1);
         assert!(report.auc.is_some());
+    }
+
+    /// A failure that takes two of three servers at once (`server=0,2@step=13`; CPR §5.1
+    /// clears up to half the tables in one failure), for both kinds of restore: `full` brings
+    /// every server back to its newest save and redoes the steps since, ending at the
+    /// failure-free model; `cpr` restores the two lost shards alone, redoes nothing, and Eq. 3
+    /// counts a third of the model twice.
+    #[test]
+    fn a_failure_of_two_servers_at_once_is_restored() {
+        let steps = 20;
+        let kills = KillSpec::parse_many("server=0,2@step=13").unwrap();
+        let run_with = |strategy: Option<StrategyChoice>| {
+            let dir = tempfile::tempdir().unwrap();
+            let mut cfg = config(&dir, steps);
+            cfg.servers = 3;
+            if let Some(s) = strategy {
+                cfg.strategy = s;
+                cfg.kills = kills.clone();
+            }
+            let report = run(&cfg).unwrap();
+            assert_no_children_left(&report);
+            assert!(report.aborted.is_none(), "{:?}", report.aborted);
+            assert_eq!(report.steps, steps);
+            report
+        };
+        let lost = |r: &RunReport| {
+            let mut ids: Vec<u32> = r
+                .failures
+                .iter()
+                .filter(|f| f.role == Role::Server)
+                .map(|f| f.id)
+                .collect();
+            ids.sort();
+            ids
+        };
+        let clean = run_with(None).model_digest;
+
+        let full = run_with(Some(StrategyChoice::parse("full", 5).unwrap()));
+        assert_eq!(lost(&full), [0, 2]);
+        assert_eq!(full.model_digest, clean);
+
+        let c = run_with(Some(cpr(8, Some(Priority::Mfu), 4)));
+        assert_eq!(lost(&c), [0, 2]);
+        assert_eq!(c.samples_redone, 0);
+        let mut restored: Vec<u32> = c
+            .failures
+            .iter()
+            .flat_map(|f| f.servers_restored.clone())
+            .collect();
+        restored.sort();
+        assert_eq!(restored, [0, 2]);
+        assert_ne!(c.model_digest, clean);
+        // Saves every 2 steps: the newest before the failure is step 12's.
+        let p = &c.cpr.as_ref().unwrap().pls;
+        let mut per: Vec<(u32, u64, u64)> = p
+            .per_failure
+            .iter()
+            .map(|f| (f.server, f.newest_save_step, f.steps_lost))
+            .collect();
+        per.sort();
+        assert_eq!(per, [(0, 12, 1), (2, 12, 1)]);
+        assert!(
+            (p.total - 2.0 * 1.0 / 20.0 / 3.0).abs() < 1e-12,
+            "{}",
+            p.total
+        );
     }
 
     #[test]

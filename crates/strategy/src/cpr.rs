@@ -9,14 +9,18 @@
 //! run, times the share of the model that shard holds (`1 / N_emb`).
 //!
 //! The machine decides:
-//! - **when to save** (§4.1): a full save of every shard every `T_save`, either a fixed number
-//!   of steps or `T_save,part = 2 · PLS · N_emb · T_fail` for a target PLS and an MTBF
-//!   (Eq. 4 solved for the interval, [`crate::policy::interval_for_pls`]);
-//! - **prioritized partial saves** (§4.2, MFU / SSU / SCAR): with a priority rule on, a save
-//!   point comes `saves_per_full` times per full interval (the paper: `1/r = 8`) and every one
-//!   that is not a full saves only the servers' most valuable rows ([`Action::SavePartial`];
-//!   *which* rows is the servers' business: access counts, a sub-sampled list or the size of
-//!   each row's change). The first save is always a full: partial saves apply on top of it;
+//! - **when to save** (§4.1): CPR-vanilla takes a full save of every shard every `T_save`,
+//!   either a fixed number of steps or `T_save,part = 2 · PLS · N_emb · T_fail` for a target
+//!   PLS and an MTBF (Eq. 4 solved for the interval, [`crate::policy::interval_for_pls`]);
+//! - **prioritized saves instead of full saves** (§4.2, §5.1: MFU / SSU / SCAR): with a
+//!   priority rule on, a save point comes `saves_per_full` times per interval `T_save` (the
+//!   paper: `1/r = 8`, "8 times more frequently but, at most, only 1/8 of the parameters").
+//!   The first save is a full (prioritized saves apply on top of it); every later one is a
+//!   prioritized save ([`Action::SavePartial`]): the servers write at most `r` of the rows of
+//!   the prioritized (largest) tables, the rows their rule values most (access counts, a
+//!   sub-sampled list or the size of each row's change: the servers' business), and every
+//!   other table whole. No periodic full follows: a row is as new as the newest save that
+//!   chose it;
 //! - **whether partial recovery pays** (§4.2): with a target PLS, once the first save measured
 //!   `O_save`, the expected overheads of full recovery at Young's interval (Eq. 1) and of
 //!   partial recovery at the PLS interval (Eq. 2, with the prioritized saves' cost) are
@@ -27,6 +31,17 @@
 //! - **what a loss restores**: [`Action::RestorePartial`] with the newest committed save (the
 //!   head of the chain full + prioritized saves; a row comes from the newest save holding it).
 //!
+//! Saves are scheduled from the newest *commit*: a save lost with a server, or one that
+//! failed, does not move the schedule, so the next one comes at the first step it may.
+//!
+//! PLS comes in two figures. Eq. 3 as the paper writes it counts, per failure, the steps since
+//! the newest committed save. With prioritized saves a row the newest save did not choose is
+//! older than that save, so the machine also counts *what was saved*: per row of the lost
+//! shard, the updates since the newest save holding it, summed ([`Event::SaveCoverage`] brings
+//! each server's sum at each prioritized save), turned into steps by the server's row updates
+//! per step, plus the steps since that save, over `S_total · N_emb` as Eq. 3 does. With every
+//! row saved at once (full saves, CPR-vanilla) the two figures are equal.
+//!
 //! One save is in flight at a time; a save point reached while one uploads is taken at the
 //! first step after it commits. The run ends with a full save of its last step
 //! ([`Event::TrainingDone`]), so the store holds the model the run ends with. With [`CprConfig::await_commit`] (deterministic mode) every
@@ -35,7 +50,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::machine::{Action, CheckpointRef, Event, Strategy};
+use crate::machine::{Action, CheckpointRef, Event, ShardCoverage, Strategy};
 use crate::policy::{
     expected_pls, full_recovery_overhead, interval_for_pls, partial_recovery_overhead,
     young_interval,
@@ -56,11 +71,12 @@ pub enum CprInterval {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct CprConfig {
     pub interval: CprInterval,
-    /// Save points per full interval when prioritized saves are on (CPR §5.1: 8 times as often
-    /// as full saves); 1 turns prioritized saves off (CPR-vanilla).
+    /// Save points per interval `T_save` when prioritized saves are on (CPR §5.1: 8 times as
+    /// often as full recovery saves, each a prioritized save after the first full); 1 turns
+    /// prioritized saves off (CPR-vanilla: a full every `T_save`).
     pub saves_per_full: u64,
-    /// Share of a shard's rows one prioritized save writes (`r`, CPR §4.2); only used here to
-    /// price prioritized saves in the benefit analysis.
+    /// Share of a prioritized table's rows one prioritized save writes (`r`, CPR §4.2); only
+    /// used here to price prioritized saves in the benefit analysis.
     pub r: f64,
     /// Embedding servers (`N_emb`).
     pub n_emb: u32,
@@ -116,16 +132,22 @@ pub struct PlsFailure {
     /// Step of the newest committed full save, which every row of the lost shard is at least
     /// as new as (0: the initial state).
     pub full_step: u64,
-    /// Step of the newest committed save of any kind (prioritized saves restore their rows
-    /// from up to here).
+    /// Step of the newest committed save of any kind: Eq. 3's `S_last chkpt`.
     pub newest_save_step: u64,
-    /// `step - full_step`: the steps whose updates of the lost shard may be gone.
+    /// `step - newest_save_step`: Eq. 3's lost steps. With prioritized saves a row may be
+    /// older than the newest save (only `r` of a large table's rows are in each).
     pub steps_lost: u64,
     /// The lost share of each sample's effect: `1 / N_emb` (Eq. 3; the round-robin shard map
     /// spreads every table's rows, hot ones included, evenly over the servers).
     pub share: f64,
     /// `steps_lost / total_steps * share`.
     pub pls: f64,
+    /// Counting what was saved: the lost shard's updates since the newest save holding each
+    /// row, in steps of that shard's updates, plus `steps_lost` (`None`: a save did not report
+    /// what it left out).
+    pub saved_steps_lost: Option<f64>,
+    /// `saved_steps_lost / total_steps * share`.
+    pub saved_pls: Option<f64>,
 }
 
 /// The §4.2 benefit analysis, made once `O_save` is measured.
@@ -163,10 +185,13 @@ pub struct IntervalReport {
     pub expected_pls: Option<f64>,
 }
 
-/// PLS over the run (CPR Eq. 3).
+/// PLS over the run (CPR Eq. 3), and the same sum counting what was saved.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlsReport {
+    /// Eq. 3 as the paper writes it.
     pub total: f64,
+    /// The sum of every failure's `saved_pls` (`None` if one is unknown).
+    pub saved_total: Option<f64>,
     pub per_failure: Vec<PlsFailure>,
 }
 
@@ -189,8 +214,8 @@ enum Phase {
     Saving {
         step: u64,
         full: bool,
-        /// The full-save clock before this save started (restored if a full fails).
-        prev_full: (u64, f64),
+        /// When it started (step, seconds): the schedule's new origin once it commits.
+        started_s: f64,
     },
     Recovering,
 }
@@ -207,7 +232,9 @@ pub struct Cpr {
     committed: Option<CheckpointRef>,
     /// Step of the newest committed full save.
     full_step: Option<u64>,
-    /// Where the last full save started (step, seconds) and the last save of any kind.
+    /// Where the newest committed full save started (step, seconds) and the newest committed
+    /// save of any kind: the schedule runs from commits only, so a save lost to a failure
+    /// (or that failed) leaves the next one due where it was.
     last_full: (u64, f64),
     last_save: (u64, f64),
     last_step: u64,
@@ -219,6 +246,13 @@ pub struct Cpr {
     /// The committed state is no base for a prioritized save (resumed onto another number of
     /// servers): the next save is a full.
     need_full: bool,
+    /// Per server, what the newest committed save left out, in steps of its updates (`None`:
+    /// unknown).
+    uncovered_steps: Vec<Option<f64>>,
+    /// Per server, where its process began counting updates (a replacement: its restore).
+    counting_from: Vec<u64>,
+    /// The reports of the save in flight.
+    coverage: Vec<ShardCoverage>,
 }
 
 impl Cpr {
@@ -272,6 +306,9 @@ impl Cpr {
             partial_saves: 0,
             failed_saves: 0,
             need_full: false,
+            uncovered_steps: vec![Some(0.0); cfg.n_emb as usize],
+            counting_from: vec![0; cfg.n_emb as usize],
+            coverage: Vec::new(),
         })
     }
 
@@ -289,11 +326,38 @@ impl Cpr {
         self.fallback
     }
 
-    /// The PLS of every failure so far and their sum (Eq. 3).
+    /// The PLS of every failure so far and their sum (Eq. 3), both ways.
     pub fn pls(&self) -> PlsReport {
         PlsReport {
             total: self.failures.iter().map(|f| f.pls).sum(),
+            saved_total: self.failures.iter().map(|f| f.saved_pls).sum(),
             per_failure: self.failures.clone(),
+        }
+    }
+
+    /// A save of `step` committed: what it left out per server (nothing for a full).
+    fn note_coverage(&mut self, step: u64, full: bool) {
+        let reports = std::mem::take(&mut self.coverage);
+        for (j, u) in self.uncovered_steps.iter_mut().enumerate() {
+            *u = if full {
+                Some(0.0)
+            } else {
+                reports
+                    .iter()
+                    .find(|c| c.server.0 as usize == j)
+                    .and_then(|c| {
+                        let from = c.since_step.unwrap_or(self.counting_from[j]);
+                        let steps = step.saturating_sub(from);
+                        if c.uncovered == 0 {
+                            Some(0.0)
+                        } else if c.updates == 0 || steps == 0 {
+                            None
+                        } else {
+                            // Updates per step of this server over the report's window.
+                            Some(c.uncovered as f64 * steps as f64 / c.updates as f64)
+                        }
+                    })
+            };
         }
     }
 
@@ -313,6 +377,10 @@ impl Cpr {
             let t = young_interval(self.o_save().unwrap_or(0.0), mtbf);
             return now_s - self.last_full.1 >= t;
         }
+        // CPR §5.1: with priority, prioritized saves take the place of full saves.
+        if self.cfg.prioritized() {
+            return false;
+        }
         match self.cfg.interval {
             CprInterval::Steps(n) => step >= self.last_full.0 + n,
             CprInterval::TargetPls { .. } => {
@@ -321,7 +389,8 @@ impl Cpr {
         }
     }
 
-    /// Whether a prioritized save point is due (partial recovery with priority only).
+    /// Whether a save point is due (partial recovery with priority only): the first is a full,
+    /// the others prioritized saves.
     fn partial_due(&self, step: u64, now_s: f64) -> bool {
         if self.fallback || !self.cfg.prioritized() {
             return false;
@@ -340,12 +409,8 @@ impl Cpr {
         self.phase = Phase::Saving {
             step,
             full,
-            prev_full: self.last_full,
+            started_s: now_s,
         };
-        if full {
-            self.last_full = (step, now_s);
-        }
-        self.last_save = (step, now_s);
         let save = if full {
             Action::SaveFull { step }
         } else {
@@ -373,8 +438,13 @@ impl Cpr {
         let t_full = young_interval(o_save, mtbf);
         // Per second of training (T_total = 1); load and rescheduling cancel.
         let full = full_recovery_overhead(o_save, 0.0, 0.0, t_full, mtbf, 1.0);
-        let k = self.cfg.saves_per_full as f64;
-        let o_part = o_save * (1.0 + (k - 1.0) * self.cfg.r);
+        // Per interval: one vanilla full, or `k` prioritized saves of at most `r` of the
+        // model each (CPR §5.1 prices them so: the prioritized tables are 99.6% of the rows).
+        let o_part = if self.cfg.prioritized() {
+            o_save * self.cfg.saves_per_full as f64 * self.cfg.r
+        } else {
+            o_save
+        };
         let part = partial_recovery_overhead(o_part, 0.0, 0.0, t_part, mtbf, 1.0);
         // NaN (a degenerate measurement) counts as no benefit.
         let pays = part.total() <= full.total() * (1.0 - self.cfg.min_benefit);
@@ -397,17 +467,32 @@ impl Cpr {
             }];
         }
         let full_step = self.full_step.unwrap_or(0);
-        let steps_lost = self.last_step.saturating_sub(full_step);
+        let newest_save_step = self.committed.as_ref().map_or(0, |c| c.step);
+        let steps_lost = self.last_step.saturating_sub(newest_save_step);
         let share = 1.0 / self.cfg.n_emb as f64;
+        let saved_steps_lost = self
+            .uncovered_steps
+            .get(server as usize)
+            .copied()
+            .flatten()
+            .map(|u| u + steps_lost as f64);
+        let total = self.cfg.total_steps as f64;
         self.failures.push(PlsFailure {
             server,
             step: self.last_step,
             full_step,
-            newest_save_step: self.committed.as_ref().map_or(0, |c| c.step),
+            newest_save_step,
             steps_lost,
             share,
-            pls: steps_lost as f64 / self.cfg.total_steps as f64 * share,
+            pls: steps_lost as f64 / total * share,
+            saved_steps_lost,
+            saved_pls: saved_steps_lost.map(|s| s / total * share),
         });
+        // The replacement counts its updates from here; what was lost before is this
+        // failure's (a second loss before the next save counts it again, as Eq. 3 does).
+        if let Some(c) = self.counting_from.get_mut(server as usize) {
+            *c = self.last_step;
+        }
         vec![Action::RestorePartial {
             servers: vec![ftrec_core::ServerId(server)],
             checkpoint: self.committed.clone(),
@@ -481,10 +566,19 @@ impl Strategy for Cpr {
                 Event::SaveFinished {
                     checkpoint, cost_s, ..
                 },
-                Phase::Saving { step, full, .. },
+                Phase::Saving {
+                    step,
+                    full,
+                    started_s,
+                },
             ) if checkpoint.step == step => {
                 self.committed = Some(checkpoint.clone());
                 self.phase = Phase::Training;
+                self.last_save = (step, started_s);
+                if full {
+                    self.last_full = (step, started_s);
+                }
+                self.note_coverage(step, full);
                 if full {
                     self.need_full = false;
                     self.full_step = Some(step);
@@ -496,26 +590,28 @@ impl Strategy for Cpr {
                 }
                 Vec::new()
             }
-            (
-                Event::SaveFailed { step: failed, .. },
-                Phase::Saving {
-                    step,
-                    full,
-                    prev_full,
-                },
-            ) if *failed == step => {
-                // Nothing committed; the chain so far stays what a loss restores. A failed full
-                // is due again at the next step.
+            (Event::SaveCoverage { step: at, servers }, Phase::Saving { step, .. })
+                if *at == step =>
+            {
+                self.coverage = servers.clone();
+                Vec::new()
+            }
+            (Event::SaveFailed { step: failed, .. }, Phase::Saving { step, .. })
+                if *failed == step =>
+            {
+                self.coverage.clear();
+                // Nothing committed; the chain so far stays what a loss restores, and the
+                // schedule did not move: the save is due again at the next step.
                 self.failed_saves += 1;
-                if full {
-                    self.last_full = prev_full;
-                }
                 self.phase = Phase::Training;
                 Vec::new()
             }
             (Event::ServerLost { server, .. }, Phase::Training | Phase::Saving { .. }) => {
-                // A save in flight is abandoned: the lost server's part of it is gone.
+                // A save in flight is abandoned: the lost server's part of it is gone. The
+                // schedule stays at the newest commit, so the next save comes at the first
+                // step after the recovery if this one was due.
                 self.phase = Phase::Recovering;
+                self.coverage.clear();
                 let mut out = vec![Action::PauseTraining];
                 out.extend(self.lost(server.0));
                 out
@@ -523,8 +619,10 @@ impl Strategy for Cpr {
             (Event::ServerLost { server, .. }, Phase::Recovering) => self.lost(server.0),
             // The store ends at the model the run ends with (unless the last step was saved
             // already), as every saving strategy's does.
+            // A prioritized save of the last step is no end state: rows it did not choose
+            // are older in the store than in the model.
             (Event::TrainingDone { step, now_s }, Phase::Training)
-                if self.committed.as_ref().is_none_or(|c| c.step != *step) =>
+                if self.full_step != Some(*step) =>
             {
                 let mut out = self.save(*step, *now_s, true);
                 // Whatever the mode, the run ends only once it is committed.
@@ -560,6 +658,9 @@ impl Strategy for Cpr {
                 self.last_full = (checkpoint.step, *now_s);
                 self.last_save = (checkpoint.step, *now_s);
                 self.need_full = !*continues;
+                // Fresh processes count from the resumed state.
+                self.uncovered_steps.fill(Some(0.0));
+                self.counting_from.fill(checkpoint.step);
                 self.phase = Phase::Training;
                 Vec::new()
             }
@@ -670,6 +771,101 @@ mod tests {
         assert!((pls.total - 0.0325).abs() < 1e-15);
     }
 
+    /// The PLS that counts what was saved, by hand. 4 servers, 1000 steps, a save point every
+    /// 25 steps (interval 100, 4 points): a full at 25, prioritized saves at 50 and 75.
+    /// - At 50, server 2 reports 500 row updates since it started (10 a step) and 120 of them
+    ///   left out: 12 steps' worth. Server 1 left nothing out; servers 0 and 3 did not report.
+    /// - At 75, server 2 reports 300 updates since 50 (12 a step) and 60 left out: 5 steps.
+    /// - Lost after step 80: Eq. 3 counts 5 steps (80 - 75): 5 / 1000 / 4 = 0.00125; counting
+    ///   what was saved, 5 + 5 = 10 steps: 0.0025. Server 1 lost then: 5 steps both ways.
+    ///   Server 3: Eq. 3 only, the other figure unknown.
+    /// - Server 2's replacement counts from step 80: at 100 it reports 200 updates and 40 left
+    ///   out (20 steps, 10 a step: 4 steps); lost after 103: 3 + 4 = 7 steps.
+    #[test]
+    fn pls_counting_what_was_saved_by_hand() {
+        let mut s = Cpr::new(steps_cfg(100, 4)).unwrap();
+        let cov = |server: u32, since_step, updates, uncovered| ShardCoverage {
+            server: ServerId(server),
+            since_step,
+            updates,
+            uncovered,
+        };
+        let mut reports = vec![
+            (50, vec![cov(2, None, 500, 120), cov(1, None, 400, 0)]),
+            (
+                75,
+                vec![cov(2, Some(50), 300, 60), cov(1, Some(50), 100, 0)],
+            ),
+        ]
+        .into_iter();
+        for n in 1..=80 {
+            if let Some(save) = step(&mut s, n).get(1).cloned() {
+                if n == 25 {
+                    assert_eq!(save, Action::SaveFull { step: 25 });
+                } else {
+                    assert_eq!(save, Action::SavePartial { step: n });
+                    let (at, servers) = reports.next().unwrap();
+                    assert_eq!(at, n);
+                    assert!(s.on(&Event::SaveCoverage { step: n, servers }).is_empty());
+                }
+                done(&mut s, n, 0.1);
+            }
+        }
+        assert!(reports.next().is_none());
+        for server in [2, 1, 3] {
+            lose(&mut s, server);
+            s.on(&Event::RestoreFinished {
+                step: 80,
+                now_s: 80.0,
+            });
+        }
+        for n in 81..=103 {
+            if !step(&mut s, n).is_empty() {
+                assert_eq!(n, 100);
+                s.on(&Event::SaveCoverage {
+                    step: 100,
+                    servers: vec![cov(2, None, 200, 40)],
+                });
+                done(&mut s, 100, 0.1);
+            }
+        }
+        lose(&mut s, 2);
+        let p = s.pls();
+        let got: Vec<(u32, u64, Option<f64>)> = p
+            .per_failure
+            .iter()
+            .map(|f| (f.server, f.steps_lost, f.saved_steps_lost))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (2, 5, Some(10.0)),
+                (1, 5, Some(5.0)),
+                (3, 5, None),
+                (2, 3, Some(7.0))
+            ]
+        );
+        assert!((p.per_failure[0].pls - 0.00125).abs() < 1e-15);
+        assert!((p.per_failure[0].saved_pls.unwrap() - 0.0025).abs() < 1e-15);
+        assert!((p.total - 18.0 / 4000.0).abs() < 1e-15);
+        assert_eq!(p.saved_total, None);
+    }
+
+    /// CPR-vanilla: every save is a full, so both figures are Eq. 3's.
+    #[test]
+    fn without_priority_both_pls_figures_agree() {
+        let mut s = Cpr::new(steps_cfg(10, 1)).unwrap();
+        for n in 1..=27 {
+            if !step(&mut s, n).is_empty() {
+                done(&mut s, n, 0.1);
+            }
+        }
+        lose(&mut s, 0);
+        let p = s.pls();
+        assert_eq!(p.per_failure[0].steps_lost, 7);
+        assert_eq!(p.saved_total, Some(p.total));
+    }
+
     /// A loss before any save restores the lost shard to its initial state; PLS counts from
     /// step 0.
     #[test]
@@ -724,10 +920,11 @@ mod tests {
         );
     }
 
-    /// Prioritized saves: a save point every `n / saves_per_full` steps; the first is a full
-    /// (partial saves need a base), then partial saves until the full interval comes round.
+    /// CPR §5.1: with priority, a save point every `n / saves_per_full` steps; the first is a
+    /// full (prioritized saves need a base), every later one a prioritized save: no periodic
+    /// full on top of them.
     #[test]
-    fn prioritized_saves_between_fulls() {
+    fn prioritized_saves_take_the_place_of_full_saves() {
         let mut s = Cpr::new(steps_cfg(16, 8)).unwrap();
         let mut kinds = Vec::new();
         for n in 1..=40 {
@@ -739,33 +936,11 @@ mod tests {
         }
         let full = |step| Action::SaveFull { step };
         let part = |step| Action::SavePartial { step };
-        assert_eq!(
-            kinds,
-            vec![
-                full(2),
-                part(4),
-                part(6),
-                part(8),
-                part(10),
-                part(12),
-                part(14),
-                part(16),
-                full(18),
-                part(20),
-                part(22),
-                part(24),
-                part(26),
-                part(28),
-                part(30),
-                part(32),
-                full(34),
-                part(36),
-                part(38),
-                part(40)
-            ]
-        );
-        // A loss restores the newest save (the head of full + partial saves), and PLS counts
-        // from the newest full.
+        let mut expect = vec![full(2)];
+        expect.extend((2..=20).map(|i| part(2 * i)));
+        assert_eq!(kinds, expect);
+        // A loss restores the newest save (the head of full + partial saves); Eq. 3 counts
+        // from it.
         assert_eq!(
             lose(&mut s, 3)[1],
             Action::RestorePartial {
@@ -774,7 +949,9 @@ mod tests {
             }
         );
         let f = &s.pls().per_failure[0];
-        assert_eq!((f.full_step, f.newest_save_step, f.steps_lost), (34, 40, 6));
+        assert_eq!((f.full_step, f.newest_save_step, f.steps_lost), (2, 40, 0));
+        assert_eq!(s.report().full_saves, 1);
+        assert_eq!(s.report().partial_saves, 19);
     }
 
     #[test]
@@ -806,6 +983,74 @@ mod tests {
             }]
         );
         assert_eq!(s.pls().per_failure.len(), 2);
+    }
+
+    /// A save lost with a server does not move the schedule: the interval runs from the
+    /// newest *committed* save, so the next save comes at the first step after the recovery,
+    /// not a whole interval after the lost save started (else the newest committed save could
+    /// be two intervals old).
+    #[test]
+    fn a_save_lost_to_a_failure_leaves_the_schedule_where_it_was() {
+        // Vanilla, full saves every 10 steps: the full of step 10 commits, the one of step 20
+        // is lost with server 1 while it uploads.
+        let mut s = Cpr::new(steps_cfg(10, 1)).unwrap();
+        for n in 1..=20 {
+            if !step(&mut s, n).is_empty() {
+                if n == 10 {
+                    done(&mut s, 10, 0.1);
+                } else {
+                    assert_eq!(n, 20);
+                }
+            }
+        }
+        assert_eq!(
+            lose(&mut s, 1)[1],
+            Action::RestorePartial {
+                servers: vec![ServerId(1)],
+                checkpoint: Some(ckpt(10))
+            }
+        );
+        s.on(&Event::RestoreFinished {
+            step: 20,
+            now_s: 20.5,
+        });
+        // Overdue since step 20: the first step after the recovery saves.
+        assert_eq!(step(&mut s, 21)[1], Action::SaveFull { step: 21 });
+        done(&mut s, 21, 0.1);
+        // Then every 10 steps from the committed save.
+        for n in 22..=30 {
+            assert!(step(&mut s, n).is_empty(), "step {n}");
+        }
+        assert_eq!(step(&mut s, 31)[1], Action::SaveFull { step: 31 });
+
+        // Time-based, with prioritized saves (a save point every 48 / 8 = 6 s): the first
+        // save is a full at 6 s; the prioritized save of 12 s is lost with a server, so the
+        // next point is the first step after the recovery, and from its commit 6 s on.
+        let cfg = CprConfig {
+            saves_per_full: 8,
+            ..CprConfig::vanilla(
+                CprInterval::TargetPls {
+                    pls: 0.1,
+                    mtbf_s: 60.0,
+                },
+                4,
+                1000,
+            )
+        };
+        let mut s = Cpr::new(cfg).unwrap();
+        let at = |s: &mut Cpr, step: u64, now_s: f64| s.on(&Event::StepDone { step, now_s });
+        assert_eq!(at(&mut s, 1, 6.0)[1], Action::SaveFull { step: 1 });
+        done(&mut s, 1, 0.1);
+        assert_eq!(at(&mut s, 2, 12.0)[1], Action::SavePartial { step: 2 });
+        lose(&mut s, 0);
+        s.on(&Event::RestoreFinished {
+            step: 2,
+            now_s: 12.5,
+        });
+        assert_eq!(at(&mut s, 3, 12.6)[1], Action::SavePartial { step: 3 });
+        done(&mut s, 3, 0.1);
+        assert!(at(&mut s, 4, 18.5).is_empty());
+        assert_eq!(at(&mut s, 5, 18.7)[1], Action::SavePartial { step: 5 });
     }
 
     #[test]
@@ -893,7 +1138,7 @@ mod tests {
     }
 
     /// Prioritized saves are priced into Eq. 2: with 8 save points per interval and r = 1/8,
-    /// one interval costs 1 + 7/8 full saves.
+    /// one interval costs 8 saves of 1/8 of a full each: one full's worth.
     #[test]
     fn benefit_analysis_prices_prioritized_saves() {
         let cfg = CprConfig {
@@ -918,7 +1163,7 @@ mod tests {
         );
         done(&mut s, 1, 0.5);
         let b = s.report().benefit.unwrap();
-        assert!((b.partial_overhead - 0.5 * 1.875 / 48.0).abs() < 1e-12);
+        assert!((b.partial_overhead - 0.5 * 8.0 * 0.125 / 48.0).abs() < 1e-12);
     }
 
     #[test]
@@ -929,7 +1174,7 @@ mod tests {
                 done(&mut s, n, 0.1);
             }
         }
-        // The last step is saved already: nothing to do.
+        // The last step is saved whole already: nothing to do.
         assert!(s
             .on(&Event::TrainingDone {
                 step: 4,
@@ -948,6 +1193,28 @@ mod tests {
                 Action::AwaitSave,
                 Action::ResumeTraining
             ]
+        );
+        // With priority, a prioritized save of the last step leaves rows behind: a full too.
+        let mut s = Cpr::new(steps_cfg(4, 2)).unwrap();
+        for n in 1..=4 {
+            if let Some(save) = step(&mut s, n).get(1).cloned() {
+                assert_eq!(
+                    save,
+                    if n == 2 {
+                        Action::SaveFull { step: 2 }
+                    } else {
+                        Action::SavePartial { step: 4 }
+                    }
+                );
+                done(&mut s, n, 0.1);
+            }
+        }
+        assert_eq!(
+            s.on(&Event::TrainingDone {
+                step: 4,
+                now_s: 4.0
+            })[1],
+            Action::SaveFull { step: 4 }
         );
     }
 

@@ -49,7 +49,8 @@ pub use full::{FullCheckpoint, Interval};
 pub use incrcp::{BaseReset, IncrCp, IncrCpConfig};
 pub use incremental::{Incremental, Pieces, ResetPolicy};
 pub use machine::{
-    Action, CheckpointRef, Decision, Event, NoFaultTolerance, PieceLayout, Strategy, StrategyReport,
+    Action, CheckpointRef, Decision, Event, NoFaultTolerance, PieceLayout, ShardCoverage, Strategy,
+    StrategyReport,
 };
 
 /// A strategy configuration that cannot work.

@@ -11,6 +11,18 @@ pub struct CheckpointRef {
     pub step: u64,
 }
 
+/// What one server's prioritized save left out (see [`Event::SaveCoverage`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ShardCoverage {
+    pub server: ServerId,
+    /// Step of the server's previous report (`None`: none since the process started).
+    pub since_step: Option<u64>,
+    /// Row updates of the server since then (every table).
+    pub updates: u64,
+    /// Per prioritized row, the updates since the newest save holding it, summed.
+    pub uncovered: u64,
+}
+
 /// What happened, as the cluster saw it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
@@ -43,6 +55,13 @@ pub enum Event {
     /// [`Event::SaveFinished`] of a piece (so the next save point's decision sees it), when
     /// the servers measured a read rate.
     RestoreEstimate { base_s: f64, chain_s: f64 },
+    /// What a prioritized save of `step` left out, per server that reported it (CPR Eq. 3 per
+    /// row): arrives just before that save's [`Event::SaveFinished`]. A server missing from
+    /// the list did not report.
+    SaveCoverage {
+        step: u64,
+        servers: Vec<ShardCoverage>,
+    },
     /// The rebuild of `server` failed (for example the replacement died too).
     RebuildFailed { server: ServerId, reason: String },
     /// The job was started again from its store (`ftrec run --resume`): every server holds

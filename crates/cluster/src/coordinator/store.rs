@@ -560,6 +560,7 @@ impl Coordinator {
         } = inflight;
         let copy_pause_s = pause_s;
         let ckpts = st.ckpts.clone();
+        let servers = self.cfg.servers;
         let wait = self.cfg.save_wait(copied_bytes);
         // A commit failure that forbids deleting the checkpoint.
         let mut keep_files: Option<KeepFiles> = None;
@@ -599,7 +600,13 @@ impl Coordinator {
             } else {
                 None
             };
-            Ok((manifest, sums))
+            // What a prioritized save left out, for the PLS that counts what was saved.
+            let coverage = if prioritized.is_some() {
+                Some(crate::cpr::read_coverage(&ckpts, &id, servers).await)
+            } else {
+                None
+            };
+            Ok((manifest, sums, coverage))
         });
         // A wait for the commit is part of what the save cost training.
         let pause_s = if block {
@@ -608,7 +615,7 @@ impl Coordinator {
             pause_s
         };
         match outcome {
-            Ok((manifest, sums)) => {
+            Ok((manifest, sums, coverage)) => {
                 let bytes = manifest.data_bytes();
                 self.checkpoints += 1;
                 self.bytes_written += bytes;
@@ -646,6 +653,9 @@ impl Coordinator {
                         self.strategy
                             .on(&Event::RestoreEstimate { base_s, chain_s }),
                     );
+                }
+                if let Some(servers) = coverage {
+                    actions.extend(self.strategy.on(&Event::SaveCoverage { step, servers }));
                 }
                 actions.extend(self.strategy.on(&Event::SaveFinished {
                     checkpoint: CheckpointRef {

@@ -15,13 +15,21 @@
 //!   the shard comes from the newest save that holds it; the priority state then starts over
 //!   (the loaded rows count as saved), as it does after a full save.
 //!
+//! A prioritized save also writes, beside its files, what it left out
+//! ([`ftrec_ckpt::cpr::Coverage`]: per row, the updates since the newest save holding it,
+//! summed), for the PLS that counts what was saved. It is a small object written after the
+//! copy-out, inside the pause; if it cannot be written the save goes on and that PLS is
+//! reported unknown.
+//!
 //! A prioritized save marks its rows saved once they are copied out, not once they are
 //! durable: if the upload then fails, those rows only lose their place in the queue until the
 //! next full save (which writes every row), never a row of a committed checkpoint.
 
 use std::sync::{Arc, Mutex};
 
-use ftrec_ckpt::cpr::{PrioritizedMeta, PriorityConfig, PriorityTracker, RowsView, TableSpec};
+use ftrec_ckpt::cpr::{
+    Coverage, PrioritizedMeta, PriorityConfig, PriorityTracker, RowsView, TableSpec,
+};
 use ftrec_ckpt::deck::{self, staging, RowSelection, Source, SourceTable};
 use ftrec_ckpt::snapshot::RowIds;
 use ftrec_ckpt::{CheckpointId, CheckpointKind, Checkpoints, DataPosition, Manifest};
@@ -112,6 +120,7 @@ impl PushObserver for PriorityObserver {
         let map = self.map;
         if let Ok(mut t) = self.tracker.lock() {
             t.record(table, rows.iter().map(|&r| map.local_index(table, r)));
+            t.cover(table, rows.iter().map(|&r| map.local_index(table, r)));
         }
     }
 }
@@ -225,12 +234,18 @@ impl CkptNode {
         &self,
         location: String,
         id: CheckpointId,
+        step: u64,
     ) -> Result<SaveStarted, CkptServiceError> {
         let Some((tracker, _)) = self.priority.clone() else {
             return Err(CkptServiceError::NoPriority);
         };
         let ckpts = self.ckpts(&location).await?;
         let server_id = self.server.read()?.config().server;
+        let coverage_key = ckpts
+            .checkpoint_dir(&id)
+            .join(&Coverage::file_name(server_id.0))
+            .map_err(|e| CkptServiceError::Internal(format!("coverage key: {e}")))?;
+        let store = ckpts.store().clone();
         let (sink, upload) = staging::start(
             ckpts,
             id.clone(),
@@ -253,11 +268,21 @@ impl CkptNode {
                     t.saved(*table, local, v);
                 }
             }
-            Ok::<_, CkptServiceError>((rep, start.elapsed().as_secs_f64()))
+            let coverage = t.take_coverage(step);
+            Ok::<_, CkptServiceError>((rep, coverage, start))
         })
         .await
         .map_err(|e| CkptServiceError::Internal(format!("copy-out task failed: {e}")))?;
-        let ((rep, pause_s), upload) = super::after_copy_out(copied, upload).await?;
+        let ((rep, coverage, start), upload) = super::after_copy_out(copied, upload).await?;
+        // Best effort: without it the PLS of what was saved is reported unknown.
+        let _ = store
+            .put(
+                &coverage_key,
+                coverage.to_json().into(),
+                ftrec_ckpt::PutMode::Overwrite,
+            )
+            .await;
+        let pause_s = start.elapsed().as_secs_f64();
         // `upto: None`: a prioritized save acknowledges nothing in DECK's tracker.
         self.saves.lock().map_err(lock_err)?.insert(
             id,

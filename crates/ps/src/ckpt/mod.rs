@@ -587,9 +587,9 @@ impl CkptApi for CkptNode {
         &self,
         location: String,
         id: CheckpointId,
-        _step: u64,
+        step: u64,
     ) -> Result<SaveStarted, CkptServiceError> {
-        self.save_prioritized_impl(location, id).await
+        self.save_prioritized_impl(location, id, step).await
     }
 
     async fn wait(&self, id: CheckpointId) -> Result<ShardReport, CkptServiceError> {
