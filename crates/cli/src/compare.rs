@@ -62,8 +62,9 @@ pub struct CompareArgs {
     #[arg(long, value_name = "N")]
     pub ckpt_every_steps: Option<u64>,
     /// The failure schedule as kills, comma-separated or repeated: ROLE=I@step=S,
-    /// ROLE=I@time=T or ROLE=I@phase=NAME[#N] (see `ftrec run --help`).
-    #[arg(long, value_delimiter = ',', value_name = "SPEC")]
+    /// ROLE=I@time=T or ROLE=I@phase=NAME[#N], several servers at once as server=0,2@step=S
+    /// (see `ftrec run --help`).
+    #[arg(long, value_name = "SPEC")]
     pub kills: Vec<String>,
     /// Draw the failure schedule instead: a server failure every T seconds of training on
     /// average (job MTBF; each server fails independently with mean T * servers), applied as
@@ -370,6 +371,26 @@ fn base_config(a: &CompareArgs) -> Result<RunConfig> {
 }
 
 /// The failure schedule, drawn once.
+/// `--kills` values split at their commas into kill specs, where a comma followed by a digit
+/// continues a list of server ids (`server=0,2@step=5,worker=1@step=8` is two specs).
+fn split_kills(values: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for v in values {
+        let mut first = true;
+        for part in v.split(',') {
+            match out.last_mut() {
+                Some(last) if !first && part.starts_with(|c: char| c.is_ascii_digit()) => {
+                    last.push(',');
+                    last.push_str(part);
+                }
+                _ => out.push(part.to_string()),
+            }
+            first = false;
+        }
+    }
+    out
+}
+
 fn schedule(a: &CompareArgs, cfg: &RunConfig) -> Result<(Schedule, Vec<KillSpec>)> {
     match (a.kills.is_empty(), a.mtbf_s) {
         (false, Some(_)) => bail!("give the failure schedule as --kills or as --mtbf-s, not both"),
@@ -377,11 +398,13 @@ fn schedule(a: &CompareArgs, cfg: &RunConfig) -> Result<(Schedule, Vec<KillSpec>
             if a.failure_dist.is_some() || a.max_kills.is_some() || a.failure_seed.is_some() {
                 bail!("--failure-dist, --max-kills and --failure-seed apply to --mtbf-s");
             }
-            let kills: Vec<KillSpec> = a
-                .kills
+            let kills: Vec<KillSpec> = split_kills(&a.kills)
                 .iter()
-                .map(|k| k.parse::<KillSpec>())
-                .collect::<Result<_, _>>()?;
+                .map(|k| KillSpec::parse_many(k))
+                .collect::<Result<Vec<_>, _>>()?
+                .into_iter()
+                .flatten()
+                .collect();
             if let Some(k) = kills.iter().find(|k| k.role == Role::Job) {
                 bail!(
                     "--kills {k}: compare runs every strategy's coordinator in its own process, \
@@ -1563,6 +1586,26 @@ pub fn run(a: CompareArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn kills_split_at_commas_except_inside_a_list_of_servers() {
+        let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            split_kills(&v(&[
+                "server=0,2@step=5,worker=1@step=8",
+                "stop:server=1@step=3"
+            ])),
+            v(&[
+                "server=0,2@step=5",
+                "worker=1@step=8",
+                "stop:server=1@step=3"
+            ])
+        );
+        assert_eq!(
+            split_kills(&v(&["server=1@step=4", "2@step=9"])),
+            v(&["server=1@step=4", "2@step=9"])
+        );
+    }
     use super::*;
 
     #[test]

@@ -1,7 +1,8 @@
 //! One writer per store: while a job runs, a second `ftrec run` on its store and a
 //! `--resume` of it are refused with one line naming the holder; once the job is gone (killed
 //! here, so its holder is provably dead), `--resume` takes the store over with the next
-//! generation, which `CURRENT` then carries, and gives the lease up when it ends.
+//! generation, which `CURRENT` then carries, and gives the lease up when it ends. A job paused
+//! past its lease and taken over is fenced when it wakes.
 
 mod common;
 
@@ -88,4 +89,84 @@ fn a_live_job_keeps_its_store_and_a_resume_takes_over_once_it_is_gone() {
         .unwrap();
     let line = one_error_line(&fresh);
     assert!(line.contains("--resume"), "{line}");
+}
+
+/// Send `sig` to `pid` (a child of this test).
+fn signal(pid: u32, sig: &str) {
+    let st = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill {sig} {pid}");
+}
+
+/// A coordinator paused (SIGSTOP) past its lease is taken over by a resume; woken after the
+/// resume has finished, it stops with one line naming the fence, exits with status 3, and
+/// leaves `CURRENT` where the resume put it; the resume ends with the uninterrupted model.
+#[test]
+fn a_coordinator_paused_past_its_lease_is_fenced_when_it_wakes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let s = store.to_str().unwrap();
+    let mut first = Command::new(env!("CARGO_BIN_EXE_ftrec"))
+        .arg("run")
+        .args(JOB)
+        .args(["--store", s, "--lease-ttl-s", "2"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !store.join("CURRENT").exists() {
+        assert!(std::time::Instant::now() < deadline, "no commit in 120 s");
+        assert!(first.try_wait().unwrap().is_none(), "the first job ended");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    signal(first.id(), "-STOP");
+    // Its lease runs out (a condition on the store's record; the bound only stops a hang).
+    loop {
+        let l = lease(&store);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        if l["expires_unix_ms"].as_u64().unwrap() < now {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lease never expired"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let report = dir.path().join("r.json");
+    succeed(ftrec().args(["run", "--resume", s, "--json"]).arg(&report));
+    assert_eq!(lease(&store)["generation"], 2);
+    let current = std::fs::read(store.join("CURRENT")).unwrap();
+    // The paused coordinator wakes: it finds out at its next renewal or commit, whichever
+    // comes first, and stops.
+    signal(first.id(), "-CONT");
+    let out = first.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let line = one_error_line(&out);
+    assert!(line.contains("fenced"), "{line}");
+    assert_eq!(std::fs::read(store.join("CURRENT")).unwrap(), current);
+    // The resume ended with the uninterrupted run's model.
+    let clean = dir.path().join("clean.json");
+    succeed(
+        ftrec()
+            .arg("run")
+            .args(JOB)
+            .args([
+                "--store",
+                dir.path().join("clean").to_str().unwrap(),
+                "--json",
+            ])
+            .arg(&clean),
+    );
+    assert_eq!(
+        read_json(&report)["model_digest"],
+        read_json(&clean)["model_digest"]
+    );
 }
