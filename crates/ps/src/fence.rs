@@ -157,6 +157,8 @@ pub struct Fences(Arc<Inner>);
 
 struct Inner {
     me: Option<Incarnation>,
+    /// `me` as a header value, made once.
+    from_value: Option<MetadataValue<Ascii>>,
     table: Mutex<Table>,
     /// The newer epoch of this process, once it learned of one.
     fenced: watch::Sender<Option<u64>>,
@@ -168,6 +170,13 @@ struct Inner {
 struct Table {
     job: Option<String>,
     epochs: BTreeMap<(FenceRole, u32), u64>,
+    /// Bumped at every change of `epochs`: the header value below is rebuilt only then.
+    version: u64,
+    sent: Option<(u64, MetadataValue<Ascii>)>,
+    /// The table header merged last, and the job it came with: the same text of the same job
+    /// again (every request of one sender, in the steady state) is not parsed again, since
+    /// merging only raises epochs.
+    merged: Option<(Option<String>, String)>,
 }
 
 impl Default for Fences {
@@ -201,6 +210,7 @@ impl Fences {
         let (fenced, _) = watch::channel(None);
         let f = Fences(Arc::new(Inner {
             me,
+            from_value: me.and_then(|m| MetadataValue::try_from(m.to_string()).ok()),
             table: Mutex::new(Table::default()),
             fenced,
         }));
@@ -239,9 +249,15 @@ impl Fences {
     pub fn raise(&self, who: Incarnation) -> u64 {
         let newest = {
             let mut t = self.table();
-            let e = t.epochs.entry(who.key()).or_insert(who.epoch);
-            *e = (*e).max(who.epoch);
-            *e
+            let (newest, changed) = match t.epochs.get(&who.key()) {
+                Some(&e) if e >= who.epoch => (e, false),
+                _ => (who.epoch, true),
+            };
+            if changed {
+                t.epochs.insert(who.key(), who.epoch);
+                t.version += 1;
+            }
+            newest
         };
         if let Some(me) = self.0.me {
             if me.key() == who.key() && newest > me.epoch {
@@ -333,13 +349,26 @@ impl Fences {
                 if let Some(me) = self.0.me {
                     t.epochs.insert(me.key(), me.epoch);
                 }
+                t.version += 1;
+                t.merged = None;
             }
         }
         if let Some(v) = md.get(FENCE_HEADER) {
             let text = v
                 .to_str()
                 .map_err(|_| PsError::MalformedRequest(format!("{FENCE_HEADER} is not text")))?;
-            self.merge(text)?;
+            let seen = |t: &Table| {
+                t.merged
+                    .as_ref()
+                    .is_some_and(|(j, m)| j.as_deref() == job && m == text)
+            };
+            if !seen(&self.table()) {
+                self.merge(text)?;
+                let mut t = self.table();
+                if t.job.as_deref() == job {
+                    t.merged = Some((job.map(str::to_string), text.to_string()));
+                }
+            }
         }
         if let (Some(me), Some(newer)) = (self.0.me, self.replaced_by()) {
             return Err(PsError::Fenced {
@@ -392,16 +421,24 @@ impl Fences {
     /// incarnation and an empty table).
     pub(crate) fn headers(&self) -> Vec<(&'static str, MetadataValue<Ascii>)> {
         let mut out = Vec::new();
-        if let Some(me) = self.0.me {
-            if let Ok(v) = MetadataValue::try_from(me.to_string()) {
-                out.push((FROM_HEADER, v));
-            }
+        if let Some(v) = &self.0.from_value {
+            out.push((FROM_HEADER, v.clone()));
         }
-        let table = self.table_text();
-        if !table.is_empty() {
-            if let Ok(v) = MetadataValue::try_from(table) {
-                out.push((FENCE_HEADER, v));
-            }
+        let version = self.table().version;
+        let cached = match &self.table().sent {
+            Some((v, value)) if *v == version => Some(value.clone()),
+            _ => None,
+        };
+        let value = cached.or_else(|| {
+            let table = self.table_text();
+            let value = (!table.is_empty())
+                .then(|| MetadataValue::try_from(table).ok())
+                .flatten()?;
+            self.table().sent = Some((version, value.clone()));
+            Some(value)
+        });
+        if let Some(v) = value {
+            out.push((FENCE_HEADER, v));
         }
         out
     }
@@ -531,6 +568,31 @@ mod tests {
             .unwrap();
         // A process without an incarnation sends nothing.
         assert!(Fences::new(None).headers().is_empty());
+    }
+
+    #[test]
+    fn the_cached_header_and_the_skipped_merge_follow_every_change() {
+        let table = |f: &Fences| {
+            f.headers()
+                .into_iter()
+                .find(|(k, _)| *k == FENCE_HEADER)
+                .map(|(_, v)| v.to_str().unwrap().to_string())
+        };
+        let c = Fences::new(Some(Incarnation::new(FenceRole::Coordinator, 0, 0)));
+        assert_eq!(table(&c).as_deref(), Some("c.0"));
+        assert_eq!(table(&c).as_deref(), Some("c.0"));
+        c.raise(Incarnation::new(FenceRole::Server, 1, 2));
+        assert_eq!(table(&c).as_deref(), Some("c.0,s1.2"));
+        // A server of any job: the same text of another job is merged into that job's table.
+        let s = Fences::new(None);
+        let m = md(&[(FENCE_HEADER, "s1.2")]);
+        s.admit(&m, Some("job-a")).unwrap();
+        s.admit(&m, Some("job-a")).unwrap();
+        s.admit(&m, Some("job-b")).unwrap();
+        assert_eq!(s.newest(FenceRole::Server, 1), Some(2));
+        assert!(s
+            .admit(&md(&[(FROM_HEADER, "s1.1")]), Some("job-b"))
+            .is_err());
     }
 
     fn futures_lite_block_on<F: std::future::Future>(f: F) -> F::Output {
