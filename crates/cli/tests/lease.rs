@@ -37,28 +37,35 @@ fn lease(store: &Path) -> serde_json::Value {
     read_json(&store.join("LEASE"))
 }
 
+/// Start the job on `store` with `extra` flags and wait for its first commit (a condition,
+/// not a duration; the bound only stops a hang).
+fn start_and_commit(store: &Path, extra: &[&str], stderr: Stdio) -> std::process::Child {
+    let mut job = Command::new(env!("CARGO_BIN_EXE_ftrec"))
+        .arg("run")
+        .args(JOB)
+        .args(["--store", store.to_str().unwrap()])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !store.join("CURRENT").exists() {
+        assert!(std::time::Instant::now() < deadline, "no commit in 120 s");
+        assert!(job.try_wait().unwrap().is_none(), "the job ended");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    job
+}
+
 #[test]
 fn a_live_job_keeps_its_store_and_a_resume_takes_over_once_it_is_gone() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     let s = store.to_str().unwrap();
     // A job that commits at step 100 and trains on to step 600.
-    let mut first = Command::new(env!("CARGO_BIN_EXE_ftrec"))
-        .arg("run")
-        .args(JOB)
-        .args(["--store", s])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    // Wait for its first commit (a condition, not a duration; the bound only stops a hang).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while !store.join("CURRENT").exists() {
-        assert!(std::time::Instant::now() < deadline, "no commit in 120 s");
-        assert!(first.try_wait().unwrap().is_none(), "the first job ended");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let mut first = start_and_commit(&store, &[], Stdio::null());
     assert_eq!(lease(&store)["generation"], 1);
     let second = ftrec()
         .arg("run")
@@ -108,22 +115,9 @@ fn a_coordinator_paused_past_its_lease_is_fenced_when_it_wakes() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     let s = store.to_str().unwrap();
-    let mut first = Command::new(env!("CARGO_BIN_EXE_ftrec"))
-        .arg("run")
-        .args(JOB)
-        .args(["--store", s, "--lease-ttl-s", "2"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while !store.join("CURRENT").exists() {
-        assert!(std::time::Instant::now() < deadline, "no commit in 120 s");
-        assert!(first.try_wait().unwrap().is_none(), "the first job ended");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let first = start_and_commit(&store, &["--lease-ttl-s", "2"], Stdio::piped());
     signal(first.id(), "-STOP");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     // Its lease runs out (a condition on the store's record; the bound only stops a hang).
     loop {
         let l = lease(&store);

@@ -676,6 +676,22 @@ impl Strategy for Cpr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Target PLS 0.1 at an MTBF of 60 s (a 48 s interval with 4 embedding servers), a
+    /// 1000-step job, and 8 save points per interval (prioritized saves).
+    fn eight_saves_per_interval() -> CprConfig {
+        CprConfig {
+            saves_per_full: 8,
+            ..CprConfig::vanilla(
+                CprInterval::TargetPls {
+                    pls: 0.1,
+                    mtbf_s: 60.0,
+                },
+                4,
+                1000,
+            )
+        }
+    }
     use ftrec_core::ServerId;
 
     fn ckpt(step: u64) -> CheckpointRef {
@@ -1026,18 +1042,7 @@ mod tests {
         // Time-based, with prioritized saves (a save point every 48 / 8 = 6 s): the first
         // save is a full at 6 s; the prioritized save of 12 s is lost with a server, so the
         // next point is the first step after the recovery, and from its commit 6 s on.
-        let cfg = CprConfig {
-            saves_per_full: 8,
-            ..CprConfig::vanilla(
-                CprInterval::TargetPls {
-                    pls: 0.1,
-                    mtbf_s: 60.0,
-                },
-                4,
-                1000,
-            )
-        };
-        let mut s = Cpr::new(cfg).unwrap();
+        let mut s = Cpr::new(eight_saves_per_interval()).unwrap();
         let at = |s: &mut Cpr, step: u64, now_s: f64| s.on(&Event::StepDone { step, now_s });
         assert_eq!(at(&mut s, 1, 6.0)[1], Action::SaveFull { step: 1 });
         done(&mut s, 1, 0.1);
@@ -1141,18 +1146,7 @@ mod tests {
     /// one interval costs 8 saves of 1/8 of a full each: one full's worth.
     #[test]
     fn benefit_analysis_prices_prioritized_saves() {
-        let cfg = CprConfig {
-            saves_per_full: 8,
-            ..CprConfig::vanilla(
-                CprInterval::TargetPls {
-                    pls: 0.1,
-                    mtbf_s: 60.0,
-                },
-                4,
-                1000,
-            )
-        };
-        let mut s = Cpr::new(cfg).unwrap();
+        let mut s = Cpr::new(eight_saves_per_interval()).unwrap();
         // The first save point (48 / 8 = 6 s) takes a full.
         assert_eq!(
             s.on(&Event::StepDone {
