@@ -22,6 +22,7 @@
 
 mod ecrec;
 mod faults;
+mod heartbeat;
 mod lease;
 mod outside;
 mod partial;
@@ -36,9 +37,9 @@ use std::time::{Duration, Instant};
 use ftrec_ckpt::CheckpointKind;
 use ftrec_core::ServerId;
 use ftrec_data::{BatchSource, SyntheticSource};
-use ftrec_ps::grpc::{GrpcClient, GrpcConfig};
+use ftrec_ps::grpc::GrpcClient;
 use ftrec_ps::net::PeerAddr;
-use ftrec_ps::{PsService, ShardedClient};
+use ftrec_ps::ShardedClient;
 use ftrec_strategy::deck::{Deck, DeckConfig};
 use ftrec_strategy::{
     Action, CheckpointRef, Cnr, CnrConfig, Event, FullCheckpoint, IncrCp, IncrCpConfig,
@@ -278,7 +279,7 @@ fn run_job(cfg: &RunConfig, resume: bool) -> Result<RunReport, ClusterError> {
         attempt_base: 0,
         resumed: None,
     };
-    c.rt.spawn(heartbeat(
+    c.rt.spawn(heartbeat::heartbeat(
         hb_rx,
         cfg.heartbeat,
         cfg.heartbeat_timeout,
@@ -1714,118 +1715,5 @@ impl Coordinator {
             },
             data,
         })
-    }
-}
-
-/// Probe every server every `every`; report `(server, generation, reason)` once per silent
-/// server generation. Ends when the coordinator drops its target list.
-async fn heartbeat(
-    mut targets: watch::Receiver<Vec<(u32, PeerAddr)>>,
-    every: Duration,
-    timeout: Duration,
-    lost: tmpsc::UnboundedSender<(u32, u32, String)>,
-    auth: crate::auth::Auth,
-) {
-    // A connection per address; a name is looked up again whenever its channel reconnects.
-    let mut conns: HashMap<PeerAddr, GrpcClient> = HashMap::new();
-    let mut reported: Vec<(u32, u32)> = Vec::new();
-    loop {
-        if targets.has_changed().is_err() {
-            return;
-        }
-        let list = targets.borrow_and_update().clone();
-        conns.retain(|a, _| list.iter().any(|(_, b)| a == b));
-        for (i, (generation, addr)) in list.iter().enumerate() {
-            let generation = *generation;
-            let key = (i as u32, generation);
-            if reported.contains(&key) {
-                continue;
-            }
-            let probe = tokio::time::timeout(timeout, async {
-                let c = match conns.get(addr) {
-                    Some(c) => c.clone(),
-                    None => {
-                        GrpcClient::connect_with(addr.clone(), GrpcConfig::default(), &auth).await?
-                    }
-                };
-                c.info().await?;
-                Ok::<_, ftrec_ps::PsError>(c)
-            })
-            .await;
-            match probe {
-                Ok(Ok(c)) => {
-                    conns.insert(addr.clone(), c);
-                }
-                Ok(Err(e)) => {
-                    reported.push(key);
-                    conns.remove(addr);
-                    let _ = lost.send((key.0, generation, e.to_string()));
-                }
-                Err(_) => {
-                    reported.push(key);
-                    conns.remove(addr);
-                    let _ = lost.send((key.0, generation, "probe timed out".into()));
-                }
-            }
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
-            changed = targets.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{build_server, ServerSpec};
-    use ftrec_core::Preset;
-    use ftrec_ps::SharedServer;
-    use std::net::SocketAddr;
-
-    #[test]
-    fn the_heartbeat_reports_a_server_that_stops_answering_once_per_generation() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let spec = ServerSpec::from_preset(&Preset::tiny(), 0, 1, 3).unwrap();
-            let server = SharedServer::new(build_server(&spec).unwrap());
-            let handle = ftrec_ps::grpc::serve(
-                server,
-                SocketAddr::from(([127, 0, 0, 1], 0)),
-                GrpcConfig::default(),
-            )
-            .await
-            .unwrap();
-            let addr = handle.local_addr();
-            let (targets, rx) = watch::channel(vec![(4u32, PeerAddr::from(addr))]);
-            let (tx, mut lost) = tmpsc::unbounded_channel();
-            let task = tokio::spawn(heartbeat(
-                rx,
-                Duration::from_millis(5),
-                Duration::from_secs(2),
-                tx,
-                crate::auth::Auth::none(),
-            ));
-            // Let it probe the live server at least once: nothing is reported.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            assert!(lost.try_recv().is_err());
-            handle.shutdown().await.unwrap();
-            let (server, generation, reason) = lost.recv().await.unwrap();
-            assert_eq!((server, generation), (0, 4));
-            assert!(!reason.is_empty());
-            // Reported once: the next report would need a new generation.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            assert!(lost.try_recv().is_err());
-            drop(targets);
-            task.await.unwrap();
-        });
     }
 }
