@@ -399,10 +399,7 @@ fn check(
     seed: u64,
     ops: Vec<Op>,
 ) -> std::result::Result<(), TestCaseError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    block_on(async {
         let model = Model::new(servers, seed);
         let chains = (0..servers)
             .map(|s| ServerChain::new(ServerId(s), model.map))
@@ -502,10 +499,7 @@ proptest! {
 /// reads fewer bytes than the pieces add up to (IncrCP §4.2's point).
 #[test]
 fn full_extraction_restores_the_newest_from_row_0_only() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    block_on(async {
         let model = Model::new(1, 5);
         let spec = PieceSpec::chunk_list(0.0);
         let mut run = Run {
@@ -708,10 +702,7 @@ fn pieces_through_staging_quantized_and_exact() {
 #[test]
 fn damaged_chunk_files_are_errors_naming_them() {
     use crate::store::PutMode;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    block_on(async {
         let model = Model::new(1, 11);
         let mut run = Run {
             ckpts: Checkpoints::new(Arc::new(MemoryStore::new())),
@@ -854,10 +845,7 @@ async fn section_4_3_workload(run: &mut Run) -> Vec<crate::format::ExtractStats>
 /// bit for bit.
 #[test]
 fn selective_extraction_skips_small_duplicate_shares() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    block_on(async {
         let mut run = one_server_run(PieceSpec::chunk_list(0.3));
         let mut st = section_4_3_pieces(&mut run, 0..3).await;
         // Restoring column 3: the rectangle holds rows 45..50 twice (columns 1 and 3, the
@@ -899,10 +887,7 @@ fn selective_extraction_skips_small_duplicate_shares() {
 /// 60).
 #[test]
 fn the_actual_count_skips_what_the_bloom_filter_would_have() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    block_on(async {
         let mut spec = PieceSpec::chunk_list(0.3);
         spec.extract.filters.bloom = false;
         let mut run = one_server_run(spec);
@@ -925,10 +910,7 @@ fn the_actual_count_skips_what_the_bloom_filter_would_have() {
 /// 0 alone. Both restore every checkpoint bit for bit.
 #[test]
 fn r_zero_skips_no_duplicate_and_r_one_extracts_nothing() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    block_on(async {
         let mut run = one_server_run(PieceSpec::chunk_list(0.0));
         let st = section_4_3_workload(&mut run).await;
         // Column 3 duplicates 5 of column 1's 50 rows: extracted all the same; its comparison
@@ -981,10 +963,7 @@ fn r_zero_skips_no_duplicate_and_r_one_extracts_nothing() {
 #[test]
 fn a_damaged_file_takes_down_the_states_that_read_it_and_restores_fall_back() {
     use crate::store::PutMode;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    block_on(async {
         // IncrCP, full extraction: column 4's round extracts rows 0..50 of columns 1 and 3
         // into a bundle of round 4, which the rectangles of columns 1 to 3 read, not 4's.
         let mut run = one_server_run(PieceSpec::chunk_list(0.0));
@@ -1080,4 +1059,12 @@ fn a_damaged_file_takes_down_the_states_that_read_it_and_restores_fall_back() {
 
 fn ids_of(run: &Run, cols: &[usize]) -> Vec<CheckpointId> {
     cols.iter().map(|&c| run.committed[c].0.clone()).collect()
+}
+
+/// Run a test body on a current-thread runtime.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(f)
 }
