@@ -153,6 +153,10 @@ pub struct BatchTiming {
     pub txn_commit_s: f64,
     #[serde(default)]
     pub txn_retries: u64,
+    /// Of the transactions' time, the part spent waiting for other transactions (refused
+    /// attempts and waits for a node's slot).
+    #[serde(default)]
+    pub txn_lock_wait_s: f64,
     /// Transactions whose phase 2 failed on some node (lost after phase 1).
     #[serde(default)]
     pub txn_commit_failures: u64,
@@ -177,6 +181,7 @@ impl BatchTiming {
         self.txn_prepare_s += o.txn_prepare_s;
         self.txn_commit_s += o.txn_commit_s;
         self.txn_retries = self.txn_retries.saturating_add(o.txn_retries);
+        self.txn_lock_wait_s += o.txn_lock_wait_s;
         self.txn_commit_failures = self
             .txn_commit_failures
             .saturating_add(o.txn_commit_failures);

@@ -423,6 +423,10 @@ pub struct EcReport {
     /// phase 2 failed on a lost server (committed by the survivors).
     pub txn_retries: u64,
     pub txn_commit_failures: u64,
+    /// Asynchronous: the share of the transactions' time (both phases) spent waiting for
+    /// other transactions (refused attempts, waits for a node's slot).
+    #[serde(default)]
+    pub lock_wait_share: f64,
     /// Steps aborted in phase 1 (then retried).
     pub steps_aborted: u64,
     /// Wall time of phase 1 (or of the one-phase apply), all steps.

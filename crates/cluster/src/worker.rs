@@ -729,6 +729,7 @@ fn run_batch(
                     timing.txn_prepare_s = r.prepare_s;
                     timing.txn_commit_s = r.commit_s;
                     timing.txn_retries = u64::from(r.retries);
+                    timing.txn_lock_wait_s = r.lock_wait_s;
                     timing.txn_commit_failures = u64::from(!r.commit_failures.is_empty());
                     timing.txn_row_deltas = r.prepared.row_deltas_sent;
                     timing.txn_dense_deltas = r.prepared.dense_deltas_sent;

@@ -756,6 +756,12 @@ impl Coordinator {
             r.dense_deltas_sent = timing.txn_dense_deltas;
             r.delta_bytes_sent = timing.txn_delta_bytes;
             r.per_step_s = (r.prepare_s + r.commit_s) / timing.txns.max(1) as f64;
+            let txn_s = r.prepare_s + r.commit_s;
+            r.lock_wait_share = if txn_s > 0.0 {
+                timing.txn_lock_wait_s / txn_s
+            } else {
+                0.0
+            };
         }
         let deadline = Instant::now() + FINISH_REBUILD_TIMEOUT;
         // The rebuilds yielded to training (their share); now nothing else runs.

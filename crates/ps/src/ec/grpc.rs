@@ -192,6 +192,7 @@ fn prepare_reply(p: PrepareReport) -> proto::PrepareReply {
         dense_deltas_sent: p.dense_deltas_sent,
         bytes_sent: p.bytes_sent,
         rows_decoded: p.rows_decoded,
+        slot_wait_us: p.slot_wait_us,
     }
 }
 
@@ -203,6 +204,7 @@ fn prepare_report(p: proto::PrepareReply) -> PrepareReport {
         dense_deltas_sent: p.dense_deltas_sent,
         bytes_sent: p.bytes_sent,
         rows_decoded: p.rows_decoded,
+        slot_wait_us: p.slot_wait_us,
     }
 }
 
@@ -347,14 +349,7 @@ impl EcNodeRpc for EcGrpcHandler {
     ) -> Result<Response<proto::PrepareReply>, Status> {
         let r = req.into_inner();
         let p = self.node.prepare(r.step, &r.workers).await.map_err(s)?;
-        Ok(Response::new(proto::PrepareReply {
-            rows: p.rows,
-            dense_blocks: p.dense_blocks,
-            row_deltas_sent: p.row_deltas_sent,
-            dense_deltas_sent: p.dense_deltas_sent,
-            bytes_sent: p.bytes_sent,
-            rows_decoded: p.rows_decoded,
-        }))
+        Ok(Response::new(prepare_reply(p)))
     }
 
     async fn commit(
@@ -676,14 +671,7 @@ impl EcService for EcGrpcClient {
                     .prepare(proto::StepRequest { step, workers }),
             )
             .await?;
-        Ok(PrepareReport {
-            rows: p.rows,
-            dense_blocks: p.dense_blocks,
-            row_deltas_sent: p.row_deltas_sent,
-            dense_deltas_sent: p.dense_deltas_sent,
-            bytes_sent: p.bytes_sent,
-            rows_decoded: p.rows_decoded,
-        })
+        Ok(prepare_report(p))
     }
 
     async fn commit(&self, step: u64) -> Result<ApplyReport, PsError> {

@@ -174,13 +174,18 @@ impl EcNode {
         txn: TxnId,
         share: Arc<Update>,
     ) -> Result<PrepareReport, PsError> {
+        let waited = std::time::Instant::now();
         self.take_slot(txn).await?;
+        let slot_wait_us = waited.elapsed().as_micros() as u64;
         let mut guard = PrepareGuard {
             node: self,
             txn,
             armed: true,
         };
-        let mut report = PrepareReport::default();
+        let mut report = PrepareReport {
+            slot_wait_us,
+            ..PrepareReport::default()
+        };
         if self.state()?.missing.is_some() {
             report.rows_decoded = self.ensure_present(&rows_of(&share)).await?;
         }
@@ -355,6 +360,10 @@ pub struct TxnReport {
     pub commit_s: f64,
     /// Phase-1 attempts refused by wait-die or a busy node, aborted and tried again.
     pub retries: u32,
+    /// Time spent waiting for other transactions: the phase-1 attempts refused (with the
+    /// back-off after them) and, in the attempt that went through, the longest wait for a
+    /// node's slot.
+    pub lock_wait_s: f64,
     /// Nodes whose phase 2 failed (lost after phase 1): the survivors committed.
     pub commit_failures: Vec<(ServerId, PsError)>,
     /// Summed over the nodes' phase-1 reports.
@@ -412,6 +421,7 @@ where
     let mut wait = std::time::Duration::from_millis(1);
     loop {
         at_phase(TxnPhase::Prepare).await;
+        let attempt = Instant::now();
         let res = on_all(nodes, shares, move |c, s| async move {
             c.txn_prepare(txn, s).await
         })
@@ -428,6 +438,7 @@ where
                     sum.dense_deltas_sent += p.dense_deltas_sent;
                     sum.bytes_sent += p.bytes_sent;
                     sum.rows_decoded += p.rows_decoded;
+                    sum.slot_wait_us = sum.slot_wait_us.max(p.slot_wait_us);
                 }
                 Err(e) => {
                     retry &= e.is_retryable();
@@ -442,6 +453,7 @@ where
             }
         }
         let Some(e) = first else {
+            report.lock_wait_s += sum.slot_wait_us as f64 * 1e-6;
             report.prepared = sum;
             break;
         };
@@ -458,6 +470,7 @@ where
         }
         report.retries += 1;
         tokio::time::sleep(wait).await;
+        report.lock_wait_s += attempt.elapsed().as_secs_f64();
         wait = (wait * 2).min(std::time::Duration::from_millis(50));
         *next_seq += 1;
         txn.seq = *next_seq;

@@ -190,6 +190,8 @@ pub struct PrepareReport {
     pub bytes_sent: u64,
     /// Lost rows decoded on demand before the step could be computed (a replacement only).
     pub rows_decoded: u64,
+    /// Microseconds the transaction waited for this node's slot (held by other transactions).
+    pub slot_wait_us: u64,
 }
 
 /// Progress of a replacement's rebuild (ECRec §3.4).
