@@ -1635,6 +1635,7 @@ impl Coordinator {
         for p in &mut self.procs {
             p.stop(STOP_GRACE);
         }
+        let server_memory = self.procs.iter().filter_map(|p| p.memory()).collect();
         self.procs.clear();
         self.release_lease();
         outcome?;
@@ -1707,6 +1708,7 @@ impl Coordinator {
             config: self.cfg,
             ec: self.ec.map(|e| e.report),
             cpu: self.cpu.report(),
+            server_memory,
             resumed: self.resumed,
             kills,
             cpr: match self.strategy.report() {

@@ -303,8 +303,12 @@ pub(crate) fn validate_run(cfg: &RunConfig) -> Result<(), ClusterError> {
 }
 
 /// The routes of an ECRec server process: the parameter-server service on the node's shard
-/// and the ECRec service (parity traffic, 2PC, rebuild) on the same socket.
-pub(crate) fn ec_routes(spec: &ServerSpec, ec: &EcServerSpec) -> Result<Routes, ClusterError> {
+/// and the ECRec service (parity traffic, 2PC, rebuild) on the same socket; and the node, for
+/// the process's memory report.
+pub(crate) fn ec_routes(
+    spec: &ServerSpec,
+    ec: &EcServerSpec,
+) -> Result<(Routes, EcNode), ClusterError> {
     let (config, dense) = crate::shard_server::server_config(spec)?;
     let node = if ec.replacement {
         EcNode::new_replacement(config, &dense, ec.ec_config(), &[ServerId(spec.id)])?
@@ -313,10 +317,9 @@ pub(crate) fn ec_routes(spec: &ServerSpec, ec: &EcServerSpec) -> Result<Routes, 
     };
     // Calls to the peers (servers of the same job) carry this process's token and job id.
     node.set_peer_auth(spec.auth.clone())?;
-    Ok(
-        Routes::new(ps_service(node.shared().clone(), GrpcConfig::default()))
-            .add_service(ec_service(node)),
-    )
+    let routes = Routes::new(ps_service(node.shared().clone(), GrpcConfig::default()))
+        .add_service(ec_service(node.clone()));
+    Ok((routes, node))
 }
 
 /// Bytes held for the model and for redundancy over the whole cluster, computed from the

@@ -14,6 +14,8 @@ pub struct ServerProcess {
     pub id: u32,
     pub addr: SocketAddr,
     child: Child,
+    /// Where it writes its address, and next to it its memory report at a normal stop.
+    port_file: PathBuf,
 }
 
 /// Server `id`'s incarnation number `generation` ([`ftrec_ps::fence`]).
@@ -63,6 +65,7 @@ impl ServerProcess {
             id: spec.id,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             child,
+            port_file: port_file.clone(),
         };
         let deadline = Instant::now() + timeout;
         loop {
@@ -92,6 +95,12 @@ impl ServerProcess {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// The memory report the process wrote when it stopped normally
+    /// ([`crate::memory::ServerMemory`]); `None` while it runs, or if it was killed.
+    pub fn memory(&self) -> Option<crate::memory::ServerMemory> {
+        crate::memory::read_memory_file(&self.port_file)
     }
 
     pub fn pid(&self) -> u32 {

@@ -88,6 +88,7 @@ pub mod cpr;
 pub mod ecrec;
 pub mod job;
 pub mod launcher;
+pub mod memory;
 pub mod merger;
 pub mod plan;
 pub mod report;

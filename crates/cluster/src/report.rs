@@ -300,6 +300,10 @@ pub struct RunReport {
     /// Every kill of the schedule: fired (when, after which step) or not, and why not.
     #[serde(default)]
     pub kills: Vec<KillOutcome>,
+    /// The memory report of every server process that stopped normally at the end of the
+    /// run (a killed one wrote none), in server order; replacements carry their generation.
+    #[serde(default)]
+    pub server_memory: Vec<crate::memory::ServerMemory>,
 }
 
 /// The one definition of samples/s ([`ftrec_core::samples_per_s`]).

@@ -13,6 +13,7 @@ use ftrec_ps::ckpt::{grpc::ckpt_service, CkptNode};
 use ftrec_ps::grpc::{ps_service, serve_routes_with, GrpcConfig, Routes};
 use ftrec_ps::{Server, ServerConfig, SharedServer};
 
+use crate::memory::MemoryParts;
 use crate::spec::Lifetime;
 use crate::{ClusterError, ServerSpec};
 
@@ -40,6 +41,14 @@ pub(crate) fn server_config(spec: &ServerSpec) -> Result<(ServerConfig, Vec<f32>
     )
     .map_err(|e| ClusterError::Config(e.to_string()))?;
     Ok((config, dense.into_params().values))
+}
+
+/// Bytes of a plain shard: rows with their optimizer state, and the dense range with its state.
+fn shard_bytes(s: &Server) -> u64 {
+    let rows: u64 = (0u32..)
+        .map_while(|t| s.shard(ftrec_core::TableId(t)).map(|x| x.bytes()))
+        .sum();
+    rows + (s.dense().values.capacity() + s.dense().state.capacity()) as u64 * 4
 }
 
 /// Write `text` to `path` atomically: a reader sees nothing or all of it.
@@ -122,12 +131,21 @@ pub(crate) fn exit_when_fenced(fences: &ftrec_ps::fence::Fences, what: String) {
 /// that exits or dies takes its servers with it and no orphan is left), then shut down cleanly.
 pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
     // With ECRec the node wraps the shard and serves its own service next to it.
-    let (mut routes, shared) = match &spec.ec {
-        Some(ec) => (crate::ecrec::ec_routes(spec, ec)?, None),
+    let (mut routes, shared, parts): (_, _, Box<dyn Fn() -> MemoryParts + Send>) = match &spec.ec {
+        Some(ec) => {
+            let (routes, node) = crate::ecrec::ec_routes(spec, ec)?;
+            let parts = move || node.memory_parts().map(Into::into).unwrap_or_default();
+            (routes, None, Box::new(parts))
+        }
         None => {
             let server = SharedServer::new(build_server(spec)?);
             let routes = Routes::new(ps_service(server.clone(), GrpcConfig::default()));
-            (routes, Some(server))
+            let watched = server.clone();
+            let parts = move || MemoryParts {
+                rows_bytes: watched.read().map_or(0, |s| shard_bytes(&s)),
+                ..MemoryParts::default()
+            };
+            (routes, Some(server), Box::new(parts))
         }
     };
     if let Some(c) = &spec.ckpt {
@@ -186,7 +204,18 @@ pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
             "ftrec server {} of {} listening on {addr}",
             spec.id, spec.servers
         );
+        let sampler = spec.port_file.as_ref().map(|_| {
+            let generation = spec.auth.fences.me().map_or(0, |i| i.epoch as u32);
+            crate::memory::Sampler::start(spec.id, generation, parts)
+        });
         wait_for_end(spec.until).await;
+        if let (Some(sampler), Some(port)) = (sampler, &spec.port_file) {
+            let m = sampler.finish();
+            let text = serde_json::to_vec(&m).unwrap_or_default();
+            if let Err(e) = write_atomic(&crate::memory::memory_file(port), &text) {
+                eprintln!("ftrec server {}: no memory report: {e}", spec.id);
+            }
+        }
         // Graceful shutdown waits for open connections; a client that keeps one open must not
         // keep the process alive, so the wait is bounded.
         match tokio::time::timeout(std::time::Duration::from_secs(2), handle.shutdown()).await {

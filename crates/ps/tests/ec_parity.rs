@@ -318,3 +318,37 @@ async fn conflicting_transactions_wait_or_die_by_age() {
     let audit = c.audit().await;
     assert_eq!((audit.parity_mismatches, audit.replica_mismatches), (0, 0));
 }
+
+#[test]
+fn the_memory_parts_add_up_to_the_nodes_own_figures() {
+    let d = dense_init();
+    let node = EcNode::new(
+        config(3, 1, OptimizerKind::Adagrad),
+        &d,
+        EcConfig::new(CodeKind::Gf256, 2, 1),
+    )
+    .unwrap();
+    let (redundancy, model) = node.memory().unwrap();
+    let p = node.memory_parts().unwrap();
+    assert!(p.parity_bytes > 0 && p.dense_replica_bytes > 0, "{p:?}");
+    // Capacities: never below the lengths `memory` counts.
+    assert!(
+        p.parity_bytes + p.dense_replica_bytes >= redundancy,
+        "{p:?}"
+    );
+    assert!(p.rows_bytes >= model, "{p:?}");
+    // Nothing prepared, staged or being rebuilt on a fresh node.
+    assert_eq!(
+        (p.prepared_bytes, p.staged_batches, p.rebuild_bytes),
+        (0, 0, 0)
+    );
+    // A replacement records what it still has to rebuild.
+    let fresh = EcNode::new_replacement(
+        config(3, 1, OptimizerKind::Adagrad),
+        &d,
+        EcConfig::new(CodeKind::Gf256, 2, 1),
+        &[ftrec_core::ServerId(1)],
+    )
+    .unwrap();
+    assert!(fresh.memory_parts().unwrap().rebuild_bytes > 0);
+}

@@ -102,6 +102,7 @@
 //! rebuild is safe against concurrent commits.
 
 mod grpc;
+mod memory;
 mod node;
 mod rebuild;
 mod service;
@@ -109,6 +110,7 @@ mod txn;
 mod types;
 
 pub use grpc::{ec_service, EcGrpcClient, EcGrpcHandler};
+pub use memory::NodeMemory;
 pub use node::{
     audit_parities, EcConfig, EcNode, ParityAudit, DEFAULT_PEER_TIMEOUT, FULL_SHARE_PPM,
 };
