@@ -165,8 +165,9 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             repeat,
             rebuild_shares,
             no_full,
+            no_recovery,
         } => crate::bench_ecrec::run(
-            run,
+            run.run,
             crate::bench_ecrec::Plan {
                 kill_server,
                 kill_step,
@@ -174,6 +175,8 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                 repeats: repeat,
                 rebuild_shares,
                 full: !no_full,
+                recovery: !no_recovery,
+                workers: run.workers,
             },
         ),
         BenchCmd::Cluster {

@@ -11,7 +11,15 @@
 //!   and training throughput while it ran, as a whole and per lock range, for one or several
 //!   rebuild shares (`--rebuild-shares`); `full` checkpoints' recovery from the same kill for
 //!   comparison. Recovery runs are longer than the overhead runs (`--recovery-steps`), so
-//!   that a rebuild that yields to training finishes while training goes on.
+//!   that a rebuild that yields to training finishes while training goes on;
+//! - with a comma list of worker counts (`--workers 2,4,8,15`), a sweep: at each count `none`
+//!   and ECRec all on (k = 2), interleaved per repeat, with the overhead's mean and 95%
+//!   interval, CPU while training and the transactions' lock-wait share, and the recovery runs
+//!   at the largest count;
+//! - memory per server (`memory` in the JSON): each server's peak anonymous RSS over `none`'s
+//!   for the same server, against a bound from the layout (1.25 x (r/k of its rows with their
+//!   optimizer state + its dense replicas)), and the server's own breakdown of what it held
+//!   ([`ftrec_cluster::memory::ServerMemory`]).
 
 use anyhow::{bail, Result};
 use ftrec_cluster::{RunReport, StrategyChoice};
@@ -34,6 +42,7 @@ const RECOVERY_STEPS_FACTOR: u64 = 8;
 struct RunSummary {
     name: String,
     repeat: u32,
+    workers: u32,
     train_s: f64,
     samples_per_s: f64,
     /// User + system CPU seconds of the server processes and of the worker processes, whole
@@ -52,6 +61,7 @@ impl RunSummary {
         RunSummary {
             name: name.into(),
             repeat,
+            workers: report.config.workers,
             train_s: report.train_s,
             samples_per_s: report.samples_per_s,
             servers_cpu_s: report.cpu.servers_s,
@@ -147,6 +157,177 @@ pub struct Plan {
     pub rebuild_shares: Vec<f64>,
     /// Whether the `full` recovery run is made.
     pub full: bool,
+    /// Whether any recovery run is made.
+    pub recovery: bool,
+    /// `--workers` as given: one count, or a comma list for a sweep ([`parse_worker_counts`]).
+    pub workers: Option<String>,
+}
+
+/// The worker counts of `--workers` (`2,4,8,15`): whole numbers from 1, each once, in the
+/// order given.
+pub fn parse_worker_counts(text: &str) -> Result<Vec<u32>> {
+    let mut counts = Vec::new();
+    for part in text.split(',') {
+        let part = part.trim();
+        let n: u32 = match part.parse() {
+            Ok(n) if n >= 1 => n,
+            _ => bail!(
+                "--workers {text}: {part:?} is not a worker count (whole numbers from 1, \
+                 separated by commas, e.g. 2,4,8,15)"
+            ),
+        };
+        if counts.contains(&n) {
+            bail!("--workers {text}: {n} is listed twice");
+        }
+        counts.push(n);
+    }
+    Ok(counts)
+}
+
+/// One worker count of a sweep: `none` against ECRec all on (k = 2, r = 1).
+#[derive(Serialize)]
+struct SweepPoint {
+    workers: u32,
+    repeats: u32,
+    /// Mean samples/s of the `none` runs and of the ECRec runs.
+    none_samples_per_s: f64,
+    ecrec_samples_per_s: f64,
+    /// ECRec's training time over the `none` run's of the same repeat, minus one: the mean,
+    /// and the half-width of its 95% interval over the repeats (`None` for one repeat).
+    overhead: Option<f64>,
+    overhead_ci95: Option<f64>,
+    /// The same in CPU time while training (servers + workers).
+    train_cpu_overhead: Option<f64>,
+    train_cpu_overhead_ci95: Option<f64>,
+    /// Mean CPU seconds (servers + workers) while training.
+    none_train_cpu_s: f64,
+    ecrec_train_cpu_s: f64,
+    /// Largest over smallest training time of the `none` runs at this count, minus one.
+    none_spread: f64,
+    /// Mean share of the ECRec transactions' time spent waiting for other transactions.
+    lock_wait_share: Option<f64>,
+    /// Mean cost of one commit (both phases) as the worker coordinating it saw it.
+    commit_per_update_s: f64,
+    /// The ECRec recovery run at this count (the first one when several shares are run):
+    /// throughput while the rebuild ran over the throughput before the kill, and seconds from
+    /// the kill to training resumed.
+    recovery_throughput_share: Option<f64>,
+    resume_s: Option<f64>,
+    /// Per server: ECRec's peak anonymous RSS minus `none`'s (means over the repeats).
+    extra_rss_bytes: Vec<Option<i64>>,
+}
+
+/// One server's memory: ECRec against `none` and the layout's bound.
+#[derive(Serialize)]
+struct ServerMemoryRow {
+    server: u32,
+    /// Peak anonymous RSS, mean over the repeats, of the `none` and the ECRec runs.
+    none_peak_anon_bytes: Option<u64>,
+    ecrec_peak_anon_bytes: Option<u64>,
+    extra_rss_bytes: Option<i64>,
+    /// 1.25 x ((r/k) x the server's rows with their optimizer state + its dense replicas).
+    bound_bytes: Option<u64>,
+    /// What the server held (the first ECRec run at this count), and the allocator's view.
+    breakdown: Option<ftrec_cluster::memory::ServerMemory>,
+    /// The same server's figures in the `none` run.
+    none_breakdown: Option<ftrec_cluster::memory::ServerMemory>,
+}
+
+/// Memory per server at one worker count (the largest of a sweep).
+#[derive(Serialize)]
+struct MemorySection {
+    workers: u32,
+    k: usize,
+    r: usize,
+    /// How the peaks were taken.
+    method: String,
+    servers: Vec<ServerMemoryRow>,
+    /// Per server, in server order (the same figures as in `servers`).
+    extra_rss_bytes: Vec<Option<i64>>,
+    bound_bytes: Vec<Option<u64>>,
+    /// Replacement processes of the ECRec recovery runs (a rebuild's memory), if any stopped
+    /// normally at the end of their run.
+    replacements: Vec<ftrec_cluster::memory::ServerMemory>,
+}
+
+/// The factor over the layout's redundancy a server's extra memory may take (buffers,
+/// allocator slack) and still count as within its bound.
+const MEMORY_BOUND_FACTOR: f64 = 1.25;
+
+/// Mean peak anonymous RSS of server `id` over `runs`.
+fn mean_peak(runs: &[&RunSummary], id: u32) -> Option<u64> {
+    let v: Vec<u64> = runs
+        .iter()
+        .filter_map(|r| {
+            r.report
+                .server_memory
+                .iter()
+                .find(|m| m.server == id && m.generation == 0)
+                .map(|m| m.peak_anon_bytes)
+        })
+        .collect();
+    (!v.is_empty()).then(|| v.iter().sum::<u64>() / v.len() as u64)
+}
+
+fn first_memory(runs: &[&RunSummary], id: u32) -> Option<ftrec_cluster::memory::ServerMemory> {
+    runs.iter().find_map(|r| {
+        r.report
+            .server_memory
+            .iter()
+            .find(|m| m.server == id && m.generation == 0)
+            .cloned()
+    })
+}
+
+/// [`MemorySection`] of `none` runs against ECRec (k, r) runs of one worker count.
+fn memory_section(
+    workers: u32,
+    servers: u32,
+    (k, r): (usize, usize),
+    none: &[&RunSummary],
+    ecrec: &[&RunSummary],
+    recoveries: &[Recovery],
+) -> MemorySection {
+    let rows: Vec<ServerMemoryRow> = (0..servers)
+        .map(|id| {
+            let (n, e) = (mean_peak(none, id), mean_peak(ecrec, id));
+            let breakdown = first_memory(ecrec, id);
+            let bound = breakdown.as_ref().map(|m| {
+                let p = &m.parts_max;
+                (MEMORY_BOUND_FACTOR
+                    * (r as f64 / k as f64 * p.rows_bytes as f64 + p.dense_replica_bytes as f64))
+                    as u64
+            });
+            ServerMemoryRow {
+                server: id,
+                none_peak_anon_bytes: n,
+                ecrec_peak_anon_bytes: e,
+                extra_rss_bytes: n.zip(e).map(|(n, e)| e as i64 - n as i64),
+                bound_bytes: bound,
+                breakdown,
+                none_breakdown: first_memory(none, id),
+            }
+        })
+        .collect();
+    MemorySection {
+        workers,
+        k,
+        r,
+        method: format!(
+            "peak RssAnon of each server process, sampled by the process every {} ms from \
+             serving to its stop; mean over the repeats",
+            ftrec_cluster::memory::SAMPLE_EVERY.as_millis()
+        ),
+        extra_rss_bytes: rows.iter().map(|r| r.extra_rss_bytes).collect(),
+        bound_bytes: rows.iter().map(|r| r.bound_bytes).collect(),
+        servers: rows,
+        replacements: recoveries
+            .iter()
+            .filter(|r| r.strategy == "ecrec")
+            .flat_map(|r| r.report.server_memory.iter().filter(|m| m.generation > 0))
+            .cloned()
+            .collect(),
+    }
 }
 
 /// The recovery from one kill.
@@ -195,6 +376,11 @@ struct EcrecBench {
     /// Variants not run because the cluster has fewer than k + r servers.
     skipped: Vec<String>,
     recoveries: Vec<Recovery>,
+    /// One entry per worker count (one entry without a sweep).
+    sweep: Vec<SweepPoint>,
+    /// Memory per server at the largest worker count (`None` when no ECRec k = 2 run was
+    /// made next to a `none` run).
+    memory: Option<MemorySection>,
 }
 
 /// Throughput during `[from, to]` (seconds after the run started) over the throughput before
@@ -290,6 +476,87 @@ fn ecrec(
     }
 }
 
+/// Fill `v`'s ratios from its runs against the `none` runs of the same repeats.
+fn compare_variant(v: &mut Variant, none: &[&RunSummary]) {
+    let per = |f: &dyn Fn(&RunSummary) -> f64| -> Vec<f64> {
+        v.runs
+            .iter()
+            .zip(none)
+            .map(|(r, n)| f(r) / f(n).max(1e-9) - 1.0)
+            .collect()
+    };
+    v.overhead = Spread::of(&per(&|r| r.train_s));
+    v.train_cpu_overhead = Spread::of(&per(&|r| r.train_cpu_s()));
+    v.train_server_cpu_overhead = Spread::of(&per(&|r| r.train_servers_cpu_s));
+    v.cpu_overhead = Spread::of(&per(&|r| r.cpu_s()));
+    v.server_cpu_overhead = Spread::of(&per(&|r| r.servers_cpu_s));
+    let ecs: Vec<_> = v.runs.iter().filter_map(|r| r.report.ec.clone()).collect();
+    v.commit_per_update_s = ecs.iter().map(|e| e.per_step_s).sum::<f64>() / ecs.len().max(1) as f64;
+    if let Some(e) = ecs.first() {
+        v.memory_overhead = e.memory.overhead;
+        v.code_overhead = e.memory.code_overhead;
+    }
+}
+
+/// Largest over smallest of `f` over `runs`, minus one (0 without runs).
+fn spread_of(runs: &[&RunSummary], f: &dyn Fn(&RunSummary) -> f64) -> f64 {
+    if runs.is_empty() {
+        return 0.0;
+    }
+    let v: Vec<f64> = runs.iter().map(|r| f(r)).collect();
+    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+    max / min.max(1e-9) - 1.0
+}
+
+/// The sweep entry of `workers` from its `none` runs and ECRec all-on (k = 2) runs.
+fn sweep_point(
+    workers: u32,
+    none: &[&RunSummary],
+    ecrec: &[&RunSummary],
+    servers: u32,
+) -> SweepPoint {
+    let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    let ratios = |f: &dyn Fn(&RunSummary) -> f64| -> Vec<f64> {
+        ecrec
+            .iter()
+            .zip(none)
+            .map(|(e, n)| f(e) / f(n).max(1e-9) - 1.0)
+            .collect()
+    };
+    let overhead = crate::timeline::mean_ci95(&ratios(&|r| r.train_s));
+    let cpu = crate::timeline::mean_ci95(&ratios(&|r| r.train_cpu_s()));
+    let of = |runs: &[&RunSummary], f: &dyn Fn(&RunSummary) -> f64| {
+        mean(&runs.iter().map(|r| f(r)).collect::<Vec<_>>()).unwrap_or(0.0)
+    };
+    let ecs: Vec<_> = ecrec.iter().filter_map(|r| r.report.ec.as_ref()).collect();
+    SweepPoint {
+        workers,
+        repeats: ecrec.len() as u32,
+        none_samples_per_s: of(none, &|r| r.samples_per_s),
+        ecrec_samples_per_s: of(ecrec, &|r| r.samples_per_s),
+        overhead: overhead.map(|o| o.0),
+        overhead_ci95: overhead.and_then(|o| o.1),
+        train_cpu_overhead: cpu.map(|o| o.0),
+        train_cpu_overhead_ci95: cpu.and_then(|o| o.1),
+        none_train_cpu_s: of(none, &|r| r.train_cpu_s()),
+        ecrec_train_cpu_s: of(ecrec, &|r| r.train_cpu_s()),
+        none_spread: spread_of(none, &|r| r.train_s),
+        lock_wait_share: mean(&ecs.iter().map(|e| e.lock_wait_share).collect::<Vec<_>>()),
+        commit_per_update_s: mean(&ecs.iter().map(|e| e.per_step_s).collect::<Vec<_>>())
+            .unwrap_or(0.0),
+        recovery_throughput_share: None,
+        resume_s: None,
+        extra_rss_bytes: (0..servers)
+            .map(|id| {
+                mean_peak(none, id)
+                    .zip(mean_peak(ecrec, id))
+                    .map(|(n, e)| e as i64 - n as i64)
+            })
+            .collect(),
+    }
+}
+
 fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
     let Plan {
         kill_server,
@@ -310,18 +577,36 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
     if !plan.rebuild_shares.is_empty() && flags.rebuild_share.is_some() {
         bail!("give either --rebuild-share or --rebuild-shares, not both");
     }
-    let mut base = crate::cluster_cmd::merge(run)?;
+    // Checked before any run, so that a bad count fails at once.
+    let counts = match &plan.workers {
+        Some(text) => parse_worker_counts(text)?,
+        None => Vec::new(),
+    };
+    // A sweep: several counts. One count (or none given) is the bench as it always ran.
+    let sweeping = counts.len() > 1;
+    let mut run = run.clone();
+    if let [n] = counts[..] {
+        run.workers = Some(n);
+    }
+    let mut base = crate::cluster_cmd::merge(&run)?;
     base.steps = base.steps.or(Some(DEFAULT_STEPS));
     base.strategy = Some("none".into());
     let none_cfg = crate::cluster_cmd::run_config(&base)?;
     let steps = none_cfg.steps;
     let servers = none_cfg.servers;
+    let counts: Vec<u32> = if sweeping {
+        counts
+    } else {
+        vec![none_cfg.workers]
+    };
     let share = match flags.rebuild_share {
         Some(f) => ftrec_cluster::ecrec::rebuild_share_ppm(f)?,
         None => ftrec_cluster::ecrec::DEFAULT_REBUILD_SHARE_PPM,
     };
     // Checked before any run, so that a bad share fails at once.
-    let recovery_shares: Vec<u32> = if plan.rebuild_shares.is_empty() {
+    let recovery_shares: Vec<u32> = if !plan.recovery {
+        Vec::new()
+    } else if plan.rebuild_shares.is_empty() {
         vec![share]
     } else {
         plan.rebuild_shares
@@ -335,6 +620,7 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
             })
             .collect::<Result<_>>()?
     };
+    let full = plan.full && plan.recovery;
     let recovery_steps = plan
         .recovery_steps
         .unwrap_or(steps.saturating_mul(RECOVERY_STEPS_FACTOR));
@@ -348,114 +634,132 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
             "--kill-step {kill_step} is not before the recovery runs' last step ({recovery_steps})"
         );
     }
+    // The recovery runs at the largest worker count.
+    let largest = counts.iter().copied().max().unwrap_or(none_cfg.workers);
     let mut recovery_base = base.clone();
     recovery_base.steps = Some(recovery_steps);
+    if sweeping {
+        recovery_base.workers = Some(largest);
+    }
     // The paper's ablation (§5.2): all on, no dense replication, no dense replication and no
-    // 2PC; all on with k = 4 as well.
-    let shapes: Vec<(usize, bool, bool)> = vec![
-        (2, true, true),
-        (2, true, false),
-        (2, false, false),
-        (4, true, true),
-    ];
+    // 2PC; all on with k = 4 as well. A sweep runs all on with k = 2 only.
+    let shapes: Vec<(usize, bool, bool)> = if sweeping {
+        vec![(2, true, true)]
+    } else {
+        vec![
+            (2, true, true),
+            (2, true, false),
+            (2, false, false),
+            (4, true, true),
+        ]
+    };
     let mut skipped = Vec::new();
-    let mut variants: Vec<Variant> = Vec::new();
+    // Per worker count, its variants.
+    let mut variants: Vec<(u32, Variant)> = Vec::new();
     // `--repeat 0`: the recovery runs only, no variant to compare.
     let shapes = if repeats == 0 { Vec::new() } else { shapes };
-    for &(k, two_phase, dense) in &shapes {
-        let name = format!(
-            "ecrec_k{k}{}{}",
-            if dense { "" } else { "_norep" },
-            if two_phase { "" } else { "_no2pc" }
-        );
-        if k as u32 + 1 > servers {
-            skipped.push(format!(
-                "{name}: needs {} servers, the run has {servers}",
-                k + 1
+    for &w in &counts {
+        for &(k, two_phase, dense) in &shapes {
+            let name = format!(
+                "ecrec_k{k}{}{}{}",
+                if dense { "" } else { "_norep" },
+                if two_phase { "" } else { "_no2pc" },
+                if sweeping {
+                    format!("_w{w}")
+                } else {
+                    String::new()
+                }
+            );
+            if k as u32 + 1 > servers {
+                skipped.push(format!(
+                    "{name}: needs {} servers, the run has {servers}",
+                    k + 1
+                ));
+                continue;
+            }
+            variants.push((
+                w,
+                Variant {
+                    name,
+                    k,
+                    r: 1,
+                    two_phase,
+                    dense_replication: dense,
+                    overhead: None,
+                    train_cpu_overhead: None,
+                    train_server_cpu_overhead: None,
+                    cpu_overhead: None,
+                    server_cpu_overhead: None,
+                    commit_per_update_s: 0.0,
+                    memory_overhead: 0.0,
+                    code_overhead: 0.0,
+                    runs: Vec::new(),
+                },
             ));
-            continue;
         }
-        variants.push(Variant {
-            name,
-            k,
-            r: 1,
-            two_phase,
-            dense_replication: dense,
-            overhead: None,
-            train_cpu_overhead: None,
-            train_server_cpu_overhead: None,
-            cpu_overhead: None,
-            server_cpu_overhead: None,
-            commit_per_update_s: 0.0,
-            memory_overhead: 0.0,
-            code_overhead: 0.0,
-            runs: Vec::new(),
-        });
     }
     // Each repeat: `none`, then every variant; a variant's ratios are against the `none` run
-    // of its own repeat, so slow drifts of the machine's load cancel out.
-    let total =
-        repeats as usize * (1 + variants.len()) + recovery_shares.len() + usize::from(plan.full);
+    // of its own repeat (and worker count), so slow drifts of the machine's load cancel out.
+    let total = repeats as usize * (counts.len() + variants.len())
+        + recovery_shares.len()
+        + usize::from(full);
     eprintln!(
         "bench ecrec: {total} runs (tens of minutes on two cores; each run's line gives the \
          time left)"
     );
     let mut progress = crate::progress::Runs::new("bench ecrec", total);
     let mut none = Vec::new();
-    for rep in 0..repeats {
-        let n = run_one(
-            &base,
-            &format!("none_{rep}"),
-            StrategyChoice::None,
-            None,
-            &mut progress,
-        )?;
-        none.push(RunSummary::of("none", rep, n));
-        for v in &mut variants {
-            let r = run_one(
-                &base,
-                &format!("{}_{rep}", v.name),
-                ecrec(v.k, v.r, v.two_phase, v.dense_replication, share),
+    for &w in &counts {
+        let mut at = base.clone();
+        let tag = if sweeping {
+            at.workers = Some(w);
+            format!("_w{w}")
+        } else {
+            String::new()
+        };
+        for rep in 0..repeats {
+            let n = run_one(
+                &at,
+                &format!("none{tag}_{rep}"),
+                StrategyChoice::None,
                 None,
                 &mut progress,
             )?;
-            v.runs.push(RunSummary::of(&v.name, rep, r));
+            none.push(RunSummary::of("none", rep, n));
+            for (_, v) in variants.iter_mut().filter(|(vw, _)| *vw == w) {
+                let name = v.name.trim_end_matches(&tag).to_string();
+                let r = run_one(
+                    &at,
+                    &format!("{name}{tag}_{rep}"),
+                    ecrec(v.k, v.r, v.two_phase, v.dense_replication, share),
+                    None,
+                    &mut progress,
+                )?;
+                v.runs.push(RunSummary::of(&v.name, rep, r));
+            }
         }
     }
-    for v in &mut variants {
-        let per = |f: &dyn Fn(&RunSummary) -> f64| -> Vec<f64> {
-            v.runs
-                .iter()
-                .zip(&none)
-                .map(|(r, n)| f(r) / f(n).max(1e-9) - 1.0)
-                .collect()
+    let none_at = |w: u32| -> Vec<&RunSummary> { none.iter().filter(|n| n.workers == w).collect() };
+    for (w, v) in &mut variants {
+        compare_variant(v, &none_at(*w));
+    }
+    let all: Vec<&RunSummary> = none.iter().collect();
+    // The spread of the `none` runs: over all of them, or the largest of a sweep's counts.
+    let (none_spread, none_cpu_spread, none_train_cpu_spread) = {
+        let worst = |f: &dyn Fn(&RunSummary) -> f64| {
+            if sweeping {
+                counts
+                    .iter()
+                    .map(|&w| spread_of(&none_at(w), f))
+                    .fold(0.0, f64::max)
+            } else {
+                spread_of(&all, f)
+            }
         };
-        v.overhead = Spread::of(&per(&|r| r.train_s));
-        v.train_cpu_overhead = Spread::of(&per(&|r| r.train_cpu_s()));
-        v.train_server_cpu_overhead = Spread::of(&per(&|r| r.train_servers_cpu_s));
-        v.cpu_overhead = Spread::of(&per(&|r| r.cpu_s()));
-        v.server_cpu_overhead = Spread::of(&per(&|r| r.servers_cpu_s));
-        let ecs: Vec<_> = v.runs.iter().filter_map(|r| r.report.ec.clone()).collect();
-        v.commit_per_update_s =
-            ecs.iter().map(|e| e.per_step_s).sum::<f64>() / ecs.len().max(1) as f64;
-        if let Some(e) = ecs.first() {
-            v.memory_overhead = e.memory.overhead;
-            v.code_overhead = e.memory.code_overhead;
-        }
-    }
-    let spread = |f: &dyn Fn(&RunSummary) -> f64| {
-        let v: Vec<f64> = none.iter().map(f).collect();
-        let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let min = v.iter().copied().fold(f64::INFINITY, f64::min);
-        max / min.max(1e-9) - 1.0
-    };
-    let (none_spread, none_cpu_spread, none_train_cpu_spread) = if none.is_empty() {
-        (0.0, 0.0, 0.0)
-    } else {
         (
-            spread(&|r| r.train_s),
-            spread(&|r| r.cpu_s()),
-            spread(&|r| r.train_cpu_s()),
+            worst(&|r| r.train_s),
+            worst(&|r| r.cpu_s()),
+            worst(&|r| r.train_cpu_s()),
         )
     };
     let kill = format!("server={kill_server}@step={kill_step}");
@@ -471,7 +775,7 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
             (name, ecrec(2, 1, true, true, ppm))
         })
         .collect();
-    if plan.full {
+    if full {
         runs.push((
             "full_killed".into(),
             StrategyChoice::Full {
@@ -532,6 +836,32 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
             report: r,
         });
     }
+    // The sweep: ECRec all on (k = 2, with 2PC and dense replication) at every count.
+    let all_on = |v: &Variant| v.k == 2 && v.two_phase && v.dense_replication;
+    let mut sweep: Vec<SweepPoint> = Vec::new();
+    let mut memory = None;
+    for &w in &counts {
+        let Some((_, v)) = variants.iter().find(|(vw, v)| *vw == w && all_on(v)) else {
+            continue;
+        };
+        let ecrec_runs: Vec<&RunSummary> = v.runs.iter().collect();
+        let mut p = sweep_point(w, &none_at(w), &ecrec_runs, servers);
+        if w == largest {
+            if let Some(rec) = recoveries.iter().find(|r| r.strategy == "ecrec") {
+                p.recovery_throughput_share = rec.rebuild_throughput_share;
+                p.resume_s = rec.resumed_s;
+            }
+            memory = Some(memory_section(
+                w,
+                servers,
+                (v.k, v.r),
+                &none_at(w),
+                &ecrec_runs,
+                &recoveries,
+            ));
+        }
+        sweep.push(p);
+    }
     Ok(EcrecBench {
         asynchronous: !none_cfg.sync,
         steps,
@@ -542,9 +872,11 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
         none_spread,
         none_cpu_spread,
         none_train_cpu_spread,
-        variants,
+        variants: variants.into_iter().map(|(_, v)| v).collect(),
         skipped,
         recoveries,
+        sweep,
+        memory,
     })
 }
 
@@ -637,8 +969,149 @@ pub fn run(run: RunArgs, plan: Plan) -> Result<()> {
             );
         }
     }
+    if b.sweep.len() > 1 {
+        print!("{}", sweep_table(&b.sweep));
+    }
+    if let Some(m) = &b.memory {
+        print!("{}", memory_table(m));
+    }
     if let Some(path) = json {
         crate::write_json(&path, &b)?;
     }
     Ok(())
+}
+
+fn mib(bytes: f64) -> String {
+    format!("{:.1}", bytes / (1 << 20) as f64)
+}
+
+/// The sweep as a table: one row per worker count.
+fn sweep_table(sweep: &[SweepPoint]) -> String {
+    let pct = |v: Option<f64>, ci: Option<f64>| match (v, ci) {
+        (Some(v), Some(c)) => format!("{:+.1}% ± {:.1}", v * 100.0, c * 100.0),
+        (Some(v), None) => format!("{:+.1}%", v * 100.0),
+        _ => "-".into(),
+    };
+    let mut s = String::from(
+        "workers | none samples/s | ecrec samples/s | overhead (95%) | CPU while training none / \
+         ecrec | CPU overhead | lock wait | ms per commit | recovery throughput | resumed\n",
+    );
+    for p in sweep {
+        s += &format!(
+            "{} | {:.0} | {:.0} | {} | {:.1}s / {:.1}s | {} | {} | {:.2} | {} | {}\n",
+            p.workers,
+            p.none_samples_per_s,
+            p.ecrec_samples_per_s,
+            pct(p.overhead, p.overhead_ci95),
+            p.none_train_cpu_s,
+            p.ecrec_train_cpu_s,
+            pct(p.train_cpu_overhead, p.train_cpu_overhead_ci95),
+            p.lock_wait_share
+                .map_or("-".into(), |l| format!("{:.0}%", l * 100.0)),
+            p.commit_per_update_s * 1e3,
+            p.recovery_throughput_share
+                .map_or("-".into(), |l| format!("{:.0}%", l * 100.0)),
+            p.resume_s.map_or("-".into(), |l| format!("{l:.2}s")),
+        );
+    }
+    s
+}
+
+/// The memory section as a table: one row per server, MiB.
+fn memory_table(m: &MemorySection) -> String {
+    let opt = |v: Option<f64>| v.map_or("-".to_string(), mib);
+    let mut s = format!(
+        "memory at {} workers (MiB; {}):\nserver | none peak anon | ecrec peak anon | extra | \
+         bound | rows+state | parity | dense replicas | prepared | heap in use / free kept at \
+         peak | threads\n",
+        m.workers, m.method
+    );
+    for r in &m.servers {
+        let b = r.breakdown.as_ref();
+        let part = |f: &dyn Fn(&ftrec_cluster::memory::MemoryParts) -> u64| {
+            opt(b.map(|b| f(&b.parts_max) as f64))
+        };
+        s += &format!(
+            "{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}\n",
+            r.server,
+            opt(r.none_peak_anon_bytes.map(|v| v as f64)),
+            opt(r.ecrec_peak_anon_bytes.map(|v| v as f64)),
+            opt(r.extra_rss_bytes.map(|v| v as f64)),
+            opt(r.bound_bytes.map(|v| v as f64)),
+            part(&|p| p.rows_bytes),
+            part(&|p| p.parity_bytes),
+            part(&|p| p.dense_replica_bytes),
+            part(&|p| p.prepared_bytes),
+            b.map_or("-".into(), |b| format!(
+                "{} / {}",
+                mib(b.heap_at_peak.in_use_bytes as f64),
+                mib(b.heap_at_peak.free_kept_bytes as f64)
+            )),
+            b.map_or("-".into(), |b| b.peak_threads.to_string()),
+        );
+    }
+    for r in &m.replacements {
+        s += &format!(
+            "replacement of server {} (generation {}): peak anon {} MiB, rows+state {}, parity \
+             {}, rebuild record {}, heap in use / free kept at peak {} / {}\n",
+            r.server,
+            r.generation,
+            mib(r.peak_anon_bytes as f64),
+            mib(r.parts_max.rows_bytes as f64),
+            mib(r.parts_max.parity_bytes as f64),
+            mib(r.parts_max.rebuild_bytes as f64),
+            mib(r.heap_at_peak.in_use_bytes as f64),
+            mib(r.heap_at_peak.free_kept_bytes as f64),
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_counts_parse_and_a_bad_one_names_the_flag() {
+        assert_eq!(parse_worker_counts("2,4, 8,15").unwrap(), vec![2, 4, 8, 15]);
+        assert_eq!(parse_worker_counts("3").unwrap(), vec![3]);
+        for (bad, needle) in [
+            ("2,x", "\"x\" is not a worker count"),
+            ("2,,4", "\"\" is not a worker count"),
+            ("0", "\"0\" is not a worker count"),
+            ("-1", "\"-1\" is not a worker count"),
+            ("4,2,4", "4 is listed twice"),
+        ] {
+            let e = parse_worker_counts(bad).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("--workers {bad}: ")), "{bad}: {e}");
+            assert!(e.contains(needle), "{bad}: {e}");
+            assert!(!e.contains('\n'), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_flag_takes_a_list_and_leaves_the_other_run_flags_alone() {
+        use clap::Parser;
+        let cli = crate::flags::Cli::try_parse_from([
+            "ftrec",
+            "bench",
+            "ecrec",
+            "--workers",
+            "2,4,8",
+            "--servers",
+            "5",
+        ])
+        .unwrap();
+        let crate::flags::Cmd::Bench {
+            cmd: crate::flags::BenchCmd::Ecrec { run, .. },
+        } = cli.cmd
+        else {
+            panic!("not bench ecrec");
+        };
+        assert_eq!(run.workers.as_deref(), Some("2,4,8"));
+        assert_eq!(run.run.workers, None);
+        assert_eq!(run.run.servers, Some(5));
+        // `ftrec run` keeps its number.
+        assert!(crate::flags::Cli::try_parse_from(["ftrec", "run", "--workers", "2,4"]).is_err());
+    }
 }

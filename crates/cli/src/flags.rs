@@ -425,10 +425,13 @@ pub enum BenchCmd {
     /// overhead, each against a `none` run of the same repeat, with the spread of the `none`
     /// runs), then ECRec and `full` each with a server killed (time to resume and to full
     /// recovery, the rebuild's duration and throughput meanwhile, per lock range). 150 steps
-    /// unless `--steps`; the recovery runs 8 times as many unless `--recovery-steps`.
+    /// unless `--steps`; the recovery runs 8 times as many unless `--recovery-steps`. With a
+    /// comma list of worker counts (`--workers 2,4,8,15`), a sweep instead: `none` and ECRec
+    /// all on (k = 2) at each count, the recovery runs at the largest. Every invocation
+    /// reports each server's memory (peak anonymous RSS over `none`'s, and its parts).
     Ecrec {
         #[command(flatten)]
-        run: RunArgs,
+        run: EcrecRunArgs,
         /// Server killed in the recovery runs.
         #[arg(long, default_value_t = 0)]
         kill_server: u32,
@@ -449,5 +452,56 @@ pub enum BenchCmd {
         /// Leave out the `full` recovery run.
         #[arg(long)]
         no_full: bool,
+        /// Leave out every recovery run (ECRec's and `full`'s).
+        #[arg(long)]
+        no_recovery: bool,
     },
+}
+
+/// The run flags of `ftrec bench ecrec`: [`RunArgs`], with `--workers` taking a comma list of
+/// worker counts (a sweep: `none` and ECRec all on at each count). Kept as text by clap and
+/// checked by [`crate::bench_ecrec::parse_worker_counts`], so that a bad count is one error
+/// line like every other bad setting of the bench.
+#[derive(Debug, Clone, Default)]
+pub struct EcrecRunArgs {
+    pub run: RunArgs,
+    /// `--workers` as given (`None`: not given).
+    pub workers: Option<String>,
+}
+
+impl clap::FromArgMatches for EcrecRunArgs {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        Self::from_arg_matches_mut(&mut m.clone())
+    }
+
+    fn from_arg_matches_mut(m: &mut clap::ArgMatches) -> Result<Self, clap::Error> {
+        // Taken out first: `RunArgs` then finds no `--workers` (its own type is a number).
+        let workers = m.remove_one::<String>("workers");
+        Ok(EcrecRunArgs {
+            run: RunArgs::from_arg_matches_mut(m)?,
+            workers,
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl clap::Args for EcrecRunArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        RunArgs::augment_args(cmd).mut_arg("workers", |a| {
+            a.value_parser(clap::builder::NonEmptyStringValueParser::new())
+                .value_name("N[,N...]")
+                .help(
+                    "Worker processes; a comma list (e.g. 2,4,8,15) runs `none` and ECRec all \
+                     on at each count [default: 1]",
+                )
+        })
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
 }

@@ -185,6 +185,9 @@ fn bad_bench_ecrec_shares_give_one_clear_error_line() {
             vec!["--rebuild-shares", "0.5", "--rebuild-share", "0.5"],
             "not both",
         ),
+        (vec!["--workers", "2,x,8"], "--workers 2,x,8: \"x\""),
+        (vec!["--workers", "2,0"], "is not a worker count"),
+        (vec!["--workers", "2,4,2"], "2 is listed twice"),
     ] {
         let line = one_error_line(
             &ftrec()
@@ -194,5 +197,85 @@ fn bad_bench_ecrec_shares_give_one_clear_error_line() {
                 .unwrap(),
         );
         assert!(line.contains(needle), "{extra:?}: no {needle:?} in {line}");
+    }
+}
+
+#[test]
+fn bench_ecrec_sweeps_worker_counts() {
+    // `--workers 1,2`: `none` and ECRec all on at each count, one recovery run at the largest
+    // count, and the memory of every server at that count.
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("sweep.json");
+    let out = succeed(
+        ftrec()
+            .args([
+                "bench",
+                "ecrec",
+                "--preset",
+                "tiny",
+                "--servers",
+                "3",
+                "--workers",
+                "1,2",
+                "--steps",
+                "6",
+                "--batch",
+                "32",
+                "--eval-samples",
+                "0",
+                "--repeat",
+                "1",
+                "--recovery-steps",
+                "16",
+                "--rebuild-shares",
+                "1",
+                "--no-full",
+                "--json",
+            ])
+            .arg(&json),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("workers | none samples/s"), "{stdout}");
+    assert!(stdout.contains("memory at 2 workers"), "{stdout}");
+    let b = read_json(&json);
+    // The fields of a single count are still there.
+    assert_eq!(b["none"].as_array().unwrap().len(), 2);
+    let variants = b["variants"].as_array().unwrap();
+    assert_eq!(variants.len(), 2, "{variants:?}");
+    assert_eq!(variants[1]["name"], "ecrec_k2_w2");
+    let sweep = b["sweep"].as_array().unwrap();
+    assert_eq!(sweep.len(), 2);
+    for (p, w) in sweep.iter().zip([1, 2]) {
+        assert_eq!(p["workers"], w);
+        for key in [
+            "none_samples_per_s",
+            "ecrec_samples_per_s",
+            "overhead",
+            "none_train_cpu_s",
+            "ecrec_train_cpu_s",
+            "lock_wait_share",
+        ] {
+            assert!(p[key].as_f64().is_some(), "{key}: {p}");
+        }
+        // One repeat: no interval.
+        assert!(p["overhead_ci95"].is_null(), "{p}");
+        assert_eq!(p["extra_rss_bytes"].as_array().unwrap().len(), 3);
+    }
+    // The recovery run was made at the largest count only.
+    assert!(sweep[0]["resume_s"].is_null());
+    assert!(sweep[1]["resume_s"].as_f64().is_some(), "{}", sweep[1]);
+    assert!(sweep[1].get("recovery_throughput_share").is_some());
+    assert_eq!(b["recoveries"][0]["report"]["config"]["workers"], 2);
+    let m = &b["memory"];
+    assert_eq!(m["workers"], 2);
+    assert_eq!(m["extra_rss_bytes"].as_array().unwrap().len(), 3);
+    for (i, server) in m["servers"].as_array().unwrap().iter().enumerate() {
+        assert!(m["bound_bytes"][i].as_u64().unwrap() > 0, "{m}");
+        assert!(m["extra_rss_bytes"][i].as_i64().is_some(), "{m}");
+        let parts = &server["breakdown"]["parts_max"];
+        assert!(parts["rows_bytes"].as_u64().unwrap() > 0, "{server}");
+        assert!(parts["parity_bytes"].as_u64().unwrap() > 0, "{server}");
+        assert!(server["breakdown"]["peak_anon_bytes"].as_u64().unwrap() > 0);
+        assert_eq!(server["none_breakdown"]["parts_max"]["parity_bytes"], 0);
     }
 }
