@@ -48,6 +48,10 @@ use ftrec_strategy::{
 use tokio::sync::{mpsc as tmpsc, watch};
 
 use crate::control::{BatchTiming, FromWorker, PoolEvent, ToWorker, WorkerPool};
+
+/// Where the training loop keeps answered batches: the losses held while a failure is
+/// handled, the strategy's actions due, and the steps whose kills follow them.
+type Answered<'a> = (&'a mut Vec<f64>, &'a mut Vec<Action>, &'a mut Vec<u64>);
 use crate::plan::BatchPlan;
 use crate::report::{
     intervals, CpuMeter, EventKind, FailureReport, Overheads, RunReport, StepPoint, TimedEvent,
@@ -270,6 +274,7 @@ fn run_job(cfg: &RunConfig, resume: bool) -> Result<RunReport, ClusterError> {
         recover_at: Vec::new(),
         store,
         phase_entries: HashMap::new(),
+        worker_phase_entries: HashMap::new(),
         upload_wait_s: 0.0,
         ec: None,
         cpu: CpuMeter::default(),
@@ -373,6 +378,9 @@ struct Coordinator {
     store: Option<store::StoreState>,
     /// How often each phase was entered (for `phase=NAME#N` kills).
     phase_entries: HashMap<Phase, u32>,
+    /// Per phase and worker, the times that worker's transactions entered it (asynchronous
+    /// ECRec: a worker's phase kill counts its own entries).
+    worker_phase_entries: HashMap<(Phase, u32), u32>,
     /// Time training waited for saves to commit (a blocking strategy's whole upload, or a
     /// save point reached while the previous save still uploaded).
     upload_wait_s: f64,
@@ -1108,7 +1116,9 @@ impl Coordinator {
                         requeue.clear();
                         held.clear();
                     } else {
-                        self.count_held(&mut held, &mut actions, &mut kills_after);
+                        let answered = &mut (&mut held, &mut actions, &mut kills_after);
+                        self.count_resolved(&mut requeue, false, answered);
+                        self.count_held(answered);
                     }
                     continue;
                 }
@@ -1126,7 +1136,9 @@ impl Coordinator {
                         requeue.clear();
                         held.clear();
                     } else {
-                        self.count_held(&mut held, &mut actions, &mut kills_after);
+                        let answered = &mut (&mut held, &mut actions, &mut kills_after);
+                        self.count_resolved(&mut requeue, false, answered);
+                        self.count_held(answered);
                     }
                     continue;
                 }
@@ -1150,7 +1162,7 @@ impl Coordinator {
                         requeue.clear();
                         held.clear();
                     } else {
-                        self.count_held(&mut held, &mut actions, &mut kills_after);
+                        self.count_held(&mut (&mut held, &mut actions, &mut kills_after));
                     }
                     continue;
                 }
@@ -1190,22 +1202,9 @@ impl Coordinator {
                             format!("phase 2 of batch {index} failed on a server"),
                         ));
                     }
-                    if (pending.is_some() || !losses.is_empty()) && !keeps_model {
-                        // The model may be about to be rewound: count it once it is known
-                        // not to be.
-                        held.push(loss);
-                        continue;
-                    }
-                    if let Some((step, new)) = self.count_batch(loss) {
-                        if new.is_empty() {
-                            self.fire_step_kills(step);
-                        } else {
-                            // As in synchronous mode, the step's kills come after the
-                            // strategy's actions, which wait for the batches in flight.
-                            actions.extend(new);
-                            kills_after.push(step);
-                        }
-                    }
+                    let draining = pending.is_some() || !losses.is_empty();
+                    let answered = &mut (&mut held, &mut actions, &mut kills_after);
+                    self.answered(loss, draining && !keeps_model, answered);
                 }
                 Some(PoolEvent::Msg {
                     worker,
@@ -1239,6 +1238,8 @@ impl Coordinator {
                     // Its half-done transaction may hold the servers: resolve it now, not
                     // after the other workers' batches (which may wait for it).
                     self.ec_worker_lost(worker)?;
+                    let answered = &mut (&mut held, &mut actions, &mut kills_after);
+                    self.count_resolved(&mut requeue, !keeps_model, answered);
                     match pending.as_mut() {
                         Some(Failure::Workers(ws, _)) => ws.push(worker),
                         _ => {
@@ -1255,7 +1256,7 @@ impl Coordinator {
                 .filter(|(_, &(_, since))| now.duration_since(since) > STEP_TIMEOUT)
                 .map(|(&w, _)| w)
                 .collect();
-            for w in silent {
+            for &w in &silent {
                 self.pool.kill(w);
                 self.ec_worker_lost(w)?;
             }
@@ -1269,26 +1270,52 @@ impl Coordinator {
                 }
             }
             running.retain(|_, (_, since)| now.duration_since(*since) <= STEP_TIMEOUT);
+            if !silent.is_empty() {
+                let answered = &mut (&mut held, &mut actions, &mut kills_after);
+                self.count_resolved(&mut requeue, !keeps_model, answered);
+            }
+        }
+    }
+
+    /// A batch answered with `loss`: counted, or held (`hold`) while a failure being handled
+    /// may still rewind the model. The strategy's reactions and the step kills they complete
+    /// join `actions` / `kills_after`.
+    fn answered(&mut self, loss: f64, hold: bool, answered: &mut Answered<'_>) {
+        let (held, actions, kills_after) = answered;
+        if hold {
+            held.push(loss);
+            return;
+        }
+        if let Some((step, new)) = self.count_batch(loss) {
+            if new.is_empty() {
+                self.fire_step_kills(step);
+            } else {
+                // As in synchronous mode, the step's kills come after the strategy's
+                // actions, which wait for the batches in flight.
+                actions.extend(new);
+                kills_after.push(step);
+            }
+        }
+    }
+
+    /// Batches waiting to be trained again whose transaction a resolution found committed
+    /// (their worker was lost before it answered): answered, not trained twice. Their loss
+    /// was never reported; the last one stands in for it.
+    fn count_resolved(&mut self, requeue: &mut Vec<u64>, hold: bool, answered: &mut Answered<'_>) {
+        for i in self.ec_resolved_batches() {
+            if let Some(at) = requeue.iter().position(|&r| r == i) {
+                requeue.remove(at);
+                self.answered(self.last_loss, hold, answered);
+            }
         }
     }
 
     /// Count the batches held while a failure was handled that did not rewind the model; the
     /// strategy's reactions and the step kills they complete join `actions` / `kills_after`.
-    fn count_held(
-        &mut self,
-        held: &mut Vec<f64>,
-        actions: &mut Vec<Action>,
-        kills_after: &mut Vec<u64>,
-    ) {
-        for loss in held.drain(..) {
-            if let Some((step, new)) = self.count_batch(loss) {
-                if new.is_empty() {
-                    self.fire_step_kills(step);
-                } else {
-                    actions.extend(new);
-                    kills_after.push(step);
-                }
-            }
+    fn count_held(&mut self, answered: &mut Answered<'_>) {
+        let held: Vec<f64> = answered.0.drain(..).collect();
+        for loss in held {
+            self.answered(loss, false, answered);
         }
     }
 

@@ -122,12 +122,15 @@ pub(crate) fn exit_when_fenced(fences: &ftrec_ps::fence::Fences, what: String) {
 /// that exits or dies takes its servers with it and no orphan is left), then shut down cleanly.
 pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
     // With ECRec the node wraps the shard and serves its own service next to it.
-    let (mut routes, shared) = match &spec.ec {
-        Some(ec) => (crate::ecrec::ec_routes(spec, ec)?, None),
+    let (mut routes, shared, ec_node) = match &spec.ec {
+        Some(ec) => {
+            let (routes, node) = crate::ecrec::ec_routes(spec, ec)?;
+            (routes, None, Some(node))
+        }
         None => {
             let server = SharedServer::new(build_server(spec)?);
             let routes = Routes::new(ps_service(server.clone(), GrpcConfig::default()));
-            (routes, Some(server))
+            (routes, Some(server), None)
         }
     };
     if let Some(c) = &spec.ckpt {
@@ -176,6 +179,8 @@ pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
             source: e,
         })?;
     rt.block_on(async {
+        // ECRec §3.5: a transaction its worker left half done is resolved after a lease.
+        let _leases = ec_node.map(|n| n.start_lease_watcher(ftrec_ps::ec::TXN_LEASE));
         let options = ServeOptions::with_auth(spec.auth.clone());
         let handle = serve_routes_with(routes, spec.listen, &options).await?;
         let addr = handle.local_addr();
