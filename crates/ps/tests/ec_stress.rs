@@ -66,14 +66,15 @@ async fn round(c: &EcCluster, r: u64, mode: Mode) -> u64 {
                 let index = r * 1000 + i * u64::from(WORKERS) + u64::from(w);
                 let u = update(w, index);
                 let sh = shares(&u, N);
-                let give_up = match mode {
+                let mut give_up = match mode {
                     Mode::GiveUpAt(p) if i % 3 == 1 => Some(p),
                     _ => None,
                 };
                 loop {
                     seq += 1;
                     let t = txn_id(w, seq, index);
-                    let Some(stop_at) = give_up.filter(|_| t.seq % 1000 != 0) else {
+                    // Given up once at most: an aborted batch is trained again through.
+                    let Some(stop_at) = give_up.take() else {
                         let rep = run_txn(&clients, t, &sh, true, &mut seq, &[], |_| async {})
                             .await
                             .unwrap();
@@ -121,7 +122,6 @@ async fn round(c: &EcCluster, r: u64, mode: Mode) -> u64 {
                         break;
                     }
                     // Aborted: the batch is trained again, this time through.
-                    seq = (seq / 1000 + 1) * 1000 - 1;
                 }
             }
         });
