@@ -136,11 +136,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub work_dir: Option<PathBuf>,
     /// SIGKILL a process: ROLE=I@step=S, ROLE=I@time=T (seconds) or
-    /// ROLE=I@phase=checkpoint-write|piece-write|recovery|merge|prepare|commit|rebuild[#N]
-    /// (piece-write with incrcp, incremental, cnr: while a piece uploads and is extracted;
-    /// merge with deck; prepare, commit, rebuild with ecrec: phase 1 or 2 of a step's commit,
-    /// during a rebuild; #N: the N-th time), ROLE server, worker or merger; several servers
-    /// failing together: server=0,2@step=S (repeatable).
+    /// ROLE=I@phase=checkpoint-write|piece-write|recovery|merge|prepare|prepare-some|commit|
+    /// commit-some|rebuild[#N] (piece-write with incrcp, incremental, cnr: while a piece
+    /// uploads and is extracted; merge with deck; prepare, commit, rebuild with ecrec: phase 1
+    /// or 2 of a step's commit, during a rebuild; prepare-some, commit-some: a phase answered
+    /// by the first half of the servers only; #N: the N-th time, a worker's counting its own
+    /// transactions), ROLE server, worker or merger; several servers failing together:
+    /// server=0,2@step=S (repeatable).
     #[arg(long, value_name = "ROLE=I@POINT")]
     pub kill: Vec<String>,
     #[command(flatten)]

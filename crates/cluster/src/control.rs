@@ -130,8 +130,46 @@ pub enum FromWorker {
 pub enum TxnHold {
     /// Before phase 1 (prepare) is sent.
     Prepare,
+    /// Phase 1 answered by the first half of the servers, not yet sent to the others.
+    PrepareSome,
     /// After phase 1 succeeded everywhere, before phase 2 (commit) is sent.
     Commit,
+    /// Phase 2 answered by the first half of the servers, not yet sent to the others.
+    CommitSome,
+}
+
+impl TxnHold {
+    /// The transaction's point of this hold.
+    pub fn phase(self) -> ftrec_ps::ec::TxnPhase {
+        use ftrec_ps::ec::TxnPhase;
+        match self {
+            TxnHold::Prepare => TxnPhase::Prepare,
+            TxnHold::PrepareSome => TxnPhase::PrepareSome,
+            TxnHold::Commit => TxnPhase::Commit,
+            TxnHold::CommitSome => TxnPhase::CommitSome,
+        }
+    }
+
+    /// The hold at a transaction's point.
+    pub fn of(phase: ftrec_ps::ec::TxnPhase) -> TxnHold {
+        use ftrec_ps::ec::TxnPhase;
+        match phase {
+            TxnPhase::Prepare => TxnHold::Prepare,
+            TxnPhase::PrepareSome => TxnHold::PrepareSome,
+            TxnPhase::Commit => TxnHold::Commit,
+            TxnPhase::CommitSome => TxnHold::CommitSome,
+        }
+    }
+
+    /// The kill phase fired at this hold.
+    pub fn kill_phase(self) -> crate::Phase {
+        match self {
+            TxnHold::Prepare => crate::Phase::Prepare,
+            TxnHold::PrepareSome => crate::Phase::PrepareSome,
+            TxnHold::Commit => crate::Phase::Commit,
+            TxnHold::CommitSome => crate::Phase::CommitSome,
+        }
+    }
 }
 
 /// Where a worker's time went on one batch, in seconds.
@@ -162,6 +200,9 @@ pub struct BatchTiming {
     pub txn_commit_failures: u64,
     #[serde(default)]
     pub txns: u64,
+    /// Transactions the worker settled itself after a failed phase ([`ftrec_ps::ec::resolve_txn`]).
+    #[serde(default)]
+    pub txn_resolved: u64,
     /// What the transactions' phase 1 sent the parity and replica holders (2PC only): row
     /// deltas, dense gradients, payload bytes.
     #[serde(default)]
@@ -186,6 +227,7 @@ impl BatchTiming {
             .txn_commit_failures
             .saturating_add(o.txn_commit_failures);
         self.txns = self.txns.saturating_add(o.txns);
+        self.txn_resolved = self.txn_resolved.saturating_add(o.txn_resolved);
         self.txn_row_deltas = self.txn_row_deltas.saturating_add(o.txn_row_deltas);
         self.txn_dense_deltas = self.txn_dense_deltas.saturating_add(o.txn_dense_deltas);
         self.txn_delta_bytes = self.txn_delta_bytes.saturating_add(o.txn_delta_bytes);

@@ -20,6 +20,7 @@
 //! recovery redoes steps, so every attempt to commit is staged under a fresh, increasing
 //! sequence number (`seq`), distinct from the training step it computes.
 
+mod asynchronous;
 mod ecrec;
 mod faults;
 mod heartbeat;
@@ -48,6 +49,7 @@ use ftrec_strategy::{
 use tokio::sync::{mpsc as tmpsc, watch};
 
 use crate::control::{BatchTiming, FromWorker, PoolEvent, ToWorker, WorkerPool};
+
 use crate::plan::BatchPlan;
 use crate::report::{
     intervals, CpuMeter, EventKind, FailureReport, Overheads, RunReport, StepPoint, TimedEvent,
@@ -270,6 +272,7 @@ fn run_job(cfg: &RunConfig, resume: bool) -> Result<RunReport, ClusterError> {
         recover_at: Vec::new(),
         store,
         phase_entries: HashMap::new(),
+        worker_phase_entries: HashMap::new(),
         upload_wait_s: 0.0,
         ec: None,
         cpu: CpuMeter::default(),
@@ -373,6 +376,9 @@ struct Coordinator {
     store: Option<store::StoreState>,
     /// How often each phase was entered (for `phase=NAME#N` kills).
     phase_entries: HashMap<Phase, u32>,
+    /// Per phase and worker, the times that worker's transactions entered it (asynchronous
+    /// ECRec: a worker's phase kill counts its own entries).
+    worker_phase_entries: HashMap<(Phase, u32), u32>,
     /// Time training waited for saves to commit (a blocking strategy's whole upload, or a
     /// save point reached while the previous save still uploaded).
     upload_wait_s: f64,
@@ -1040,256 +1046,6 @@ impl Coordinator {
             ),
         );
         Ok(())
-    }
-
-    fn train_async(&mut self) -> Result<(), ClusterError> {
-        self.train_start = Some(Instant::now());
-        let live: Vec<u32> = self.live_pids().iter().map(|p| p.0).collect();
-        self.cpu.open_window(&live);
-        // Batches handed out and not yet answered, by worker; batches to hand out again.
-        let mut running: BTreeMap<u32, (u64, Instant)> = BTreeMap::new();
-        let mut requeue: Vec<u64> = Vec::new();
-        let mut next = self.batches + 1;
-        let mut unexplained = 0;
-        // Set while batches in flight must finish before something else can happen.
-        let mut pending: Option<Failure> = None;
-        // Servers the heartbeat found lost, with their generation at the time: a recovery in
-        // between replaces them, and a report about a replaced server is stale.
-        let mut losses: Vec<(u32, u32)> = Vec::new();
-        let mut actions: Vec<Action> = Vec::new();
-        let mut kills_after: Vec<u64> = Vec::new();
-        // A rebuild failed: once the batches in flight are done, look at it.
-        let mut rebuild_failed = false;
-        let mut last_rebuild_poll = Instant::now();
-        // Whether batches completed during a loss still count and training goes on from
-        // where it was (no rollback), or a recovery rewinds the model.
-        let keeps_model = self.strategy.keeps_model_on_loss();
-        // Batches answered while a failure was being drained: counted once the recovery is
-        // known not to rewind the model (partial recovery, a worker's replacement).
-        let mut held: Vec<f64> = Vec::new();
-        loop {
-            let draining =
-                pending.is_some() || !losses.is_empty() || !actions.is_empty() || rebuild_failed;
-            if !draining {
-                for w in 0..self.workers() {
-                    if running.contains_key(&w) || !self.pool.is_connected(w) {
-                        continue;
-                    }
-                    let index = match requeue.pop() {
-                        Some(i) => i,
-                        None if self.batch_exists(next)? => {
-                            next += 1;
-                            next - 1
-                        }
-                        None => break,
-                    };
-                    let hold = self.ec_holds();
-                    let cmd = self.batch_cmd(index, None, hold)?;
-                    match self.pool.send(w, &cmd) {
-                        Ok(()) => {
-                            running.insert(w, (index, Instant::now()));
-                        }
-                        Err(e) => {
-                            requeue.push(index);
-                            pending.get_or_insert(Failure::Workers(vec![w], e));
-                        }
-                    }
-                }
-            }
-            if running.is_empty() {
-                let rewinds = self.rewinds;
-                if let Some(failure) = pending.take() {
-                    if !self.handle_failure(failure, self.step() + 1, &mut unexplained)? {
-                        return Ok(());
-                    }
-                    if self.rewinds != rewinds {
-                        // A full recovery rewound the model: hand out from its position.
-                        next = self.batches + 1;
-                        requeue.clear();
-                        held.clear();
-                    } else {
-                        self.count_held(&mut held, &mut actions, &mut kills_after);
-                    }
-                    continue;
-                }
-                if !losses.is_empty() {
-                    let lost: Vec<u32> = losses
-                        .drain(..)
-                        .filter(|&(s, g)| self.generation[s as usize] == g)
-                        .map(|(s, _)| s)
-                        .collect();
-                    if !self.handle_server_losses(lost, "heartbeat")? {
-                        return Ok(());
-                    }
-                    if self.rewinds != rewinds {
-                        next = self.batches + 1;
-                        requeue.clear();
-                        held.clear();
-                    } else {
-                        self.count_held(&mut held, &mut actions, &mut kills_after);
-                    }
-                    continue;
-                }
-                if rebuild_failed {
-                    rebuild_failed = false;
-                    if !self.ec_poll_rebuilds(true)? {
-                        return Ok(());
-                    }
-                    continue;
-                }
-                if !actions.is_empty() {
-                    let a = std::mem::take(&mut actions);
-                    if !self.execute(a)? {
-                        return Ok(());
-                    }
-                    for step in std::mem::take(&mut kills_after) {
-                        self.fire_step_kills(step);
-                    }
-                    if self.rewinds != rewinds {
-                        next = self.batches + 1;
-                        requeue.clear();
-                        held.clear();
-                    } else {
-                        self.count_held(&mut held, &mut actions, &mut kills_after);
-                    }
-                    continue;
-                }
-                if self.batches >= self.total_batches() {
-                    return Ok(());
-                }
-            }
-            actions.extend(self.poll_store(false));
-            self.fire_time_kills();
-            if self.ec.is_some() && last_rebuild_poll.elapsed() >= REBUILD_POLL {
-                last_rebuild_poll = Instant::now();
-                rebuild_failed |= !self.ec_poll_rebuilds(false)?;
-            }
-            if losses.is_empty() {
-                for s in self.confirmed_heartbeat_losses() {
-                    losses.push((s, self.generation[s as usize]));
-                }
-            }
-            match self.pool.next(POLL) {
-                Some(PoolEvent::Msg {
-                    worker,
-                    msg:
-                        FromWorker::Done {
-                            index,
-                            loss,
-                            timing,
-                        },
-                }) if running.get(&worker).map(|r| r.0) == Some(index) => {
-                    running.remove(&worker);
-                    self.worker_time.add(&timing);
-                    unexplained = 0;
-                    if timing.txn_commit_failures > 0 {
-                        // Phase 2 failed somewhere: the survivors committed the update, and
-                        // the server that did not is probably lost.
-                        pending.get_or_insert(Failure::Rpc(
-                            "commit_rpc",
-                            format!("phase 2 of batch {index} failed on a server"),
-                        ));
-                    }
-                    if (pending.is_some() || !losses.is_empty()) && !keeps_model {
-                        // The model may be about to be rewound: count it once it is known
-                        // not to be.
-                        held.push(loss);
-                        continue;
-                    }
-                    if let Some((step, new)) = self.count_batch(loss) {
-                        if new.is_empty() {
-                            self.fire_step_kills(step);
-                        } else {
-                            // As in synchronous mode, the step's kills come after the
-                            // strategy's actions, which wait for the batches in flight.
-                            actions.extend(new);
-                            kills_after.push(step);
-                        }
-                    }
-                }
-                Some(PoolEvent::Msg {
-                    worker,
-                    msg: FromWorker::Held { index, phase },
-                }) if running.get(&worker).map(|r| r.0) == Some(index) => {
-                    self.ec_held(worker, phase);
-                }
-                Some(PoolEvent::Msg {
-                    worker,
-                    msg: FromWorker::BadData { index, error },
-                }) if running.get(&worker).map(|r| r.0) == Some(index) => {
-                    return Err(bad_data(index, worker, error));
-                }
-                Some(PoolEvent::Msg {
-                    worker,
-                    msg: FromWorker::Failed { index, error },
-                }) if index.is_some() && running.get(&worker).map(|r| r.0) == index => {
-                    running.remove(&worker);
-                    if let Some(i) = index {
-                        requeue.push(i);
-                    }
-                    pending.get_or_insert(Failure::Rpc(
-                        "worker_rpc",
-                        format!("worker {worker}: {error}"),
-                    ));
-                }
-                Some(PoolEvent::Lost { worker, reason }) => {
-                    if let Some((i, _)) = running.remove(&worker) {
-                        requeue.push(i);
-                    }
-                    // Its half-done transaction may hold the servers: resolve it now, not
-                    // after the other workers' batches (which may wait for it).
-                    self.ec_worker_lost(worker)?;
-                    match pending.as_mut() {
-                        Some(Failure::Workers(ws, _)) => ws.push(worker),
-                        _ => {
-                            pending = Some(Failure::Workers(vec![worker], reason));
-                        }
-                    }
-                }
-                _ => {}
-            }
-            // A worker silent for the step timeout is treated as lost: killed and replaced.
-            let now = Instant::now();
-            let silent: Vec<u32> = running
-                .iter()
-                .filter(|(_, &(_, since))| now.duration_since(since) > STEP_TIMEOUT)
-                .map(|(&w, _)| w)
-                .collect();
-            for w in silent {
-                self.pool.kill(w);
-                self.ec_worker_lost(w)?;
-            }
-            for (&w, &(index, since)) in &running {
-                if now.duration_since(since) > STEP_TIMEOUT {
-                    requeue.push(index);
-                    match pending.as_mut() {
-                        Some(Failure::Workers(ws, _)) => ws.push(w),
-                        _ => pending = Some(Failure::Workers(vec![w], "no answer".into())),
-                    }
-                }
-            }
-            running.retain(|_, (_, since)| now.duration_since(*since) <= STEP_TIMEOUT);
-        }
-    }
-
-    /// Count the batches held while a failure was handled that did not rewind the model; the
-    /// strategy's reactions and the step kills they complete join `actions` / `kills_after`.
-    fn count_held(
-        &mut self,
-        held: &mut Vec<f64>,
-        actions: &mut Vec<Action>,
-        kills_after: &mut Vec<u64>,
-    ) {
-        for loss in held.drain(..) {
-            if let Some((step, new)) = self.count_batch(loss) {
-                if new.is_empty() {
-                    self.fire_step_kills(step);
-                } else {
-                    actions.extend(new);
-                    kills_after.push(step);
-                }
-            }
-        }
     }
 
     /// Tell the strategy about every lost server and carry out what it decides. `Ok(false)`:

@@ -18,7 +18,7 @@ use ftrec_ps::ec::{ec_service, EcConfig, EcNode};
 use ftrec_ps::grpc::{ps_service, GrpcConfig, Routes};
 use serde::{Deserialize, Serialize};
 
-use crate::spec::{KillAt, Phase};
+use crate::spec::{KillAt, KillSpec, Phase, Role};
 use crate::{ClusterError, RunConfig, ServerSpec, StrategyChoice};
 
 /// Data rows per stripe when `--ec-k` is not given.
@@ -277,10 +277,40 @@ pub(crate) fn validate_run(cfg: &RunConfig) -> Result<(), ClusterError> {
             );
         }
         ec.validate(cfg.servers)?;
+        let split = |k: &&KillSpec| {
+            matches!(
+                k.at,
+                KillAt::Phase(Phase::PrepareSome | Phase::CommitSome)
+                    | KillAt::PhaseNth(Phase::PrepareSome | Phase::CommitSome, _)
+            )
+        };
+        if let Some(k) = cfg.kills.iter().find(split).filter(|_| !ec.two_phase) {
+            return bad(format!(
+                "--kill {k}: phases prepare-some and commit-some split the two phases of 2PC, \
+                 which --no-2pc turns off; drop --no-2pc or use phase prepare"
+            ));
+        }
+        if let Some(k) = cfg.kills.iter().find(|k| k.role == Role::Server) {
+            if !ec.two_phase {
+                return bad(format!(
+                    "--kill {k} with --no-2pc: without 2PC a server applies a delta on arrival, \
+                     before the row it belongs to is installed, so a rebuild cannot read a \
+                     consistent cut and could corrupt rows (ECRec §3.5); drop --no-2pc or the \
+                     server kill"
+                ));
+            }
+        }
     } else {
         for k in &cfg.kills {
             if let KillAt::Phase(p) | KillAt::PhaseNth(p, _) = k.at {
-                if matches!(p, Phase::Prepare | Phase::Commit | Phase::Rebuild) {
+                if matches!(
+                    p,
+                    Phase::Prepare
+                        | Phase::PrepareSome
+                        | Phase::Commit
+                        | Phase::CommitSome
+                        | Phase::Rebuild
+                ) {
                     return bad(format!(
                         "--kill {k}: phase {p} exists with --strategy ecrec only"
                     ));
@@ -304,7 +334,7 @@ pub(crate) fn validate_run(cfg: &RunConfig) -> Result<(), ClusterError> {
 
 /// The routes of an ECRec server process: the parameter-server service on the node's shard
 /// and the ECRec service (parity traffic, 2PC, rebuild) on the same socket; and the node, for
-/// the process's memory report.
+/// its transaction leases and the process's memory report.
 pub(crate) fn ec_routes(
     spec: &ServerSpec,
     ec: &EcServerSpec,
@@ -430,6 +460,10 @@ pub struct EcReport {
     /// other transactions (refused attempts, waits for a node's slot).
     #[serde(default)]
     pub lock_wait_share: f64,
+    /// Asynchronous: transactions settled by their worker after a failed phase (blocked on
+    /// every server, then committed where some server had committed them, else aborted).
+    #[serde(default)]
+    pub txns_resolved_by_workers: u64,
     /// Steps aborted in phase 1 (then retried).
     pub steps_aborted: u64,
     /// Wall time of phase 1 (or of the one-phase apply), all steps.

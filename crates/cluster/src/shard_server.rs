@@ -131,11 +131,13 @@ pub(crate) fn exit_when_fenced(fences: &ftrec_ps::fence::Fences, what: String) {
 /// that exits or dies takes its servers with it and no orphan is left), then shut down cleanly.
 pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
     // With ECRec the node wraps the shard and serves its own service next to it.
-    let (mut routes, shared, parts): (_, _, Box<dyn Fn() -> MemoryParts + Send>) = match &spec.ec {
+    type Parts = Box<dyn Fn() -> MemoryParts + Send>;
+    let (mut routes, shared, parts, ec_node): (_, _, Parts, _) = match &spec.ec {
         Some(ec) => {
             let (routes, node) = crate::ecrec::ec_routes(spec, ec)?;
-            let parts = move || node.memory_parts().map(Into::into).unwrap_or_default();
-            (routes, None, Box::new(parts))
+            let watched = node.clone();
+            let parts = move || watched.memory_parts().map(Into::into).unwrap_or_default();
+            (routes, None, Box::new(parts), Some(node))
         }
         None => {
             let server = SharedServer::new(build_server(spec)?);
@@ -145,7 +147,7 @@ pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
                 rows_bytes: watched.read().map_or(0, |s| shard_bytes(&s)),
                 ..MemoryParts::default()
             };
-            (routes, Some(server), Box::new(parts))
+            (routes, Some(server), Box::new(parts), None)
         }
     };
     if let Some(c) = &spec.ckpt {
@@ -194,6 +196,8 @@ pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
             source: e,
         })?;
     rt.block_on(async {
+        // ECRec §3.5: a transaction its worker left half done is resolved after a lease.
+        let _leases = ec_node.map(|n| n.start_lease_watcher(ftrec_ps::ec::TXN_LEASE));
         let options = ServeOptions::with_auth(spec.auth.clone());
         let handle = serve_routes_with(routes, spec.listen, &options).await?;
         let addr = handle.local_addr();

@@ -270,8 +270,14 @@ pub enum Phase {
     /// ECRec: just before phase 1 of a step's two-phase commit is sent (the server dies in
     /// phase 1; with `--no-2pc`, just before the one-phase apply).
     Prepare,
+    /// ECRec: phase 1 answered by the first half of the servers (ids below `servers / 2`, at
+    /// least one) and not yet sent to the others: a server dies while phase 1 reached some
+    /// servers only (2PC only).
+    PrepareSome,
     /// ECRec: after phase 1 of a step succeeded everywhere, before phase 2 is sent.
     Commit,
+    /// ECRec: phase 2 answered by the first half of the servers, not yet sent to the others.
+    CommitSome,
     /// ECRec: right after a replacement joined, while its background rebuild runs.
     Rebuild,
     /// `incrcp`, `incremental`, `cnr`: after an incremental piece's rows are copied out, while
@@ -288,6 +294,8 @@ impl FromStr for Phase {
             "merge" => Ok(Phase::Merge),
             "prepare" => Ok(Phase::Prepare),
             "commit" => Ok(Phase::Commit),
+            "prepare-some" => Ok(Phase::PrepareSome),
+            "commit-some" => Ok(Phase::CommitSome),
             "rebuild" => Ok(Phase::Rebuild),
             "piece-write" => Ok(Phase::PieceWrite),
             _ => Err(()),
@@ -303,6 +311,8 @@ impl std::fmt::Display for Phase {
             Phase::Merge => "merge",
             Phase::Prepare => "prepare",
             Phase::Commit => "commit",
+            Phase::PrepareSome => "prepare-some",
+            Phase::CommitSome => "commit-some",
             Phase::Rebuild => "rebuild",
             Phase::PieceWrite => "piece-write",
         })
@@ -324,8 +334,9 @@ pub enum KillAt {
 
 /// A fault to inject: SIGKILL one process at a scheduled point. Written
 /// `ROLE=I@step=S`, `ROLE=I@time=T` or
-/// `ROLE=I@phase=checkpoint-write|recovery|merge|prepare|commit|rebuild[#N]` (the `N`-th time
-/// the phase is entered, default the first), with ROLE
+/// `ROLE=I@phase=checkpoint-write|recovery|merge|prepare|prepare-some|commit|commit-some|
+/// rebuild|piece-write[#N]` (the `N`-th time the phase is entered, default the first; a
+/// worker's phase kill counts that worker's transactions only), with ROLE
 /// `server` or `worker` (for example `server=1@step=12`, `worker=0@time=2.5`), or the whole
 /// job at once after a step: `job@step=S` ([`Role::Job`]). With the prefix `stop:` a server
 /// is paused (SIGSTOP) instead: a gray failure, a process that is there and answers nothing

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use ftrec_core::{Batch, Preset, RowId, SparseGradAccumulator, TableId};
 use ftrec_data::{BatchSource, Position, Split, SyntheticSource, TsvConfig, TsvReader};
 use ftrec_model::{pool_sum, scatter_grads, Dlrm, DlrmConfig, Workspace};
-use ftrec_ps::ec::{run_txn, EcGrpcClient, TxnId, TxnPhase};
+use ftrec_ps::ec::{resolve_txn, run_txn, EcGrpcClient, TxnId, TxnPhase};
 use ftrec_ps::grpc::{GrpcClient, GrpcConfig};
 use ftrec_ps::{PulledRows, RowRequest, ShardedClient, Update};
 
@@ -691,11 +691,16 @@ fn run_batch(
     let t0 = std::time::Instant::now();
     let batch = source.batch(setup.batch, index, start)?;
     timing.data_s = t0.elapsed().as_secs_f64();
-    rt.block_on(async {
+    let mut txns = txns;
+    // The batch's loss once computed, and its transaction once started (asynchronous ECRec).
+    let loss_seen: std::cell::Cell<Option<f64>> = std::cell::Cell::new(None);
+    let txn_seen: std::cell::Cell<Option<TxnId>> = std::cell::Cell::new(None);
+    let res = rt.block_on(async {
         let work = async {
             let (update, loss) = compute.gradients_timed(c, &batch, &mut timing).await?;
+            loss_seen.set(Some(loss));
             let t = std::time::Instant::now();
-            match (seq, txns) {
+            match (seq, txns.as_mut()) {
                 (Some(seq), _) => c.stage_step(seq, id, &update).await?,
                 (None, Some((ec, hold, at_hold))) => {
                     let shares: Vec<Arc<Update>> =
@@ -707,17 +712,17 @@ fn run_batch(
                         seq: ec.seq,
                         priority: index,
                     };
+                    txn_seen.set(Some(txn));
+                    let split: Vec<TxnPhase> = hold.iter().map(|h| h.phase()).collect();
                     let r = run_txn(
                         &ec.clients,
                         txn,
                         &shares,
                         ec.mode.two_phase,
                         &mut ec.seq,
+                        &split,
                         |phase| {
-                            let h = match phase {
-                                TxnPhase::Prepare => TxnHold::Prepare,
-                                TxnPhase::Commit => TxnHold::Commit,
-                            };
+                            let h = TxnHold::of(phase);
                             if hold.contains(&h) {
                                 at_hold(h);
                             }
@@ -730,7 +735,15 @@ fn run_batch(
                     timing.txn_commit_s = r.commit_s;
                     timing.txn_retries = u64::from(r.retries);
                     timing.txn_lock_wait_s = r.lock_wait_s;
-                    timing.txn_commit_failures = u64::from(!r.commit_failures.is_empty());
+                    if !r.commit_failures.is_empty() {
+                        // Phase 2 failed on some server: settle the transaction everywhere
+                        // now. A server that does not answer either is probably lost: the
+                        // coordinator is told.
+                        let done = resolve_txn(&reachable(&ec.clients), txn).await;
+                        timing.txn_resolved = 1;
+                        timing.txn_commit_failures =
+                            u64::from(done.map_or(true, |d| !d.silent.is_empty()));
+                    }
                     timing.txn_row_deltas = r.prepared.row_deltas_sent;
                     timing.txn_dense_deltas = r.prepared.dense_deltas_sent;
                     timing.txn_delta_bytes = r.prepared.bytes_sent;
@@ -740,10 +753,41 @@ fn run_batch(
                 }
             }
             timing.push_s = t.elapsed().as_secs_f64();
-            Ok::<(f64, BatchTiming), ClusterError>((loss, timing))
+            Ok::<f64, ClusterError>(loss)
         };
         tokio::time::timeout(setup.rpc_timeout, work)
             .await
             .map_err(|_| ClusterError::Timeout(format!("worker {id} batch {index}")))?
-    })
+    });
+    let err = match res {
+        Ok(loss) => return Ok((loss, timing)),
+        Err(e) => e,
+    };
+    // The batch failed after its transaction started (its call timed out half way, or a
+    // phase failed): settle the transaction before saying so, so that a batch that
+    // committed is not trained again. A retry of phase 1 ran under the latest sequence
+    // number; earlier attempts were aborted and commit nowhere.
+    let (Some(txn), Some((ec, _, _)), Some(loss)) =
+        (txn_seen.get(), txns.as_ref(), loss_seen.get())
+    else {
+        return Err(err);
+    };
+    let txn = TxnId { seq: ec.seq, ..txn };
+    let done = rt.block_on(async {
+        tokio::time::timeout(setup.rpc_timeout, resolve_txn(&reachable(&ec.clients), txn)).await
+    });
+    timing.txn_resolved = 1;
+    match done {
+        Ok(Ok(d)) if d.committed => {
+            timing.txns = 1;
+            timing.txn_commit_failures = u64::from(!d.silent.is_empty());
+            Ok((loss, timing))
+        }
+        _ => Err(err),
+    }
+}
+
+/// Every server's client, all reachable as far as the worker knows.
+fn reachable(clients: &[EcGrpcClient]) -> Vec<Option<EcGrpcClient>> {
+    clients.iter().cloned().map(Some).collect()
 }

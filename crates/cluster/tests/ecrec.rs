@@ -297,6 +297,33 @@ fn without_2pc_and_dense_replication_a_failure_free_run_is_unchanged_too() {
     assert_eq!(audit.parity_mismatches, 0);
 }
 
+#[test]
+fn a_server_kill_without_2pc_is_refused_before_anything_starts() {
+    // Without 2PC deltas are applied on arrival, before their rows are installed: no
+    // rebuild could read a consistent cut, so a run that will lose a server is refused.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 3, 5);
+    cfg.strategy = StrategyChoice::EcRec {
+        k: 2,
+        r: 1,
+        code: CodeKind::Gf256,
+        dense_replication: true,
+        two_phase: false,
+        lock_ranges: 1,
+        rebuild_share_ppm: 1_000_000,
+    };
+    cfg.kills = vec!["server=1@step=2".parse().unwrap()];
+    let e = run(&cfg).unwrap_err().to_string();
+    assert!(
+        e.contains("--kill server=1@step=2 with --no-2pc") && e.lines().count() == 1,
+        "{e}"
+    );
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+        "nothing was started or written"
+    );
+}
+
 // ---- asynchronous training: each worker coordinates its update's 2PC (ECRec §3.5) ----
 
 /// An asynchronous run of `steps` steps (`workers` batches each) with held-out evaluation.
@@ -446,6 +473,85 @@ fn asynchronous_ecrec_resolves_a_lost_worker_s_transaction() {
     assert!(report.aborted.is_none(), "{:?}", report.aborted);
     assert_eq!(report.steps, 16);
     assert_clean_audit(&report);
+}
+
+#[test]
+fn asynchronous_ecrec_a_worker_killed_after_phase_1_has_its_transaction_resolved_once() {
+    // Worker 1 is SIGKILLed once its third transaction is prepared on every server, before
+    // phase 2: the coordinator fences it, finds the transaction committed nowhere, aborts
+    // it everywhere and has the batch trained again, once.
+    let report = async_run(
+        3,
+        12,
+        ecrec(2, 1, CodeKind::Gf256),
+        &["worker=1@phase=commit#3"],
+    );
+    let resolved: Vec<_> = report
+        .events
+        .iter()
+        .filter(|e| e.kind == EventKind::TransactionsResolved)
+        .collect();
+    assert!(
+        resolved.iter().any(|e| e.detail.contains("aborted batch")),
+        "{resolved:?}"
+    );
+    let ec = report.ec.as_ref().unwrap();
+    assert_eq!(ec.steps_committed, 12 * 2, "{ec:?}");
+}
+
+#[test]
+fn asynchronous_ecrec_a_server_lost_while_a_phase_reached_some_servers_keeps_the_model_exact() {
+    // Phase 1 or 2 of a transaction was answered by servers 0 and 1 and not yet sent to 2
+    // and 3 when the server died (one in each half). With one worker there is no
+    // interleaving: the run ends with the model of the same run without fault tolerance,
+    // every batch applied exactly once.
+    let steps = 12;
+    let none = async_run_with(4, 1, steps, StrategyChoice::None, &[]);
+    for kill in [
+        "server=0@phase=prepare-some#5",
+        "server=3@phase=prepare-some#5",
+        "server=1@phase=commit-some#5",
+        "server=2@phase=commit-some#5",
+    ] {
+        let report = async_run_with(4, 1, steps, ecrec(2, 1, CodeKind::Gf256), &[kill]);
+        assert_eq!(report.model_digest, none.model_digest, "{kill}");
+        let ec = report.ec.as_ref().unwrap();
+        assert_eq!(ec.steps_committed, steps, "{kill}: {ec:?}");
+        assert!(ec.rebuilds[0].finished_s.is_some(), "{kill}");
+    }
+}
+
+#[test]
+fn asynchronous_ecrec_another_server_lost_during_a_rebuild_with_r2_restarts_it() {
+    // As in synchronous mode: server 1 is rebuilding (held at share 0) when server 3 dies;
+    // both are rebuilt and the single worker's model is the one without fault tolerance.
+    let mut strategy = ecrec(2, 2, CodeKind::Gf256);
+    if let StrategyChoice::EcRec {
+        rebuild_share_ppm, ..
+    } = &mut strategy
+    {
+        *rebuild_share_ppm = 0;
+    }
+    let steps = 10;
+    let none = async_run_with(4, 1, steps, StrategyChoice::None, &[]);
+    let report = async_run_with(
+        4,
+        1,
+        steps,
+        strategy,
+        &["server=1@step=3", "server=3@phase=rebuild"],
+    );
+    assert_eq!(report.model_digest, none.model_digest);
+    let ec = report.ec.unwrap();
+    assert!(
+        ec.rebuilds.iter().any(|b| b.server == 1 && b.restarted),
+        "{:?}",
+        ec.rebuilds
+    );
+    assert!(ec
+        .rebuilds
+        .iter()
+        .all(|b| b.restarted || b.finished_s.is_some()));
 }
 
 #[test]

@@ -34,7 +34,9 @@ const PHASES: &[&str] = &[
     "recovery",
     "merge",
     "prepare",
+    "prepare-some",
     "commit",
+    "commit-some",
     "rebuild",
     "pause",
     "second-run",
@@ -239,7 +241,7 @@ fn matrix(s: Strat, phase: &str, role: &str) -> Cell {
             )
         }
         "merge" if s.label != "deck" => return Na("only deck runs a merger"),
-        "prepare" | "commit" | "rebuild" if !ec => {
+        "prepare" | "prepare-some" | "commit" | "commit-some" | "rebuild" if !ec => {
             return Na("a phase of ecrec's two-phase commit and rebuild only")
         }
         _ => {}
@@ -285,6 +287,14 @@ fn matrix(s: Strat, phase: &str, role: &str) -> Cell {
         ("commit", "server") => k(&["server=1@phase=commit#4"]),
         ("commit", "worker") => k(&["worker=0@phase=commit#4"]),
         ("commit", "replacement") => k(&["server=1@step=3", "server=1@phase=commit#6"]),
+        // A phase answered by servers 0 and 1 only: a server of the half not reached yet dies
+        // in phase 1, one of the half that answered in phase 2.
+        ("prepare-some", "server") => k(&["server=3@phase=prepare-some#4"]),
+        ("prepare-some", "worker") => k(&["worker=0@phase=prepare-some#4"]),
+        ("prepare-some", "replacement") => k(&["server=3@step=3", "server=3@phase=prepare-some#6"]),
+        ("commit-some", "server") => k(&["server=1@phase=commit-some#4"]),
+        ("commit-some", "worker") => k(&["worker=0@phase=commit-some#4"]),
+        ("commit-some", "replacement") => k(&["server=1@step=3", "server=1@phase=commit-some#6"]),
         // With r = 2 a second server may die while the first rebuilds.
         ("rebuild", "server") => k(&["server=1@step=3", "server=3@phase=rebuild"]),
         ("rebuild", "worker") => k(&["server=1@step=3", "worker=0@phase=rebuild"]),

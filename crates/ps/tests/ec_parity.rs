@@ -247,6 +247,7 @@ fn concurrent_transactions_keep_parities_and_replicas_exact() {
                                 &ec_common::shares(&u, n),
                                 two_phase,
                                 &mut seq,
+                                &[],
                                 |_| async {},
                             )
                             .await

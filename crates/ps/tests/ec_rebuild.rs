@@ -492,6 +492,10 @@ async fn txn_with_kill(
         &ec_common::shares(update, c.n),
         true,
         &mut seq,
+        &[
+            ftrec_ps::ec::TxnPhase::PrepareSome,
+            ftrec_ps::ec::TxnPhase::CommitSome,
+        ],
         move |p| {
             if p == phase {
                 node.kill();
@@ -651,6 +655,7 @@ fn a_replacement_rebuilds_while_workers_push_transactions() {
                         &ec_common::shares(&u, 5),
                         true,
                         &mut seq,
+                        &[],
                         |_| async {},
                     )
                     .await
@@ -680,4 +685,70 @@ fn a_replacement_rebuilds_while_workers_push_transactions() {
             assert_eq!(c.node(s).committed_step().unwrap(), Some(4 + 14));
         }
     });
+}
+
+#[tokio::test]
+async fn a_loss_while_a_phase_reached_some_nodes_only_keeps_the_model_exact() {
+    // Phase 1 or phase 2 was answered by the first half of the nodes (0 and 1) and not yet
+    // sent to the others when `victim` died. Phase 1: the transaction aborts (and is retried
+    // against the replacement) or, when no later prepare needed the victim, commits on the
+    // survivors with the victim's share held by its parity and replica holders. Phase 2: the
+    // survivors commit. Either way the rebuilt model is the reference that applied the
+    // update exactly once.
+    use ftrec_ps::ec::TxnPhase;
+    for (phase, victim) in [
+        (TxnPhase::PrepareSome, 0),
+        (TxnPhase::PrepareSome, 3),
+        (TxnPhase::CommitSome, 1),
+        (TxnPhase::CommitSome, 2),
+    ] {
+        let case = format!("{phase:?}, node {victim} lost");
+        let mut c = EcCluster::new(4, EcConfig::new(CodeKind::Gf256, 2, 1), OptimizerKind::Adam);
+        let mut reference = ec_common::PushReference::new(4, OptimizerKind::Adam);
+        for i in 1..=3 {
+            let u = ec_common::worker_update(i, 0);
+            c.txn(0, i, &u).await.unwrap();
+            reference.push(&u);
+        }
+        let u = ec_common::worker_update(4, 1);
+        let applied = match txn_with_kill(&c, 4, &u, victim, phase).await {
+            Ok(r) => {
+                // Committed by the survivors: the victim is the only node phase 2 missed
+                // (a victim in the first half of phase 2 had committed before it died).
+                let missed: Vec<u32> = r.commit_failures.iter().map(|(s, _)| s.0).collect();
+                let expect = if phase == TxnPhase::CommitSome && victim < 2 {
+                    vec![]
+                } else {
+                    vec![victim]
+                };
+                assert_eq!(missed, expect, "{case}");
+                true
+            }
+            Err(e) => {
+                assert_eq!(phase, TxnPhase::PrepareSome, "{case}: {e}");
+                false
+            }
+        };
+        if applied {
+            reference.push(&u);
+        }
+        c.kill(victim);
+        let node = c.replace(victim, &[victim]);
+        node.start_rebuild(&lost(&[victim]), false).await.unwrap();
+        assert_eq!(c.digest(), reference.digest(), "{case}");
+        if !applied {
+            c.txn(1, 4, &u).await.unwrap();
+            reference.push(&u);
+        }
+        let w = ec_common::worker_update(5, 0);
+        c.txn(0, 5, &w).await.unwrap();
+        reference.push(&w);
+        assert_eq!(c.digest(), reference.digest(), "{case}");
+        let audit = c.audit().await;
+        assert_eq!(
+            (audit.parity_mismatches, audit.replica_mismatches),
+            (0, 0),
+            "{case}"
+        );
+    }
 }

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use ftrec_core::ServerId;
 use ftrec_ec::{Code, StripeLayout};
 use ftrec_model::{Dlrm, DlrmConfig};
-use ftrec_ps::ec::{audit_parities, EcGrpcClient, EcService, TxnId, FULL_SHARE_PPM};
+use ftrec_ps::ec::{audit_parities, EcGrpcClient, EcService, TxnId, TxnPhase, FULL_SHARE_PPM};
 use ftrec_ps::PsError;
 use ftrec_strategy::{Action, EcRec, EcRecConfig, Event, Strategy};
 
@@ -59,6 +59,10 @@ pub(super) struct EcRun {
     asynchronous: bool,
     /// Incarnation of each worker process (the transactions of a lost one are fenced by it).
     worker_epochs: Vec<u32>,
+    /// Batches whose transaction was found committed (or committed) by a resolution, not yet
+    /// told to the training loop: a batch among them that its worker never answered for must
+    /// not be trained again.
+    resolved_batches: Vec<u64>,
     pub(super) report: EcReport,
 }
 
@@ -104,11 +108,45 @@ impl Coordinator {
         Fut: Future<Output = Result<T, PsError>> + Send + 'static,
         T: Send + 'static,
     {
-        let clients = self
+        self.ec_range(0..usize::MAX, &f)
+    }
+
+    /// [`Coordinator::ec_all`] for one phase of a step: in two halves, with `some`'s kills
+    /// fired between them, while such a kill is pending ([`Phase::PrepareSome`],
+    /// [`Phase::CommitSome`]).
+    fn ec_phase<T, F, Fut>(&mut self, some: Phase, f: F) -> Vec<Result<T, String>>
+    where
+        F: Fn(EcGrpcClient) -> Fut,
+        Fut: Future<Output = Result<T, PsError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let due =
+            |at: &KillAt| matches!(at, KillAt::Phase(p) | KillAt::PhaseNth(p, _) if *p == some);
+        if !self.pending_kills().any(|k| due(&k.at)) {
+            return self.ec_all(f);
+        }
+        let h = TxnPhase::split_at(self.cfg.servers as usize);
+        let mut out = self.ec_range(0..h, &f);
+        self.fire_phase_kills(some);
+        out.extend(self.ec_range(h..usize::MAX, &f));
+        out
+    }
+
+    /// Run `f` on the clients of the servers in `range` (clipped to the cluster)
+    /// concurrently; results in server order.
+    fn ec_range<T, F, Fut>(&self, range: std::ops::Range<usize>, f: &F) -> Vec<Result<T, String>>
+    where
+        F: Fn(EcGrpcClient) -> Fut,
+        Fut: Future<Output = Result<T, PsError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let all = self
             .ec
             .as_ref()
-            .map(|e| e.clients.clone())
+            .map(|e| e.clients.as_slice())
             .unwrap_or_default();
+        let range = range.start.min(all.len())..range.end.min(all.len());
+        let clients = all[range].to_vec();
         let n = clients.len();
         let timeout = self.rpc_timeout();
         self.rt.block_on(async {
@@ -161,6 +199,7 @@ impl Coordinator {
                 finishing: false,
                 asynchronous: !self.cfg.sync,
                 worker_epochs: vec![0; self.cfg.workers as usize],
+                resolved_batches: Vec::new(),
                 report: EcReport::new(&spec, mem, !self.cfg.sync),
             });
         }
@@ -217,7 +256,7 @@ impl Coordinator {
             }
             return Ok(());
         }
-        let res = self.ec_all(move |c| {
+        let res = self.ec_phase(Phase::PrepareSome, move |c| {
             let w = workers.clone();
             async move { c.prepare(seq, w).await }
         });
@@ -245,7 +284,10 @@ impl Coordinator {
         }
         self.fire_phase_kills(Phase::Commit);
         let t1 = Instant::now();
-        let res = self.ec_all(move |c| async move { c.commit(seq).await });
+        let res = self.ec_phase(
+            Phase::CommitSome,
+            move |c| async move { c.commit(seq).await },
+        );
         if let Some(ec) = self.ec.as_mut() {
             ec.report.commit_s += t1.elapsed().as_secs_f64();
             ec.commit_failed.extend(failed(&res));
@@ -296,6 +338,14 @@ impl Coordinator {
     ) -> Result<bool, ClusterError> {
         lost.sort_unstable();
         lost.dedup();
+        if self.ec.as_ref().is_some_and(|e| !e.spec.two_phase) {
+            return Err(ClusterError::Recovery(format!(
+                "server(s) {lost:?} lost ({by}) while ECRec runs without 2PC (--no-2pc): a \
+                 rebuild needs a consistent cut, which deltas applied on arrival do not give, \
+                 so the run stops here instead of rebuilding rows that may be corrupt; run \
+                 with 2PC to train through server failures"
+            )));
+        }
         self.ec_sweep_txns();
         let mut rebuild = BTreeSet::new();
         let mut other = Vec::new();
@@ -652,7 +702,9 @@ impl Coordinator {
             if let KillAt::Phase(p) | KillAt::PhaseNth(p, _) = k.at {
                 let h = match p {
                     Phase::Prepare => TxnHold::Prepare,
+                    Phase::PrepareSome => TxnHold::PrepareSome,
                     Phase::Commit => TxnHold::Commit,
+                    Phase::CommitSome => TxnHold::CommitSome,
                     _ => continue,
                 };
                 if !holds.contains(&h) {
@@ -665,10 +717,7 @@ impl Coordinator {
 
     /// Worker `w` stopped its transaction before `phase`: fire that phase's kills, let it go.
     pub(super) fn ec_held(&mut self, w: u32, phase: TxnHold) {
-        self.fire_phase_kills(match phase {
-            TxnHold::Prepare => Phase::Prepare,
-            TxnHold::Commit => Phase::Commit,
-        });
+        self.fire_txn_phase_kills(phase.kill_phase(), w);
         // A worker that cannot be told is lost; the pool reports it.
         let _ = self.pool.send(w, &ToWorker::Resume);
     }
@@ -712,6 +761,12 @@ impl Coordinator {
             txns.extend(st.staged.iter().copied());
             committed.extend(st.last_commit);
         }
+        // A batch whose transaction committed somewhere is done, whether this resolution
+        // completes it or its worker did before it was lost without saying so.
+        if let Some(ec) = self.ec.as_mut() {
+            ec.resolved_batches
+                .extend(committed.iter().map(|t| t.priority));
+        }
         let mut resolved = Vec::new();
         for t in txns {
             let commit = committed.contains(&t);
@@ -737,6 +792,14 @@ impl Coordinator {
         }
     }
 
+    /// Batches committed by a resolution since the last call (see `EcRun::resolved_batches`).
+    pub(super) fn ec_resolved_batches(&mut self) -> Vec<u64> {
+        self.ec
+            .as_mut()
+            .map(|e| std::mem::take(&mut e.resolved_batches))
+            .unwrap_or_default()
+    }
+
     /// End of training: wait for the rebuilds still under way (the final digest must see
     /// whole servers), then audit the parities.
     pub(super) fn ec_finish(&mut self) -> Result<(), ClusterError> {
@@ -752,6 +815,7 @@ impl Coordinator {
             r.commit_s = timing.txn_commit_s;
             r.txn_retries = timing.txn_retries;
             r.txn_commit_failures = timing.txn_commit_failures;
+            r.txns_resolved_by_workers = timing.txn_resolved;
             r.row_deltas_sent = timing.txn_row_deltas;
             r.dense_deltas_sent = timing.txn_dense_deltas;
             r.delta_bytes_sent = timing.txn_delta_bytes;

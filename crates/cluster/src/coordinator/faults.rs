@@ -25,10 +25,15 @@ pub(super) struct Fired {
 impl Coordinator {
     /// Fire the kills scheduled for `point`; returns whether any fired.
     fn fire(&mut self, due: impl Fn(&KillAt) -> bool) -> bool {
+        self.fire_some(|k| due(&k.at))
+    }
+
+    /// Fire the kills `due` picks; returns whether any fired.
+    fn fire_some(&mut self, due: impl Fn(&KillSpec) -> bool) -> bool {
         let mut fired = false;
         for i in 0..self.kills.len() {
             let (k, done) = self.kills[i];
-            if done.is_none() && due(&k.at) {
+            if done.is_none() && due(&k) {
                 let at = Fired {
                     t_s: self.now(),
                     step: self.step(),
@@ -60,6 +65,33 @@ impl Coordinator {
             *c
         };
         self.fire(|at| *at == KillAt::Phase(phase) || *at == KillAt::PhaseNth(phase, n))
+    }
+
+    /// Worker `w`'s transaction reached `phase` (asynchronous ECRec): fire the server kills of
+    /// the phase (counting every worker's entries) and `w`'s own (counting its entries only,
+    /// so that a worker's kill finds it holding its transaction at the phase).
+    pub(super) fn fire_txn_phase_kills(&mut self, phase: Phase, w: u32) -> bool {
+        let n = {
+            let c = self.phase_entries.entry(phase).or_insert(0);
+            *c += 1;
+            *c
+        };
+        let nw = {
+            let c = self.worker_phase_entries.entry((phase, w)).or_insert(0);
+            *c += 1;
+            *c
+        };
+        self.fire_some(|k| {
+            let nth = if k.role == Role::Worker {
+                if k.id != w {
+                    return false;
+                }
+                nw
+            } else {
+                n
+            };
+            k.at == KillAt::Phase(phase) || k.at == KillAt::PhaseNth(phase, nth)
+        })
     }
 
     /// The kills still to fire.

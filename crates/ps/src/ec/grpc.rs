@@ -10,7 +10,7 @@ use super::node::EcNode;
 use super::service::EcService;
 use super::types::{
     DeltaBatch, DenseRead, MemberKey, MemberRead, PackedBatch, PrepareReport, RebuildStatus, TxnId,
-    TxnStatus,
+    TxnOutcome, TxnStatus,
 };
 use crate::auth::{Auth, AuthChannel};
 use crate::grpc::wire::{
@@ -219,6 +219,25 @@ fn apply_report(a: proto::ApplyReply) -> ApplyReport {
     ApplyReport {
         rows_updated: a.rows_updated,
         dense_blocks_updated: a.dense_blocks_updated,
+    }
+}
+
+fn outcome_to_proto(o: TxnOutcome) -> proto::TxnOutcomeKind {
+    match o {
+        TxnOutcome::Absent => proto::TxnOutcomeKind::TxnOutcomeAbsent,
+        TxnOutcome::Prepared => proto::TxnOutcomeKind::TxnOutcomePrepared,
+        TxnOutcome::Committed => proto::TxnOutcomeKind::TxnOutcomeCommitted,
+    }
+}
+
+fn outcome_from_proto(o: i32) -> Result<TxnOutcome, PsError> {
+    match proto::TxnOutcomeKind::try_from(o) {
+        Ok(proto::TxnOutcomeKind::TxnOutcomeAbsent) => Ok(TxnOutcome::Absent),
+        Ok(proto::TxnOutcomeKind::TxnOutcomePrepared) => Ok(TxnOutcome::Prepared),
+        Ok(proto::TxnOutcomeKind::TxnOutcomeCommitted) => Ok(TxnOutcome::Committed),
+        Err(_) => Err(PsError::MalformedRequest(format!(
+            "unknown transaction outcome {o} in a txn_block reply"
+        ))),
     }
 }
 
@@ -525,6 +544,17 @@ impl EcNodeRpc for EcGrpcHandler {
             .txn_resolve(need_txn(r.txn).map_err(s)?, r.commit)
             .map_err(s)?;
         Ok(Response::new(proto::Empty {}))
+    }
+
+    async fn txn_block(
+        &self,
+        req: Request<proto::Txn>,
+    ) -> Result<Response<proto::TxnBlockReply>, Status> {
+        let txn = need_txn(Some(req.into_inner())).map_err(s)?;
+        let o = self.node.txn_block(txn).map_err(s)?;
+        Ok(Response::new(proto::TxnBlockReply {
+            outcome: outcome_to_proto(o) as i32,
+        }))
     }
 
     async fn rebuild_status(
@@ -876,6 +906,16 @@ impl EcService for EcGrpcClient {
         )
         .await?;
         Ok(())
+    }
+
+    async fn txn_block(&self, txn: TxnId) -> Result<TxnOutcome, PsError> {
+        let r = self
+            .call(
+                "txn_block",
+                self.client.clone().txn_block(txn_to_proto(txn)),
+            )
+            .await?;
+        outcome_from_proto(r.outcome)
     }
 
     async fn set_rebuild_share(&self, ppm: u32) -> Result<(), PsError> {

@@ -115,8 +115,8 @@ pub use node::{
     audit_parities, EcConfig, EcNode, ParityAudit, DEFAULT_PEER_TIMEOUT, FULL_SHARE_PPM,
 };
 pub use service::{EcClient, EcService, WeakNode};
-pub use txn::{run_txn, TxnPhase, TxnReport};
+pub use txn::{resolve_txn, run_txn, Resolution, TxnPhase, TxnReport, TXN_LEASE};
 pub use types::{
     DeltaBatch, DenseDelta, DenseRead, MemberKey, MemberRead, PrepareReport, RebuildHook,
-    RebuildPoint, RebuildStatus, RowDelta, TxnId, TxnStatus,
+    RebuildPoint, RebuildStatus, RowDelta, TxnCounters, TxnId, TxnOutcome, TxnStatus,
 };

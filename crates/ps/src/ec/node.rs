@@ -806,7 +806,11 @@ impl EcNode {
         if batch.apply_now {
             self.apply_incoming(&mut st, &inc)
         } else if let Some(txn) = batch.txn {
-            super::txn::check_fence(&st, &txn, me)?;
+            super::txn::check_fence(&mut st, &txn, me)?;
+            st.txn
+                .staged_at
+                .entry(txn)
+                .or_insert_with(std::time::Instant::now);
             st.txn
                 .incoming
                 .entry(txn)

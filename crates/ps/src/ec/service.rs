@@ -11,7 +11,7 @@ use super::grpc::EcGrpcClient;
 use super::node::{downgrade, EcInner, EcNode};
 use super::types::{
     DeltaBatch, DenseRead, MemberKey, MemberRead, PackedBatch, PrepareReport, RebuildStatus, TxnId,
-    TxnStatus,
+    TxnOutcome, TxnStatus,
 };
 use crate::update::{ApplyReport, PulledRows, Update};
 use crate::PsError;
@@ -109,12 +109,16 @@ pub trait EcService: Send + Sync {
         epoch: u32,
     ) -> impl Future<Output = Result<TxnStatus, PsError>> + Send;
 
-    /// Commit or abort a fenced worker's transaction.
+    /// Commit or abort a fenced worker's transaction, or one a resolver blocked.
     fn txn_resolve(
         &self,
         txn: TxnId,
         commit: bool,
     ) -> impl Future<Output = Result<(), PsError>> + Send;
+
+    /// Block `txn` for a resolver and say what this node holds of it
+    /// ([`super::resolve_txn`]).
+    fn txn_block(&self, txn: TxnId) -> impl Future<Output = Result<TxnOutcome, PsError>> + Send;
 }
 
 /// A node held weakly by an in-process client.
@@ -245,6 +249,10 @@ impl EcService for EcNode {
     async fn txn_resolve(&self, txn: TxnId, commit: bool) -> Result<(), PsError> {
         EcNode::txn_resolve(self, txn, commit)
     }
+
+    async fn txn_block(&self, txn: TxnId) -> Result<TxnOutcome, PsError> {
+        EcNode::txn_block(self, txn)
+    }
 }
 
 macro_rules! delegate {
@@ -338,5 +346,9 @@ impl EcService for EcClient {
 
     async fn txn_resolve(&self, txn: TxnId, commit: bool) -> Result<(), PsError> {
         delegate!(self, c => EcService::txn_resolve(c, txn, commit))
+    }
+
+    async fn txn_block(&self, txn: TxnId) -> Result<TxnOutcome, PsError> {
+        delegate!(self, c => EcService::txn_block(c, txn))
     }
 }

@@ -29,14 +29,26 @@
 //! which its messages are refused), reads what each node holds, and resolves every such
 //! transaction ([`EcNode::txn_resolve`]): committed if any node committed it (the worker
 //! decided to commit, so it was prepared everywhere), else aborted.
+//!
+//! A live worker can leave one half done too: its batch times out mid-phase, or a commit
+//! fails on a server that is not lost. Such a transaction is resolved by [`resolve_txn`],
+//! the cooperative termination of 2PC: block it on every node first ([`EcNode::txn_block`],
+//! after which its worker's messages for it are refused, so no node can commit it any
+//! more), then commit it everywhere if some node had committed it, else abort it. Its
+//! worker runs it when a transaction of its own failed, before it reports the batch (so a
+//! batch that committed is never trained again); a node runs it for every transaction that
+//! held it longer than a lease ([`EcNode::resolve_expired`], [`TXN_LEASE`]), so a worker
+//! that stalls cannot block a node. Resolution is idempotent: once blocked everywhere, the
+//! nodes' answers only change by resolvers, which all decide the same.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ftrec_core::ServerId;
 
 use super::node::{EcNode, EcState, StagedIncoming};
-use super::types::{PrepareReport, TxnId, TxnStatus};
+use super::types::{PrepareReport, TxnCounters, TxnId, TxnOutcome, TxnStatus};
 use crate::server::PreparedStep;
 use crate::update::{ApplyReport, RowRequest, Update};
 use crate::PsError;
@@ -48,10 +60,21 @@ pub(crate) struct TxnState {
     pub holder: Option<(TxnId, PreparedStep)>,
     /// A transaction that took the slot and is computing its prepare.
     pub preparing: Option<TxnId>,
-    /// Deltas and gradients staged by peers, per transaction and sender.
+    /// When the holder finished its prepare here: the start of its lease.
+    pub held_since: Option<Instant>,
+    /// Deltas and gradients staged by peers, per transaction and sender, and when the first
+    /// of them arrived.
     pub incoming: HashMap<TxnId, BTreeMap<u32, StagedIncoming>>,
-    /// Last transaction committed here, per worker.
-    pub last_commit: HashMap<u32, TxnId>,
+    pub staged_at: HashMap<TxnId, Instant>,
+    /// The last [`RECENT_COMMITS`] transactions committed here, per worker (newest last).
+    pub recent_commits: HashMap<u32, VecDeque<TxnId>>,
+    /// Transactions a resolver blocked here: their worker's messages are refused.
+    pub blocked: HashSet<TxnId>,
+    /// Per worker, the newest (incarnation, sequence number) a resolver resolved here: a
+    /// late message of it or of an older transaction (a prepare still on its way) is
+    /// refused too.
+    pub resolved_upto: HashMap<u32, (u32, u64)>,
+    pub counters: TxnCounters,
     /// Highest fenced incarnation per worker: its transactions are refused.
     pub fenced: HashMap<u32, u32>,
     /// The buffers of the last committed or aborted prepared step, reused by the next
@@ -59,25 +82,87 @@ pub(crate) struct TxnState {
     pub spare: Option<PreparedStep>,
 }
 
+/// Committed transactions remembered per worker and node, for resolvers asking late.
+const RECENT_COMMITS: usize = 64;
+
+/// How long a transaction may hold a node (prepared, or with deltas staged) before the node
+/// resolves it ([`EcNode::resolve_expired`]): well beyond a healthy transaction's two
+/// phases and a peer call's timeout, so that only a stalled or vanished worker hits it.
+pub const TXN_LEASE: Duration = Duration::from_secs(30);
+
 impl TxnState {
     /// The transaction that holds the slot (prepared or preparing).
     fn slot(&self) -> Option<TxnId> {
         self.holder.as_ref().map(|(t, _)| *t).or(self.preparing)
     }
+
+    /// Whether `txn`'s worker incarnation was fenced off.
+    fn fenced_off(&self, txn: &TxnId) -> bool {
+        self.fenced
+            .get(&txn.worker)
+            .is_some_and(|&e| txn.epoch <= e)
+    }
+
+    fn committed(&self, txn: &TxnId) -> bool {
+        self.recent_commits
+            .get(&txn.worker)
+            .is_some_and(|c| c.contains(txn))
+    }
+
+    /// The worker's last transaction committed here.
+    fn last_commit(&self, worker: u32) -> Option<TxnId> {
+        self.recent_commits
+            .get(&worker)
+            .and_then(|c| c.back())
+            .copied()
+    }
+
+    fn note_commit(&mut self, txn: TxnId) {
+        let c = self.recent_commits.entry(txn.worker).or_default();
+        if c.len() == RECENT_COMMITS {
+            c.pop_front();
+        }
+        c.push_back(txn);
+    }
+
+    /// Take what peers staged for `txn`.
+    fn unstage(&mut self, txn: &TxnId) -> BTreeMap<u32, StagedIncoming> {
+        self.staged_at.remove(txn);
+        self.incoming.remove(txn).unwrap_or_default()
+    }
 }
 
-/// Refuse `txn` if its worker's incarnation was fenced off.
-pub(crate) fn check_fence(st: &EcState, txn: &TxnId, me: ServerId) -> Result<(), PsError> {
-    match st.txn.fenced.get(&txn.worker) {
-        Some(&e) if txn.epoch <= e => Err(PsError::Refused {
-            what: format!(
-                "transaction {} of worker {} (incarnation {}) on server {}",
-                txn.seq, txn.worker, txn.epoch, me.0
-            ),
+/// Refuse a worker's message for `txn` if its worker's incarnation was fenced off or a
+/// resolver blocked the transaction.
+pub(crate) fn check_fence(st: &mut EcState, txn: &TxnId, me: ServerId) -> Result<(), PsError> {
+    let what = || {
+        format!(
+            "transaction {} of worker {} (incarnation {}) on server {}",
+            txn.seq, txn.worker, txn.epoch, me.0
+        )
+    };
+    if st.txn.fenced_off(txn) {
+        return Err(PsError::Refused {
+            what: what(),
             reason: "that worker was declared lost and its transactions resolved".into(),
-        }),
-        _ => Ok(()),
+        });
     }
+    let resolved = st
+        .txn
+        .resolved_upto
+        .get(&txn.worker)
+        .is_some_and(|&upto| (txn.epoch, txn.seq) <= upto);
+    if resolved || st.txn.blocked.contains(txn) {
+        st.txn.counters.blocked_refusals += 1;
+        return Err(PsError::NotReady {
+            server: me.0,
+            reason: format!(
+                "{} is being resolved (it outlived its lease or its worker gave up on it)",
+                what()
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Rows an update touches, as pull requests.
@@ -109,7 +194,7 @@ impl Drop for PrepareGuard<'_> {
             if st.txn.preparing == Some(self.txn) {
                 st.txn.preparing = None;
             }
-            st.txn.incoming.remove(&self.txn);
+            st.txn.unstage(&self.txn);
         }
         self.node.inner.slot_freed.notify_waiters();
     }
@@ -127,7 +212,7 @@ impl EcNode {
                 freed.as_mut().enable();
                 {
                     let mut st = self.state()?;
-                    check_fence(&st, &txn, me)?;
+                    check_fence(&mut st, &txn, me)?;
                     match st.txn.slot() {
                         None => {
                             st.txn.preparing = Some(txn);
@@ -197,9 +282,10 @@ impl EcNode {
         self.propagate(0, Some(txn), &prepared, false, &mut report)
             .await?;
         let mut st = self.state()?;
-        check_fence(&st, &txn, self.inner.me)?;
+        check_fence(&mut st, &txn, self.inner.me)?;
         st.txn.preparing = None;
         st.txn.holder = Some((txn, prepared));
+        st.txn.held_since = Some(Instant::now());
         guard.armed = false;
         Ok(report)
     }
@@ -209,7 +295,12 @@ impl EcNode {
     pub fn txn_commit(&self, txn: TxnId) -> Result<ApplyReport, PsError> {
         let report = {
             let mut st = self.state()?;
-            check_fence(&st, &txn, self.inner.me)?;
+            if st.txn.committed(&txn) && !st.txn.fenced_off(&txn) {
+                // A repeated commit (a retried message, or one a resolver completed first):
+                // already done.
+                return Ok(ApplyReport::default());
+            }
+            check_fence(&mut st, &txn, self.inner.me)?;
             self.commit_locked(&mut st, txn)?
         };
         self.inner.slot_freed.notify_waiters();
@@ -219,7 +310,7 @@ impl EcNode {
     fn commit_locked(&self, st: &mut EcState, txn: TxnId) -> Result<ApplyReport, PsError> {
         match &st.txn.holder {
             Some((h, _)) if *h == txn => {}
-            _ if st.txn.last_commit.get(&txn.worker) == Some(&txn) => {
+            _ if st.txn.committed(&txn) => {
                 // A repeated commit (a retried message): already done.
                 return Ok(ApplyReport::default());
             }
@@ -237,11 +328,12 @@ impl EcNode {
         if let Some((_, prepared)) = st.txn.holder.take() {
             st.txn.spare = Some(prepared);
         }
-        for (_, inc) in st.txn.incoming.remove(&txn).unwrap_or_default() {
+        st.txn.held_since = None;
+        for (_, inc) in st.txn.unstage(&txn) {
             self.apply_incoming(st, &inc)?;
         }
         self.count_commit(st);
-        st.txn.last_commit.insert(txn.worker, txn);
+        st.txn.note_commit(txn);
         Ok(report)
     }
 
@@ -253,10 +345,14 @@ impl EcNode {
         }
     }
 
-    /// Drop `txn` on this node (what it prepared and what peers staged for it).
+    /// Drop `txn` on this node (what it prepared and what peers staged for it). A transaction
+    /// a resolver blocked is left to the resolver.
     pub fn txn_abort(&self, txn: TxnId) -> Result<(), PsError> {
         {
             let mut st = self.state()?;
+            if st.txn.blocked.contains(&txn) {
+                return Ok(());
+            }
             Self::abort_locked(&mut st, txn);
         }
         self.inner.slot_freed.notify_waiters();
@@ -266,18 +362,19 @@ impl EcNode {
     fn abort_locked(st: &mut EcState, txn: TxnId) {
         if st.txn.holder.as_ref().is_some_and(|(h, _)| *h == txn) {
             st.txn.spare = st.txn.holder.take().map(|(_, p)| p);
+            st.txn.held_since = None;
         }
         if st.txn.preparing == Some(txn) {
             st.txn.preparing = None;
         }
-        st.txn.incoming.remove(&txn);
+        st.txn.unstage(&txn);
     }
 
     /// `txn` in one phase (`--no-2pc`): compute, forward the differences to be applied on
     /// arrival, apply here. One at a time per node.
     pub async fn txn_apply(&self, txn: TxnId, share: Arc<Update>) -> Result<ApplyReport, PsError> {
         let _one = self.inner.apply_lock.lock().await;
-        check_fence(&*self.state()?, &txn, self.inner.me)?;
+        check_fence(&mut *self.state()?, &txn, self.inner.me)?;
         let mut report = PrepareReport::default();
         if self.state()?.missing.is_some() {
             self.ensure_present(&rows_of(&share)).await?;
@@ -293,7 +390,7 @@ impl EcNode {
         let applied = self.inner.server.write()?.install_prepared(&prepared)?;
         st.txn.spare = Some(prepared);
         self.count_commit(&mut st);
-        st.txn.last_commit.insert(txn.worker, txn);
+        st.txn.note_commit(txn);
         Ok(applied)
     }
 
@@ -321,25 +418,204 @@ impl EcNode {
         staged.sort_unstable();
         Ok(TxnStatus {
             holding,
-            last_commit: st.txn.last_commit.get(&worker).copied(),
+            last_commit: st.txn.last_commit(worker),
             staged,
         })
     }
 
-    /// Commit (`commit`) or abort `txn` of a fenced worker on this node. Committing needs the
-    /// transaction prepared here; anything else of it is dropped either way.
+    /// Commit (`commit`) or abort `txn` on this node for a resolver: a fenced worker's, or one
+    /// blocked with [`EcNode::txn_block`]. Committing needs the transaction prepared here;
+    /// anything else of it is dropped either way. Repeating it changes nothing.
     pub fn txn_resolve(&self, txn: TxnId, commit: bool) -> Result<(), PsError> {
         {
             let mut st = self.state()?;
-            if commit && st.txn.holder.as_ref().is_some_and(|(h, _)| *h == txn) {
+            let prepared = st.txn.holder.as_ref().is_some_and(|(h, _)| *h == txn);
+            let staged = st.txn.incoming.contains_key(&txn);
+            if commit && prepared {
                 self.commit_locked(&mut st, txn)?;
+                st.txn.counters.resolved_committed += 1;
             } else {
+                if prepared || staged || st.txn.preparing == Some(txn) {
+                    st.txn.counters.resolved_aborted += 1;
+                }
                 Self::abort_locked(&mut st, txn);
             }
+            st.txn.blocked.remove(&txn);
+            let upto = st.txn.resolved_upto.entry(txn.worker).or_default();
+            *upto = (*upto).max((txn.epoch, txn.seq));
         }
         self.inner.slot_freed.notify_waiters();
         Ok(())
     }
+
+    /// Block `txn` here for a resolver ([`resolve_txn`]): from now on its worker's messages
+    /// for it are refused (a prepare still computing fails when it ends), so what this node
+    /// holds of it changes only by a resolver. Returns what it holds.
+    pub fn txn_block(&self, txn: TxnId) -> Result<TxnOutcome, PsError> {
+        let mut st = self.state()?;
+        st.txn.blocked.insert(txn);
+        Ok(if st.txn.committed(&txn) {
+            TxnOutcome::Committed
+        } else if st.txn.holder.as_ref().is_some_and(|(h, _)| *h == txn) {
+            TxnOutcome::Prepared
+        } else {
+            TxnOutcome::Absent
+        })
+    }
+
+    /// What this node's resolvers did so far.
+    pub fn txn_counters(&self) -> Result<TxnCounters, PsError> {
+        Ok(self.state()?.txn.counters)
+    }
+
+    /// Resolve every transaction that has held this node (prepared here, or with deltas
+    /// staged here) for `lease` or longer, over all nodes ([`resolve_txn`]); returns each one
+    /// with whether it committed. A transaction that cannot be decided yet (prepared on every
+    /// node that answered, with a node silent) stays, for a later call or for the loss of
+    /// that node to settle; its error is returned once the others are done.
+    pub async fn resolve_expired(&self, lease: Duration) -> Result<Vec<(TxnId, bool)>, PsError> {
+        let expired: Vec<TxnId> = {
+            let mut st = self.state()?;
+            let old = |since: &Instant| since.elapsed() >= lease;
+            let mut v: Vec<TxnId> = st
+                .txn
+                .holder
+                .as_ref()
+                .map(|(t, _)| *t)
+                .filter(|_| st.txn.held_since.as_ref().is_some_and(old))
+                .into_iter()
+                .collect();
+            let staged: Vec<TxnId> = st
+                .txn
+                .staged_at
+                .iter()
+                .filter(|(t, since)| old(since) && !v.contains(t))
+                .map(|(t, _)| *t)
+                .collect();
+            v.extend(staged);
+            st.txn.counters.lease_expiries += v.len() as u64;
+            v
+        };
+        let mut out = Vec::with_capacity(expired.len());
+        let mut first_err = None;
+        for txn in expired {
+            let nodes: Vec<Option<super::EcClient>> = (0..self.inner.layout.servers())
+                .map(|s| self.peer(ServerId(s)).ok())
+                .collect();
+            match resolve_txn(&nodes, txn).await {
+                Ok(r) => out.push((txn, r.committed)),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) if out.is_empty() => Err(e),
+            _ => Ok(out),
+        }
+    }
+
+    /// Check for expired transactions every half lease, in the background, for as long as
+    /// the node lives (must be called inside a tokio runtime).
+    pub fn start_lease_watcher(&self, lease: Duration) -> tokio::task::JoinHandle<()> {
+        let weak = super::node::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(lease / 2).await;
+                let Some(inner) = weak.upgrade() else { return };
+                let node = EcNode { inner };
+                if node.is_killed() {
+                    return;
+                }
+                let _ = node.resolve_expired(lease).await;
+            }
+        })
+    }
+}
+
+/// How [`resolve_txn`] decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolution {
+    /// Committed everywhere it was prepared (else aborted everywhere).
+    pub committed: bool,
+    /// Servers that did not answer (absent, or their call failed): what they hold of the
+    /// transaction is settled when they answer a later resolution or are replaced.
+    pub silent: Vec<u32>,
+}
+
+/// Resolve `txn` over `nodes` (`nodes[i]` is server `i`, `None` where it cannot be reached),
+/// the cooperative termination of 2PC: block it on every node, then commit it everywhere if
+/// any node had committed it (its worker decided to commit, so it was prepared everywhere),
+/// else abort it everywhere. Returns how it decided. With a node silent, a
+/// transaction prepared on every node that answered cannot be decided (the silent one may
+/// have committed it): that is an error, retryable once the node answers or is replaced.
+pub async fn resolve_txn<C>(nodes: &[Option<C>], txn: TxnId) -> Result<Resolution, PsError>
+where
+    C: super::EcService + Clone + 'static,
+{
+    let answers = on_some(nodes, move |c| async move { c.txn_block(txn).await }).await;
+    let mut committed = false;
+    let mut absent = false;
+    let mut silent: Vec<u32> = Vec::new();
+    let mut reached = Vec::with_capacity(nodes.len());
+    for (i, a) in answers.into_iter().enumerate() {
+        match a {
+            Some(Ok(o)) => {
+                committed |= o == TxnOutcome::Committed;
+                absent |= o == TxnOutcome::Absent;
+                reached.push(i);
+            }
+            _ => silent.push(i as u32),
+        }
+    }
+    if !committed && !absent && !silent.is_empty() {
+        return Err(PsError::NotReady {
+            server: silent[0],
+            reason: format!(
+                "transaction {} of worker {} is prepared on every server that answered and \
+                 server(s) {silent:?} did not answer: it is decided once they answer or are \
+                 replaced",
+                txn.seq, txn.worker
+            ),
+        });
+    }
+    let targets: Vec<Option<C>> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, c)| c.clone().filter(|_| reached.contains(&i)))
+        .collect();
+    let done = on_some(&targets, move |c| async move {
+        c.txn_resolve(txn, committed).await
+    })
+    .await;
+    for r in done.into_iter().flatten() {
+        r?;
+    }
+    Ok(Resolution { committed, silent })
+}
+
+/// `f(node)` on every present node at once; results by node index (`None`: absent).
+async fn on_some<C, T, F, Fut>(nodes: &[Option<C>], f: F) -> Vec<Option<Result<T, PsError>>>
+where
+    C: Clone + Send + Sync + 'static,
+    T: Send + 'static,
+    F: Fn(C) -> Fut,
+    Fut: std::future::Future<Output = Result<T, PsError>> + Send + 'static,
+{
+    let mut set = tokio::task::JoinSet::new();
+    for (i, c) in nodes.iter().enumerate() {
+        if let Some(c) = c {
+            let fut = f(c.clone());
+            set.spawn(async move { (i, fut.await) });
+        }
+    }
+    let mut out: Vec<Option<Result<T, PsError>>> = (0..nodes.len()).map(|_| None).collect();
+    while let Some(r) = set.join_next().await {
+        if let Ok((i, x)) = r {
+            out[i] = Some(x);
+        }
+    }
+    out
 }
 
 /// A point of a worker's transaction where [`run_txn`]'s caller may hold it (fault
@@ -348,8 +624,21 @@ impl EcNode {
 pub enum TxnPhase {
     /// Before phase 1 is sent.
     Prepare,
+    /// Phase 1 sent to the first half of the nodes (ids below `nodes / 2`, at least one) and
+    /// answered there, not yet sent to the others (only when asked for: see [`run_txn`]).
+    PrepareSome,
     /// After phase 1 succeeded everywhere, before phase 2 is sent.
     Commit,
+    /// Phase 2 sent to the first half of the nodes and answered there, not yet sent to the
+    /// others (only when asked for).
+    CommitSome,
+}
+
+impl TxnPhase {
+    /// The first node of the second half, where a phase split at this point resumes.
+    pub fn split_at(nodes: usize) -> usize {
+        (nodes / 2).max(1).min(nodes)
+    }
 }
 
 /// What one transaction cost its worker, and what went wrong without stopping it.
@@ -380,13 +669,16 @@ const TXN_RETRY_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 /// taken from `next_seq`, keeping the priority; any other phase-1 error aborts everywhere and
 /// is returned (a lost node: the caller retries the update against its replacement). Phase 2
 /// commits on every node it can; the failures are reported, not returned. `at_phase` runs
-/// before each phase is sent.
+/// before each phase is sent, and, for the phases in `split` ([`TxnPhase::PrepareSome`],
+/// [`TxnPhase::CommitSome`]), between the phase's two halves, which are then sent one after
+/// the other (fault injection: a node lost while a phase reached some nodes only).
 pub async fn run_txn<C, H, HF>(
     nodes: &[C],
     mut txn: TxnId,
     shares: &[Arc<Update>],
     two_phase: bool,
     next_seq: &mut u64,
+    split: &[TxnPhase],
     mut at_phase: H,
 ) -> Result<TxnReport, PsError>
 where
@@ -422,9 +714,13 @@ where
     loop {
         at_phase(TxnPhase::Prepare).await;
         let attempt = Instant::now();
-        let res = on_all(nodes, shares, move |c, s| async move {
-            c.txn_prepare(txn, s).await
-        })
+        let res = in_halves(
+            nodes,
+            shares,
+            split.contains(&TxnPhase::PrepareSome),
+            || at_phase(TxnPhase::PrepareSome),
+            move |c, s| async move { c.txn_prepare(txn, s).await },
+        )
         .await;
         let mut retry = true;
         let mut first: Option<PsError> = None;
@@ -478,9 +774,11 @@ where
     report.prepare_s = t0.elapsed().as_secs_f64();
     at_phase(TxnPhase::Commit).await;
     let t1 = Instant::now();
-    let res = on_all(
+    let res = in_halves(
         nodes,
         &vec![Arc::clone(&empty); nodes.len()],
+        split.contains(&TxnPhase::CommitSome),
+        || at_phase(TxnPhase::CommitSome),
         move |c, _| async move { c.txn_commit(txn).await },
     )
     .await;
@@ -491,6 +789,33 @@ where
         }
     }
     Ok(report)
+}
+
+/// [`on_all`], or (with `split`) on the first half of the nodes, then `between`, then on
+/// the others.
+async fn in_halves<C, T, F, Fut, B, BF>(
+    nodes: &[C],
+    shares: &[Arc<Update>],
+    split: bool,
+    between: B,
+    f: F,
+) -> Vec<(usize, Result<T, PsError>)>
+where
+    C: Clone + Send + Sync + 'static,
+    T: Send + 'static,
+    F: Fn(C, Arc<Update>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, PsError>> + Send + 'static,
+    B: FnOnce() -> BF,
+    BF: std::future::Future<Output = ()>,
+{
+    if !split {
+        return on_all(nodes, shares, f).await;
+    }
+    let h = TxnPhase::split_at(nodes.len());
+    let mut out = on_range(nodes, shares, 0..h, &f).await;
+    between().await;
+    out.extend(on_range(nodes, shares, h..nodes.len(), &f).await);
+    out
 }
 
 /// `f(node, share)` on every node at once; results by node index.
@@ -505,9 +830,25 @@ where
     F: Fn(C, Arc<Update>) -> Fut,
     Fut: std::future::Future<Output = Result<T, PsError>> + Send + 'static,
 {
+    on_range(nodes, shares, 0..nodes.len(), &f).await
+}
+
+/// `f(node, share)` on the nodes of `range` at once; results by node index.
+async fn on_range<C, T, F, Fut>(
+    nodes: &[C],
+    shares: &[Arc<Update>],
+    range: std::ops::Range<usize>,
+    f: &F,
+) -> Vec<(usize, Result<T, PsError>)>
+where
+    C: Clone + Send + Sync + 'static,
+    T: Send + 'static,
+    F: Fn(C, Arc<Update>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, PsError>> + Send + 'static,
+{
     let mut set = tokio::task::JoinSet::new();
-    for (i, (c, s)) in nodes.iter().zip(shares).enumerate() {
-        let fut = f(c.clone(), s.clone());
+    for i in range {
+        let fut = f(nodes[i].clone(), shares[i].clone());
         set.spawn(async move { (i, fut.await) });
     }
     let mut out = Vec::with_capacity(nodes.len());

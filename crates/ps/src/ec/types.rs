@@ -119,6 +119,30 @@ impl TxnId {
     }
 }
 
+/// What a node holds of one transaction once a resolver blocked it there
+/// ([`super::EcService::txn_block`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TxnOutcome {
+    /// Committed here: its worker had decided to commit.
+    Committed,
+    /// Prepared here, neither committed nor aborted.
+    Prepared,
+    /// Neither: never prepared here, aborted, or resolved by an abort.
+    Absent,
+}
+
+/// Transactions a node resolved (or helped resolve) since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TxnCounters {
+    /// Resolutions this node started because a transaction outlived its lease here.
+    pub lease_expiries: u64,
+    /// Transactions committed and aborted here by a resolver (not by their worker).
+    pub resolved_committed: u64,
+    pub resolved_aborted: u64,
+    /// Worker messages refused because a resolver had blocked their transaction.
+    pub blocked_refusals: u64,
+}
+
 /// What a node knows of one worker's transactions, as the coordinator's resolution of a lost
 /// worker asks it ([`super::EcService::txn_fence`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

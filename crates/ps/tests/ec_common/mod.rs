@@ -351,6 +351,7 @@ impl EcCluster {
             &shares(update, self.n),
             self.ec.two_phase,
             &mut seq,
+            &[],
             |_: TxnPhase| async {},
         )
         .await

@@ -1,0 +1,258 @@
+//! ECRec §3.5 with a live worker that leaves its transaction half done: the transaction is
+//! resolved (blocked on every node, then committed where any node committed it, else
+//! aborted), by its worker or by a node whose lease on it expired. Every case is injected
+//! deterministically (the worker's calls are made one by one, or its phase hook stops it),
+//! and ends with the exact digest of a reference that applied each update once and a clean
+//! parity and replica audit.
+
+mod ec_common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ec_common::{shares, txn_id, worker_update, EcCluster, PushReference};
+use ftrec_core::OptimizerKind;
+use ftrec_ec::CodeKind;
+use ftrec_ps::ec::{resolve_txn, run_txn, EcClient, EcConfig, TxnOutcome, TxnPhase};
+use ftrec_ps::{PsError, Update};
+
+const N: u32 = 4;
+
+fn cluster() -> (EcCluster, PushReference) {
+    let c = EcCluster::new(N, EcConfig::new(CodeKind::Gf256, 2, 1), OptimizerKind::Adam);
+    (c, PushReference::new(N, OptimizerKind::Adam))
+}
+
+fn reachable(c: &EcCluster) -> Vec<Option<EcClient>> {
+    c.clients().into_iter().map(Some).collect()
+}
+
+/// Prepare `update` as `txn` on the nodes `on` only (a worker stopped half way).
+async fn prepare_on(c: &EcCluster, txn: ftrec_ps::ec::TxnId, update: &Update, on: &[u32]) {
+    let sh = shares(update, N);
+    for &s in on {
+        c.node(s)
+            .txn_prepare(txn, sh[s as usize].clone())
+            .await
+            .unwrap();
+    }
+}
+
+async fn assert_exact(c: &EcCluster, reference: &PushReference, case: &str) {
+    assert_eq!(c.digest(), reference.digest(), "{case}");
+    let audit = c.audit().await;
+    assert_eq!(
+        (audit.parity_mismatches, audit.replica_mismatches),
+        (0, 0),
+        "{case}"
+    );
+}
+
+#[tokio::test]
+async fn a_transaction_left_prepared_is_aborted_when_its_lease_expires() {
+    let (c, mut reference) = cluster();
+    let u = worker_update(1, 0);
+    c.txn(0, 1, &u).await.unwrap();
+    reference.push(&u);
+    // Worker 1 prepares everywhere, then stalls before phase 2.
+    let t = txn_id(1, 7, 2);
+    prepare_on(&c, t, &worker_update(2, 1), &[0, 1, 2, 3]).await;
+    // Node 2's lease on it expires (a zero lease: the expiry is the call, not a clock).
+    let resolved = c.node(2).resolve_expired(Duration::ZERO).await.unwrap();
+    assert_eq!(resolved, vec![(t, false)]);
+    assert_eq!(c.node(2).txn_counters().unwrap().lease_expiries, 1);
+    for s in 0..N {
+        assert_eq!(
+            c.node(s).txn_counters().unwrap().resolved_aborted,
+            1,
+            "node {s}"
+        );
+    }
+    // The worker wakes and commits: refused everywhere, nothing changes.
+    for s in 0..N {
+        assert!(
+            matches!(c.node(s).txn_commit(t), Err(PsError::NotReady { .. })),
+            "node {s}"
+        );
+    }
+    // The slots are free: the next update goes through.
+    let w = worker_update(3, 0);
+    c.txn(0, 3, &w).await.unwrap();
+    reference.push(&w);
+    assert_exact(&c, &reference, "aborted by lease").await;
+}
+
+#[tokio::test]
+async fn a_transaction_committed_on_some_node_is_committed_everywhere_when_its_lease_expires() {
+    let (c, mut reference) = cluster();
+    let t = txn_id(1, 7, 2);
+    let v = worker_update(2, 1);
+    prepare_on(&c, t, &v, &[0, 1, 2, 3]).await;
+    // Phase 2 reached node 0 only.
+    c.node(0).txn_commit(t).unwrap();
+    reference.push(&v);
+    let resolved = c.node(3).resolve_expired(Duration::ZERO).await.unwrap();
+    assert_eq!(resolved, vec![(t, true)]);
+    for s in 1..N {
+        assert_eq!(
+            c.node(s).txn_counters().unwrap().resolved_committed,
+            1,
+            "node {s}"
+        );
+    }
+    // A late commit of the worker is a repeat: accepted, applied once.
+    c.node(2).txn_commit(t).unwrap();
+    let w = worker_update(3, 0);
+    c.txn(0, 3, &w).await.unwrap();
+    reference.push(&w);
+    assert_exact(&c, &reference, "committed by lease").await;
+}
+
+#[tokio::test]
+async fn a_worker_whose_batch_times_out_after_phase_one_resolves_it_before_retrying() {
+    let (c, mut reference) = cluster();
+    let u = worker_update(2, 1);
+    let t = txn_id(1, 7, 2);
+    // The worker's transaction is dropped once phase 1 succeeded everywhere (its batch
+    // timed out there): the hook signals, then never lets phase 2 start.
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let mut tx = Some(tx);
+    let mut seq = t.seq;
+    let clients = c.clients();
+    let sh = shares(&u, N);
+    let txn = run_txn(&clients, t, &sh, true, &mut seq, &[], |phase| {
+        let stop = phase == TxnPhase::Commit;
+        if stop {
+            if let Some(tx) = tx.take() {
+                let _ = tx.send(());
+            }
+        }
+        async move {
+            if stop {
+                std::future::pending::<()>().await;
+            }
+        }
+    });
+    tokio::select! {
+        _ = txn => panic!("phase 2 ran"),
+        _ = rx => {}
+    }
+    // Prepared everywhere, committed nowhere: the worker's resolution aborts it.
+    assert!(!resolve_txn(&reachable(&c), t).await.unwrap().committed);
+    // So the batch is trained again, and applied once.
+    c.txn(1, 2, &u).await.unwrap();
+    reference.push(&u);
+    assert_exact(&c, &reference, "timed out after phase 1").await;
+}
+
+#[tokio::test]
+async fn a_batch_timing_out_mid_prepare_leaves_nothing_behind() {
+    let (c, mut reference) = cluster();
+    let u = worker_update(2, 1);
+    let t = txn_id(1, 7, 2);
+    // Phase 1 reached nodes 0 and 1 when the batch timed out.
+    prepare_on(&c, t, &u, &[0, 1]).await;
+    assert!(!resolve_txn(&reachable(&c), t).await.unwrap().committed);
+    // The prepare still on its way to node 3 arrives late: refused, the slot stays free.
+    let late = c
+        .node(3)
+        .txn_prepare(t, Arc::new(ftrec_ps::Update::new()))
+        .await;
+    assert!(matches!(late, Err(PsError::NotReady { .. })), "{late:?}");
+    c.txn(1, 2, &u).await.unwrap();
+    reference.push(&u);
+    assert_exact(&c, &reference, "timed out mid-prepare").await;
+}
+
+#[tokio::test]
+async fn a_commit_failing_on_a_live_server_is_completed_and_the_batch_not_trained_again() {
+    let (c, mut reference) = cluster();
+    let t = txn_id(1, 7, 2);
+    let v = worker_update(2, 1);
+    prepare_on(&c, t, &v, &[0, 1, 2, 3]).await;
+    // Phase 2 failed on nodes 2 and 3 (a timeout; they are alive).
+    c.node(0).txn_commit(t).unwrap();
+    c.node(1).txn_commit(t).unwrap();
+    reference.push(&v);
+    // The worker resolves before reporting the batch: committed, so it is not retrained.
+    assert!(resolve_txn(&reachable(&c), t).await.unwrap().committed);
+    for s in [2, 3] {
+        assert_eq!(
+            c.node(s).txn_counters().unwrap().resolved_committed,
+            1,
+            "node {s}"
+        );
+    }
+    assert_exact(&c, &reference, "commit failed on live servers").await;
+}
+
+#[tokio::test]
+async fn resolvers_agree_and_repeating_a_resolution_changes_nothing() {
+    let (c, mut reference) = cluster();
+    let t = txn_id(1, 7, 2);
+    let v = worker_update(2, 1);
+    prepare_on(&c, t, &v, &[0, 1, 2, 3]).await;
+    c.node(1).txn_commit(t).unwrap();
+    reference.push(&v);
+    // The worker and two nodes' leases resolve it at the same time.
+    let nodes = reachable(&c);
+    let (a, b, d) = tokio::join!(
+        resolve_txn(&nodes, t),
+        c.node(0).resolve_expired(Duration::ZERO),
+        c.node(3).resolve_expired(Duration::ZERO),
+    );
+    assert!(a.unwrap().committed);
+    for r in [b.unwrap(), d.unwrap()] {
+        assert!(r.iter().all(|&(x, committed)| x == t && committed), "{r:?}");
+    }
+    // And once more, long after.
+    assert!(resolve_txn(&nodes, t).await.unwrap().committed);
+    for s in 0..N {
+        let k = c.node(s).txn_counters().unwrap();
+        assert_eq!(k.resolved_aborted, 0, "node {s}");
+        assert_eq!(k.resolved_committed, u64::from(s != 1), "node {s}");
+        assert_eq!(c.node(s).txn_block(t).unwrap(), TxnOutcome::Committed);
+    }
+    assert_exact(&c, &reference, "concurrent resolvers").await;
+}
+
+#[tokio::test]
+async fn a_transaction_prepared_on_every_node_that_answers_waits_for_the_silent_one() {
+    let (c, mut reference) = cluster();
+    let t = txn_id(1, 7, 2);
+    let v = worker_update(2, 1);
+    prepare_on(&c, t, &v, &[0, 1, 2, 3]).await;
+    // Node 3 does not answer: it may have committed, so nothing is decided...
+    let mut nodes = reachable(&c);
+    nodes[3] = None;
+    let undecided = resolve_txn(&nodes, t).await;
+    assert!(
+        matches!(&undecided, Err(PsError::NotReady { server: 3, .. })),
+        "{undecided:?}"
+    );
+    // ...and the worker cannot commit it any more, where it was blocked.
+    assert!(matches!(
+        c.node(0).txn_commit(t),
+        Err(PsError::NotReady { .. })
+    ));
+    // Node 3 had committed it: once it answers, the others commit.
+    c.node(3).txn_commit(t).unwrap();
+    reference.push(&v);
+    assert!(resolve_txn(&reachable(&c), t).await.unwrap().committed);
+    assert_exact(&c, &reference, "silent node").await;
+}
+
+#[tokio::test]
+async fn a_node_whose_lease_expired_on_staged_deltas_only_resolves_them() {
+    // Node 1 took deltas of the transaction from its peers but never got its own prepare
+    // (the worker's prepare to it was lost): its lease on the staged deltas resolves it.
+    let (c, mut reference) = cluster();
+    let t = txn_id(1, 7, 2);
+    prepare_on(&c, t, &worker_update(2, 1), &[0, 2, 3]).await;
+    let resolved = c.node(1).resolve_expired(Duration::ZERO).await.unwrap();
+    assert_eq!(resolved, vec![(t, false)]);
+    let w = worker_update(3, 0);
+    c.txn(0, 3, &w).await.unwrap();
+    reference.push(&w);
+    assert_exact(&c, &reference, "staged only").await;
+}
