@@ -542,14 +542,23 @@ impl EcNode {
         busy: &mut Duration,
     ) -> Result<(), PsError> {
         let me = self.inner.me;
-        let tasks: Vec<RecoveryTask> = {
-            let st = self.state()?;
-            self.check_generation(&st, generation)?;
-            let Some(m) = st.missing.as_ref() else {
-                return Ok(());
-            };
-            plan.tasks(range)?
-                .filter(|t| {
+        let mut tasks = plan.tasks(range)?;
+        // A decode needs one consistent cut per stripe only, so the range is read in small
+        // batches, each under its own cut: a batch's reads fit between two commits even while
+        // training runs at full speed, where one cut over a whole server would be retried
+        // forever. The batches are taken from the plan one at a time (a whole range's tasks
+        // held at once cost a replacement as much memory as its shard), each with what is
+        // still missing when it starts (training decodes rows on demand meanwhile). Between
+        // batches the driver rests as the rebuild share asks, so that the rebuild yields to
+        // training.
+        loop {
+            let batch: Vec<RecoveryTask> = {
+                let st = self.state()?;
+                self.check_generation(&st, generation)?;
+                let Some(m) = st.missing.as_ref() else {
+                    return Ok(());
+                };
+                let wanted = |t: &RecoveryTask| {
                     t.rebuild.iter().any(|x| {
                         x.server == me
                             && match x.location {
@@ -562,21 +571,21 @@ impl EcNode {
                                 Location::Absent => false,
                             }
                     })
-                })
-                .collect()
-        };
-        // A decode needs one consistent cut per stripe only, so the range is read in small
-        // batches, each under its own cut: a batch's reads fit between two commits even while
-        // training runs at full speed, where one cut over a whole server would be retried
-        // forever. Between batches the driver rests as the rebuild share asks, so that the
-        // rebuild yields to training.
-        for batch in tasks.chunks(CUT_BATCH_STRIPES) {
+                };
+                tasks
+                    .by_ref()
+                    .filter(wanted)
+                    .take(CUT_BATCH_STRIPES)
+                    .collect()
+            };
+            if batch.is_empty() {
+                return Ok(());
+            }
             self.pace(*busy).await;
             let t0 = Instant::now();
-            self.rebuild_batch(generation, batch).await?;
+            self.rebuild_batch(generation, &batch).await?;
             *busy = t0.elapsed();
         }
-        Ok(())
     }
 
     async fn rebuild_batch(&self, generation: u64, tasks: &[RecoveryTask]) -> Result<(), PsError> {
