@@ -303,15 +303,10 @@ fn a_server_kill_without_2pc_is_refused_before_anything_starts() {
     // rebuild could read a consistent cut, so a run that will lose a server is refused.
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(&dir, 3, 5);
-    cfg.strategy = StrategyChoice::EcRec {
-        k: 2,
-        r: 1,
-        code: CodeKind::Gf256,
-        dense_replication: true,
-        two_phase: false,
-        lock_ranges: 1,
-        rebuild_share_ppm: 1_000_000,
-    };
+    cfg.strategy = ecrec(2, 1, CodeKind::Gf256);
+    if let StrategyChoice::EcRec { two_phase, .. } = &mut cfg.strategy {
+        *two_phase = false;
+    }
     cfg.kills = vec!["server=1@step=2".parse().unwrap()];
     let e = run(&cfg).unwrap_err().to_string();
     assert!(

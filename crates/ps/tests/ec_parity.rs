@@ -262,15 +262,8 @@ fn concurrent_transactions_keep_parities_and_replicas_exact() {
                     retries += r.unwrap();
                 }
                 total += 9;
-                let audit = c.audit().await;
-                assert_eq!(
-                    (audit.parity_mismatches, audit.replica_mismatches),
-                    (0, 0),
-                    "n={n} k={k} r={r} 2PC {two_phase} round {round}: {audit:?}"
-                );
-                for s in 0..n {
-                    assert_eq!(c.node(s).committed_step().unwrap(), Some(total));
-                }
+                let what = format!("n={n} k={k} r={r} 2PC {two_phase} round {round}");
+                c.assert_exact(Some(total), &what).await;
             }
             eprintln!("n={n} k={k} r={r} 2PC {two_phase}: {retries} wait-die retries");
         }

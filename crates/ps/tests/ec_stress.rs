@@ -132,21 +132,9 @@ async fn round(c: &EcCluster, r: u64, mode: Mode) -> u64 {
     committed.load(Ordering::SeqCst)
 }
 
+/// Every transaction passes every node: each node committed each exactly once.
 async fn assert_round_exact(c: &EcCluster, total: u64, what: &str) {
-    let audit = c.audit().await;
-    assert_eq!(
-        (audit.parity_mismatches, audit.replica_mismatches),
-        (0, 0),
-        "{what}"
-    );
-    // Every transaction passes every node: each node committed each exactly once.
-    for s in 0..N {
-        assert_eq!(
-            c.node(s).committed_step().unwrap(),
-            Some(total),
-            "{what}: node {s}"
-        );
-    }
+    c.assert_exact(Some(total), what).await;
 }
 
 #[test]

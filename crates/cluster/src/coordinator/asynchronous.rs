@@ -77,16 +77,8 @@ impl Coordinator {
                     if !self.handle_failure(failure, self.step() + 1, &mut unexplained)? {
                         return Ok(());
                     }
-                    if self.rewinds != rewinds {
-                        // A full recovery rewound the model: hand out from its position.
-                        next = self.batches + 1;
-                        requeue.clear();
-                        held.clear();
-                    } else {
-                        let answered = &mut (&mut held, &mut actions, &mut kills_after);
-                        self.count_resolved(&mut requeue, false, answered);
-                        self.count_held(answered);
-                    }
+                    let answered = &mut (&mut held, &mut actions, &mut kills_after);
+                    self.settle(rewinds, &mut next, &mut requeue, answered);
                     continue;
                 }
                 if !losses.is_empty() {
@@ -98,15 +90,8 @@ impl Coordinator {
                     if !self.handle_server_losses(lost, "heartbeat")? {
                         return Ok(());
                     }
-                    if self.rewinds != rewinds {
-                        next = self.batches + 1;
-                        requeue.clear();
-                        held.clear();
-                    } else {
-                        let answered = &mut (&mut held, &mut actions, &mut kills_after);
-                        self.count_resolved(&mut requeue, false, answered);
-                        self.count_held(answered);
-                    }
+                    let answered = &mut (&mut held, &mut actions, &mut kills_after);
+                    self.settle(rewinds, &mut next, &mut requeue, answered);
                     continue;
                 }
                 if rebuild_failed {
@@ -124,13 +109,8 @@ impl Coordinator {
                     for step in std::mem::take(&mut kills_after) {
                         self.fire_step_kills(step);
                     }
-                    if self.rewinds != rewinds {
-                        next = self.batches + 1;
-                        requeue.clear();
-                        held.clear();
-                    } else {
-                        self.count_held(&mut (&mut held, &mut actions, &mut kills_after));
-                    }
+                    let answered = &mut (&mut held, &mut actions, &mut kills_after);
+                    self.settle(rewinds, &mut next, &mut requeue, answered);
                     continue;
                 }
                 if self.batches >= self.total_batches() {
@@ -274,6 +254,26 @@ impl Coordinator {
                 requeue.remove(at);
                 self.answered(self.last_loss, hold, answered);
             }
+        }
+    }
+
+    /// After a failure or the strategy's actions were handled (`rewinds`: the count of
+    /// rewinds before): if a recovery rewound the model, hand batches out again from its
+    /// position; else count the batches answered meanwhile.
+    fn settle(
+        &mut self,
+        rewinds: u64,
+        next: &mut u64,
+        requeue: &mut Vec<u64>,
+        answered: &mut Answered<'_>,
+    ) {
+        if self.rewinds != rewinds {
+            *next = self.batches + 1;
+            requeue.clear();
+            answered.0.clear();
+        } else {
+            self.count_resolved(requeue, false, answered);
+            self.count_held(answered);
         }
     }
 

@@ -700,7 +700,7 @@ where
     let t0 = Instant::now();
     if !two_phase {
         at_phase(TxnPhase::Prepare).await;
-        let res = on_all(nodes, shares, move |c, s| async move {
+        let res = on_range(nodes, shares, 0..nodes.len(), &move |c, s| async move {
             c.txn_apply(txn, s).await
         })
         .await;
@@ -755,10 +755,11 @@ where
         };
         // Abort everywhere (a node that refused holds nothing of it; one that is gone
         // cannot answer) before anything else is sent for this update.
-        let _ = on_all(
+        let _ = on_range(
             nodes,
             &vec![Arc::clone(&empty); nodes.len()],
-            move |c, _| async move { c.txn_abort(txn).await },
+            0..nodes.len(),
+            &move |c, _| async move { c.txn_abort(txn).await },
         )
         .await;
         if !retry || t0.elapsed() > TXN_RETRY_LIMIT {
@@ -791,8 +792,8 @@ where
     Ok(report)
 }
 
-/// [`on_all`], or (with `split`) on the first half of the nodes, then `between`, then on
-/// the others.
+/// `f(node, share)` on every node at once, or (with `split`) on the first half of the nodes,
+/// then `between`, then on the others; results by node index.
 async fn in_halves<C, T, F, Fut, B, BF>(
     nodes: &[C],
     shares: &[Arc<Update>],
@@ -809,28 +810,13 @@ where
     BF: std::future::Future<Output = ()>,
 {
     if !split {
-        return on_all(nodes, shares, f).await;
+        return on_range(nodes, shares, 0..nodes.len(), &f).await;
     }
     let h = TxnPhase::split_at(nodes.len());
     let mut out = on_range(nodes, shares, 0..h, &f).await;
     between().await;
     out.extend(on_range(nodes, shares, h..nodes.len(), &f).await);
     out
-}
-
-/// `f(node, share)` on every node at once; results by node index.
-async fn on_all<C, T, F, Fut>(
-    nodes: &[C],
-    shares: &[Arc<Update>],
-    f: F,
-) -> Vec<(usize, Result<T, PsError>)>
-where
-    C: Clone + Send + Sync + 'static,
-    T: Send + 'static,
-    F: Fn(C, Arc<Update>) -> Fut,
-    Fut: std::future::Future<Output = Result<T, PsError>> + Send + 'static,
-{
-    on_range(nodes, shares, 0..nodes.len(), &f).await
 }
 
 /// `f(node, share)` on the nodes of `range` at once; results by node index.

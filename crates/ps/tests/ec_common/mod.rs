@@ -265,6 +265,27 @@ impl EcCluster {
             .unwrap()
     }
 
+    /// Assert that every parity equals a fresh encode of its stripe and every dense replica
+    /// its primary, bit for bit, and (with `committed`) that every node committed exactly that
+    /// many transactions or steps.
+    pub async fn assert_exact(&self, committed: Option<u64>, what: &str) {
+        let audit = self.audit().await;
+        assert_eq!(
+            (audit.parity_mismatches, audit.replica_mismatches),
+            (0, 0),
+            "{what}: {audit:?}"
+        );
+        if let Some(total) = committed {
+            for s in 0..self.n {
+                assert_eq!(
+                    self.node(s).committed_step().unwrap(),
+                    Some(total),
+                    "{what}: node {s}"
+                );
+            }
+        }
+    }
+
     /// Wait (by yielding, never by time) until `s` reports a finished rebuild.
     pub async fn wait_rebuilt(&self, s: u32) {
         for _ in 0..1_000_000 {
