@@ -129,21 +129,8 @@ pub fn memory_file(port_file: &Path) -> PathBuf {
 
 /// Current `RssAnon`, `VmHWM` and thread count of this process, in bytes and threads.
 fn status() -> Option<(u64, u64, u64)> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let field = |key: &str| -> Option<u64> {
-        let line = s.lines().find(|l| l.starts_with(key))?;
-        line[key.len()..]
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()
-            .ok()
-    };
-    Some((
-        field("RssAnon:")? * 1024,
-        field("VmHWM:")? * 1024,
-        field("Threads:")?,
-    ))
+    let [anon, hwm, threads] = ftrec_worker::sys::status(["RssAnon:", "VmHWM:", "Threads:"])?;
+    Some((anon * 1024, hwm * 1024, threads))
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]

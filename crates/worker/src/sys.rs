@@ -19,21 +19,29 @@ pub struct Memory {
 
 /// Both figures from one read of `/proc/self/status` (Linux); `None` elsewhere.
 pub fn memory() -> Option<Memory> {
+    let [rss, hwm] = status(["VmRSS:", "VmHWM:"])?;
+    let rss = rss * 1024;
+    // The kernel folds the current RSS into the high-water mark lazily; take the max so the
+    // peak is never reported below the present.
+    let peak_rss = (hwm * 1024).max(rss);
+    Some(Memory { rss, peak_rss })
+}
+
+/// The numbers of `keys` (e.g. `"VmRSS:"`, in the unit the kernel writes: kB for sizes) from
+/// one read of `/proc/self/status` (Linux); `None` elsewhere or when one is missing.
+pub fn status<const N: usize>(keys: [&str; N]) -> Option<[u64; N]> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kib = |key: &str| -> Option<u64> {
+    let mut out = [0u64; N];
+    for (o, key) in out.iter_mut().zip(keys) {
         let line = s.lines().find(|l| l.starts_with(key))?;
-        line[key.len()..]
+        *o = line[key.len()..]
             .trim()
             .trim_end_matches("kB")
             .trim()
             .parse()
-            .ok()
-    };
-    let rss = kib("VmRSS:")? * 1024;
-    // The kernel folds the current RSS into the high-water mark lazily; take the max so the
-    // peak is never reported below the present.
-    let peak_rss = (kib("VmHWM:")? * 1024).max(rss);
-    Some(Memory { rss, peak_rss })
+            .ok()?;
+    }
+    Some(out)
 }
 
 #[cfg(test)]
