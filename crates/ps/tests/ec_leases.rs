@@ -10,10 +10,10 @@ mod ec_common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ec_common::{shares, txn_id, worker_update, EcCluster, PushReference};
+use ec_common::{run_txn_until, shares, txn_id, worker_update, EcCluster, PushReference};
 use ftrec_core::OptimizerKind;
 use ftrec_ec::CodeKind;
-use ftrec_ps::ec::{resolve_txn, run_txn, EcClient, EcConfig, TxnOutcome, TxnPhase};
+use ftrec_ps::ec::{resolve_txn, EcClient, EcConfig, TxnOutcome, TxnPhase};
 use ftrec_ps::{PsError, Update};
 
 const N: u32 = 4;
@@ -110,28 +110,10 @@ async fn a_worker_whose_batch_times_out_after_phase_one_resolves_it_before_retry
     let t = txn_id(1, 7, 2);
     // The worker's transaction is dropped once phase 1 succeeded everywhere (its batch
     // timed out there): the hook signals, then never lets phase 2 start.
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let mut tx = Some(tx);
     let mut seq = t.seq;
-    let clients = c.clients();
     let sh = shares(&u, N);
-    let txn = run_txn(&clients, t, &sh, true, &mut seq, &[], |phase| {
-        let stop = phase == TxnPhase::Commit;
-        if stop {
-            if let Some(tx) = tx.take() {
-                let _ = tx.send(());
-            }
-        }
-        async move {
-            if stop {
-                std::future::pending::<()>().await;
-            }
-        }
-    });
-    tokio::select! {
-        _ = txn => panic!("phase 2 ran"),
-        _ = rx => {}
-    }
+    let ran = run_txn_until(&c.clients(), t, &sh, &[], TxnPhase::Commit, &mut seq).await;
+    assert!(ran.is_none(), "phase 2 ran");
     // Prepared everywhere, committed nowhere: the worker's resolution aborts it.
     assert!(!resolve_txn(&reachable(&c), t).await.unwrap().committed);
     // So the batch is trained again, and applied once.

@@ -218,11 +218,7 @@ fn concurrent_transactions_keep_parities_and_replicas_exact() {
     // Several workers push at once on a multi-threaded runtime; after every round the
     // parities equal a fresh encode of their stripes and the replicas their primaries, and
     // every node committed every transaction once.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = ec_common::two_thread_runtime();
     rt.block_on(async {
         for (n, k, r, two_phase) in [(5, 2, 1, true), (6, 4, 2, true), (5, 2, 1, false)] {
             let mut ec = EcConfig::new(CodeKind::Gf256, k, r);

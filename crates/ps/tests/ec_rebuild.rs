@@ -171,11 +171,7 @@ async fn rows_touched_before_their_range_are_decoded_on_demand() {
 
 #[test]
 fn rebuild_on_a_multi_thread_runtime_with_concurrent_steps() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = ec_common::two_thread_runtime();
     rt.block_on(async {
         let mut ec = EcConfig::new(CodeKind::Gf256, 2, 2);
         ec.lock_ranges = 10;
@@ -630,11 +626,7 @@ fn a_replacement_rebuilds_while_workers_push_transactions() {
     // Asynchronous training goes on during the background rebuild; transactions commit
     // inside the first batch's lock; at the end the parities match the rows (including the
     // rebuilt ones) and every node committed every transaction.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = ec_common::two_thread_runtime();
     rt.block_on(async {
         let mut ec = EcConfig::new(CodeKind::Gf256, 2, 1);
         ec.lock_ranges = 5;

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ec_common::{shares, txn_id, EcCluster, DIM, TABLE_ROWS};
+use ec_common::{run_txn_until, shares, txn_id, EcCluster, DIM, TABLE_ROWS};
 use ftrec_core::rng::SplitMix;
 use ftrec_core::{OptimizerKind, ServerId, TableId};
 use ftrec_ec::CodeKind;
@@ -83,30 +83,10 @@ async fn round(c: &EcCluster, r: u64, mode: Mode) -> u64 {
                         break;
                     };
                     // The batch times out at `stop_at`: the transaction is dropped there.
-                    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-                    let mut tx = Some(tx);
-                    let mut s2 = seq;
                     let split = [TxnPhase::PrepareSome, TxnPhase::CommitSome];
-                    let txn = run_txn(&clients, t, &sh, true, &mut s2, &split, |p| {
-                        let stop = p == stop_at;
-                        if stop {
-                            if let Some(tx) = tx.take() {
-                                let _ = tx.send(());
-                            }
-                        }
-                        async move {
-                            if stop {
-                                std::future::pending::<()>().await;
-                            }
-                        }
-                    });
-                    let finished = tokio::select! {
-                        r = txn => Some(r),
-                        _ = rx => None,
-                    };
+                    let finished = run_txn_until(&clients, t, &sh, &split, stop_at, &mut seq).await;
                     // The attempt that was dropped (wait-die retries may have moved it on).
-                    let t = ftrec_ps::ec::TxnId { seq: s2, ..t };
-                    seq = s2;
+                    let t = ftrec_ps::ec::TxnId { seq, ..t };
                     if let Some(r) = finished {
                         // A wait-die retry limit or similar: not expected here.
                         let rep = r.unwrap();
@@ -139,11 +119,7 @@ async fn assert_round_exact(c: &EcCluster, total: u64, what: &str) {
 
 #[test]
 fn many_workers_on_shared_and_own_rows_through_losses_and_half_done_transactions() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = ec_common::two_thread_runtime();
     rt.block_on(async {
         let mut ec = EcConfig::new(CodeKind::Gf256, 3, 2);
         ec.lock_ranges = 3;

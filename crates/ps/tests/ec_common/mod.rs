@@ -378,3 +378,45 @@ impl EcCluster {
         .await
     }
 }
+
+/// A runtime with two worker threads, for tests where transactions or a rebuild really run
+/// at the same time.
+pub fn two_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// `shares` as transaction `txn` with 2PC (phases split at `split`), dropped for good when it
+/// reaches `stop_at` (its batch timed out there): `None` then, with `seq` the sequence number
+/// of the attempt that was dropped; the transaction's result if it ended first.
+pub async fn run_txn_until(
+    clients: &[EcClient],
+    txn: TxnId,
+    shares: &[Arc<Update>],
+    split: &[TxnPhase],
+    stop_at: TxnPhase,
+    seq: &mut u64,
+) -> Option<Result<TxnReport, PsError>> {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let mut tx = Some(tx);
+    let run = run_txn(clients, txn, shares, true, seq, split, |p| {
+        let stop = p == stop_at;
+        if stop {
+            if let Some(tx) = tx.take() {
+                let _ = tx.send(());
+            }
+        }
+        async move {
+            if stop {
+                std::future::pending::<()>().await;
+            }
+        }
+    });
+    tokio::select! {
+        r = run => Some(r),
+        _ = rx => None,
+    }
+}
