@@ -164,6 +164,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             recovery_steps,
             repeat,
             rebuild_shares,
+            recovery_repeats,
             no_full,
             no_recovery,
         } => crate::bench_ecrec::run(
@@ -174,6 +175,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                 recovery_steps,
                 repeats: repeat,
                 rebuild_shares,
+                recovery_repeats,
                 full: !no_full,
                 recovery: !no_recovery,
                 workers: run.workers,

@@ -155,6 +155,8 @@ pub struct Plan {
     pub repeats: u32,
     /// One ECRec recovery run per share (fractions); empty: the run flags' share.
     pub rebuild_shares: Vec<f64>,
+    /// Rounds of recovery runs (each: every ECRec pace, then `full`).
+    pub recovery_repeats: u32,
     /// Whether the `full` recovery run is made.
     pub full: bool,
     /// Whether any recovery run is made.
@@ -333,10 +335,34 @@ fn memory_section(
 /// The recovery from one kill.
 #[derive(Serialize)]
 struct Recovery {
+    /// The round of recovery runs it belongs to (`--recovery-repeats`).
+    round: u32,
     strategy: String,
     kill: String,
-    /// ECRec: the rebuild share the run had (a fraction of the time).
+    /// ECRec: the rebuild share the run had (a fraction of the time; where it starts when
+    /// paced).
     rebuild_share: Option<f64>,
+    /// ECRec: the training throughput the pacer kept during the rebuild, as a fraction of
+    /// before (`None`: a fixed share).
+    rebuild_min_throughput: Option<f64>,
+    /// ECRec: the rebuild's active bandwidth (MB rebuilt over the time its batches worked,
+    /// rests between them excluded), its bandwidth over its whole window, MB rebuilt, the
+    /// working seconds, the share of them spent switching locks (ECRec §3.4), and the
+    /// replacement's CPU seconds per MB rebuilt (training steps it served meanwhile
+    /// included).
+    rebuild_mb_per_s: Option<f64>,
+    rebuild_wall_mb_per_s: Option<f64>,
+    rebuild_mb: Option<f64>,
+    rebuild_busy_s: Option<f64>,
+    rebuild_lock_share: Option<f64>,
+    rebuild_cpu_s_per_mb: Option<f64>,
+    /// ECRec: the shares the pacer set, (seconds after the run started, share).
+    rebuild_shares_set: Vec<(f64, f64)>,
+    /// ECRec: full checkpointing's reload plus average redo on the same workload
+    /// ([`full_reload_redo`]; `None` without a `full` recovery run), and that over ECRec's
+    /// kill-to-recovered time.
+    full_reload_redo_s: Option<f64>,
+    full_speedup: Option<f64>,
     /// Seconds from the kill to training resumed, and to the state being whole again.
     resumed_s: Option<f64>,
     recovered_s: Option<f64>,
@@ -376,11 +402,114 @@ struct EcrecBench {
     /// Variants not run because the cluster has fewer than k + r servers.
     skipped: Vec<String>,
     recoveries: Vec<Recovery>,
+    /// The recoveries of each strategy and pace over the rounds: means with 95% intervals.
+    recovery_summary: Vec<RecoverySummary>,
     /// One entry per worker count (one entry without a sweep).
     sweep: Vec<SweepPoint>,
     /// Memory per server at the largest worker count (`None` when no ECRec k = 2 run was
     /// made next to a `none` run).
     memory: Option<MemorySection>,
+}
+
+/// A figure over the rounds: mean, half-width of its 95% interval (`None` from one run),
+/// and the runs it comes from.
+#[derive(Serialize, Clone, Copy)]
+struct MeanCi {
+    mean: f64,
+    ci95: Option<f64>,
+    runs: usize,
+}
+
+impl MeanCi {
+    fn of(v: &[f64]) -> Option<MeanCi> {
+        let (mean, ci95) = crate::timeline::mean_ci95(v)?;
+        Some(MeanCi {
+            mean,
+            ci95,
+            runs: v.len(),
+        })
+    }
+
+    fn show(s: Option<MeanCi>, scale: f64, unit: &str) -> String {
+        match s {
+            Some(MeanCi {
+                mean,
+                ci95: Some(c),
+                runs,
+            }) => format!("{:.2}{unit} ± {:.2} ({runs} runs)", mean * scale, c * scale),
+            Some(MeanCi { mean, .. }) => format!("{:.2}{unit} (1 run)", mean * scale),
+            None => "-".into(),
+        }
+    }
+}
+
+/// The recoveries of one strategy and pace over the rounds.
+#[derive(Serialize)]
+struct RecoverySummary {
+    strategy: String,
+    rebuild_share: Option<f64>,
+    rebuild_min_throughput: Option<f64>,
+    resumed_s: Option<MeanCi>,
+    recovered_s: Option<MeanCi>,
+    rebuild_s: Option<MeanCi>,
+    rebuild_throughput_share: Option<MeanCi>,
+    rebuild_mb_per_s: Option<MeanCi>,
+    rebuild_cpu_s_per_mb: Option<MeanCi>,
+    full_reload_redo_s: Option<MeanCi>,
+    full_speedup: Option<MeanCi>,
+}
+
+fn summarize_recoveries(recoveries: &[Recovery]) -> Vec<RecoverySummary> {
+    let mut out: Vec<RecoverySummary> = Vec::new();
+    let key = |r: &Recovery| {
+        (
+            r.strategy.clone(),
+            r.rebuild_share.map(f64::to_bits),
+            r.rebuild_min_throughput.map(f64::to_bits),
+        )
+    };
+    let mut seen = Vec::new();
+    for r in recoveries {
+        let k = key(r);
+        if seen.contains(&k) {
+            continue;
+        }
+        seen.push(k.clone());
+        let mine: Vec<&Recovery> = recoveries.iter().filter(|x| key(x) == k).collect();
+        let spread = |f: &dyn Fn(&Recovery) -> Option<f64>| {
+            MeanCi::of(&mine.iter().filter_map(|r| f(r)).collect::<Vec<_>>())
+        };
+        out.push(RecoverySummary {
+            strategy: r.strategy.clone(),
+            rebuild_share: r.rebuild_share,
+            rebuild_min_throughput: r.rebuild_min_throughput,
+            resumed_s: spread(&|r| r.resumed_s),
+            recovered_s: spread(&|r| r.recovered_s),
+            rebuild_s: spread(&|r| r.rebuild_s),
+            rebuild_throughput_share: spread(&|r| r.rebuild_throughput_share),
+            rebuild_mb_per_s: spread(&|r| r.rebuild_mb_per_s),
+            rebuild_cpu_s_per_mb: spread(&|r| r.rebuild_cpu_s_per_mb),
+            full_reload_redo_s: spread(&|r| r.full_reload_redo_s),
+            full_speedup: spread(&|r| r.full_speedup),
+        });
+    }
+    out
+}
+
+/// Job MTBF the average case of full checkpointing is priced at: one hour.
+const FULL_MTBF_S: f64 = 3600.0;
+
+/// Full checkpointing's recovery in its average case, from a run of `full` with a kill: the
+/// measured reload plus half of Young's interval for a job MTBF of [`FULL_MTBF_S`], with the
+/// save cost (mean pause per save) measured in the same run. `None` without a save or a
+/// reload.
+fn full_reload_redo(r: &RunReport) -> Option<f64> {
+    if r.checkpoints == 0 || r.overheads.o_load <= 0.0 {
+        return None;
+    }
+    let save = r.checkpoint_pause_s / r.checkpoints as f64;
+    let young = ftrec_strategy::policy::young_interval(save, FULL_MTBF_S);
+    Some(r.overheads.o_load + young / 2.0)
 }
 
 /// Throughput during `[from, to]` (seconds after the run started) over the throughput before
@@ -462,7 +591,7 @@ fn ecrec(
     r: usize,
     two_phase: bool,
     dense_replication: bool,
-    rebuild_share_ppm: u32,
+    (rebuild_share_ppm, rebuild_min_throughput_ppm): Pace,
 ) -> StrategyChoice {
     StrategyChoice::EcRec {
         k,
@@ -473,8 +602,13 @@ fn ecrec(
         two_phase,
         lock_ranges: 4,
         rebuild_share_ppm,
+        rebuild_min_throughput_ppm,
     }
 }
+
+/// How a recovery run's rebuild is paced: its (starting) share in millionths, and the
+/// training throughput its pacer keeps (`None`: the share is fixed).
+type Pace = (u32, Option<u32>);
 
 /// Fill `v`'s ratios from its runs against the `none` runs of the same repeats.
 fn compare_variant(v: &mut Variant, none: &[&RunSummary]) {
@@ -574,6 +708,9 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
              --no-dense-replication"
         );
     }
+    if plan.recovery_repeats == 0 {
+        bail!("--recovery-repeats must be at least 1 (use --no-recovery to leave the recovery runs out)");
+    }
     if !plan.rebuild_shares.is_empty() && flags.rebuild_share.is_some() {
         bail!("give either --rebuild-share or --rebuild-shares, not both");
     }
@@ -599,12 +736,17 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
     } else {
         vec![none_cfg.workers]
     };
-    let share = match flags.rebuild_share {
-        Some(f) => ftrec_cluster::ecrec::rebuild_share_ppm(f)?,
-        None => ftrec_cluster::ecrec::DEFAULT_REBUILD_SHARE_PPM,
+    // The pace the flags give (paced to a throughput target unless --rebuild-share fixes it),
+    // checked before any run, so that a bad share fails at once.
+    let share: Pace = match flags.strategy()? {
+        StrategyChoice::EcRec {
+            rebuild_share_ppm,
+            rebuild_min_throughput_ppm,
+            ..
+        } => (rebuild_share_ppm, rebuild_min_throughput_ppm),
+        _ => unreachable!("EcFlags::strategy gives ecrec"),
     };
-    // Checked before any run, so that a bad share fails at once.
-    let recovery_shares: Vec<u32> = if !plan.recovery {
+    let recovery_shares: Vec<Pace> = if !plan.recovery {
         Vec::new()
     } else if plan.rebuild_shares.is_empty() {
         vec![share]
@@ -612,11 +754,12 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
         plan.rebuild_shares
             .iter()
             .map(|&f| {
-                ftrec_cluster::ecrec::rebuild_share_ppm(f).map_err(|_| {
+                let ppm = ftrec_cluster::ecrec::rebuild_share_ppm(f).map_err(|_| {
                     anyhow::anyhow!(
                         "--rebuild-shares {f} is out of range (fractions of the time from 0 to 1)"
                     )
-                })
+                })?;
+                Ok((ppm, None))
             })
             .collect::<Result<_>>()?
     };
@@ -701,8 +844,7 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
     // Each repeat: `none`, then every variant; a variant's ratios are against the `none` run
     // of its own repeat (and worker count), so slow drifts of the machine's load cancel out.
     let total = repeats as usize * (counts.len() + variants.len())
-        + recovery_shares.len()
-        + usize::from(full);
+        + plan.recovery_repeats as usize * (recovery_shares.len() + usize::from(full));
     eprintln!(
         "bench ecrec: {total} runs (tens of minutes on two cores; each run's line gives the \
          time left)"
@@ -766,13 +908,13 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
     let mut recoveries = Vec::new();
     let mut runs: Vec<(String, StrategyChoice)> = recovery_shares
         .iter()
-        .map(|&ppm| {
+        .map(|&pace| {
             let name = if recovery_shares.len() == 1 {
                 "ecrec_k2_killed".to_string()
             } else {
-                format!("ecrec_k2_killed_share{ppm}ppm")
+                format!("ecrec_k2_killed_share{}ppm", pace.0)
             };
-            (name, ecrec(2, 1, true, true, ppm))
+            (name, ecrec(2, 1, true, true, pace))
         })
         .collect();
     if full {
@@ -783,7 +925,20 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
             },
         ));
     }
-    for (name, strategy) in runs {
+    let rounds = plan.recovery_repeats;
+    let runs: Vec<(u32, String, StrategyChoice)> = (0..rounds)
+        .flat_map(|round| {
+            runs.iter().map(move |(name, st)| {
+                let name = if rounds > 1 {
+                    format!("{name}_{round}")
+                } else {
+                    name.clone()
+                };
+                (round, name, *st)
+            })
+        })
+        .collect();
+    for (round, name, strategy) in runs {
         let name = name.as_str();
         if let StrategyChoice::EcRec { k, r, .. } = strategy {
             if (k + r) as u32 > servers {
@@ -813,18 +968,38 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
                 .and_then(|(j, e)| around_share(&r, f.injected_t_s, j, e)),
             _ => None,
         };
-        let rebuild_share = match strategy {
+        let (rebuild_share, rebuild_min_throughput) = match strategy {
             StrategyChoice::EcRec {
-                rebuild_share_ppm, ..
-            } => Some(ftrec_cluster::ecrec::rebuild_share_fraction(
                 rebuild_share_ppm,
-            )),
-            _ => None,
+                rebuild_min_throughput_ppm,
+                ..
+            } => (
+                Some(ftrec_cluster::ecrec::rebuild_share_fraction(
+                    rebuild_share_ppm,
+                )),
+                rebuild_min_throughput_ppm.map(ftrec_cluster::ecrec::rebuild_share_fraction),
+            ),
+            _ => (None, None),
         };
+        let mb = |b: &ftrec_cluster::ecrec::RebuildReport| b.bytes as f64 / 1e6;
         recoveries.push(Recovery {
+            round,
             strategy: strategy.name().into(),
             kill: kill.clone(),
             rebuild_share,
+            rebuild_min_throughput,
+            rebuild_mb_per_s: rebuild.and_then(|b| b.mb_per_s),
+            rebuild_wall_mb_per_s: rebuild.and_then(|b| {
+                let t = b.finished_s? - b.joined_s?;
+                (t > 0.0).then(|| mb(b) / t)
+            }),
+            rebuild_mb: rebuild.map(mb),
+            rebuild_busy_s: rebuild.map(|b| b.busy_s),
+            rebuild_lock_share: rebuild.and_then(|b| (b.busy_s > 0.0).then(|| b.lock_s / b.busy_s)),
+            rebuild_cpu_s_per_mb: rebuild.and_then(|b| b.cpu_s_per_mb),
+            rebuild_shares_set: rebuild.map_or(Vec::new(), |b| b.shares.clone()),
+            full_reload_redo_s: None,
+            full_speedup: None,
             resumed_s: f.and_then(|f| f.resumed_s),
             recovered_s: f.and_then(|f| f.recovered_s),
             rebuild_s: rebuild.and_then(|b| Some(b.finished_s? - b.joined_s?)),
@@ -836,6 +1011,20 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
             report: r,
         });
     }
+    // Full checkpointing's reload plus average redo on the same workload, from its own
+    // recovery run: what each ECRec recovery is compared with (ECRec §5.3, Fig. 12).
+    // Each ECRec run against the `full` run of its own round.
+    let fulls: Vec<(u32, Option<f64>)> = recoveries
+        .iter()
+        .filter(|r| r.strategy == "full")
+        .map(|r| (r.round, full_reload_redo(&r.report)))
+        .collect();
+    for r in recoveries.iter_mut().filter(|r| r.strategy == "ecrec") {
+        let rr = fulls.iter().find(|f| f.0 == r.round).and_then(|f| f.1);
+        r.full_reload_redo_s = rr;
+        r.full_speedup = rr.zip(r.recovered_s).map(|(f, e)| f / e.max(1e-9));
+    }
+    let recovery_summary = summarize_recoveries(&recoveries);
     // The sweep: ECRec all on (k = 2, with 2PC and dense replication) at every count.
     let all_on = |v: &Variant| v.k == 2 && v.two_phase && v.dense_replication;
     let mut sweep: Vec<SweepPoint> = Vec::new();
@@ -875,6 +1064,7 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
         variants: variants.into_iter().map(|(_, v)| v).collect(),
         skipped,
         recoveries,
+        recovery_summary,
         sweep,
         memory,
     })
@@ -946,8 +1136,14 @@ pub fn run(run: RunArgs, plan: Plan) -> Result<()> {
             "{}{} after {}: training resumed {}, fully recovered {} after the kill; throughput \
              from the kill to recovered {} of before",
             r.strategy,
-            r.rebuild_share
-                .map_or(String::new(), |s| format!(" (rebuild share {s})")),
+            match (r.rebuild_min_throughput, r.rebuild_share) {
+                (Some(t), Some(s)) => format!(
+                    " (rebuild paced to keep {:.0}% of training's throughput, from share {s})",
+                    t * 100.0
+                ),
+                (None, Some(s)) => format!(" (rebuild share {s})"),
+                _ => String::new(),
+            },
             r.kill,
             secs(r.resumed_s),
             secs(r.recovered_s),
@@ -966,6 +1162,50 @@ pub fn run(run: RunArgs, plan: Plan) -> Result<()> {
                     .map(|s| pct(*s))
                     .collect::<Vec<_>>()
                     .join(", ")
+            );
+            let num =
+                |v: Option<f64>, unit: &str| v.map_or("-".into(), |x| format!("{x:.1}{unit}"));
+            println!(
+                "  rebuilt {} MB: active bandwidth {} ({} working, {} of it switching locks), \
+                 {} over its window; replacement CPU {} per MB",
+                num(r.rebuild_mb, ""),
+                num(r.rebuild_mb_per_s, " MB/s"),
+                secs(r.rebuild_busy_s),
+                pct(r.rebuild_lock_share),
+                num(r.rebuild_wall_mb_per_s, " MB/s"),
+                r.rebuild_cpu_s_per_mb
+                    .map_or("-".into(), |x| format!("{:.1} ms", x * 1e3)),
+            );
+            if let Some(f) = r.full_reload_redo_s {
+                println!(
+                    "  full checkpointing's reload + average redo (half of Young's interval, \
+                     MTBF {FULL_MTBF_S} s): {}; ECRec's kill to recovered is {} faster",
+                    secs(Some(f)),
+                    r.full_speedup.map_or("-".into(), |x| format!("{x:.1}x")),
+                );
+            }
+        }
+    }
+    if b.recoveries.iter().any(|r| r.round > 0) {
+        println!("over the rounds (mean ± 95% interval):");
+        for m in &b.recovery_summary {
+            println!(
+                "  {}{}: kill to resumed {}, to recovered {}; rebuild {} at {} of the throughput \
+                 before, active {}, replacement CPU {} per MB; full's reload + average redo {}, \
+                 ECRec {} faster",
+                m.strategy,
+                m.rebuild_min_throughput
+                    .map(|t| format!(" (paced to {:.0}%)", t * 100.0))
+                    .or(m.rebuild_share.map(|s| format!(" (share {s})")))
+                    .unwrap_or_default(),
+                MeanCi::show(m.resumed_s, 1.0, " s"),
+                MeanCi::show(m.recovered_s, 1.0, " s"),
+                MeanCi::show(m.rebuild_s, 1.0, " s"),
+                MeanCi::show(m.rebuild_throughput_share, 100.0, "%"),
+                MeanCi::show(m.rebuild_mb_per_s, 1.0, " MB/s"),
+                MeanCi::show(m.rebuild_cpu_s_per_mb, 1e3, " ms"),
+                MeanCi::show(m.full_reload_redo_s, 1.0, " s"),
+                MeanCi::show(m.full_speedup, 1.0, "x"),
             );
         }
     }

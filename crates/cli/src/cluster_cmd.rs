@@ -42,6 +42,7 @@ pub struct JobFile {
     pub cpr_ssu_period: Option<u32>,
     pub cpr_tables: Option<usize>,
     pub rebuild_share: Option<f64>,
+    pub rebuild_min_throughput: Option<f64>,
     pub ckpt_every_steps: Option<u64>,
     pub base_reset: Option<String>,
     pub extract_threshold: Option<f64>,
@@ -153,6 +154,7 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
             no_2pc: a.ec.no_2pc || f.no_2pc.unwrap_or(false),
             recovery_locks: a.ec.recovery_locks.or(f.recovery_locks),
             rebuild_share: a.ec.rebuild_share.or(f.rebuild_share),
+            rebuild_min_throughput: a.ec.rebuild_min_throughput.or(f.rebuild_min_throughput),
         },
         cpr: crate::flags::CprRunArgs {
             cpr_priority: a.cpr.cpr_priority.clone().or(f.cpr_priority),

@@ -1119,8 +1119,9 @@ fn summarize(rep: &CompareReport) -> Vec<SummaryRow> {
 }
 
 /// For every server failure of a run (in [`lost_times`]' order), the working time of the
-/// rebuild it caused (its lock ranges, summed: the window less what it yielded to training)
-/// and the throughput share training kept meanwhile; `None` without a rebuild (no ECRec).
+/// rebuild it caused (the time its batches worked: the window less the rests it took for
+/// training) and the throughput share training kept meanwhile; `None` without a rebuild (no
+/// ECRec).
 fn rebuild_work(r: &RunReport) -> Vec<(Option<f64>, Option<f64>)> {
     let servers: Vec<_> = r
         .failures
@@ -1150,11 +1151,21 @@ fn rebuild_work(r: &RunReport) -> Vec<(Option<f64>, Option<f64>)> {
             if spans.is_empty() || mine.iter().any(|b| b.finished_s.is_none()) {
                 return (None, None);
             }
-            let busy: f64 = spans.iter().map(|(a, b)| (b - a).max(0.0)).sum();
-            let shares: Vec<f64> = mine
-                .iter()
-                .flat_map(|b| b.range_throughput_share.iter().flatten().copied())
-                .collect();
+            // The time its batches worked, rests excluded (reports that count it); else
+            // its lock ranges' spans, rests included.
+            let busy: f64 = if mine.iter().all(|b| b.busy_s > 0.0) {
+                mine.iter().map(|b| b.busy_s).sum()
+            } else {
+                spans.iter().map(|(a, b)| (b - a).max(0.0)).sum()
+            };
+            let whole: Vec<f64> = mine.iter().filter_map(|b| b.throughput_share).collect();
+            let shares: Vec<f64> = if whole.len() == mine.len() {
+                whole
+            } else {
+                mine.iter()
+                    .flat_map(|b| b.range_throughput_share.iter().flatten().copied())
+                    .collect()
+            };
             let share =
                 (!shares.is_empty()).then(|| shares.iter().sum::<f64>() / shares.len() as f64);
             (Some(busy), share)

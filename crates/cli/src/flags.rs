@@ -451,6 +451,11 @@ pub enum BenchCmd {
         /// from 0 to 1, e.g. 1,0.5,0.25) [default: --rebuild-share, or the default share].
         #[arg(long, value_delimiter = ',')]
         rebuild_shares: Vec<f64>,
+        /// Times the recovery runs are made, interleaved (ECRec's, then `full`'s, then again):
+        /// the figures of a recovery vary from run to run, so they are given as means with a
+        /// 95% interval, and each ECRec run is compared with the `full` run of its own round.
+        #[arg(long, default_value_t = 1)]
+        recovery_repeats: u32,
         /// Leave out the `full` recovery run.
         #[arg(long)]
         no_full: bool,

@@ -275,6 +275,10 @@ fn given_strategy_flags(a: &RunArgs) -> Vec<(&'static str, String)> {
     add("--no-2pc", a.ec.no_2pc.then(|| "true".into()));
     add("--recovery-locks", a.ec.recovery_locks.map(|x| s(&x)));
     add("--rebuild-share", a.ec.rebuild_share.map(|x| s(&x)));
+    add(
+        "--rebuild-min-throughput",
+        a.ec.rebuild_min_throughput.map(|x| s(&x)),
+    );
     v
 }
 

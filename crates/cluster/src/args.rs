@@ -124,11 +124,17 @@ pub struct EcRunArgs {
     /// ECRec: lock ranges of a rebuild [default: 1].
     #[arg(long, value_name = "L")]
     pub recovery_locks: Option<usize>,
-    /// ECRec: share of the time a replacement's background rebuild may work, from 0 to 1
-    /// (it rests between batches so that training keeps its speed; 0 holds the rebuild until
-    /// training ends, serving lost rows by degraded reads meanwhile) [default: 0.1].
+    /// ECRec: a fixed share of the time a replacement's background rebuild may work, from 0
+    /// to 1 (it rests between batches; 0 holds the rebuild until training ends, serving lost
+    /// rows by degraded reads meanwhile) [default: paced, see --rebuild-min-throughput]
     #[arg(long, value_name = "F")]
     pub rebuild_share: Option<f64>,
+    /// ECRec: the training throughput a rebuild leaves, as a fraction of the throughput
+    /// before the failure: the coordinator paces the rebuild's share of the time to keep
+    /// training there and raises it while training keeps more, so that the rebuild finishes
+    /// as fast as that allows [default: 0.9]
+    #[arg(long, value_name = "F")]
+    pub rebuild_min_throughput: Option<f64>,
 }
 
 impl EcRunArgs {
@@ -141,6 +147,7 @@ impl EcRunArgs {
             no_2pc: self.no_2pc,
             recovery_locks: self.recovery_locks,
             rebuild_share: self.rebuild_share,
+            rebuild_min_throughput: self.rebuild_min_throughput,
             replacement: false,
         }
     }

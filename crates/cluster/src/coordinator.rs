@@ -26,6 +26,7 @@ mod faults;
 mod heartbeat;
 mod lease;
 mod outside;
+mod pacing;
 mod partial;
 mod resume;
 mod store;

@@ -27,13 +27,14 @@ pub const DEFAULT_K: usize = 2;
 pub const DEFAULT_R: usize = 1;
 /// Lock ranges of a rebuild when `--recovery-locks` is not given.
 pub const DEFAULT_LOCK_RANGES: usize = 1;
-/// Rebuild share when `--rebuild-share` is not given: a tenth of the time. At the full share a
-/// rebuild on cores that training uses took up to 61% of training's throughput while it ran
-/// (docs/BENCHMARKS.md); a tenth bounds what its lock ranges take to a tenth of that, aiming
-/// at training keeping >= 95% of its speed (ECRec §3.4: recovery in the background while
-/// training goes on), for a rebuild about 20 times as long. Training's own lost rows are decoded on
-/// demand meanwhile, whatever the share; once training ends the rebuild gets the full share.
-pub const DEFAULT_REBUILD_SHARE_PPM: u32 = ftrec_ps::ec::FULL_SHARE_PPM / 10;
+/// The share a rebuild starts at, and keeps when the job has no throughput target (a job
+/// record of a version without the pacer): a quarter of the time. The pacer moves it from
+/// there (`--rebuild-min-throughput`); `--rebuild-share` fixes it.
+pub const DEFAULT_REBUILD_SHARE_PPM: u32 = ftrec_ps::ec::FULL_SHARE_PPM / 4;
+/// Training throughput the rebuild's pacer keeps when neither `--rebuild-share` nor
+/// `--rebuild-min-throughput` is given: 90% of the throughput before the failure (ECRec §5.3
+/// measures 87–93% during recovery).
+pub const DEFAULT_REBUILD_MIN_THROUGHPUT: f64 = 0.9;
 
 pub(crate) fn default_rebuild_share_ppm() -> u32 {
     DEFAULT_REBUILD_SHARE_PPM
@@ -47,6 +48,18 @@ pub fn rebuild_share_ppm(share: f64) -> Result<u32, ClusterError> {
         )));
     }
     Ok((share * f64::from(ftrec_ps::ec::FULL_SHARE_PPM)).round() as u32)
+}
+
+/// `--rebuild-min-throughput F` (a fraction above 0, at most 1) in millionths, or an error
+/// naming the flag.
+pub fn rebuild_min_throughput_ppm(target: f64) -> Result<u32, ClusterError> {
+    if !(target > 0.0 && target <= 1.0) {
+        return Err(ClusterError::Config(format!(
+            "--rebuild-min-throughput {target} is out of range (a fraction of the throughput \
+             before the failure, above 0 and at most 1)"
+        )));
+    }
+    Ok((target * f64::from(ftrec_ps::ec::FULL_SHARE_PPM)).round() as u32)
 }
 
 /// A rebuild share in millionths as the fraction `--rebuild-share` takes.
@@ -100,6 +113,7 @@ impl EcServerSpec {
                 two_phase,
                 lock_ranges,
                 rebuild_share_ppm,
+                ..
             } => Some(EcServerSpec {
                 code,
                 k,
@@ -172,6 +186,8 @@ pub struct EcFlags {
     pub recovery_locks: Option<usize>,
     /// `--rebuild-share` (a fraction from 0 to 1).
     pub rebuild_share: Option<f64>,
+    /// `--rebuild-min-throughput` (a fraction of the throughput before the failure).
+    pub rebuild_min_throughput: Option<f64>,
     /// `--ec-replacement` (server processes only).
     pub replacement: bool,
 }
@@ -192,6 +208,10 @@ impl EcFlags {
             (self.no_2pc, "--no-2pc"),
             (self.recovery_locks.is_some(), "--recovery-locks"),
             (self.rebuild_share.is_some(), "--rebuild-share"),
+            (
+                self.rebuild_min_throughput.is_some(),
+                "--rebuild-min-throughput",
+            ),
             (self.replacement, "--ec-replacement"),
         ]
         .into_iter()
@@ -231,6 +251,22 @@ impl EcFlags {
             .map_or(Ok(DEFAULT_REBUILD_SHARE_PPM), rebuild_share_ppm)
     }
 
+    /// The pacer's target in millionths: `None` with a fixed `--rebuild-share`.
+    fn min_throughput_ppm(&self) -> Result<Option<u32>, ClusterError> {
+        match (self.rebuild_share, self.rebuild_min_throughput) {
+            (Some(_), Some(_)) => Err(ClusterError::Config(
+                "give either --rebuild-share (a fixed share of the time) or \
+                 --rebuild-min-throughput (a share paced to keep training's throughput), not \
+                 both"
+                    .into(),
+            )),
+            (Some(_), None) => Ok(None),
+            (None, t) => {
+                rebuild_min_throughput_ppm(t.unwrap_or(DEFAULT_REBUILD_MIN_THROUGHPUT)).map(Some)
+            }
+        }
+    }
+
     /// Strategy `ecrec` with these flags (gf256 and [`DEFAULT_K`], [`DEFAULT_R`],
     /// [`DEFAULT_LOCK_RANGES`] where not given). Validated
     /// against the cluster by [`RunConfig::validate`].
@@ -252,6 +288,7 @@ impl EcFlags {
             two_phase: !self.no_2pc,
             lock_ranges: self.recovery_locks.unwrap_or(DEFAULT_LOCK_RANGES),
             rebuild_share_ppm: self.share_ppm()?,
+            rebuild_min_throughput_ppm: self.min_throughput_ppm()?,
         })
     }
 }
@@ -427,6 +464,33 @@ pub struct RebuildReport {
     /// Training throughput between the node joining and the rebuild finishing, over the
     /// throughput before the kill (`None` when the rebuild outlasted training).
     pub throughput_share: Option<f64>,
+    /// Bytes the rebuild's batches decoded into the node (rows installed, parities merged).
+    #[serde(default)]
+    pub bytes: u64,
+    /// Batches run, and seconds they worked (the rebuild's active time), rested as the
+    /// rebuild share asked, and spent switching locks (part of the working time).
+    #[serde(default)]
+    pub batches: u64,
+    #[serde(default)]
+    pub busy_s: f64,
+    #[serde(default)]
+    pub rest_s: f64,
+    #[serde(default)]
+    pub lock_s: f64,
+    /// Active bandwidth: `bytes` over `busy_s`, in MB/s (10^6 bytes).
+    #[serde(default)]
+    pub mb_per_s: Option<f64>,
+    /// CPU seconds of the replacement's process from its join to the rebuild's end (the
+    /// rebuild's batches and the training steps it served meanwhile), per MB rebuilt.
+    #[serde(default)]
+    pub cpu_s_per_mb: Option<f64>,
+    /// The rebuild share over time, as the pacer set it: (seconds after the run started,
+    /// share). Empty under a fixed share.
+    #[serde(default)]
+    pub shares: Vec<(f64, f64)>,
+    /// The replacement's process CPU seconds when it joined (for `cpu_s_per_mb`).
+    #[serde(skip)]
+    pub cpu_at_join: Option<f64>,
 }
 
 /// [`ftrec_ps::ec::ParityAudit`] at the end of the run.
@@ -660,6 +724,51 @@ mod tests {
                 .ec
                 .is_some_and(|e| !e.two_phase && e.dense_replication && !e.replacement))
         );
+    }
+
+    #[test]
+    fn the_rebuild_is_paced_unless_a_fixed_share_is_given_and_never_both() {
+        let pace = |f: EcFlags| match f.strategy().unwrap() {
+            StrategyChoice::EcRec {
+                rebuild_share_ppm,
+                rebuild_min_throughput_ppm,
+                ..
+            } => (rebuild_share_ppm, rebuild_min_throughput_ppm),
+            other => panic!("{other:?}"),
+        };
+        // Nothing given: paced to the default target, from the default starting share.
+        assert_eq!(
+            pace(EcFlags::default()),
+            (DEFAULT_REBUILD_SHARE_PPM, Some(900_000))
+        );
+        let target = EcFlags {
+            rebuild_min_throughput: Some(0.8),
+            ..EcFlags::default()
+        };
+        assert_eq!(pace(target), (DEFAULT_REBUILD_SHARE_PPM, Some(800_000)));
+        let fixed = EcFlags {
+            rebuild_share: Some(0.5),
+            ..EcFlags::default()
+        };
+        assert_eq!(pace(fixed), (500_000, None));
+        let both = EcFlags {
+            rebuild_share: Some(0.5),
+            rebuild_min_throughput: Some(0.8),
+            ..EcFlags::default()
+        };
+        let e = both.strategy().unwrap_err().to_string();
+        assert!(
+            e.contains("--rebuild-share") && e.contains("--rebuild-min-throughput"),
+            "{e}"
+        );
+        for bad in [0.0, 1.5, -0.2, f64::NAN] {
+            let f = EcFlags {
+                rebuild_min_throughput: Some(bad),
+                ..EcFlags::default()
+            };
+            let e = f.strategy().unwrap_err().to_string();
+            assert!(e.contains("--rebuild-min-throughput"), "{e}");
+        }
     }
 
     #[test]

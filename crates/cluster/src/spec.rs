@@ -533,6 +533,11 @@ pub enum StrategyChoice {
         /// the rebuild yields to training; 0 holds the lock ranges until training ends).
         #[serde(default = "crate::ecrec::default_rebuild_share_ppm")]
         rebuild_share_ppm: u32,
+        /// Training throughput the coordinator's pacer keeps during a rebuild, in millionths
+        /// of the throughput before the failure: the share starts at `rebuild_share_ppm` and
+        /// follows it (`None`: the share stays `rebuild_share_ppm`).
+        #[serde(default)]
+        rebuild_min_throughput_ppm: Option<u32>,
     },
     /// DECK: a full base, then delta checkpoints of the touched rows every
     /// `delta_every_steps` steps, written by the servers through local staging while training
@@ -618,6 +623,11 @@ impl StrategyChoice {
             two_phase: true,
             lock_ranges: crate::ecrec::DEFAULT_LOCK_RANGES,
             rebuild_share_ppm: crate::ecrec::DEFAULT_REBUILD_SHARE_PPM,
+            rebuild_min_throughput_ppm: Some(
+                (crate::ecrec::DEFAULT_REBUILD_MIN_THROUGHPUT
+                    * f64::from(ftrec_ps::ec::FULL_SHARE_PPM))
+                .round() as u32,
+            ),
         }
     }
 

@@ -329,6 +329,7 @@ fn an_ecrec_run_with_a_token_rebuilds_a_killed_server_and_equals_the_run_without
         two_phase: true,
         lock_ranges: 2,
         rebuild_share_ppm: 1_000_000,
+        rebuild_min_throughput_ppm: None,
     };
     let report = |token: Option<&str>| {
         let dir = tempfile::tempdir().unwrap();

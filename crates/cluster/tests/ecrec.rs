@@ -21,6 +21,7 @@ fn ecrec(k: usize, r: usize, code: CodeKind) -> StrategyChoice {
         two_phase: true,
         lock_ranges: 4,
         rebuild_share_ppm: 1_000_000,
+        rebuild_min_throughput_ppm: None,
     }
 }
 
@@ -155,6 +156,35 @@ fn a_server_killed_mid_run_is_rebuilt_and_the_model_is_the_failure_free_one() {
     assert_eq!((audit.parity_mismatches, audit.replica_mismatches), (0, 0));
 }
 
+/// The default pace: the coordinator's pacer gives the replacement its starting share, and
+/// the rebuild reports what it moved and how long its batches worked; the model is still the
+/// failure-free one.
+#[test]
+fn a_paced_rebuild_reports_its_bandwidth_and_the_model_is_the_failure_free_one() {
+    let paced = StrategyChoice::EcRec {
+        k: 2,
+        r: 1,
+        code: CodeKind::Gf256,
+        dense_replication: true,
+        two_phase: true,
+        lock_ranges: 4,
+        rebuild_share_ppm: 250_000,
+        rebuild_min_throughput_ppm: Some(900_000),
+    };
+    let report = killed_run(3, 8, paced, &["server=1@step=3"]);
+    assert_eq!(report.model_digest, none_digest(3, 8));
+    let ec = report.ec.unwrap();
+    let b = &ec.rebuilds[0];
+    assert_eq!(b.shares.first().map(|s| s.1), Some(0.25), "{b:?}");
+    assert!(b.bytes > 0 && b.batches >= 1 && b.busy_s > 0.0, "{b:?}");
+    assert!(b.lock_s <= b.busy_s, "{b:?}");
+    let mb_per_s = b.mb_per_s.unwrap();
+    assert!(
+        (mb_per_s - b.bytes as f64 / 1e6 / b.busy_s).abs() < 1e-9,
+        "{b:?}"
+    );
+}
+
 #[test]
 fn two_servers_killed_at_once_with_r2_are_rebuilt_together() {
     let report = killed_run(
@@ -285,6 +315,7 @@ fn without_2pc_and_dense_replication_a_failure_free_run_is_unchanged_too() {
         two_phase: false,
         lock_ranges: 1,
         rebuild_share_ppm: 1_000_000,
+        rebuild_min_throughput_ppm: None,
     };
     let report = run(&cfg).unwrap();
     assert_no_children_left(&report);

@@ -139,6 +139,7 @@ impl Strat {
                 two_phase: true,
                 lock_ranges: 4,
                 rebuild_share_ppm: 1_000_000,
+                rebuild_min_throughput_ppm: None,
             },
             "cnr-q8" => StrategyChoice::Cnr {
                 every_steps: EVERY,

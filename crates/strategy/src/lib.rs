@@ -21,7 +21,8 @@
 //!   piece since the base replayed on restore), [`IncrCp`] (`incrcp`: IncrCP's 2-D chunk list
 //!   and its baseline-reset rule, `T_incre` against `T_base`, incrcp.txt §4.5) and [`Cnr`]
 //!   (`cnr`: Check-N-Run's differentials, a new base past a size fraction);
-//! - [`Deck`] (`deck`) and [`EcRec`] (`ecrec`).
+//! - [`Deck`] (`deck`) and [`EcRec`] (`ecrec`), with [`RebuildPacer`], the share of the time
+//!   an ECRec rebuild works, set from the throughput training keeps.
 //!
 //! ```
 //! use ftrec_strategy::{Action, Event, FullCheckpoint, Interval, Strategy};
@@ -39,6 +40,7 @@ pub mod full;
 pub mod incrcp;
 pub mod incremental;
 pub mod machine;
+pub mod pacer;
 pub mod policy;
 
 pub use cnr::{Cnr, CnrConfig};
@@ -52,6 +54,7 @@ pub use machine::{
     Action, CheckpointRef, Decision, Event, NoFaultTolerance, PieceLayout, ShardCoverage, Strategy,
     StrategyReport,
 };
+pub use pacer::RebuildPacer;
 
 /// A strategy configuration that cannot work.
 #[derive(Debug, thiserror::Error, PartialEq)]

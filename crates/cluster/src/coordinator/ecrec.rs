@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 use ftrec_core::ServerId;
 use ftrec_ec::{Code, StripeLayout};
 use ftrec_model::{Dlrm, DlrmConfig};
-use ftrec_ps::ec::{audit_parities, EcGrpcClient, EcService, TxnId, TxnPhase, FULL_SHARE_PPM};
+use ftrec_ps::ec::{audit_parities, EcGrpcClient, EcService, TxnId, TxnPhase};
 use ftrec_ps::PsError;
-use ftrec_strategy::{Action, EcRec, EcRecConfig, Event, Strategy};
+use ftrec_strategy::{Action, EcRec, EcRecConfig, Event, RebuildPacer, Strategy};
 
 use super::{Coordinator, Failure, MAX_RECOVERIES};
 use crate::control::{ToWorker, TxnHold};
@@ -39,7 +39,7 @@ use crate::{ClusterError, KillAt, Phase, Role, RunConfig, ServerProcess};
 /// Longest the end of a run waits for rebuilds still under way.
 const FINISH_REBUILD_TIMEOUT: Duration = Duration::from_secs(600);
 /// How far back from a kill the throughput "before" it is measured.
-const BEFORE_WINDOW_S: f64 = 10.0;
+pub(super) const BEFORE_WINDOW_S: f64 = 10.0;
 /// Largest table slice one audit read may carry (the gRPC message limit is 16 MiB).
 const AUDIT_READ_LIMIT: u64 = 8 << 20;
 
@@ -47,14 +47,16 @@ const AUDIT_READ_LIMIT: u64 = 8 << 20;
 pub(super) struct EcRun {
     spec: EcServerSpec,
     /// One client per server, in server order (replaced with the server).
-    clients: Vec<EcGrpcClient>,
+    pub(super) clients: Vec<EcGrpcClient>,
     /// Rebuilds under way: (server, index of its entry in `report.rebuilds`).
-    rebuilding: Vec<(u32, usize)>,
+    pub(super) rebuilding: Vec<(u32, usize)>,
     /// Servers whose phase 2 (or one-phase apply) failed, with the error: the step counted as
     /// done and the loss is handled before the next one.
     commit_failed: Vec<(u32, String)>,
     /// Training is over: rebuilds run at full speed (also those started from now on).
-    finishing: bool,
+    pub(super) finishing: bool,
+    /// The rebuild's pacer (`None`: a fixed share).
+    pub(super) pacer: Option<RebuildPacer>,
     /// Asynchronous training: workers coordinate their own transactions.
     asynchronous: bool,
     /// Incarnation of each worker process (the transactions of a lost one are fenced by it).
@@ -64,6 +66,23 @@ pub(super) struct EcRun {
     /// not be trained again.
     resolved_batches: Vec<u64>,
     pub(super) report: EcReport,
+}
+
+/// The pacer of strategy `strategy`'s rebuilds (`None` with a fixed share).
+fn pacer(strategy: &crate::StrategyChoice) -> Result<Option<RebuildPacer>, ClusterError> {
+    let crate::StrategyChoice::EcRec {
+        rebuild_share_ppm,
+        rebuild_min_throughput_ppm: Some(target),
+        ..
+    } = *strategy
+    else {
+        return Ok(None);
+    };
+    let start = crate::ecrec::rebuild_share_fraction(rebuild_share_ppm)
+        .max(ftrec_strategy::pacer::MIN_SHARE);
+    RebuildPacer::new(crate::ecrec::rebuild_share_fraction(target), start)
+        .map(Some)
+        .map_err(|e| ClusterError::Config(e.to_string()))
 }
 
 /// The `ecrec` state machine for `cfg`.
@@ -97,7 +116,7 @@ fn describe(failed: &[(u32, String)]) -> String {
 }
 
 impl Coordinator {
-    fn rpc_timeout(&self) -> Duration {
+    pub(super) fn rpc_timeout(&self) -> Duration {
         self.cfg.heartbeat_timeout.max(Duration::from_secs(10))
     }
 
@@ -197,6 +216,7 @@ impl Coordinator {
                 rebuilding: Vec::new(),
                 commit_failed: Vec::new(),
                 finishing: false,
+                pacer: pacer(&self.cfg.strategy)?,
                 asynchronous: !self.cfg.sync,
                 worker_epochs: vec![0; self.cfg.workers as usize],
                 resolved_batches: Vec::new(),
@@ -556,6 +576,7 @@ impl Coordinator {
                         ec.report.rebuilds[p].restarted = true;
                     }
                     entry.joined_s = Some(now);
+                    entry.cpu_at_join = crate::report::process_cpu_s(self.procs[s as usize].pid());
                     entry.generation = st.generation;
                     ec.report.rebuilds.push(entry);
                     let idx = ec.report.rebuilds.len() - 1;
@@ -574,25 +595,10 @@ impl Coordinator {
         }
         if self.ec.as_ref().is_some_and(|e| e.finishing) {
             self.ec_lift_rebuild_share();
+        } else {
+            self.ec_pace_start();
         }
         Ok(())
-    }
-
-    /// Training is over: let every rebuild under way work at full speed.
-    fn ec_lift_rebuild_share(&mut self) {
-        let Some(ec) = &self.ec else { return };
-        let clients: Vec<EcGrpcClient> = ec
-            .rebuilding
-            .iter()
-            .map(|&(s, _)| ec.clients[s as usize].clone())
-            .collect();
-        let timeout = self.rpc_timeout();
-        for c in clients {
-            // A node that does not answer is lost: the finish loop's probes find it.
-            let _ = self.rt.block_on(async move {
-                tokio::time::timeout(timeout, c.set_rebuild_share(FULL_SHARE_PPM)).await
-            });
-        }
     }
 
     /// Look at every rebuild under way; tell the strategy about finished and failed ones.
@@ -605,6 +611,7 @@ impl Coordinator {
     /// in flight), a failed rebuild is left in place and `Ok(false)` asks the caller to
     /// drain the batches in flight and poll again with it on.
     pub(super) fn ec_poll_rebuilds(&mut self, act_on_failures: bool) -> Result<bool, ClusterError> {
+        self.ec_pace();
         let Some(ec) = &self.ec else {
             return Ok(true);
         };
@@ -627,6 +634,12 @@ impl Coordinator {
             b.rows_decoded_on_demand = st.rows_decoded_on_demand;
             b.cut_retries = st.cut_retries;
             b.commits_in_lock = st.commits_in_lock;
+            b.bytes = st.bytes_rebuilt;
+            b.batches = st.batches;
+            b.busy_s = st.busy_us as f64 * 1e-6;
+            b.rest_s = st.rest_us as f64 * 1e-6;
+            b.lock_s = st.lock_us as f64 * 1e-6;
+            b.mb_per_s = (b.busy_s > 0.0).then(|| b.bytes as f64 / 1e6 / b.busy_s);
             let at = b.started_s;
             b.range_spans_s = st
                 .range_spans_us
@@ -635,6 +648,11 @@ impl Coordinator {
                 .collect();
             if st.finished {
                 b.finished_s = Some(now);
+                let cpu = crate::report::process_cpu_s(self.procs[server as usize].pid());
+                b.cpu_s_per_mb = cpu
+                    .zip(b.cpu_at_join)
+                    .filter(|_| b.bytes > 0)
+                    .map(|(c, c0)| (c - c0) / (b.bytes as f64 / 1e6));
                 ec.rebuilding.retain(|&(x, _)| x != server);
                 for f in self.failures.iter_mut().filter(|f| {
                     f.role == Role::Server
@@ -852,51 +870,6 @@ impl Coordinator {
         self.ec_throughput_shares();
         self.ec_audit();
         Ok(())
-    }
-
-    /// For every rebuild, the training throughput while it ran (as a whole and per lock
-    /// range) over the throughput in the [`BEFORE_WINDOW_S`] before the kill that caused it:
-    /// how much the rebuild took from training (ECRec §5.3 reports 87–93%).
-    fn ec_throughput_shares(&mut self) {
-        let (Some(train_start), Some(ec)) = (self.train_start, self.ec.as_mut()) else {
-            return;
-        };
-        // Batch completions on the run's clock.
-        let t0 = train_start.duration_since(self.start).as_secs_f64();
-        let done: Vec<f64> = self.completions.iter().map(|c| c + t0).collect();
-        let Some(&train_end) = done.last() else {
-            return;
-        };
-        let rate = |a: f64, b: f64| -> Option<f64> {
-            if b <= a || b > train_end {
-                return None;
-            }
-            let n = done.iter().filter(|&&t| t >= a && t < b).count();
-            Some(n as f64 / (b - a))
-        };
-        for b in &mut ec.report.rebuilds {
-            let kill = self
-                .failures
-                .iter()
-                .filter(|f| f.role == Role::Server && f.injected_t_s <= b.started_s)
-                .map(|f| f.injected_t_s)
-                .fold(f64::NAN, f64::max);
-            if kill.is_nan() {
-                continue;
-            }
-            let first = done.first().copied().unwrap_or(kill);
-            let before = rate((kill - BEFORE_WINDOW_S).max(first), kill).filter(|&r| r > 0.0);
-            let Some(before) = before else { continue };
-            b.range_throughput_share = b
-                .range_spans_s
-                .iter()
-                .map(|&(s, e)| rate(s, e).map(|r| r / before))
-                .collect();
-            b.throughput_share = match (b.joined_s, b.finished_s) {
-                (Some(j), Some(f)) => rate(j, f).map(|r| r / before),
-                _ => None,
-            };
-        }
     }
 
     /// Check every parity against a fresh encode and every dense replica against its primary

@@ -577,6 +577,11 @@ impl EcNodeRpc for EcGrpcHandler {
             commits_in_lock: st.commits_in_lock,
             range_start_us: st.range_spans_us.iter().map(|r| r.0).collect(),
             range_end_us: st.range_spans_us.iter().map(|r| r.1).collect(),
+            bytes_rebuilt: st.bytes_rebuilt,
+            batches: st.batches,
+            busy_us: st.busy_us,
+            rest_us: st.rest_us,
+            lock_us: st.lock_us,
         }))
     }
 }
@@ -950,6 +955,11 @@ impl EcService for EcGrpcClient {
             generation: r.generation,
             commits_in_lock: r.commits_in_lock,
             range_spans_us: r.range_start_us.into_iter().zip(r.range_end_us).collect(),
+            bytes_rebuilt: r.bytes_rebuilt,
+            batches: r.batches,
+            busy_us: r.busy_us,
+            rest_us: r.rest_us,
+            lock_us: r.lock_us,
         })
     }
 }

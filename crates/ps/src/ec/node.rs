@@ -931,7 +931,7 @@ impl EcNode {
     pub(crate) fn install_rows(
         &self,
         st: &mut EcState,
-        rows: &[(TableId, u64, Vec<f32>)],
+        rows: &[(TableId, u64, &[f32])],
     ) -> Result<u64, PsError> {
         let Some(m) = st.missing.as_mut() else {
             return Ok(0);

@@ -26,8 +26,16 @@ use crate::{PsError, RowSource};
 /// Attempts at a consistent cut before a decode gives up.
 const CUT_ATTEMPTS: u32 = 200;
 
-/// Stripes decoded under one cut during a rebuild.
-const CUT_BATCH_STRIPES: usize = 256;
+/// Bytes of rows (read and decoded) of one rebuild batch: large enough that a batch's
+/// messages, its lock and its cut check are a small part of its time, small enough that its
+/// reads fit between two commits and its buffers cost a replacement little memory.
+const REBUILD_BATCH_BYTES: usize = 4 << 20;
+const MIN_BATCH_STRIPES: usize = 64;
+const MAX_BATCH_STRIPES: usize = 1 << 16;
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
 
 fn key_of(m: &StripeMember) -> Option<MemberKey> {
     match m.location {
@@ -46,6 +54,48 @@ fn normalise(lost: &[ServerId], me: Option<ServerId>) -> Vec<ServerId> {
     l.sort_unstable();
     l.dedup();
     l
+}
+
+/// The rows a batch of tasks decoded, in one buffer: task `i`'s outputs (one row per member
+/// in its [`RecoveryTask::rebuild`], in that order) lie one after the other.
+struct Decoded {
+    words: usize,
+    /// Where each task's outputs start, in words; one entry more than tasks.
+    starts: Vec<usize>,
+    data: Vec<f32>,
+}
+
+impl Decoded {
+    fn new(words: usize, tasks: &[RecoveryTask]) -> Self {
+        let mut starts = Vec::with_capacity(tasks.len() + 1);
+        let mut n = 0;
+        starts.push(0);
+        for t in tasks {
+            n += t.rebuild.len() * words;
+            starts.push(n);
+        }
+        Decoded {
+            words,
+            starts,
+            data: vec![0.0; n],
+        }
+    }
+
+    fn task_mut(&mut self, i: usize) -> &mut [f32] {
+        &mut self.data[self.starts[i]..self.starts[i + 1]]
+    }
+
+    /// The one row a task of a degraded read decoded.
+    fn first_row(&self, i: usize) -> Result<&[f32], PsError> {
+        self.rows(i)
+            .next()
+            .ok_or_else(|| PsError::Internal(format!("decode task {i} produced no row")))
+    }
+
+    /// Task `i`'s decoded rows, in [`RecoveryTask::rebuild`] order.
+    fn rows(&self, i: usize) -> std::slice::ChunksExact<'_, f32> {
+        self.data[self.starts[i]..self.starts[i + 1]].chunks_exact(self.words)
+    }
 }
 
 /// A rebuild batch between its lock and its merge, counted in [`super::node::EcState::locks_open`]
@@ -90,23 +140,19 @@ impl EcNode {
         &self,
         tasks: &[RecoveryTask],
         expect: Option<Option<u64>>,
-    ) -> Result<Option<Vec<Vec<Vec<f32>>>>, PsError> {
+    ) -> Result<Option<Decoded>, PsError> {
         let mut keys: BTreeMap<u32, Vec<MemberKey>> = BTreeMap::new();
-        // (server, index among its keys) per read, None for an absent position.
-        let mut refs: Vec<Vec<Option<(u32, usize)>>> = Vec::with_capacity(tasks.len());
+        // (server, index among its keys) per read, None for an absent position; each task's
+        // reads one after the other.
+        let mut refs: Vec<Option<(u32, usize)>> = Vec::new();
         for t in tasks {
-            refs.push(
-                t.reads
-                    .iter()
-                    .map(|m| {
-                        key_of(m).map(|k| {
-                            let v = keys.entry(m.server.0).or_default();
-                            v.push(k);
-                            (m.server.0, v.len() - 1)
-                        })
-                    })
-                    .collect(),
-            );
+            refs.extend(t.reads.iter().map(|m| {
+                key_of(m).map(|k| {
+                    let v = keys.entry(m.server.0).or_default();
+                    v.push(k);
+                    (m.server.0, v.len() - 1)
+                })
+            }));
         }
         let mut set = tokio::task::JoinSet::new();
         for (s, k) in keys {
@@ -127,34 +173,47 @@ impl EcNode {
         }
         let w = self.inner.words;
         let zeros = vec![0.0f32; w];
-        let mut decoders: HashMap<(Vec<usize>, Vec<usize>), Decoder> = HashMap::new();
-        let mut out = Vec::with_capacity(tasks.len());
-        for (t, r) in tasks.iter().zip(&refs) {
-            let wanted = t.wanted();
-            let key = (t.available.clone(), wanted.clone());
-            if !decoders.contains_key(&key) {
-                let d = self.inner.code.decoder(&t.available, &wanted)?;
-                decoders.insert(key.clone(), d);
-            }
-            let dec = &decoders[&key];
-            let ins: Vec<&[f32]> = r
-                .iter()
-                .map(|x| match x {
+        let mut decoded = Decoded::new(w, tasks);
+        // A batch has a handful of loss patterns: one decoder each, found without allocating.
+        let mut decoders: Vec<(&[usize], Decoder)> = Vec::new();
+        let mut ins: Vec<&[f32]> = Vec::new();
+        let mut at = 0;
+        for (i, t) in tasks.iter().enumerate() {
+            let wanted = || t.rebuild.iter().map(|m| m.position);
+            let found = decoders.iter().position(|(a, d)| {
+                *a == t.available.as_slice() && d.wanted().iter().copied().eq(wanted())
+            });
+            let d = match found {
+                Some(d) => d,
+                None => {
+                    let dec = self
+                        .inner
+                        .code
+                        .decoder(&t.available, &wanted().collect::<Vec<_>>())?;
+                    decoders.push((t.available.as_slice(), dec));
+                    decoders.len() - 1
+                }
+            };
+            ins.clear();
+            for x in &refs[at..at + t.reads.len()] {
+                ins.push(match x {
                     Some((s, i)) => {
                         let rd = &reads[s];
                         &rd.data[i * rd.words..(i + 1) * rd.words]
                     }
                     None => &zeros[..],
-                })
-                .collect();
-            let mut outs = vec![vec![0.0f32; w]; wanted.len()];
-            {
-                let mut o: Vec<&mut [f32]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
-                dec.decode(&ins, &mut o)?;
+                });
             }
-            out.push(outs);
+            at += t.reads.len();
+            let out = decoded.task_mut(i);
+            if out.len() == w {
+                decoders[d].1.decode(&ins, &mut [out])?;
+            } else {
+                let mut o: Vec<&mut [f32]> = out.chunks_exact_mut(w).collect();
+                decoders[d].1.decode(&ins, &mut o)?;
+            }
         }
-        Ok(Some(out))
+        Ok(Some(decoded))
     }
 
     async fn run_hook(&self, point: RebuildPoint) -> Result<(), PsError> {
@@ -223,11 +282,11 @@ impl EcNode {
         for _ in 0..CUT_ATTEMPTS {
             let committed = self.state()?.committed;
             if let Some(outs) = self.decode_cut(&tasks, Some(committed)).await? {
-                let rows: Vec<(TableId, u64, Vec<f32>)> = wanted
+                let rows = wanted
                     .iter()
-                    .zip(outs)
-                    .map(|(&(t, r), mut o)| (t, self.local_of(t, r), o.remove(0)))
-                    .collect();
+                    .enumerate()
+                    .map(|(i, &(t, r))| Ok((t, self.local_of(t, r), outs.first_row(i)?)))
+                    .collect::<Result<Vec<_>, PsError>>()?;
                 let installed = {
                     let mut st = self.state()?;
                     if st.committed == committed {
@@ -269,8 +328,8 @@ impl EcNode {
         for _ in 0..CUT_ATTEMPTS {
             if let Some(outs) = self.decode_cut(&tasks, None).await? {
                 let mut values = Vec::with_capacity(rows.len() * dim);
-                for o in outs {
-                    values.extend_from_slice(&o[0][..dim]);
+                for i in 0..tasks.len() {
+                    values.extend_from_slice(&outs.first_row(i)?[..dim]);
                 }
                 return Ok(PulledRows {
                     table,
@@ -533,6 +592,14 @@ impl EcNode {
         Ok(true)
     }
 
+    /// Stripes of one rebuild batch: about [`REBUILD_BATCH_BYTES`] of rows read and decoded.
+    fn batch_stripes(&self) -> usize {
+        let row = self.inner.words * std::mem::size_of::<f32>();
+        // Per stripe: k rows read and (at most r, mostly one) row decoded.
+        let per_stripe = row * (self.inner.layout.k() + 1);
+        (REBUILD_BATCH_BYTES / per_stripe.max(1)).clamp(MIN_BATCH_STRIPES, MAX_BATCH_STRIPES)
+    }
+
     /// Rebuild what lock range `range` of `plan` holds for this node (ECRec §3.4).
     async fn rebuild_range(
         &self,
@@ -543,14 +610,16 @@ impl EcNode {
     ) -> Result<(), PsError> {
         let me = self.inner.me;
         let mut tasks = plan.tasks(range)?;
-        // A decode needs one consistent cut per stripe only, so the range is read in small
-        // batches, each under its own cut: a batch's reads fit between two commits even while
-        // training runs at full speed, where one cut over a whole server would be retried
-        // forever. The batches are taken from the plan one at a time (a whole range's tasks
-        // held at once cost a replacement as much memory as its shard), each with what is
-        // still missing when it starts (training decodes rows on demand meanwhile). Between
-        // batches the driver rests as the rebuild share asks, so that the rebuild yields to
-        // training.
+        let stripes = self.batch_stripes();
+        // A decode needs one consistent cut per stripe only, so the range is read in
+        // batches, each under its own cut: a batch's reads (one message per survivor) fit
+        // between two commits even while training runs at full speed, where one cut over a
+        // whole server would be retried forever. A batch is a few MiB, so that per-message
+        // and per-lock costs are spread over many rows, and its tasks are taken from the plan
+        // one batch at a time (a whole range's tasks held at once cost a replacement as much
+        // memory as its shard), each with what is still missing when it starts (training
+        // decodes rows on demand meanwhile). Between batches the driver rests as the rebuild
+        // share asks, so that the rebuild yields to training.
         loop {
             let batch: Vec<RecoveryTask> = {
                 let st = self.state()?;
@@ -572,19 +641,20 @@ impl EcNode {
                             }
                     })
                 };
-                tasks
-                    .by_ref()
-                    .filter(wanted)
-                    .take(CUT_BATCH_STRIPES)
-                    .collect()
+                tasks.by_ref().filter(wanted).take(stripes).collect()
             };
             if batch.is_empty() {
                 return Ok(());
             }
+            let rest = Instant::now();
             self.pace(*busy).await;
             let t0 = Instant::now();
             self.rebuild_batch(generation, &batch).await?;
             *busy = t0.elapsed();
+            let mut st = self.state()?;
+            st.status.batches += 1;
+            st.status.busy_us += micros(*busy);
+            st.status.rest_us += micros(t0 - rest);
         }
     }
 
@@ -595,6 +665,7 @@ impl EcNode {
             // The lock: note the step and start collecting the deltas committed after it in
             // the missing parity rows of the batch, stamped so that only this lock's decode
             // is merged into them.
+            let lock = Instant::now();
             let window = LockWindow::open(self)?;
             let (committed, stamp) = {
                 let mut st = self.state()?;
@@ -617,15 +688,18 @@ impl EcNode {
                         }
                     }
                 }
+                st.status.lock_us += micros(lock.elapsed());
                 (st.committed, stamp)
             };
             let Some(outs) = self.decode_cut(tasks, Some(committed)).await? else {
                 drop(window);
+                let wait = Instant::now();
                 self.pause_before_retry().await?;
+                self.state()?.status.lock_us += micros(wait.elapsed());
                 continue;
             };
             self.run_hook(RebuildPoint::Decoded { generation }).await?;
-            self.merge_batch(generation, stamp, tasks, outs)?;
+            self.merge_batch(generation, stamp, tasks, &outs)?;
             drop(window);
             self.run_hook(RebuildPoint::Merged { generation }).await?;
             return Ok(());
@@ -641,16 +715,19 @@ impl EcNode {
         generation: u64,
         stamp: u64,
         tasks: &[RecoveryTask],
-        outs: Vec<Vec<Vec<f32>>>,
+        outs: &Decoded,
     ) -> Result<(), PsError> {
         let me = self.inner.me;
         let w = self.inner.words;
         let mut st = self.state()?;
+        let merge = Instant::now();
         self.check_generation(&st, generation)?;
         let mut rows = Vec::new();
+        let mut merged = 0u64;
         let st = &mut *st;
-        for (t, o) in tasks.iter().zip(outs) {
-            for (x, words) in t.rebuild.iter().zip(o) {
+        let mut scratch = vec![0.0f32; w];
+        for (i, t) in tasks.iter().enumerate() {
+            for (x, words) in t.rebuild.iter().zip(outs.rows(i)) {
                 if x.server != me {
                     continue;
                 }
@@ -662,22 +739,25 @@ impl EcNode {
                             continue;
                         };
                         if m.parities[tt][si] && m.stamps[tt][si] == stamp {
-                            let mut words = words;
+                            scratch.copy_from_slice(words);
                             let acc = &st.parity[tt][si * w..(si + 1) * w];
-                            self.inner.code.merge_parity(acc, &mut words)?;
-                            st.parity[tt][si * w..(si + 1) * w].copy_from_slice(&words);
+                            self.inner.code.merge_parity(acc, &mut scratch)?;
+                            st.parity[tt][si * w..(si + 1) * w].copy_from_slice(&scratch);
                             m.parities[tt][si] = false;
                             m.parities_left -= 1;
+                            merged += 1;
                         }
                     }
                     Location::Absent => {}
                 }
             }
         }
+        st.status.lock_us += micros(merge.elapsed());
         // A missing row cannot have changed since the cut: only this node updates it, and
         // only after installing it.
-        self.install_rows(st, &rows)?;
+        let installed = self.install_rows(st, &rows)?;
         st.status.parities_missing = st.missing.as_ref().map_or(0, |m| m.parities_left);
+        st.status.bytes_rebuilt += (installed + merged) * (w * std::mem::size_of::<f32>()) as u64;
         Ok(())
     }
 

@@ -243,6 +243,20 @@ pub struct RebuildStatus {
     /// Start and end of every lock range this generation ran, in microseconds after the
     /// rebuild (re)started on this node.
     pub range_spans_us: Vec<(u64, u64)>,
+    /// Bytes the rebuild's batches decoded into this node: data rows installed and parity
+    /// rows merged (rows decoded on demand are counted in `rows_decoded_on_demand`).
+    pub bytes_rebuilt: u64,
+    /// Batches the driver ran, and the microseconds they took (reads, decode, install and
+    /// merge, retried cuts included): the rebuild's working time, its active bandwidth
+    /// being `bytes_rebuilt / busy_us`.
+    pub batches: u64,
+    pub busy_us: u64,
+    /// Microseconds the driver rested between batches as the rebuild share asked.
+    pub rest_us: u64,
+    /// Microseconds of the working time spent switching locks (ECRec §3.4, "Effect of lock
+    /// granularity"): taking a batch's lock, merging the deltas its slots buffered, and
+    /// waiting before a cut that has to be read again.
+    pub lock_us: u64,
     /// Everything is rebuilt; the node is a full member again.
     pub finished: bool,
     /// Why the rebuild stopped, if it failed (start it again with the current lost set).
