@@ -138,8 +138,9 @@ impl Strat {
                 dense_replication: true,
                 two_phase: true,
                 lock_ranges: 4,
-                rebuild_share_ppm: 1_000_000,
-                rebuild_min_throughput_ppm: None,
+                // The default pace: the coordinator's pacer sets the share.
+                rebuild_share_ppm: ftrec_cluster::ecrec::DEFAULT_REBUILD_SHARE_PPM,
+                rebuild_min_throughput_ppm: Some(900_000),
             },
             "cnr-q8" => StrategyChoice::Cnr {
                 every_steps: EVERY,

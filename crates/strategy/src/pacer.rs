@@ -8,7 +8,10 @@
 //! what training leaves: it measures training's batch rate over windows of a few batches
 //! while the rebuild runs, and sets the share so that the rate stays at `target` of the rate
 //! before the failure, raising it while training keeps more than that, so that the rebuild
-//! finishes as soon as the target allows.
+//! finishes as soon as the target allows. Below the target it cuts the share, unless the last
+//! cut gave training nothing back: then what slows training is the rebuild being under way
+//! (rows decoded on demand, ECRec §3.4's degraded reads), not its work, and the pacer raises
+//! the share instead so that it ends sooner, for as long as training loses nothing by it.
 //!
 //! Pure: the cluster feeds it batch counts and times, and sends the shares it returns to the
 //! rebuilding servers.
@@ -55,6 +58,8 @@ pub struct RebuildPacer {
     /// No batch has finished since the start: the first window opens at the first one, so
     /// that the pause before training resumes is not taken for the rebuild's cost.
     awaiting_first: bool,
+    /// The previous window's move and training's ratio in it.
+    last: Option<(Move, f64)>,
 }
 
 impl RebuildPacer {
@@ -79,6 +84,7 @@ impl RebuildPacer {
             window_start_batches: 0,
             started: false,
             awaiting_first: false,
+            last: None,
         })
     }
 
@@ -103,6 +109,7 @@ impl RebuildPacer {
     pub fn start(&mut self, now_s: f64, batches: u64) {
         self.started = true;
         self.awaiting_first = true;
+        self.last = None;
         self.window_start_s = now_s;
         self.window_start_batches = batches;
     }
@@ -137,14 +144,55 @@ impl RebuildPacer {
         self.window_start_batches = batches;
         let ratio = n as f64 / span / before;
         let old = self.share;
-        if ratio < self.target {
-            // The further below, the deeper the cut.
-            let cut = (1.0 - 4.0 * (self.target - ratio)).max(DEEPEST_CUT);
-            self.share = (self.share * cut).max(MIN_SHARE);
-        } else if ratio >= self.target + HEADROOM {
-            self.share = (self.share * RAISE).min(1.0);
+        let last = self.last.replace((Move::Hold, ratio));
+        let mv = if ratio >= self.target + HEADROOM {
+            Move::Raise
+        } else if ratio >= self.target {
+            Move::Hold
+        } else {
+            match last {
+                // Below the target after a cut that gave training nothing back: what slows
+                // training is not the rebuild's work but what a rebuild under way costs
+                // (rows decoded on demand); the sooner it ends the better.
+                Some((Move::Cut, prev)) if ratio <= prev + NOISE => Move::Raise,
+                // Raised for that reason and training lost nothing by it: go on.
+                Some((Move::Raise, prev)) if prev < self.target && ratio >= prev - NOISE => {
+                    Move::Raise
+                }
+                _ => Move::Cut,
+            }
+        };
+        match mv {
+            Move::Cut => {
+                // The further below, the deeper the cut.
+                let cut = (1.0 - 4.0 * (self.target - ratio)).max(DEEPEST_CUT);
+                self.share = (self.share * cut).max(MIN_SHARE);
+            }
+            Move::Raise => self.share = (self.share * RAISE).min(1.0),
+            Move::Hold => {}
         }
+        self.last = Some((mv, ratio));
         (self.share != old).then_some(self.share)
+    }
+}
+
+/// What the pacer did at the end of a window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Move {
+    Cut,
+    Hold,
+    Raise,
+}
+
+/// Two windows' ratios closer than this are the same for the pacer (a window's rate from a
+/// few batches varies by a few points).
+const NOISE: f64 = 0.02;
+
+impl RebuildPacer {
+    /// The last window's move and ratio (`None` before the first window of a round).
+    #[cfg(test)]
+    fn last_move(&self) -> Option<(Move, f64)> {
+        self.last
     }
 }
 
@@ -216,6 +264,33 @@ mod tests {
     }
 
     #[test]
+    fn a_cut_that_gives_training_nothing_back_turns_into_raises_while_they_cost_nothing() {
+        let mut p = pacer();
+        // 80%: cut. Still 80% (the cut did not help): raise.
+        let cut = p.on_progress(1.0, B + 16, 20.0).unwrap();
+        assert!(cut < 0.25);
+        assert_eq!(p.last_move().map(|m| m.0), Some(Move::Cut));
+        let up = p.on_progress(2.0, B + 32, 20.0).unwrap();
+        assert_eq!(up, cut * RAISE);
+        // 80% again: the raise cost nothing, raise on.
+        let up2 = p.on_progress(3.0, B + 48, 20.0).unwrap();
+        assert_eq!(up2, up * RAISE);
+        // 70%: the raise cost training: cut.
+        let down = p.on_progress(4.0, B + 62, 20.0).unwrap();
+        assert!(down < up2);
+        assert_eq!(p.last_move().map(|m| m.0), Some(Move::Cut));
+    }
+
+    #[test]
+    fn cuts_that_help_go_on_until_the_target_is_met() {
+        let mut p = pacer();
+        let a = p.on_progress(1.0, B + 16, 20.0).unwrap(); // 80%: cut
+        let b = p.on_progress(2.0, B + 33, 20.0).unwrap(); // 85%: better, still below: cut
+        assert!(b < a, "{a} {b}");
+        assert_eq!(p.on_progress(3.0, B + 51, 20.0), None); // 90%: hold
+    }
+
+    #[test]
     fn within_the_headroom_the_share_stays() {
         let mut p = pacer();
         // 91% of before: at the target, not above it by the headroom.
@@ -227,9 +302,11 @@ mod tests {
     fn the_share_never_falls_below_the_floor() {
         let mut p = pacer();
         let mut b = B;
-        for i in 1..=40 {
-            b += 1;
-            p.on_progress(f64::from(i) * 3.0, b, 20.0);
+        // Every cut gives training a little back, and it stays below the target.
+        for i in 1..=12u64 {
+            b += 8 + 3 * i; // 11%, 14%, ... of 100 batches/s
+            p.on_progress(i as f64, b, 100.0);
+            assert_eq!(p.last_move().map(|m| m.0), Some(Move::Cut));
         }
         assert_eq!(p.share(), MIN_SHARE);
     }

@@ -216,6 +216,18 @@ impl EcNode {
     /// rows the layout places on it (encoded from the seeded initial rows, so every node
     /// computes its own without traffic) and its dense replicas.
     pub fn new(config: ServerConfig, dense_init: &[f32], ec: EcConfig) -> Result<Self, PsError> {
+        Self::build(config, dense_init, ec, true)
+    }
+
+    /// [`EcNode::new`]; without `encode`, the parity slots are zeros (a replacement: every
+    /// slot is missing until its rebuild, so encoding the seeded rows would be work thrown
+    /// away, most of its start-up time on a large shard).
+    fn build(
+        config: ServerConfig,
+        dense_init: &[f32],
+        ec: EcConfig,
+        encode: bool,
+    ) -> Result<Self, PsError> {
         let n = config.shard_map.servers();
         ec.validate(n)?;
         let layout = StripeLayout::new(n, ec.k, ec.r, &config.table_rows)?;
@@ -224,7 +236,15 @@ impl EcNode {
         let me = config.server;
         let words = server.layout().words();
         let dim = config.dim;
-        let parity = initial_parities(&layout, &code, &config, me, words)?;
+        let parity = if encode {
+            initial_parities(&layout, &code, &config, me, words)?
+        } else {
+            layout
+                .parity_rows_per_table(me)?
+                .iter()
+                .map(|&c| vec![0.0f32; c as usize * words])
+                .collect()
+        };
         let dense_len = dense_init.len() as u64;
         let replicas = (1..=ec.dense_replicas)
             .map(|d| {
@@ -291,7 +311,7 @@ impl EcNode {
         ec: EcConfig,
         lost: &[ServerId],
     ) -> Result<Self, PsError> {
-        let node = Self::new(config, dense_init, ec)?;
+        let node = Self::build(config, dense_init, ec, false)?;
         node.mark_missing(lost)?;
         Ok(node)
     }

@@ -353,7 +353,7 @@ impl EcNode {
     pub async fn start_rebuild(&self, lost: &[ServerId], background: bool) -> Result<(), PsError> {
         let generation = {
             let _one_at_a_time = self.inner.control.lock().await;
-            let Some(generation) = self.begin(lost).await? else {
+            let Some(generation) = self.begin(lost, !background).await? else {
                 return Ok(());
             };
             if background {
@@ -375,7 +375,7 @@ impl EcNode {
     /// by [`EcNode::rebuild_ranges`]. A driver of an earlier start is stopped first.
     pub async fn begin_rebuild(&self, lost: &[ServerId]) -> Result<(), PsError> {
         let _one_at_a_time = self.inner.control.lock().await;
-        self.begin(lost).await.map(|_| ())
+        self.begin(lost, true).await.map(|_| ())
     }
 
     fn driver_slot(&self) -> Result<std::sync::MutexGuard<'_, Option<Driver>>, PsError> {
@@ -399,17 +399,26 @@ impl EcNode {
     }
 
     /// [`EcNode::begin_rebuild`] under the control lock; `None`: the rebuild already finished.
-    async fn begin(&self, lost: &[ServerId]) -> Result<Option<u64>, PsError> {
+    /// `plan_now`: make the plan here; otherwise (a background rebuild) its driver makes it
+    /// first, so that training resumes without waiting for a pass over every affected stripe
+    /// (about a second for a few million stripes). Whether the lost set decodes is checked
+    /// here either way.
+    async fn begin(&self, lost: &[ServerId], plan_now: bool) -> Result<Option<u64>, PsError> {
         let me = self.inner.me;
         let lost = normalise(lost, Some(me));
-        let plan = Arc::new(RecoveryPlan::new(
-            &self.inner.layout,
-            &self.inner.code,
-            &lost,
-            RecoveryOptions {
-                lock_ranges: self.inner.cfg.lock_ranges,
-            },
-        )?);
+        let plan = if plan_now {
+            Some(Arc::new(self.make_plan(&lost)?))
+        } else {
+            let worst = self.inner.layout.max_lost_per_stripe(&lost)?;
+            if worst > self.inner.layout.r() {
+                return Err(ftrec_ec::EcError::TooManyErasures {
+                    lost: worst,
+                    tolerated: self.inner.layout.r(),
+                }
+                .into());
+            }
+            None
+        };
         // A new generation first, so that a driver of the old one, wherever it is, can no
         // longer change anything; then stop it.
         {
@@ -433,11 +442,11 @@ impl EcNode {
                 "rebuild state vanished during a restart".into(),
             ))?;
             m.lost = lost.clone();
-            m.plan = Some(plan.clone());
+            m.plan = plan.clone();
             let dense_missing = m.dense_missing;
             st.status.started = true;
             st.status.error = None;
-            st.status.ranges_total = plan.ranges().len() as u64;
+            st.status.ranges_total = plan.as_ref().map_or(0, |p| p.ranges().len() as u64);
             st.status.ranges_done = 0;
             st.status.range_spans_us.clear();
             st.rebuild_t0 = Some(Instant::now());
@@ -452,6 +461,42 @@ impl EcNode {
         let source: Arc<dyn RowSource> = Arc::new(NodeRowSource(super::node::downgrade(self)));
         self.inner.server.set_row_source(Some(source))?;
         Ok(Some(generation))
+    }
+
+    fn make_plan(&self, lost: &[ServerId]) -> Result<RecoveryPlan, PsError> {
+        Ok(RecoveryPlan::new(
+            &self.inner.layout,
+            &self.inner.code,
+            lost,
+            RecoveryOptions {
+                lock_ranges: self.inner.cfg.lock_ranges,
+            },
+        )?)
+    }
+
+    /// The plan of generation `generation`, made now if its start left it to the driver.
+    async fn plan_of(&self, generation: u64) -> Result<Option<Arc<RecoveryPlan>>, PsError> {
+        let lost = {
+            let st = self.state()?;
+            self.check_generation(&st, generation)?;
+            match st.missing.as_ref() {
+                Some(m) if m.plan.is_some() => return Ok(m.plan.clone()),
+                Some(m) => m.lost.clone(),
+                None => return Ok(None),
+            }
+        };
+        let node = self.clone();
+        let plan = tokio::task::spawn_blocking(move || node.make_plan(&lost))
+            .await
+            .map_err(|e| PsError::Internal(format!("rebuild plan task failed: {e}")))??;
+        let plan = Arc::new(plan);
+        let mut st = self.state()?;
+        self.check_generation(&st, generation)?;
+        st.status.ranges_total = plan.ranges().len() as u64;
+        if let Some(m) = st.missing.as_mut() {
+            m.plan = Some(plan.clone());
+        }
+        Ok(Some(plan))
     }
 
     /// Record why generation `generation` stopped, unless a newer one replaced it.
@@ -533,6 +578,7 @@ impl EcNode {
     }
 
     async fn drive_locked(&self, generation: u64, max: usize) -> Result<bool, PsError> {
+        self.plan_of(generation).await?;
         let (plan, first) = {
             let st = self.state()?;
             match st.missing.as_ref().and_then(|m| m.plan.clone()) {
