@@ -8,9 +8,11 @@
 //!   same as CPU time (user + system of the servers and workers), which the other load on a
 //!   shared machine disturbs less than wall time;
 //! - the recovery from one SIGKILL (§5.3): time to training resumed, the rebuild's duration,
-//!   and training throughput while it ran, as a whole and per lock range, for one or several
-//!   rebuild shares (`--rebuild-shares`); `full` checkpoints' recovery from the same kill for
-//!   comparison. Recovery runs are longer than the overhead runs (`--recovery-steps`), so
+//!   and training throughput while it ran, as a whole and per lock range, its active bandwidth
+//!   and CPU per MB, paced (the default) or for one or several fixed shares
+//!   (`--rebuild-shares`); `full` checkpoints' recovery from the same kill, priced in its
+//!   average case (reload + half of Young's interval) for comparison; `--recovery-repeats`
+//!   rounds, interleaved, give means with 95% intervals. Recovery runs are longer than the overhead runs (`--recovery-steps`), so
 //!   that a rebuild that yields to training finishes while training goes on;
 //! - with a comma list of worker counts (`--workers 2,4,8,15`), a sweep: at each count `none`
 //!   and ECRec all on (k = 2), interleaved per repeat, with the overhead's mean and 95%
@@ -31,10 +33,11 @@ use crate::flags::RunArgs;
 /// effects measured (checked against the spread of the repeated `none` runs).
 const DEFAULT_STEPS: u64 = 150;
 
-/// Recovery runs take this many times the steps unless `--recovery-steps`: a rebuild at the
-/// default share (a tenth of the time) takes about 20 times as long as at the full share, and
-/// has to finish while training goes on, with the 10 s after it still inside training, for
-/// its throughput to be measured (at 4x the steps a 32 s rebuild outlasted training).
+/// Recovery runs take this many times the steps unless `--recovery-steps`: a rebuild that
+/// yields to training (paced, or at a small fixed share) takes several times as long as at
+/// the full share, and has to finish while training goes on, with the 10 s after it still
+/// inside training, for its throughput to be measured (at 4x the steps a 32 s rebuild at a
+/// share of 0.1 outlasted training).
 const RECOVERY_STEPS_FACTOR: u64 = 8;
 
 /// One run, reduced to what the comparison needs (the full report is kept too).

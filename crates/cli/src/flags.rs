@@ -448,7 +448,7 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 2)]
         repeat: u32,
         /// Rebuild shares of the ECRec recovery runs, one run each (comma-separated fractions
-        /// from 0 to 1, e.g. 1,0.5,0.25) [default: --rebuild-share, or the default share].
+        /// from 0 to 1, e.g. 1,0.5,0.25) [default: --rebuild-share, or the pacer].
         #[arg(long, value_delimiter = ',')]
         rebuild_shares: Vec<f64>,
         /// Times the recovery runs are made, interleaved (ECRec's, then `full`'s, then again):

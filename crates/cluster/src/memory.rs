@@ -255,8 +255,14 @@ pub fn read_memory_file(port_file: &Path) -> Option<ServerMemory> {
 mod tests {
     use super::*;
 
+    /// The process's heap and RSS are shared by the tests of this binary, which run in
+    /// parallel: the sampler's own trims would hand back the holes the trim test makes
+    /// before that test looks. The two take this lock.
+    static HEAP: Mutex<()> = Mutex::new(());
+
     #[test]
     fn the_sampler_sees_an_allocation_and_the_parts() {
+        let _heap = HEAP.lock().unwrap_or_else(|e| e.into_inner());
         let s = Sampler::start(3, 1, || MemoryParts {
             rows_bytes: 7,
             ..MemoryParts::default()
@@ -279,6 +285,7 @@ mod tests {
     #[test]
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     fn free_memory_kept_past_the_limit_is_handed_back() {
+        let _heap = HEAP.lock().unwrap_or_else(|e| e.into_inner());
         // Every other 8 KiB block freed: 64 MiB of holes between live blocks, which glibc
         // keeps (only a free top of the heap goes back by itself).
         let mut blocks: Vec<Vec<u8>> = (0..(16 << 10)).map(|i| vec![i as u8; 8 << 10]).collect();
