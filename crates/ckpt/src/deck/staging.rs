@@ -503,8 +503,13 @@ pub fn start(
         let progress = progress.clone();
         let limit = opts.limit_bytes;
         rt.spawn_blocking(move || {
-            stage_loop(rx, up_tx, &dir, &gauge, &progress, limit)
-                .map_err(|e| note_failure(&progress, e))
+            // The failure is noted while the receiver still lives: the copy-out that finds
+            // it gone must find the cause too, not "ended early".
+            let mut rx = rx;
+            let r = stage_loop(&mut rx, up_tx, &dir, &gauge, &progress, limit)
+                .map_err(|e| note_failure(&progress, e));
+            drop(rx);
+            r
         })
     };
     let task = {
@@ -536,7 +541,7 @@ pub fn start(
 }
 
 fn stage_loop(
-    mut rx: mpsc::Receiver<Chunk>,
+    rx: &mut mpsc::Receiver<Chunk>,
     up: mpsc::UnboundedSender<std::result::Result<Staged, ShardInfo>>,
     dir: &Path,
     gauge: &MemGauge,
