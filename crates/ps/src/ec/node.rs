@@ -236,15 +236,7 @@ impl EcNode {
         let me = config.server;
         let words = server.layout().words();
         let dim = config.dim;
-        let parity = if encode {
-            initial_parities(&layout, &code, &config, me, words)?
-        } else {
-            layout
-                .parity_rows_per_table(me)?
-                .iter()
-                .map(|&c| vec![0.0f32; c as usize * words])
-                .collect()
-        };
+        let parity = initial_parities(&layout, &code, &config, me, words, encode)?;
         let dense_len = dense_init.len() as u64;
         let replicas = (1..=ec.dense_replicas)
             .map(|d| {
@@ -1004,19 +996,24 @@ fn two_batches(
     )
 }
 
-/// Encode this server's parity slots from the seeded initial rows.
+/// This server's parity slots, encoded from the seeded initial rows (zeros without
+/// `encode`).
 fn initial_parities(
     layout: &StripeLayout,
     code: &Code,
     config: &ServerConfig,
     me: ServerId,
     words: usize,
+    encode: bool,
 ) -> Result<Vec<Vec<f32>>, PsError> {
     let counts = layout.parity_rows_per_table(me)?;
     let mut out: Vec<Vec<f32>> = counts
         .iter()
         .map(|&c| vec![0.0f32; c as usize * words])
         .collect();
+    if !encode {
+        return Ok(out);
+    }
     let (k, r) = (layout.k(), layout.r());
     let mut data = vec![vec![0.0f32; words]; k];
     let mut parity = vec![vec![0.0f32; words]; r];
