@@ -12,7 +12,8 @@
 //! - the [`ModelDigest`], the single number the correctness oracle compares,
 //! - a small counter-based RNG ([`rng`]) so that every row's initial value is a pure function of
 //!   `(seed, table, row)`, whatever the sharding,
-//! - software [`prefetch`] of the rows a loop is about to touch,
+//! - software [`prefetch`] of the rows a loop is about to touch, and [`simd`] kernels compiled
+//!   for the CPU they run on (AVX-512F, AVX2 or the baseline) with the same bits on each,
 //! - support for the tests that fuzz every reader of untrusted bytes ([`fuzz`]: byte mutations
 //!   and a probe of the largest allocation a call makes).
 //!
@@ -38,6 +39,7 @@ pub mod optimizer;
 pub mod prefetch;
 pub mod preset;
 pub mod rng;
+pub mod simd;
 pub mod sparse;
 pub mod table;
 
@@ -48,5 +50,5 @@ pub use error::CoreError;
 pub use ids::{RowId, ServerId, ShardMap, TableId};
 pub use optimizer::{Optimizer, OptimizerKind};
 pub use preset::{MlpShape, Preset};
-pub use sparse::SparseGradAccumulator;
+pub use sparse::{RowIdHasher, RowIdMap, SparseGradAccumulator};
 pub use table::{EmbeddingTable, RowLayout};

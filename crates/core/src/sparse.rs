@@ -6,14 +6,50 @@
 //! fixes (sample order), so the result is bit-reproducible.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::RowId;
+
+/// Hashes a row id with a fixed 64-bit mix (the finaliser of MurmurHash3): every bit of the id
+/// reaches every bit of the hash, so ids that differ only in high bits spread as well as
+/// sequential ones. It is a few instructions, against SipHash's several dozen, and unkeyed,
+/// which is safe here: the map's iteration order is never used (rows keep their arrival order
+/// in `rows`), and an adversary choosing ids can at worst slow its own batch down.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RowIdHasher(u64);
+
+impl Hasher for RowIdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+
+    #[inline]
+    fn write_u64(&mut self, v: u64) {
+        let mut h = self.0 ^ v;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^= h >> 33;
+        self.0 = h;
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A map keyed by row id with [`RowIdHasher`].
+pub type RowIdMap<V> = HashMap<RowId, V, BuildHasherDefault<RowIdHasher>>;
 
 /// Accumulates `dim`-long gradients per row id for one table.
 #[derive(Debug, Clone)]
 pub struct SparseGradAccumulator {
     dim: usize,
-    index: HashMap<RowId, u32>,
+    index: RowIdMap<u32>,
     rows: Vec<RowId>,
     grads: Vec<f32>,
 }
@@ -22,7 +58,7 @@ impl SparseGradAccumulator {
     pub fn new(dim: usize) -> Self {
         SparseGradAccumulator {
             dim,
-            index: HashMap::new(),
+            index: RowIdMap::default(),
             rows: Vec::new(),
             grads: Vec::new(),
         }
@@ -78,6 +114,22 @@ impl SparseGradAccumulator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn row_ids_hash_apart_in_low_and_high_bits() {
+        use std::hash::BuildHasher;
+        let build = BuildHasherDefault::<RowIdHasher>::default();
+        // Ids that differ only in their high bits, and sequential ids: the hash's low 10 bits
+        // (a table of 1024 buckets) are spread over many buckets in both cases.
+        for ids in [
+            (0..1024u64).map(|i| i << 40).collect::<Vec<_>>(),
+            (0..1024u64).collect(),
+        ] {
+            let buckets: std::collections::HashSet<u64> =
+                ids.iter().map(|&i| build.hash_one(i) & 1023).collect();
+            assert!(buckets.len() > 550, "{} buckets of 1024", buckets.len());
+        }
+    }
 
     #[test]
     fn repeated_rows_are_summed_once() {

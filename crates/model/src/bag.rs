@@ -7,6 +7,7 @@
 //! contributions are summed and makes the result bit-reproducible (see
 //! `ftrec_core::SparseGradAccumulator`).
 
+use ftrec_core::prefetch::AHEAD;
 use ftrec_core::{EmbeddingTable, RowId, SparseFeature, SparseGradAccumulator};
 
 use crate::ModelError;
@@ -105,13 +106,28 @@ pub fn pool_sum_tables(
             t.check_row(row)?;
         }
     }
-    pool_sum(
-        features,
-        batch,
-        dim,
-        |t, row| Some(tables[t].row(row)),
-        pooled,
-    )
+    let n = features.len();
+    check_len("pooled embeddings", batch * n * dim, pooled.len())?;
+    check_features(features, batch)?;
+    // As `pool_sum` (the same sums in the same order), with the row `AHEAD` ids further on
+    // requested before each is read: the ids are random over tables far larger than the
+    // caches, so each read is a miss that the loop would otherwise wait for in turn.
+    for (t, (f, table)) in features.iter().zip(tables).enumerate() {
+        for i in 0..batch {
+            let out = &mut pooled[(i * n + t) * dim..(i * n + t + 1) * dim];
+            out.fill(0.0);
+            let (lo, hi) = (f.offsets[i] as usize, f.offsets[i + 1] as usize);
+            for k in lo..hi {
+                if let Some(&ahead) = f.ids.get(k + AHEAD) {
+                    table.prefetch_row(ahead);
+                }
+                for (o, v) in out.iter_mut().zip(table.row(f.ids[k])) {
+                    *o += v;
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Feed the pooled gradient `[batch x tables x dim]` back to every looked-up row: each id in

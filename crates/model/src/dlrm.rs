@@ -521,86 +521,91 @@ mod kernels {
     use super::BIAS_BLOCK;
     use crate::interaction;
 
-    /// `row += bias`, then ReLU if `relu`, for every row.
-    #[inline(never)]
-    pub fn bias_act(rows: &mut [f32], bias: &[f32], relu: bool) {
-        for row in rows.chunks_exact_mut(bias.len()) {
-            if relu {
-                for (v, bb) in row.iter_mut().zip(bias) {
-                    let t = *v + bb;
-                    *v = if t > 0.0 { t } else { 0.0 };
-                }
-            } else {
-                for (v, bb) in row.iter_mut().zip(bias) {
-                    *v += bb;
-                }
-            }
-        }
-    }
-
-    /// `y[i] = act(x[i] . w + bias)` for the `y.len()` rows of `x` (row width `w.len()`).
-    #[inline(never)]
-    pub fn matvec_bias_act(x: &[f32], w: &[f32], bias: f32, relu: bool, y: &mut [f32]) {
-        for (y, xr) in y.iter_mut().zip(x.chunks_exact(w.len())) {
-            let t = interaction::dot(xr, w) + bias;
-            *y = if !relu || t > 0.0 { t } else { 0.0 };
-        }
-    }
-
-    /// `out = sum_i g[i] * x[i]` over the rows of `x`, in row order.
-    #[inline(never)]
-    pub fn outer_sum(g: &[f32], x: &[f32], out: &mut [f32]) {
-        out.fill(0.0);
-        for (gi, xr) in g.iter().zip(x.chunks_exact(out.len())) {
-            for (o, xv) in out.iter_mut().zip(xr) {
-                *o += gi * xv;
-            }
-        }
-    }
-
-    /// Row `i` of `rows` = `g[i] * w`.
-    #[inline(never)]
-    pub fn scale_rows(g: &[f32], w: &[f32], rows: &mut [f32]) {
-        for (gi, row) in g.iter().zip(rows.chunks_exact_mut(w.len())) {
-            for (r, wv) in row.iter_mut().zip(w) {
-                *r = gi * wv;
-            }
-        }
-    }
-
-    /// For each block of [`BIAS_BLOCK`] rows of `g`: zero the entries whose `mask` entry is not
-    /// positive, and write the block's column sums to the block's row of `part`.
-    #[inline(never)]
-    pub fn mask_and_block_sums(
-        g: &mut [f32],
-        mask: Option<&[f32]>,
-        width: usize,
-        part: &mut [f32],
-    ) {
-        for (bi, (gblock, acc)) in g
-            .chunks_mut(BIAS_BLOCK * width)
-            .zip(part.chunks_exact_mut(width))
-            .enumerate()
-        {
-            acc.fill(0.0);
-            match mask {
-                Some(mask) => {
-                    let mblock = &mask[bi * BIAS_BLOCK * width..];
-                    for (grow, mrow) in gblock
-                        .chunks_exact_mut(width)
-                        .zip(mblock.chunks_exact(width))
-                    {
-                        for ((gv, m), s) in grow.iter_mut().zip(mrow).zip(acc.iter_mut()) {
-                            let v = if *m > 0.0 { *gv } else { 0.0 };
-                            *gv = v;
-                            *s += v;
-                        }
+    ftrec_core::simd_kernel! {
+        /// `row += bias`, then ReLU if `relu`, for every row.
+        pub fn bias_act(rows: &mut [f32], bias: &[f32], relu: bool) {
+            for row in rows.chunks_exact_mut(bias.len()) {
+                if relu {
+                    for (v, bb) in row.iter_mut().zip(bias) {
+                        let t = *v + bb;
+                        *v = if t > 0.0 { t } else { 0.0 };
+                    }
+                } else {
+                    for (v, bb) in row.iter_mut().zip(bias) {
+                        *v += bb;
                     }
                 }
-                None => {
-                    for grow in gblock.chunks_exact(width) {
-                        for (gv, s) in grow.iter().zip(acc.iter_mut()) {
-                            *s += gv;
+            }
+        }
+    }
+
+    ftrec_core::simd_kernel! {
+        /// `y[i] = act(x[i] . w + bias)` for the `y.len()` rows of `x` (row width `w.len()`).
+        pub fn matvec_bias_act(x: &[f32], w: &[f32], bias: f32, relu: bool, y: &mut [f32]) {
+            for (y, xr) in y.iter_mut().zip(x.chunks_exact(w.len())) {
+                let t = interaction::dot(xr, w) + bias;
+                *y = if !relu || t > 0.0 { t } else { 0.0 };
+            }
+        }
+    }
+
+    ftrec_core::simd_kernel! {
+        /// `out = sum_i g[i] * x[i]` over the rows of `x`, in row order.
+        pub fn outer_sum(g: &[f32], x: &[f32], out: &mut [f32]) {
+            out.fill(0.0);
+            for (gi, xr) in g.iter().zip(x.chunks_exact(out.len())) {
+                for (o, xv) in out.iter_mut().zip(xr) {
+                    *o += gi * xv;
+                }
+            }
+        }
+    }
+
+    ftrec_core::simd_kernel! {
+        /// Row `i` of `rows` = `g[i] * w`.
+        pub fn scale_rows(g: &[f32], w: &[f32], rows: &mut [f32]) {
+            for (gi, row) in g.iter().zip(rows.chunks_exact_mut(w.len())) {
+                for (r, wv) in row.iter_mut().zip(w) {
+                    *r = gi * wv;
+                }
+            }
+        }
+    }
+
+    ftrec_core::simd_kernel! {
+        /// For each block of [`BIAS_BLOCK`] rows of `g`: zero the entries whose `mask` entry is not
+        /// positive, and write the block's column sums to the block's row of `part`.
+        pub fn mask_and_block_sums(
+            g: &mut [f32],
+            mask: Option<&[f32]>,
+            width: usize,
+            part: &mut [f32],
+        ) {
+            for (bi, (gblock, acc)) in g
+                .chunks_mut(BIAS_BLOCK * width)
+                .zip(part.chunks_exact_mut(width))
+                .enumerate()
+            {
+                acc.fill(0.0);
+                match mask {
+                    Some(mask) => {
+                        let mblock = &mask[bi * BIAS_BLOCK * width..];
+                        for (grow, mrow) in gblock
+                            .chunks_exact_mut(width)
+                            .zip(mblock.chunks_exact(width))
+                        {
+                            for ((gv, m), s) in grow.iter_mut().zip(mrow).zip(acc.iter_mut()) {
+                                let v = if *m > 0.0 { *gv } else { 0.0 };
+                                *gv = v;
+                                *s += v;
+                            }
+                        }
+                    }
+                    None => {
+                        for grow in gblock.chunks_exact(width) {
+                            for (gv, s) in grow.iter().zip(acc.iter_mut()) {
+                                *s += gv;
+                            }
                         }
                     }
                 }
@@ -619,53 +624,55 @@ mod kernels {
         pub emb_w: usize,
     }
 
-    /// Interaction forward for the samples of `out` (starting at sample `first`).
-    #[inline(never)]
-    pub fn interaction_forward(
-        sh: Inter,
-        first: usize,
-        z0: &[f32],
-        pooled: &[f32],
-        out: &mut [f32],
-    ) {
-        let Inter { dim, iw, emb_w } = sh;
-        for (i, o) in out.chunks_exact_mut(iw).enumerate() {
-            let s = first + i;
-            interaction::forward(
-                dim,
-                &z0[s * dim..(s + 1) * dim],
-                &pooled[s * emb_w..(s + 1) * emb_w],
-                o,
-            );
+    ftrec_core::simd_kernel! {
+        /// Interaction forward for the samples of `out` (starting at sample `first`).
+        pub fn interaction_forward(
+            sh: Inter,
+            first: usize,
+            z0: &[f32],
+            pooled: &[f32],
+            out: &mut [f32],
+        ) {
+            let Inter { dim, iw, emb_w } = sh;
+            for (i, o) in out.chunks_exact_mut(iw).enumerate() {
+                let s = first + i;
+                interaction::forward(
+                    dim,
+                    &z0[s * dim..(s + 1) * dim],
+                    &pooled[s * emb_w..(s + 1) * emb_w],
+                    o,
+                );
+            }
         }
     }
 
-    /// Interaction backward for the samples of `dz` / `de` (starting at sample `first`).
-    #[inline(never)]
-    pub fn interaction_backward(
-        sh: Inter,
-        first: usize,
-        z0: &[f32],
-        pooled: &[f32],
-        g: &[f32],
-        dz: &mut [f32],
-        de: &mut [f32],
-    ) {
-        let Inter { dim, iw, emb_w } = sh;
-        for (i, (dz, de)) in dz
-            .chunks_exact_mut(dim)
-            .zip(de.chunks_exact_mut(emb_w))
-            .enumerate()
-        {
-            let s = first + i;
-            interaction::backward(
-                dim,
-                &z0[s * dim..(s + 1) * dim],
-                &pooled[s * emb_w..(s + 1) * emb_w],
-                &g[s * iw..(s + 1) * iw],
-                dz,
-                de,
-            );
+    ftrec_core::simd_kernel! {
+        /// Interaction backward for the samples of `dz` / `de` (starting at sample `first`).
+        pub fn interaction_backward(
+            sh: Inter,
+            first: usize,
+            z0: &[f32],
+            pooled: &[f32],
+            g: &[f32],
+            dz: &mut [f32],
+            de: &mut [f32],
+        ) {
+            let Inter { dim, iw, emb_w } = sh;
+            for (i, (dz, de)) in dz
+                .chunks_exact_mut(dim)
+                .zip(de.chunks_exact_mut(emb_w))
+                .enumerate()
+            {
+                let s = first + i;
+                interaction::backward(
+                    dim,
+                    &z0[s * dim..(s + 1) * dim],
+                    &pooled[s * emb_w..(s + 1) * emb_w],
+                    &g[s * iw..(s + 1) * iw],
+                    dz,
+                    de,
+                );
+            }
         }
     }
 }

@@ -60,6 +60,9 @@ pub enum ModelError {
          call set_gemm_threads before the first forward pass"
     )]
     GemmThreadsFixed { requested: usize, current: usize },
+    /// `FTREC_GEMM` names no known matrix-product backend.
+    #[error("FTREC_GEMM={0} is not a gemm backend: use `gemm` (the default) or `matrixmultiply`")]
+    UnknownGemmBackend(String),
     /// A thread count of zero.
     #[error("thread count must be at least 1, got {0}")]
     InvalidThreads(usize),

@@ -1,38 +1,85 @@
-//! Safe wrappers around `matrixmultiply::sgemm` and the process-wide gemm thread count.
+//! Safe wrappers around the matrix-product backend and the process-wide gemm thread count.
 //!
-//! All matrices are row-major slices; transposes are expressed through sgemm's strides, never
-//! by copying. Each wrapper checks the slice lengths before handing raw pointers to sgemm.
+//! All matrices are row-major slices; transposes are expressed through strides, never by
+//! copying. Each wrapper checks the slice lengths before handing raw pointers to the backend.
+//!
+//! # Backends
+//! The default is the `gemm` crate (the faer project's), which picks its micro-kernels at run
+//! time from the CPU's features (AVX2 with FMA here: its AVX-512 kernels need a nightly
+//! compiler) and does not pack the operands of the small products of the DLRM's narrow layers.
+//! `matrixmultiply` (AVX2 and AVX-512 kernels, always packing) stays as the fallback:
+//! `FTREC_GEMM=matrixmultiply` selects it. On this project's reference machine the `gemm`
+//! crate made the MLP's products of one `small` step 9% faster on one thread and 7% on two
+//! (`docs/BENCHMARKS.md`, "The trainer against PyTorch"). The backend is read once, at the
+//! first product or at [`set_gemm_threads`], which refuses a name it does not know.
 //!
 //! # Gemm threads
-//! `matrixmultiply` (feature `threading`) reads `MATMUL_NUM_THREADS` once, on its first
-//! product in the process, clamps it to `1..=4`, and defaults to the number of physical
-//! cores when it is unset. [`set_gemm_threads`] sets that variable and must therefore run
-//! before the first forward pass of any model in the process (best: at program start, before
-//! other threads exist, since it writes the environment). Afterwards it only succeeds when it
-//! asks for the count already in force.
+//! The thread count is `MATMUL_NUM_THREADS` (the variable `matrixmultiply` reads), fixed at the
+//! first product in the process, clamped to `1..=4`, and the core count when it is unset.
+//! [`set_gemm_threads`] sets that variable and must therefore run before the first forward pass
+//! of any model in the process (best: at program start, before other threads exist, since it
+//! writes the environment). Afterwards it only succeeds when it asks for the count already in
+//! force. The `gemm` backend runs its threads on rayon's global pool.
 //!
-//! Products are bit-identical for every gemm thread count: the backend splits work over
-//! threads by whole output tiles, and each tile's dot products are accumulated in the same
-//! k order whichever thread runs it (checked by the `gemm_threads` integration test, which runs
-//! the same step in child processes with 1, 2 and 4 gemm threads).
+//! Products are bit-identical for every gemm thread count, with either backend: both split work
+//! over threads by whole output tiles and accumulate each tile's dot products in the same k
+//! order (blocks of k chosen from the shape, not the thread count) whichever thread runs it
+//! (checked by the `gemm_threads` integration test, which runs the same step in child processes
+//! with 1, 2 and 4 gemm threads). The two backends do not give the same bits as each other: a
+//! digest depends on the backend, as it depends on the CPU's kernels.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use crate::ModelError;
 
-/// The environment variable `matrixmultiply` reads for its thread count.
+/// The environment variable `matrixmultiply` reads for its thread count (both backends use it).
 pub const GEMM_THREADS_ENV: &str = "MATMUL_NUM_THREADS";
+/// The environment variable that selects the backend: `gemm` (default) or `matrixmultiply`.
+pub const GEMM_BACKEND_ENV: &str = "FTREC_GEMM";
 /// The most threads the gemm backend uses.
 pub const MAX_GEMM_THREADS: usize = 4;
 
 static STARTED: AtomicBool = AtomicBool::new(false);
 static SET_LOCK: Mutex<()> = Mutex::new(());
+/// Backend and thread count, fixed at the first product.
+static FIXED: OnceLock<(Backend, usize)> = OnceLock::new();
+
+/// A matrix-product implementation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The `gemm` crate (runtime dispatch to AVX-512 where the CPU has it).
+    Gemm,
+    /// `matrixmultiply::sgemm`.
+    MatrixMultiply,
+}
+
+impl Backend {
+    /// The backend `FTREC_GEMM` names (unset or empty: [`Backend::Gemm`]).
+    pub fn from_env() -> Result<Backend, ModelError> {
+        match std::env::var(GEMM_BACKEND_ENV) {
+            Ok(s) if s.is_empty() || s == "gemm" => Ok(Backend::Gemm),
+            Ok(s) if s == "matrixmultiply" => Ok(Backend::MatrixMultiply),
+            Ok(s) => Err(ModelError::UnknownGemmBackend(s)),
+            Err(std::env::VarError::NotPresent) => Ok(Backend::Gemm),
+            Err(std::env::VarError::NotUnicode(s)) => Err(ModelError::UnknownGemmBackend(
+                s.to_string_lossy().into_owned(),
+            )),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Gemm => "gemm",
+            Backend::MatrixMultiply => "matrixmultiply",
+        }
+    }
+}
 
 /// Set the number of threads every matrix product of this process will use (capped at
 /// [`MAX_GEMM_THREADS`]); returns the count in force. Call it before the first forward pass:
 /// once a product has run the count is fixed, and asking for a different one is
-/// [`ModelError::GemmThreadsFixed`].
+/// [`ModelError::GemmThreadsFixed`]. Also checks `FTREC_GEMM` ([`Backend::from_env`]).
 ///
 /// This writes `MATMUL_NUM_THREADS` into the process environment, so call it while the
 /// process is single-threaded (e.g. first thing in `main`).
@@ -40,6 +87,7 @@ pub fn set_gemm_threads(threads: usize) -> Result<usize, ModelError> {
     if threads == 0 {
         return Err(ModelError::InvalidThreads(0));
     }
+    Backend::from_env()?;
     let want = threads.min(MAX_GEMM_THREADS);
     let _guard = SET_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     if STARTED.load(Ordering::Acquire) {
@@ -57,11 +105,14 @@ pub fn set_gemm_threads(threads: usize) -> Result<usize, ModelError> {
     Ok(want)
 }
 
-/// The gemm thread count in force (or that the first product will fix), following the
-/// backend's rules: `MATMUL_NUM_THREADS` clamped to `1..=4` (1 if unparsable), else the core
-/// count (the backend counts physical cores; this reports logical ones, which only differ on
-/// SMT machines).
+/// The gemm thread count in force (or that the first product will fix):
+/// `MATMUL_NUM_THREADS` clamped to `1..=4` (1 if unparsable), else the core count (the
+/// `matrixmultiply` backend counts physical cores; this reports logical ones, which only differ
+/// on SMT machines).
 pub fn gemm_threads() -> usize {
+    if let Some(&(_, threads)) = FIXED.get() {
+        return threads;
+    }
     match std::env::var(GEMM_THREADS_ENV) {
         Ok(s) if !s.is_empty() => s.parse::<usize>().unwrap_or(1).clamp(1, MAX_GEMM_THREADS),
         _ => std::thread::available_parallelism()
@@ -70,17 +121,86 @@ pub fn gemm_threads() -> usize {
     }
 }
 
+/// The backend in force (or that the first product will fix; an unknown `FTREC_GEMM` falls
+/// back to [`Backend::Gemm`] here, and [`set_gemm_threads`] is where it is refused).
+pub fn gemm_backend() -> Backend {
+    FIXED
+        .get()
+        .map_or_else(|| Backend::from_env().unwrap_or(Backend::Gemm), |f| f.0)
+}
+
 /// Whether a product has run in this process (after which the thread count is fixed).
 pub fn gemm_threads_fixed() -> bool {
     STARTED.load(Ordering::Acquire)
 }
 
 #[inline]
-fn mark_started() {
-    if !STARTED.load(Ordering::Relaxed) {
+fn fixed() -> (Backend, usize) {
+    *FIXED.get_or_init(|| {
         // Taking the lock orders the first product after any `set_gemm_threads` in flight.
         let _guard = SET_LOCK.lock().unwrap_or_else(|p| p.into_inner());
         STARTED.store(true, Ordering::Release);
+        (gemm_backend(), gemm_threads())
+    })
+}
+
+/// `C[m x n] = A * B` where element `(i, p)` of `A` is `a[i * a_rs + p * a_cs]` and element
+/// `(p, j)` of `B` is `b[p * b_rs + j * b_cs]`; `C` is row-major. The caller checked that the
+/// slices cover every element the strides reach.
+#[allow(clippy::too_many_arguments)]
+unsafe fn product(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    (a_rs, a_cs): (usize, usize),
+    b: &[f32],
+    (b_rs, b_cs): (usize, usize),
+    c: &mut [f32],
+) {
+    let (backend, threads) = fixed();
+    match backend {
+        Backend::Gemm => gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            a.as_ptr(),
+            a_cs as isize,
+            a_rs as isize,
+            b.as_ptr(),
+            b_cs as isize,
+            b_rs as isize,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            if threads > 1 {
+                gemm::Parallelism::Rayon(threads)
+            } else {
+                gemm::Parallelism::None
+            },
+        ),
+        Backend::MatrixMultiply => matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.as_ptr(),
+            a_rs as isize,
+            a_cs as isize,
+            b.as_ptr(),
+            b_rs as isize,
+            b_cs as isize,
+            0.0,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        ),
     }
 }
 
@@ -88,78 +208,24 @@ fn mark_started() {
 /// `[out x in]`).
 pub(crate) fn a_bt(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
     assert!(a.len() >= m * k && b.len() >= n * k && c.len() >= m * n);
-    mark_started();
     // SAFETY: the lengths above cover every element the strides reach; `c` is exclusive.
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            a.as_ptr(),
-            k as isize,
-            1,
-            b.as_ptr(),
-            1,
-            k as isize,
-            0.0,
-            c.as_mut_ptr(),
-            n as isize,
-            1,
-        );
-    }
+    unsafe { product(m, k, n, a, (k, 1), b, (1, k), c) }
 }
 
 /// `C[m x n] = A[m x k] * B[k x n]` (a linear layer's input gradient: `A` is the output
 /// gradient, `B` the weight `[out x in]`).
 pub(crate) fn a_b(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
     assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
-    mark_started();
     // SAFETY: as in `a_bt`.
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            a.as_ptr(),
-            k as isize,
-            1,
-            b.as_ptr(),
-            n as isize,
-            1,
-            0.0,
-            c.as_mut_ptr(),
-            n as isize,
-            1,
-        );
-    }
+    unsafe { product(m, k, n, a, (k, 1), b, (n, 1), c) }
 }
 
 /// `C[m x n] = A[k x m]^T * B[k x n]` (a linear layer's weight gradient: `A` is the output
 /// gradient `[batch x out]`, `B` the input `[batch x in]`).
 pub(crate) fn at_b(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
     assert!(a.len() >= k * m && b.len() >= k * n && c.len() >= m * n);
-    mark_started();
     // SAFETY: as in `a_bt`.
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            a.as_ptr(),
-            1,
-            m as isize,
-            b.as_ptr(),
-            n as isize,
-            1,
-            0.0,
-            c.as_mut_ptr(),
-            n as isize,
-            1,
-        );
-    }
+    unsafe { product(m, k, n, a, (1, m), b, (n, 1), c) }
 }
 
 #[cfg(test)]
@@ -216,6 +282,15 @@ mod tests {
         close(
             &c,
             &naive(m, k, n, |i, p| a[p * m + i], |p, j| b[p * n + j]),
+        );
+    }
+
+    #[test]
+    fn an_unknown_backend_is_named() {
+        let e = ModelError::UnknownGemmBackend("mkl".into()).to_string();
+        assert!(
+            e.contains("FTREC_GEMM=mkl") && e.contains("matrixmultiply"),
+            "{e}"
         );
     }
 

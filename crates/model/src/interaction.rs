@@ -41,21 +41,71 @@ fn axpy(g: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// Vectors per sample that the column-wise forward handles (`tables + 1 <= LANES_N`); wider
+/// samples take the dot-by-dot path.
+const LANES_N: usize = 32;
+
 /// Forward for one sample: `z0` (`dim`), `emb` (`tables x dim`), `out` (interaction width).
-#[inline]
+/// Always inlined, so that it is compiled for the caller's CPU features.
+#[inline(always)]
 pub(crate) fn forward(dim: usize, z0: &[f32], emb: &[f32], out: &mut [f32]) {
-    // Common dims get a copy of the loop with a constant trip count (fully unrolled dots);
-    // the arithmetic is the same as the generic path's, so the results are too.
+    let n = emb.len() / dim.max(1) + 1;
+    // Common dims get a copy with constant trip counts. Up to `LANES_N` vectors, the dots of
+    // one vector with all the others are computed together, lane `b` holding `z_a . z_b`
+    // summed in dim order (vectorised across `b`); the generic path sums each dot by lanes.
+    // Each path is a fixed function of its inputs, so either is reproducible.
     match dim {
-        8 => forward_impl(8, z0, emb, out),
-        16 => forward_impl(16, z0, emb, out),
-        32 => forward_impl(32, z0, emb, out),
-        _ => forward_impl(dim, z0, emb, out),
+        8 if n <= LANES_N => forward_columns::<8>(z0, emb, out),
+        16 if n <= LANES_N => forward_columns::<16>(z0, emb, out),
+        32 if n <= LANES_N => forward_columns::<32>(z0, emb, out),
+        _ => forward_dots(dim, z0, emb, out),
     }
 }
 
 #[inline(always)]
-fn forward_impl(dim: usize, z0: &[f32], emb: &[f32], out: &mut [f32]) {
+fn forward_columns<const D: usize>(z0: &[f32], emb: &[f32], out: &mut [f32]) {
+    const HALF: usize = LANES_N / 2;
+    let n = emb.len() / D + 1;
+    // zt[d] = (z_0[d], z_1[d], ..): every vector as a column, padded with zeros.
+    let mut zt = [[0.0f32; LANES_N]; D];
+    for (d, &v) in z0[..D].iter().enumerate() {
+        zt[d][0] = v;
+    }
+    for (b, e) in emb.chunks_exact(D).enumerate() {
+        for (d, &v) in e.iter().enumerate() {
+            zt[d][b + 1] = v;
+        }
+    }
+    out[..D].copy_from_slice(&z0[..D]);
+    let mut k = D;
+    for a in 0..n - 1 {
+        let count = n - a - 1;
+        if a + 1 < HALF {
+            let mut acc = [0.0f32; LANES_N];
+            for row in &zt {
+                let x = row[a];
+                for j in 0..LANES_N {
+                    acc[j] += x * row[j];
+                }
+            }
+            out[k..k + count].copy_from_slice(&acc[a + 1..n]);
+        } else {
+            // Lanes below a + 1 are not needed: only the upper half is computed.
+            let mut acc = [0.0f32; HALF];
+            for row in &zt {
+                let x = row[a];
+                for j in 0..HALF {
+                    acc[j] += x * row[HALF + j];
+                }
+            }
+            out[k..k + count].copy_from_slice(&acc[a + 1 - HALF..n - HALF]);
+        }
+        k += count;
+    }
+}
+
+#[inline(always)]
+fn forward_dots(dim: usize, z0: &[f32], emb: &[f32], out: &mut [f32]) {
     let n = emb.len() / dim + 1;
     let z = |a: usize| -> &[f32] {
         if a == 0 {
@@ -77,8 +127,11 @@ fn forward_impl(dim: usize, z0: &[f32], emb: &[f32], out: &mut [f32]) {
 
 /// Backward for one sample: given the output gradient `g` (interaction width), write the
 /// gradients of `z0` into `dz0` and of the embeddings into `demb` (both overwritten).
-/// Contributions are added in pair order, so the result is reproducible.
-#[inline]
+///
+/// Vector `a`'s gradient is `sum over b != a of g(a, b) * z_b`, added in ascending `b` (for
+/// `z0`, onto its own copy's gradient `g[..dim]`), accumulated in registers and stored once.
+/// Always inlined, so that it is compiled for the caller's CPU features.
+#[inline(always)]
 pub(crate) fn backward(
     dim: usize,
     z0: &[f32],
@@ -87,16 +140,71 @@ pub(crate) fn backward(
     dz0: &mut [f32],
     demb: &mut [f32],
 ) {
+    let n = emb.len() / dim.max(1) + 1;
     match dim {
-        8 => backward_impl(8, z0, emb, g, dz0, demb),
-        16 => backward_impl(16, z0, emb, g, dz0, demb),
-        32 => backward_impl(32, z0, emb, g, dz0, demb),
-        _ => backward_impl(dim, z0, emb, g, dz0, demb),
+        8 if n <= LANES_N => backward_rows::<8>(z0, emb, g, dz0, demb),
+        16 if n <= LANES_N => backward_rows::<16>(z0, emb, g, dz0, demb),
+        32 if n <= LANES_N => backward_rows::<32>(z0, emb, g, dz0, demb),
+        _ => backward_generic(dim, z0, emb, g, dz0, demb),
+    }
+}
+
+/// Index in `g` of pair `(lo, hi)`, `lo < hi`, of `n` vectors after the `dim` copied values:
+/// pairs are listed row by row of the strict upper triangle.
+#[inline(always)]
+fn pair_index(dim: usize, n: usize, lo: usize, hi: usize) -> usize {
+    dim + lo * (2 * n - lo - 1) / 2 + (hi - lo - 1)
+}
+
+#[inline(always)]
+fn backward_rows<const D: usize>(
+    z0: &[f32],
+    emb: &[f32],
+    g: &[f32],
+    dz0: &mut [f32],
+    demb: &mut [f32],
+) {
+    let n = emb.len() / D + 1;
+    let z = |b: usize| -> &[f32; D] {
+        let s = if b == 0 {
+            &z0[..D]
+        } else {
+            &emb[(b - 1) * D..b * D]
+        };
+        s.try_into().expect("D values")
+    };
+    // Pair (lo, hi), lo < hi, is at g[row[lo] + hi].
+    let mut row = [0usize; LANES_N];
+    for (lo, r) in row.iter_mut().enumerate().take(n) {
+        *r = pair_index(D, n, lo, lo + 1) - (lo + 1);
+    }
+    let add = |acc: &mut [f32; D], gp: f32, zb: &[f32; D]| {
+        for j in 0..D {
+            acc[j] += gp * zb[j];
+        }
+    };
+    for a in 0..n {
+        let mut acc = [0.0f32; D];
+        if a == 0 {
+            acc.copy_from_slice(&g[..D]);
+        }
+        for b in 0..a {
+            add(&mut acc, g[row[b] + a], z(b));
+        }
+        for b in a + 1..n {
+            add(&mut acc, g[row[a] + b], z(b));
+        }
+        let dst = if a == 0 {
+            &mut dz0[..D]
+        } else {
+            &mut demb[(a - 1) * D..a * D]
+        };
+        dst.copy_from_slice(&acc);
     }
 }
 
 #[inline(always)]
-fn backward_impl(
+fn backward_generic(
     dim: usize,
     z0: &[f32],
     emb: &[f32],
@@ -116,7 +224,8 @@ fn backward_impl(
         axpy(gp, zb, dz0);
         axpy(gp, z0, &mut demb[(b - 1) * dim..b * dim]);
     }
-    // Pairs (a, b) with 1 <= a < b: both sides are embeddings of the same sample.
+    // Pairs (a, b) with 1 <= a < b: both sides are embeddings of the same sample. Each
+    // gradient receives its terms in ascending partner order, as `backward_rows` adds them.
     for a in 1..n {
         for b in a + 1..n {
             let gp = g[k];
@@ -151,6 +260,37 @@ mod tests {
         let mut out = [0.0; 5];
         forward(2, &[1.0, 2.0], &[3.0, 4.0, 5.0, 6.0], &mut out);
         assert_eq!(out, [1.0, 2.0, 11.0, 17.0, 39.0]);
+    }
+
+    /// The column-wise forward and the register-accumulated backward against the dot-by-dot
+    /// and axpy paths: the forward within rounding (it sums each dot in another order), the
+    /// backward bit for bit (it adds the same terms in the same order).
+    #[test]
+    fn fast_paths_match_the_generic_ones() {
+        for (dim, tables) in [(8, 3), (16, 26), (16, 15), (16, 16), (32, 31), (8, 1)] {
+            let n = tables + 1;
+            let iw = dim + n * (n - 1) / 2;
+            let f = |seed: f32, len: usize| -> Vec<f32> {
+                (0..len).map(|i| (i as f32 * seed).sin()).collect()
+            };
+            let (z0, emb, g) = (f(0.37, dim), f(0.11, tables * dim), f(0.23, iw));
+            let (mut fast, mut slow) = (vec![0.0; iw], vec![0.0; iw]);
+            forward(dim, &z0, &emb, &mut fast);
+            forward_dots(dim, &z0, &emb, &mut slow);
+            for (i, (x, y)) in fast.iter().zip(&slow).enumerate() {
+                assert!(
+                    (x - y).abs() <= 1e-5 * y.abs().max(1.0),
+                    "dim {dim} out {i}"
+                );
+            }
+            let (mut dz_f, mut de_f) = (vec![9.0; dim], vec![9.0; tables * dim]);
+            let (mut dz_s, mut de_s) = (vec![7.0; dim], vec![7.0; tables * dim]);
+            backward(dim, &z0, &emb, &g, &mut dz_f, &mut de_f);
+            backward_generic(dim, &z0, &emb, &g, &mut dz_s, &mut de_s);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&dz_f), bits(&dz_s), "dim {dim}, {tables} tables: dz0");
+            assert_eq!(bits(&de_f), bits(&de_s), "dim {dim}, {tables} tables: demb");
+        }
     }
 
     #[test]

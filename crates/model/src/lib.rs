@@ -69,5 +69,5 @@ pub use bench::{bench_mlp, MlpBench};
 pub use config::{DlrmConfig, LinearLayer};
 pub use dlrm::{Dlrm, Workspace};
 pub use error::ModelError;
-pub use gemm::{gemm_threads, set_gemm_threads};
+pub use gemm::{gemm_backend, gemm_threads, set_gemm_threads, Backend as GemmBackend};
 pub use metrics::{auc, logloss};

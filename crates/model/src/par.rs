@@ -2,9 +2,11 @@
 //!
 //! Every split here is by contiguous ranges of independent units (samples, or fixed blocks of
 //! samples), and each unit's arithmetic is the same whichever thread runs it, so results are
-//! bit-identical for every thread count. Work too small to pay for a thread spawn runs inline.
+//! bit-identical for every thread count. The parts run on rayon's global pool (the threads the
+//! `gemm` backend's products use), the first on the calling thread; work too small to pay for
+//! handing it to another thread runs inline.
 
-/// Elements of work (roughly: floats touched) below which a thread is not worth spawning.
+/// Elements of work (roughly: floats touched) below which another thread is not worth using.
 const MIN_WORK_PER_THREAD: usize = 24 * 1024;
 
 /// Units per part when `units` units of `unit_cost` work each are split over up to `threads`
@@ -31,12 +33,12 @@ pub(crate) fn split1<F>(
         f(0, a);
         return;
     }
-    std::thread::scope(|s| {
+    rayon::in_place_scope(|s| {
         let mut chunks = a.chunks_mut(per * a_unit).enumerate();
         let head = chunks.next();
         for (i, chunk) in chunks {
             let f = &f;
-            s.spawn(move || f(i * per, chunk));
+            s.spawn(move |_| f(i * per, chunk));
         }
         if let Some((_, chunk)) = head {
             f(0, chunk);
@@ -64,7 +66,7 @@ pub(crate) fn split2<F>(
         f(0, a, b);
         return;
     }
-    std::thread::scope(|s| {
+    rayon::in_place_scope(|s| {
         let mut chunks = a
             .chunks_mut(per * a_unit)
             .zip(b.chunks_mut(per * b_unit))
@@ -72,7 +74,7 @@ pub(crate) fn split2<F>(
         let head = chunks.next();
         for (i, (ca, cb)) in chunks {
             let f = &f;
-            s.spawn(move || f(i * per, ca, cb));
+            s.spawn(move |_| f(i * per, ca, cb));
         }
         if let Some((_, (ca, cb))) = head {
             f(0, ca, cb);

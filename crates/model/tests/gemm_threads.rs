@@ -1,12 +1,15 @@
 //! The gemm backend fixes its thread count once per process, so comparing thread counts needs
 //! one process per count: this test re-runs itself as a child with `MATMUL_NUM_THREADS` set to
-//! 1, 2 and 4, and checks that a full model step produces the same bits in each.
+//! 1, 2 and 4, for each backend (`FTREC_GEMM`), and checks that a full model step produces the
+//! same bits at every count of one backend.
 
 use std::process::Command;
 
 use ftrec_core::rng::{mix64, SplitMix};
 use ftrec_core::{Optimizer, OptimizerKind};
-use ftrec_model::{gemm_threads, Dlrm, DlrmConfig, Workspace};
+use ftrec_model::{
+    gemm_backend, gemm_threads, set_gemm_threads, Dlrm, DlrmConfig, ModelError, Workspace,
+};
 
 const CHILD_ENV: &str = "FTREC_MODEL_GEMM_CHILD";
 const TEST_NAME: &str = "model_step_is_bit_identical_for_every_gemm_thread_count";
@@ -19,8 +22,8 @@ fn fold(h: u64, v: &[f32]) -> u64 {
 fn step_fingerprint() -> u64 {
     let cfg = DlrmConfig {
         dense_in: 13,
-        bottom: vec![256, 128, 16],
-        top: vec![256, 128, 1],
+        bottom: vec![512, 128, 16],
+        top: vec![512, 128, 1],
         tables: 8,
         dim: 16,
     };
@@ -42,41 +45,79 @@ fn step_fingerprint() -> u64 {
 #[test]
 fn model_step_is_bit_identical_for_every_gemm_thread_count() {
     if let Ok(want) = std::env::var(CHILD_ENV) {
+        let (backend, threads) = want.split_once(' ').unwrap();
+        assert_eq!(
+            gemm_backend().name(),
+            backend,
+            "the child runs the wrong backend"
+        );
         assert_eq!(
             gemm_threads().to_string(),
-            want,
+            threads,
             "the child runs with the wrong count"
         );
         println!("FINGERPRINT {:016x}", step_fingerprint());
         return;
     }
     let exe = std::env::current_exe().unwrap();
-    let mut prints = Vec::new();
-    for threads in ["1", "2", "4"] {
-        let out = Command::new(&exe)
-            .args(["--exact", TEST_NAME, "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, threads)
-            .env("MATMUL_NUM_THREADS", threads)
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
+    for backend in ["gemm", "matrixmultiply"] {
+        let mut prints = Vec::new();
+        for threads in ["1", "2", "4"] {
+            let out = Command::new(&exe)
+                .args(["--exact", TEST_NAME, "--nocapture", "--test-threads=1"])
+                .env(CHILD_ENV, format!("{backend} {threads}"))
+                .env("FTREC_GEMM", backend)
+                .env("MATMUL_NUM_THREADS", threads)
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "child with {threads} gemm threads failed: {stdout}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let print = stdout
+                .lines()
+                .find_map(|l| l.split("FINGERPRINT ").nth(1))
+                .and_then(|rest| rest.split_whitespace().next())
+                .unwrap_or_else(|| {
+                    panic!("child with {threads} threads printed no fingerprint: {stdout}")
+                })
+                .to_string();
+            prints.push((threads, print));
+        }
         assert!(
-            out.status.success(),
-            "child with {threads} gemm threads failed: {stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
+            prints.iter().all(|(_, p)| *p == prints[0].1),
+            "{backend}: fingerprints differ across gemm thread counts: {prints:?}"
         );
-        let print = stdout
-            .lines()
-            .find_map(|l| l.split("FINGERPRINT ").nth(1))
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| {
-                panic!("child with {threads} threads printed no fingerprint: {stdout}")
-            })
-            .to_string();
-        prints.push((threads, print));
     }
+}
+
+const BAD_BACKEND_CHILD: &str = "FTREC_MODEL_BAD_BACKEND_CHILD";
+
+/// An unknown `FTREC_GEMM` is refused by name before any product runs.
+#[test]
+fn an_unknown_gemm_backend_is_refused_before_the_first_product() {
+    if std::env::var(BAD_BACKEND_CHILD).is_ok() {
+        match set_gemm_threads(1) {
+            Err(ModelError::UnknownGemmBackend(name)) if name == "mkl" => println!("REFUSED"),
+            other => println!("NOT REFUSED {other:?}"),
+        }
+        return;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "an_unknown_gemm_backend_is_refused_before_the_first_product",
+            "--nocapture",
+        ])
+        .env(BAD_BACKEND_CHILD, "1")
+        .env("FTREC_GEMM", "mkl")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        prints.iter().all(|(_, p)| *p == prints[0].1),
-        "fingerprints differ across gemm thread counts: {prints:?}"
+        stdout.contains("REFUSED") && !stdout.contains("NOT REFUSED"),
+        "{stdout}"
     );
 }

@@ -238,7 +238,11 @@ fn apply_sparse(
 ) {
     let apply_one = |table: &mut EmbeddingTable, acc: &SparseGradAccumulator| {
         let dim = table.layout().dim;
-        for (row, grad) in acc.sorted() {
+        let rows = acc.sorted();
+        for (k, &(row, grad)) in rows.iter().enumerate() {
+            if let Some(&(ahead, _)) = rows.get(k + ftrec_core::prefetch::AHEAD) {
+                table.prefetch_row(ahead);
+            }
             opt.apply(table.row_mut(row), dim, grad);
         }
     };

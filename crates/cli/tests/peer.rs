@@ -1,0 +1,87 @@
+//! The PyTorch peer benchmark (`scripts/peer/`): its shape check against the `ftrec` under
+//! test. PyTorch is a 5 GB download kept out of the default set-up, so the comparison runs only
+//! where `scripts/peer/compare.py --install` has made its venv (`FTREC_PEER_VENV`, default
+//! `target/peer-venv`); elsewhere the test says so in one line and checks only that the scripts
+//! parse.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn venv() -> PathBuf {
+    std::env::var_os("FTREC_PEER_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target/peer-venv"))
+}
+
+fn has_torch(python: &Path) -> bool {
+    Command::new(python)
+        .args(["-c", "import torch, numpy"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn the_peer_has_ftrecs_shapes_and_runs_in_pairs() {
+    let Ok(out) = Command::new("python3")
+        .arg("-m")
+        .arg("py_compile")
+        .arg(root().join("scripts/peer/compare.py"))
+        .arg(root().join("scripts/peer/dlrm.py"))
+        .output()
+    else {
+        println!("skipped: no python3 on this machine");
+        return;
+    };
+    assert!(
+        out.status.success(),
+        "the peer scripts do not parse: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let python = venv().join("bin/python");
+    if !has_torch(&python) {
+        println!(
+            "skipped: no PyTorch venv at {} (scripts/peer/compare.py --install makes one)",
+            venv().display()
+        );
+        return;
+    }
+    let json = tempfile::NamedTempFile::new().unwrap();
+    let out = Command::new("python3")
+        .arg(root().join("scripts/peer/compare.py"))
+        .args(["--preset", "small", "--threads", "1", "--pairs", "1"])
+        .args([
+            "--steps",
+            "2",
+            "--ftrec",
+            env!("CARGO_BIN_EXE_ftrec"),
+            "--json",
+        ])
+        .arg(json.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "compare.py failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("shapes match: 40 tensors"), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(json.path()).unwrap()).unwrap();
+    let pair = &report["pairs"][0];
+    let (ours, theirs) = (
+        pair["ftrec"].as_f64().unwrap(),
+        pair["pytorch"].as_f64().unwrap(),
+    );
+    assert!(ours > 0.0 && theirs > 0.0, "{report}");
+    // One pair has no interval: the JSON says so with a null, not a NaN that JSON cannot hold.
+    assert!(report["summary"]["ratio"]["ci95"].is_null(), "{report}");
+    assert!(
+        (pair["ratio"].as_f64().unwrap() - ours / theirs).abs() < 1e-9,
+        "{report}"
+    );
+}
