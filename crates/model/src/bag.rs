@@ -52,11 +52,28 @@ pub fn pool_sum<'a, F>(
     features: &[SparseFeature],
     batch: usize,
     dim: usize,
-    mut fetch: F,
+    fetch: F,
     pooled: &mut [f32],
 ) -> Result<(), ModelError>
 where
     F: FnMut(usize, RowId) -> Option<&'a [f32]>,
+{
+    pool_with(features, batch, dim, fetch, |_, _| {}, pooled)
+}
+
+/// [`pool_sum`], calling `ahead(table, row)` for the id [`AHEAD`] places further on in the
+/// table's ids before each row is read (a prefetch hint; it changes no value).
+fn pool_with<'a, F, A>(
+    features: &[SparseFeature],
+    batch: usize,
+    dim: usize,
+    mut fetch: F,
+    mut ahead: A,
+    pooled: &mut [f32],
+) -> Result<(), ModelError>
+where
+    F: FnMut(usize, RowId) -> Option<&'a [f32]>,
+    A: FnMut(usize, RowId),
 {
     let tables = features.len();
     check_len("pooled embeddings", batch * tables * dim, pooled.len())?;
@@ -65,7 +82,11 @@ where
         for i in 0..batch {
             let out = &mut pooled[(i * tables + t) * dim..(i * tables + t + 1) * dim];
             out.fill(0.0);
-            for &row in f.bag(i) {
+            let first = f.offsets[i] as usize;
+            for (k, &row) in f.bag(i).iter().enumerate() {
+                if let Some(&next) = f.ids.get(first + k + AHEAD) {
+                    ahead(t, next);
+                }
                 let values = fetch(t, row).ok_or(ModelError::RowUnavailable { table: t, row })?;
                 if values.len() < dim {
                     return Err(ModelError::RowTooShort {
@@ -106,28 +127,16 @@ pub fn pool_sum_tables(
             t.check_row(row)?;
         }
     }
-    let n = features.len();
-    check_len("pooled embeddings", batch * n * dim, pooled.len())?;
-    check_features(features, batch)?;
-    // As `pool_sum` (the same sums in the same order), with the row `AHEAD` ids further on
-    // requested before each is read: the ids are random over tables far larger than the
-    // caches, so each read is a miss that the loop would otherwise wait for in turn.
-    for (t, (f, table)) in features.iter().zip(tables).enumerate() {
-        for i in 0..batch {
-            let out = &mut pooled[(i * n + t) * dim..(i * n + t + 1) * dim];
-            out.fill(0.0);
-            let (lo, hi) = (f.offsets[i] as usize, f.offsets[i + 1] as usize);
-            for k in lo..hi {
-                if let Some(&ahead) = f.ids.get(k + AHEAD) {
-                    table.prefetch_row(ahead);
-                }
-                for (o, v) in out.iter_mut().zip(table.row(f.ids[k])) {
-                    *o += v;
-                }
-            }
-        }
-    }
-    Ok(())
+    // The ids are random over tables far larger than the caches: each read is a miss that the
+    // loop would otherwise wait for in turn, so the row `AHEAD` ids on is requested first.
+    pool_with(
+        features,
+        batch,
+        dim,
+        |t, row| Some(tables[t].row(row)),
+        |t, row| tables[t].prefetch_row(row),
+        pooled,
+    )
 }
 
 /// Feed the pooled gradient `[batch x tables x dim]` back to every looked-up row: each id in
