@@ -400,6 +400,7 @@ fn merge(cmd: CkptCmd) -> Result<i32> {
     let CkptCmd::Merge(m) = cmd else {
         bail!("not a merge");
     };
+    m.obs.start()?;
     {
         // The store must exist before the merger opens it (opening creates a directory).
         tokio::runtime::Builder::new_current_thread()

@@ -80,6 +80,7 @@ pub struct JobFile {
     #[serde(default, deserialize_with = "listen_addr")]
     pub control_listen: Option<std::net::SocketAddr>,
     pub json: Option<PathBuf>,
+    pub resume_or_start: Option<bool>,
 }
 
 /// `control_listen` as `--control-listen` takes it: an address, or a name looked up once.
@@ -134,6 +135,7 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
     Ok(RunArgs {
         config: a.config.clone(),
         resume: a.resume.clone(),
+        resume_or_start: a.resume_or_start || f.resume_or_start.unwrap_or(false),
         preset: a.preset.clone().or(f.preset),
         servers: a.servers.or(f.servers),
         workers: a.workers.or(f.workers),
@@ -217,6 +219,7 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
         control_listen: a.control_listen.or(f.control_listen),
         json: a.json.clone().or(f.json),
         auth: a.auth.clone(),
+        obs: a.obs.clone(),
     })
 }
 
@@ -379,7 +382,15 @@ pub fn apply_start_timeout(a: &RunArgs, cfg: &mut RunConfig) -> Result<()> {
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
-    let a = merge(&a)?;
+    a.obs.linger()?;
+    a.obs.start()?;
+    let r = run_job(&a);
+    a.obs.linger_at_end();
+    r
+}
+
+fn run_job(a: &RunArgs) -> Result<()> {
+    let a = resume_or_start(merge(a)?)?;
     if let Some(location) = &a.resume {
         let cfg = crate::resume::config(&a, location)?;
         return execute(&a, cfg);
@@ -390,7 +401,15 @@ pub fn run(a: RunArgs) -> Result<()> {
 
 /// The coordinator alone: servers and workers are started elsewhere.
 pub fn coordinator(a: RunArgs) -> Result<()> {
-    let a = merge(&a)?;
+    a.obs.linger()?;
+    a.obs.start()?;
+    let r = coordinator_job(&a);
+    a.obs.linger_at_end();
+    r
+}
+
+fn coordinator_job(a: &RunArgs) -> Result<()> {
+    let a = resume_or_start(merge(a)?)?;
     if a.server_addr.is_empty() {
         bail!("ftrec coordinator needs the servers' addresses (--server-addr, one per server)");
     }
@@ -426,7 +445,7 @@ fn execute(a: &RunArgs, cfg: RunConfig) -> Result<()> {
         ),
         None => String::new(),
     };
-    eprintln!(
+    tracing::info!(
         "ftrec run: preset {}{data} | {} servers, {} workers ({}) | strategy {} | {} steps x {} x batch {} | seed {} | work dir {}",
         cfg.preset.name,
         cfg.servers,
@@ -441,7 +460,7 @@ fn execute(a: &RunArgs, cfg: RunConfig) -> Result<()> {
     );
     let report = match &a.resume {
         Some(location) => {
-            eprintln!("resuming the job recorded in {location}");
+            tracing::info!("resuming the job recorded in {location}");
             ftrec_cluster::resume(&cfg)
         }
         None => ftrec_cluster::run(&cfg),
@@ -453,12 +472,12 @@ fn execute(a: &RunArgs, cfg: RunConfig) -> Result<()> {
     let report = report?;
     // Every kill of the schedule, fired or not: a kill whose point never came is said.
     for k in &report.kills {
-        eprintln!("ftrec run: {}", k.line());
+        tracing::info!("ftrec run: {}", k.line());
     }
     println!("{}", report.summary());
     if let Some(path) = &a.json {
         crate::write_json(path, &report).with_context(|| "writing the JSON report")?;
-        eprintln!("report written to {}", path.display());
+        tracing::info!("report written to {}", path.display());
     }
     finish(&report)
 }
@@ -471,12 +490,32 @@ fn finish(report: &RunReport) -> Result<()> {
     }
 }
 
+/// `--resume-or-start`: `--resume STORE` when the store holds a job record, nothing
+/// otherwise (a fresh start).
+fn resume_or_start(mut a: RunArgs) -> Result<RunArgs> {
+    if !a.resume_or_start || a.resume.is_some() {
+        return Ok(a);
+    }
+    let Some(store) = a.store.clone() else {
+        bail!("--resume-or-start needs --store: the store a restart resumes from");
+    };
+    let fresh_dir = !store.starts_with("s3://") && !std::path::Path::new(&store).exists();
+    let opts = ftrec_ckpt::location::LocationOptions::from_env();
+    if !fresh_dir && ftrec_cluster::job::read_if_any(&store, &opts)?.is_some() {
+        tracing::info!("{store} holds this job's record: resuming it (--resume-or-start)");
+        a.resume = Some(store);
+    }
+    Ok(a)
+}
+
 pub fn server(a: ServerArgs) -> Result<()> {
+    a.obs.start()?;
     ftrec_cluster::serve_shard(&a.spec()?)?;
     Ok(())
 }
 
 pub fn worker(a: WorkerArgs) -> Result<()> {
+    a.obs.start()?;
     a.run()?;
     Ok(())
 }

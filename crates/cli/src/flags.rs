@@ -82,6 +82,11 @@ pub struct RunArgs {
     /// interval and --json may differ.
     #[arg(long, value_name = "LOCATION")]
     pub resume: Option<String>,
+    /// Resume the job from --store when the store holds its job record, start it fresh
+    /// otherwise: one command for a first start and for a restart (a coordinator's container
+    /// restarted by its orchestrator).
+    #[arg(long, conflicts_with = "resume")]
+    pub resume_or_start: bool,
     /// Workload preset: tiny, small or kaggle [default: tiny]; with --data it gives the model
     /// shape and the data gives the table sizes.
     #[arg(long)]
@@ -201,6 +206,8 @@ pub struct RunArgs {
     pub json: Option<PathBuf>,
     #[command(flatten)]
     pub auth: ftrec_cluster::args::AuthArgs,
+    #[command(flatten)]
+    pub obs: ftrec_cluster::args::ObsArgs,
 }
 
 /// CPR flags of `ftrec run` (strategy cpr only; cpr.txt §4).

@@ -80,7 +80,13 @@ fn main() -> ExitCode {
         Err(e) => {
             // One line: the chain of causes, outermost first.
             let msg: Vec<String> = e.chain().map(|c| c.to_string()).collect();
-            eprintln!("ftrec: error: {}", msg.join(": "));
+            let line = format!("ftrec: error: {}", msg.join(": "));
+            // A role's logs (--log-format json among them) carry its last line too.
+            if tracing::dispatcher::has_been_set() {
+                tracing::error!("{line}");
+            } else {
+                eprintln!("{line}");
+            }
             // A process that lost its place in the job to a newer one says so in its status.
             let fenced = e.chain().any(|c| {
                 matches!(

@@ -450,3 +450,54 @@ fn contradicting_flags_and_stores_without_a_job_are_one_clear_error() {
     let e = fail_line(&[], &store);
     assert!(e.contains("JOB") && e.contains("checksum"), "{e}");
 }
+
+/// `--resume-or-start`: the same command line starts the job on an empty store and, after the
+/// job was SIGKILLed as a whole, resumes it from the store (what a restarted coordinator's
+/// container does), ending at the uninterrupted run's digest.
+#[test]
+fn the_same_command_starts_a_job_and_resumes_it_after_a_kill() {
+    let steps = 60;
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = job(2, steps);
+    args.extend(strings(&["--strategy", "full", "--ckpt-every-steps", "5"]));
+    let clean_json = dir.path().join("clean.json");
+    succeed(
+        ftrec()
+            .args(&args)
+            .arg("--work-dir")
+            .arg(dir.path().join("clean"))
+            .arg("--json")
+            .arg(&clean_json),
+    );
+    let clean = read_json(&clean_json);
+    let store = dir.path().join("store").display().to_string();
+    let mut same = args.clone();
+    same.push("--resume-or-start".into());
+    let saved = kill_after_checkpoint(&same, &store, dir.path(), 10, steps);
+    let json = dir.path().join("again.json");
+    let out = succeed(
+        ftrec()
+            .args(&same)
+            .args(["--store", &store])
+            .arg("--work-dir")
+            .arg(dir.path().join("again"))
+            .arg("--json")
+            .arg(&json),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("resuming it (--resume-or-start)"),
+        "{stderr}"
+    );
+    let rep = read_json(&json);
+    assert_eq!(rep["resumed"]["step"], saved);
+    assert_eq!(rep["model_digest"], clean["model_digest"]);
+    // Without --store there is nothing to resume from.
+    let out = ftrec()
+        .args(&args)
+        .arg("--resume-or-start")
+        .output()
+        .unwrap();
+    let line = common::one_error_line(&out);
+    assert!(line.contains("--resume-or-start needs --store"), "{line}");
+}

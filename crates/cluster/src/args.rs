@@ -186,6 +186,77 @@ impl TlsArgs {
     }
 }
 
+/// Observability flags of every process: its metrics endpoint and its log format.
+#[derive(Args, Debug, Clone, Default, PartialEq)]
+pub struct ObsArgs {
+    /// Serve Prometheus metrics (/metrics), liveness (/healthz) and readiness (/readyz) over
+    /// HTTP here: an address, or HOST:PORT with a name looked up once [default: none].
+    #[arg(long, value_name = "ADDR", value_parser = ftrec_ps::net::listen_addr)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Log lines on stderr: text, or json (one JSON object a line, the run's timeline events
+    /// among them) [default: text].
+    #[arg(long, value_name = "FORMAT", value_parser = parse_log_format)]
+    pub log_format: Option<ftrec_obs::LogFormat>,
+    /// Keep serving --metrics-listen this many seconds after the job ended, so that a scrape
+    /// after the end reads the final counts (ftrec run and ftrec coordinator) [default: 0].
+    #[arg(long, value_name = "SECONDS", requires = "metrics_listen")]
+    pub metrics_linger_s: Option<f64>,
+}
+
+fn parse_log_format(s: &str) -> Result<ftrec_obs::LogFormat, String> {
+    s.parse().map_err(|e: ftrec_obs::ObsError| e.to_string())
+}
+
+impl ObsArgs {
+    /// Set the log format and open the metrics endpoint (before any other work, so a taken
+    /// port is the first thing the process reports). The endpoint's address, if any.
+    pub fn start(&self) -> Result<Option<SocketAddr>, ClusterError> {
+        ftrec_obs::init_logs(self.log_format.unwrap_or_default());
+        match self.metrics_listen {
+            None => Ok(None),
+            Some(addr) => {
+                let e = ftrec_obs::Endpoint::start(addr)
+                    .map_err(|e| ClusterError::Config(e.to_string()))?;
+                tracing::info!("metrics at http://{}/metrics", e.addr());
+                Ok(Some(e.addr()))
+            }
+        }
+    }
+
+    /// `--metrics-linger-s` as a duration, checked (finite, not negative).
+    pub fn linger(&self) -> Result<std::time::Duration, ClusterError> {
+        let s = self.metrics_linger_s.unwrap_or(0.0);
+        std::time::Duration::try_from_secs_f64(s).map_err(|_| {
+            ClusterError::Config(format!(
+                "--metrics-linger-s {s}: give a number of seconds, 0 or more"
+            ))
+        })
+    }
+
+    /// At the end of a job: keep the metrics endpoint up for `--metrics-linger-s`.
+    pub fn linger_at_end(&self) {
+        if let (Some(_), Ok(d)) = (self.metrics_listen, self.linger()) {
+            if !d.is_zero() {
+                ftrec_obs::set_ready(false);
+                tracing::info!(
+                    "the job ended: serving metrics {:.0}s more (--metrics-linger-s)",
+                    d.as_secs_f64()
+                );
+                std::thread::sleep(d);
+            }
+        }
+    }
+}
+
+/// `--id` of a server: a number, or the name of a StatefulSet's pod (`ftrec-server-2`), whose
+/// trailing number is its ordinal.
+pub fn server_id(s: &str) -> Result<u32, String> {
+    let digits = s.rsplit('-').next().unwrap_or(s);
+    digits.parse::<u32>().map_err(|_| {
+        format!("{s:?} is neither a server id nor a name ending in -N (a StatefulSet pod's name)")
+    })
+}
+
 /// Flags of one worker process (`ftrec worker`).
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct WorkerArgs {
@@ -202,6 +273,8 @@ pub struct WorkerArgs {
     pub until: String,
     #[command(flatten)]
     pub auth: AuthArgs,
+    #[command(flatten)]
+    pub obs: ObsArgs,
 }
 
 impl WorkerArgs {
@@ -229,7 +302,9 @@ impl WorkerArgs {
 /// Flags of one parameter-server process (`ftrec server`).
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct ServerArgs {
-    #[arg(long)]
+    /// This server's id: a number from 0, or a name ending in -N whose N is the id (a
+    /// StatefulSet pod's name, `ftrec-server-2`).
+    #[arg(long, value_parser = server_id)]
     pub id: u32,
     #[arg(long)]
     pub servers: u32,
@@ -272,6 +347,8 @@ pub struct ServerArgs {
     pub ec_replacement: bool,
     #[command(flatten)]
     pub auth: AuthArgs,
+    #[command(flatten)]
+    pub obs: ObsArgs,
 }
 
 impl ServerArgs {
@@ -383,6 +460,8 @@ pub struct MergeArgs {
     /// merger it starts; without it the pass works for whoever holds the store.
     #[arg(long, value_name = "G")]
     pub writer_generation: Option<u64>,
+    #[command(flatten)]
+    pub obs: ObsArgs,
 }
 
 impl MergeArgs {
@@ -527,6 +606,7 @@ mod tests {
             id: 0,
             until: until.into(),
             auth: AuthArgs::default(),
+            obs: ObsArgs::default(),
         };
         assert_eq!(a("stdin").lifetime().unwrap(), WorkerLifetime::Stdin);
         assert_eq!(a("control").lifetime().unwrap(), WorkerLifetime::Control);

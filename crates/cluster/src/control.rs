@@ -359,7 +359,7 @@ impl WorkerPool {
         })?;
         if exe.is_none() {
             // Workers started elsewhere need the bound address (the port, when 0 was asked).
-            eprintln!(
+            tracing::info!(
                 "control socket listening on {addr}: start {workers} workers with ftrec worker \
                  --coordinator HOST:{} --id W (W from 0)",
                 addr.port()

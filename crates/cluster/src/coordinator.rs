@@ -25,6 +25,7 @@ mod ecrec;
 mod faults;
 mod heartbeat;
 mod lease;
+mod meter;
 mod outside;
 mod pacing;
 mod partial;
@@ -282,6 +283,7 @@ fn run_job(cfg: &RunConfig, resume: bool) -> Result<RunReport, ClusterError> {
         plan,
         attempt_base: 0,
         resumed: None,
+        meter: Default::default(),
     };
     c.rt.spawn(heartbeat::heartbeat(
         hb_rx,
@@ -399,6 +401,8 @@ struct Coordinator {
     attempt_base: u32,
     /// Where a resumed run started.
     resumed: Option<ResumeReport>,
+    /// What the process metrics have counted.
+    meter: meter::Meter,
 }
 
 /// A worker's answer that the batch's data cannot be read.
@@ -503,13 +507,16 @@ impl Coordinator {
     }
 
     fn event(&mut self, kind: EventKind, server: Option<u32>, detail: String) {
+        let (t_s, step) = (self.now(), self.step());
+        tracing::info!(target: ftrec_obs::EVENT_TARGET, ?kind, step, server, t_s, "{detail}");
         self.events.push(TimedEvent {
-            t_s: self.now(),
+            t_s,
             kind,
-            step: self.step(),
+            step,
             server,
             detail,
         });
+        self.meter_event(kind, t_s);
     }
 
     fn client(&self) -> Result<&ShardedClient<GrpcClient>, ClusterError> {
@@ -789,6 +796,7 @@ impl Coordinator {
     /// (with that step's number).
     fn count_batch(&mut self, loss: f64) -> Option<(u64, Vec<Action>)> {
         self.batches += 1;
+        self.meter_batch();
         self.last_loss = loss;
         let t = self.train_start.map_or(0.0, |s| s.elapsed().as_secs_f64());
         self.completions.push(t);
@@ -803,6 +811,7 @@ impl Coordinator {
             t_s: now_s,
             loss,
         });
+        self.meter_step(step, now_s);
         let actions = self.strategy.on(&Event::StepDone { step, now_s });
         Some((step, actions))
     }
@@ -853,6 +862,7 @@ impl Coordinator {
                     let t = self.train_start.map_or(0.0, |s| s.elapsed().as_secs_f64());
                     for _ in 1..count {
                         self.batches += 1;
+                        self.meter_batch();
                         self.completions.push(t);
                     }
                     if !self.batch_done(loss)? {

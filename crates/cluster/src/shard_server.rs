@@ -118,11 +118,11 @@ pub(crate) fn exit_when_fenced(fences: &ftrec_ps::fence::Fences, what: String) {
                 return;
             };
             let line = rt.block_on(fences.fenced());
-            eprintln!("{who}: {line}");
+            tracing::error!("{who}: {line}");
             std::process::exit(i32::from(ftrec_ps::fence::FENCED_EXIT));
         });
     if let Err(e) = spawned {
-        eprintln!("{what}: cannot watch for fencing: {e}");
+        tracing::warn!("{what}: cannot watch for fencing: {e}");
     }
 }
 
@@ -164,7 +164,7 @@ pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
         // Upload folders of servers that crashed here before (named by their pid).
         if let Ok(gone) = ftrec_ckpt::deck::staging::remove_dead_folders(&c.staging_dir) {
             if !gone.is_empty() {
-                eprintln!(
+                tracing::info!(
                     "removed {} staging folder(s) of processes that no longer run under {}",
                     gone.len(),
                     c.staging_dir.display()
@@ -201,6 +201,7 @@ pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
         let options = ServeOptions::with_auth(spec.auth.clone());
         let handle = serve_routes_with(routes, spec.listen, &options).await?;
         let addr = handle.local_addr();
+        ftrec_obs::set_ready(true);
         if let Some(path) = &spec.port_file {
             write_atomic(path, format!("{addr}\n").as_bytes())?;
         }
@@ -217,14 +218,14 @@ pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
             let m = sampler.finish();
             let text = serde_json::to_vec(&m).unwrap_or_default();
             if let Err(e) = write_atomic(&crate::memory::memory_file(port), &text) {
-                eprintln!("ftrec server {}: no memory report: {e}", spec.id);
+                tracing::warn!("ftrec server {}: no memory report: {e}", spec.id);
             }
         }
         // Graceful shutdown waits for open connections; a client that keeps one open must not
         // keep the process alive, so the wait is bounded.
         match tokio::time::timeout(std::time::Duration::from_secs(2), handle.shutdown()).await {
             Ok(r) => r?,
-            Err(_) => eprintln!(
+            Err(_) => tracing::warn!(
                 "ftrec server {}: connections still open at shutdown",
                 spec.id
             ),

@@ -545,6 +545,7 @@ pub fn worker_process(
                 match r {
                     Ok(c) => {
                         client = Some(c);
+                        ftrec_obs::set_ready(true);
                         FromWorker::Connected
                     }
                     Err(e) => FromWorker::Failed {
@@ -731,6 +732,9 @@ fn run_batch(
                     )
                     .await?;
                     timing.txns = 1;
+                    ftrec_obs::metrics()
+                        .ecrec_txn_seconds
+                        .observe(r.prepare_s + r.commit_s);
                     timing.txn_prepare_s = r.prepare_s;
                     timing.txn_commit_s = r.commit_s;
                     timing.txn_retries = u64::from(r.retries);
@@ -760,7 +764,12 @@ fn run_batch(
             .map_err(|_| ClusterError::Timeout(format!("worker {id} batch {index}")))?
     });
     let err = match res {
-        Ok(loss) => return Ok((loss, timing)),
+        Ok(loss) => {
+            let m = ftrec_obs::metrics();
+            m.worker_batches.inc();
+            m.worker_batch_seconds.observe(t0.elapsed().as_secs_f64());
+            return Ok((loss, timing));
+        }
         Err(e) => e,
     };
     // The batch failed after its transaction started (its call timed out half way, or a

@@ -155,19 +155,42 @@ impl RetryingStore {
             match op(n).await {
                 Err(e) if e.is_retryable() && n < self.policy.attempts => {
                     self.retries.fetch_add(1, Ordering::Relaxed);
+                    ftrec_obs::metrics().store_retries.inc();
                     tokio::time::sleep(self.policy.backoff(call, n)).await;
                     n += 1;
                 }
                 Err(e) if e.is_retryable() && n > 1 => {
+                    ftrec_obs::metrics().store_errors.inc();
                     return Err(CkptError::TemporarilyUnavailable {
                         backend: self.inner.backend(),
                         reason: format!("{what} {key:?}: gave up after {n} tries: {e}"),
-                    })
+                    });
                 }
-                other => return other,
+                Err(e) => {
+                    // What a store says about its contents (absent, present, held, raced) is
+                    // an answer, not an error of the store.
+                    if failed_store(&e) {
+                        ftrec_obs::metrics().store_errors.inc();
+                    }
+                    return Err(e);
+                }
+                ok => return ok,
             }
         }
     }
+}
+
+/// Whether `e` means the store failed (I/O, unreachable, damaged) rather than answered.
+fn failed_store(e: &CkptError) -> bool {
+    matches!(
+        e,
+        CkptError::Io { .. }
+            | CkptError::Unavailable { .. }
+            | CkptError::TemporarilyUnavailable { .. }
+            | CkptError::Truncated { .. }
+            | CkptError::ChecksumMismatch { .. }
+            | CkptError::Corrupt { .. }
+    )
 }
 
 #[async_trait]

@@ -14,11 +14,17 @@ use ftrec_cluster::args::{parse_process, ProcessCkptCmd, ProcessCmd};
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = parse_process(&args).and_then(|cmd| match cmd {
-        ProcessCmd::Server(a) => a.spec().and_then(|spec| ftrec_cluster::serve_shard(&spec)),
-        ProcessCmd::Worker(a) => a.run(),
+        ProcessCmd::Server(a) => a
+            .obs
+            .start()
+            .and_then(|_| a.spec().and_then(|spec| ftrec_cluster::serve_shard(&spec))),
+        ProcessCmd::Worker(a) => a.obs.start().and_then(|_| a.run()),
         ProcessCmd::Ckpt {
             cmd: ProcessCkptCmd::Merge(m),
-        } => ftrec_cluster::merger::merge_once(&m.merger()).map(|_| ()),
+        } => m
+            .obs
+            .start()
+            .and_then(|_| ftrec_cluster::merger::merge_once(&m.merger()).map(|_| ())),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

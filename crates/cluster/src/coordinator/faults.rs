@@ -263,7 +263,7 @@ impl Coordinator {
         for p in &mut self.procs {
             p.kill();
         }
-        eprintln!(
+        tracing::info!(
             "ftrec: {why}: SIGKILLed the whole job after step {} (servers, workers, merger and \
              the coordinator's process {})",
             self.step(),

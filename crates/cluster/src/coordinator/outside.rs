@@ -59,7 +59,7 @@ impl Coordinator {
                     )));
                 }
                 if !said {
-                    eprintln!(
+                    tracing::info!(
                         "server {id} at {} does not answer yet ({why}); it has {:.0}s",
                         self.server_addrs[id as usize],
                         wait.as_secs_f64()
@@ -77,7 +77,7 @@ impl Coordinator {
     /// until it has been killed and stops answering. `Some(0)` (no pid known) once it is
     /// gone, `None` if it still answers at the deadline (the kill did not happen).
     pub(super) fn await_outside_kill(&mut self, id: u32, why: &str) -> Option<u32> {
-        eprintln!(
+        tracing::info!(
             "kill {why}: server {id} at {} was not started here; kill it now (the job waits \
              for its loss)",
             self.server_addrs[id as usize]
@@ -85,7 +85,7 @@ impl Coordinator {
         let deadline = Instant::now() + self.cfg.start_timeout;
         while self.probe(id) {
             if Instant::now() >= deadline {
-                eprintln!("kill {why}: server {id} still answers; the kill did not happen");
+                tracing::info!("kill {why}: server {id} still answers; the kill did not happen");
                 return None;
             }
             std::thread::sleep(self.cfg.heartbeat);
@@ -98,7 +98,7 @@ impl Coordinator {
     pub(super) fn await_return(&mut self, id: u32) -> Result<(), ClusterError> {
         let addr = self.server_addrs[id as usize].clone();
         let wait = self.cfg.start_timeout;
-        eprintln!(
+        tracing::info!(
             "server {id} lost: waiting up to {:.0}s for it to come back at {addr}",
             wait.as_secs_f64()
         );

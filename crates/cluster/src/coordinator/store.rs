@@ -617,6 +617,7 @@ impl Coordinator {
         match outcome {
             Ok((manifest, sums, coverage)) => {
                 let bytes = manifest.data_bytes();
+                self.meter_save(bytes, pause_s);
                 self.checkpoints += 1;
                 self.bytes_written += bytes;
                 let mut estimate = None;

@@ -128,6 +128,8 @@ pub(crate) struct Missing {
     pub parities: Vec<Vec<bool>>,
     pub rows_left: u64,
     pub parities_left: u64,
+    /// Rows and parities missing when the rebuild started (its progress is measured against).
+    pub total: u64,
     pub dense_missing: bool,
     /// The plan of the rebuild under way, once started.
     pub plan: Option<Arc<ftrec_ec::RecoveryPlan>>,
@@ -338,9 +340,17 @@ impl EcNode {
             parities,
             rows_left,
             parities_left,
+            total: rows_left + parities_left,
             dense_missing: true,
             plan: None,
         });
+        ftrec_obs::metrics()
+            .ecrec_rebuild_progress_ratio
+            .set(if rows_left + parities_left == 0 {
+                1.0
+            } else {
+                0.0
+            });
         st.status = RebuildStatus {
             rows_missing: rows_left,
             parities_missing: parities_left,

@@ -633,6 +633,7 @@ impl EcNode {
         }
         st.missing = None;
         st.status.finished = true;
+        ftrec_obs::metrics().ecrec_rebuild_progress_ratio.set(1.0);
         drop(st);
         self.inner.server.set_row_source(None)?;
         Ok(true)
@@ -803,7 +804,15 @@ impl EcNode {
         // only after installing it.
         let installed = self.install_rows(st, &rows)?;
         st.status.parities_missing = st.missing.as_ref().map_or(0, |m| m.parities_left);
-        st.status.bytes_rebuilt += (installed + merged) * (w * std::mem::size_of::<f32>()) as u64;
+        let bytes = (installed + merged) * (w * std::mem::size_of::<f32>()) as u64;
+        st.status.bytes_rebuilt += bytes;
+        let m = ftrec_obs::metrics();
+        m.ecrec_rebuild_bytes.inc_by(bytes);
+        if let Some(miss) = st.missing.as_ref().filter(|m| m.total > 0) {
+            let left = miss.rows_left + miss.parities_left;
+            m.ecrec_rebuild_progress_ratio
+                .set(1.0 - left as f64 / miss.total as f64);
+        }
         Ok(())
     }
 
