@@ -1,0 +1,722 @@
+//! Every role on a host of its own, without Kubernetes: each server, the coordinator and each
+//! worker runs in a network namespace of its own with its own address, the namespaces joined
+//! by veth pairs to a bridge in one more namespace (the switch). The names the processes dial
+//! (`ftrec-server-N.ftrec-server`, `ftrec-coordinator`, as a headless service's DNS would
+//! answer them) come from a hosts file ($FTREC_HOSTS), and every process gets the command line
+//! of the deploy/k8s manifests. When the coordinator waits for server 1's loss ("kill it now")
+//! the server is SIGKILLed; when it waits for the server to come back ("come back at") the same
+//! command starts again in the same namespace, at the same address, as a StatefulSet would
+//! restart the pod. The job must end with the failure-free run's model digest.
+//!
+//! Needs root and iproute2: otherwise one `skipped: ...` line says why, and the test passes.
+//! Every namespace, interface and process it makes is removed by [`Lab`]'s `Drop`, also when
+//! an assertion fails.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::{read_json, succeed};
+
+/// The flags the manifests give beyond those of the README's by-name example: metrics and
+/// health endpoints (`--metrics-listen`), JSON log records (`--log-format json`), a job that
+/// starts, or resumes from its store (`--resume-or-start`), and StatefulSet pod names as
+/// server ids (`--id ftrec-server-N`); with them, the checks of what the endpoints serve.
+/// `false` runs the same flow and the same digest check without them.
+const MANIFEST_FLAGS: bool = false;
+
+/// Steps of the job, the step after which server 1 is killed, the checkpoint interval.
+const STEPS: u64 = 30;
+const KILL_STEP: u64 = 12;
+const CKPT_EVERY: u64 = 5;
+
+/// How long any one awaited thing may take before the test gives up and says what it was.
+const DEADLINE: Duration = Duration::from_secs(90);
+
+/// The subnet behind the switch: the switch's own address, then one per host.
+const SWITCH_IP: &str = "10.77.0.1";
+const SERVER_IPS: [&str; 2] = ["10.77.0.10", "10.77.0.11"];
+const COORDINATOR_IP: &str = "10.77.0.20";
+const WORKER_IPS: [&str; 2] = ["10.77.0.30", "10.77.0.31"];
+
+const SERVER_PORT: u16 = 7000;
+const CONTROL_PORT: u16 = 7100;
+const METRICS_PORT: u16 = 9100;
+
+fn server_name(id: usize) -> String {
+    format!("ftrec-server-{id}.ftrec-server")
+}
+
+/// `ip ARGS`, its stderr as the error.
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// `ip ARGS`, which must succeed.
+fn must_ip(args: &[&str]) {
+    if let Err(e) = ip(args) {
+        panic!("{e}");
+    }
+}
+
+/// The namespaces, interfaces and processes of one run, named after the test's pid. Dropping
+/// it SIGKILLs and reaps every process it started, then deletes every namespace it added
+/// (which takes their veth ends, their peers and the bridge with them).
+struct Lab {
+    /// `f<pid>`: the prefix of every name (an interface name holds at most 15 bytes).
+    tag: String,
+    switch: String,
+    bridge: String,
+    namespaces: Vec<String>,
+    procs: Vec<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for c in &mut self.procs {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for ns in self.namespaces.iter().rev() {
+            if let Err(e) = ip(&["netns", "del", ns]) {
+                eprintln!("cleanup: {e}");
+            }
+        }
+    }
+}
+
+impl Lab {
+    /// The switch: a namespace holding a bridge with the address [`SWITCH_IP`]. `Err` says
+    /// why there can be none here (the test is skipped).
+    fn new() -> Result<Lab, String> {
+        let tag = format!("f{}", std::process::id());
+        let mut lab = Lab {
+            switch: format!("{tag}sw"),
+            bridge: format!("{tag}br"),
+            tag,
+            namespaces: Vec::new(),
+            procs: Vec::new(),
+            dir: tempfile::tempdir().unwrap(),
+        };
+        let sw = lab.switch.clone();
+        ip(&["netns", "add", &sw]).map_err(|e| format!("`ip netns add` failed ({e})"))?;
+        lab.namespaces.push(sw.clone());
+        let br = lab.bridge.clone();
+        must_ip(&["-n", &sw, "link", "set", "lo", "up"]);
+        must_ip(&["-n", &sw, "link", "add", &br, "type", "bridge"]);
+        let cidr = format!("{SWITCH_IP}/24");
+        must_ip(&["-n", &sw, "addr", "add", &cidr, "dev", &br]);
+        must_ip(&["-n", &sw, "link", "set", &br, "up"]);
+        Ok(lab)
+    }
+
+    /// A host `short` at `addr`: its namespace, and a veth pair from the switch's bridge to
+    /// its `eth0`. Returns the namespace.
+    fn host(&mut self, short: &str, addr: &str) -> String {
+        let ns = format!("{}{short}", self.tag);
+        must_ip(&["netns", "add", &ns]);
+        self.namespaces.push(ns.clone());
+        must_ip(&["-n", &ns, "link", "set", "lo", "up"]);
+        // Made inside the switch, its peer moved straight into the host: no name of the
+        // pair ever exists in the root namespace.
+        let (sw, br) = (self.switch.clone(), self.bridge.clone());
+        let port = ns.clone();
+        must_ip(&[
+            "-n", &sw, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+        ]);
+        must_ip(&["-n", &sw, "link", "set", &port, "master", &br]);
+        must_ip(&["-n", &sw, "link", "set", &port, "up"]);
+        let cidr = format!("{addr}/24");
+        must_ip(&["-n", &ns, "addr", "add", &cidr, "dev", "eth0"]);
+        must_ip(&["-n", &ns, "link", "set", "eth0", "up"]);
+        ns
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `ip netns exec NS ftrec ARGS` with the hosts file; its stdout goes to `LOG.log`, and
+    /// its stderr too unless `pipe_stderr`. (`ip netns exec` execs the command: the child's
+    /// pid is `ftrec`'s.) Returns the process's index.
+    fn start(&mut self, ns: &str, log: &str, args: &[String], pipe_stderr: bool) -> usize {
+        let file = File::options()
+            .create(true)
+            .append(true)
+            .open(self.path(&format!("{log}.log")))
+            .unwrap();
+        let stderr = if pipe_stderr {
+            Stdio::piped()
+        } else {
+            Stdio::from(file.try_clone().unwrap())
+        };
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns])
+            .arg(env!("CARGO_BIN_EXE_ftrec"))
+            .args(args)
+            .env("FTREC_HOSTS", self.path("hosts"))
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(stderr)
+            .spawn()
+            .unwrap_or_else(|e| panic!("ip netns exec {ns} ftrec: {e}"));
+        self.procs.push(child);
+        self.procs.len() - 1
+    }
+
+    /// SIGKILL process `i` and reap it.
+    fn kill(&mut self, i: usize) {
+        self.procs[i].kill().unwrap();
+        self.procs[i].wait().unwrap();
+    }
+
+    /// Send `sig` to process `i`.
+    fn signal(&self, i: usize, sig: libc::c_int) {
+        let r = unsafe { libc::kill(self.procs[i].id() as libc::pid_t, sig) };
+        assert_eq!(r, 0, "kill({sig}): {}", std::io::Error::last_os_error());
+    }
+
+    /// Process `i`'s exit status, once it has exited; `None` if it still runs at the deadline.
+    fn wait(&mut self, i: usize) -> Option<ExitStatus> {
+        let until = Instant::now() + DEADLINE;
+        loop {
+            if let Some(s) = self.procs[i].try_wait().unwrap() {
+                return Some(s);
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The last lines of `LOG.log`.
+    fn log_tail(&self, log: &str) -> String {
+        let text = std::fs::read_to_string(self.path(&format!("{log}.log"))).unwrap_or_default();
+        tail(
+            text.lines()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+                .as_slice(),
+        )
+    }
+}
+
+fn tail(lines: &[String]) -> String {
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+/// The coordinator's stderr, read line by line as it comes.
+struct Stderr {
+    lines: Arc<Mutex<Vec<String>>>,
+    rx: Receiver<String>,
+}
+
+impl Stderr {
+    fn follow(pipe: ChildStderr) -> Stderr {
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let keep = Arc::clone(&lines);
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                keep.lock().unwrap().push(line.clone());
+                let _ = tx.send(line);
+            }
+        });
+        Stderr { lines, rx }
+    }
+
+    /// Wait for a line holding `text` (a plain line, or a JSON log record whose message
+    /// holds it); `what` names the point of the flow for the failure message.
+    fn wait_for(&self, text: &str, what: &str) {
+        let until = Instant::now() + DEADLINE;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(line) if line.contains(text) => return,
+                Ok(_) => {}
+                Err(RecvTimeoutError::Timeout) => panic!(
+                    "{what}: the coordinator printed no line with {text:?} within {DEADLINE:?}; \
+                     its stderr ends with:\n{}",
+                    self.tail()
+                ),
+                Err(RecvTimeoutError::Disconnected) => panic!(
+                    "{what}: the coordinator's stderr closed (it exited) without a line with \
+                     {text:?}; it ends with:\n{}",
+                    self.tail()
+                ),
+            }
+        }
+    }
+
+    fn tail(&self) -> String {
+        tail(&self.lines.lock().unwrap())
+    }
+}
+
+/// Run `f` on a thread of its own inside network namespace `ns` (`setns` moves only the
+/// calling thread), so its sockets see that namespace's network.
+fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> JoinHandle<T> {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let r = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        f()
+    })
+}
+
+/// `GET PATH` over HTTP/1.1: the status and the body.
+fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, text.clone());
+    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(bad)?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(bad)?;
+    let chunked = head.lines().any(|l| {
+        let l = l.to_ascii_lowercase();
+        l.starts_with("transfer-encoding:") && l.contains("chunked")
+    });
+    let body = if chunked {
+        dechunk(body).ok_or_else(bad)?
+    } else {
+        body.to_string()
+    };
+    Ok((status, body))
+}
+
+/// The body of a `Transfer-Encoding: chunked` response.
+fn dechunk(mut rest: &str) -> Option<String> {
+    let mut out = String::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n")?;
+        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+        if size == 0 {
+            return Some(out);
+        }
+        out.push_str(after.get(..size)?);
+        rest = after.get(size..)?.strip_prefix("\r\n")?;
+    }
+}
+
+/// The value of metric `name` in a Prometheus text exposition, summed over its label sets;
+/// `None` if it has no sample.
+fn metric(body: &str, name: &str) -> Option<f64> {
+    let mut sum = None;
+    for line in body.lines().filter(|l| !l.starts_with('#')) {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let value = match rest.chars().next() {
+            Some('{') => rest.rsplit_once('}').map(|(_, v)| v),
+            Some(' ') => Some(rest),
+            _ => None,
+        };
+        if let Some(v) = value.and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok()) {
+            *sum.get_or_insert(0.0) += v;
+        }
+    }
+    sum
+}
+
+fn at(ip: &str, port: u16) -> SocketAddr {
+    format!("{ip}:{port}").parse().unwrap()
+}
+
+/// What a role's endpoint answered: `Err` says what went wrong.
+fn expect_status(role: &str, addr: SocketAddr, path: &str, want: u16) -> Result<String, String> {
+    match http_get(addr, path) {
+        Ok((s, body)) if s == want => Ok(body),
+        Ok((s, body)) => Err(format!("{role} {path} at {addr}: status {s}: {body}")),
+        Err(e) => Err(format!("{role} {path} at {addr}: {e}")),
+    }
+}
+
+/// What the scraper saw: the last good `/metrics` body per role, and the coordinator's
+/// `ftrec_steps_total` and `ftrec_recoveries_total` in every good scrape, in order.
+#[derive(Default)]
+struct Scrapes {
+    last: BTreeMap<&'static str, String>,
+    coordinator: Vec<(Option<f64>, Option<f64>)>,
+}
+
+/// Scrape every role's `/metrics` in a loop from the switch until `stop` is set.
+fn scrape_loop(
+    switch: &str,
+    targets: Vec<(&'static str, SocketAddr)>,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<Scrapes> {
+    in_netns(switch, move || {
+        let mut seen = Scrapes::default();
+        while !stop.load(Ordering::Relaxed) {
+            for &(role, addr) in &targets {
+                if let Ok((200, body)) = http_get(addr, "/metrics") {
+                    if role == "coordinator" {
+                        seen.coordinator.push((
+                            metric(&body, "ftrec_steps_total"),
+                            metric(&body, "ftrec_recoveries_total"),
+                        ));
+                    }
+                    seen.last.insert(role, body);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        seen
+    })
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+/// `ftrec server` as the servers' StatefulSet runs it.
+fn server_args(id: usize, lab: &Lab) -> Vec<String> {
+    let pod_id = if MANIFEST_FLAGS {
+        format!("ftrec-server-{id}")
+    } else {
+        id.to_string()
+    };
+    let mut a = strings(&[
+        "server",
+        "--id",
+        &pod_id,
+        "--servers",
+        "2",
+        "--preset",
+        "tiny",
+    ]);
+    a.extend(strings(&["--listen", &format!("0.0.0.0:{SERVER_PORT}")]));
+    a.extend(common_args(lab));
+    let staging = lab.path(&format!("staging-{id}"));
+    a.extend(strings(&["--ckpt-staging", staging.to_str().unwrap()]));
+    a.extend(observability_args());
+    a
+}
+
+/// `--auth-token-file TOKEN --job-id JOB`: every process's.
+fn common_args(lab: &Lab) -> Vec<String> {
+    let token = lab.path("token");
+    strings(&[
+        "--auth-token-file",
+        token.to_str().unwrap(),
+        "--job-id",
+        &format!("netns-{}", std::process::id()),
+    ])
+}
+
+/// `--metrics-listen 0.0.0.0:9100 --log-format json`, with [`MANIFEST_FLAGS`].
+fn observability_args() -> Vec<String> {
+    if MANIFEST_FLAGS {
+        strings(&[
+            "--metrics-listen",
+            &format!("0.0.0.0:{METRICS_PORT}"),
+            "--log-format",
+            "json",
+        ])
+    } else {
+        Vec::new()
+    }
+}
+
+/// The job's settings, shared by the coordinator and the failure-free reference run.
+fn job_args() -> Vec<String> {
+    strings(&[
+        "--preset",
+        "tiny",
+        "--servers",
+        "2",
+        "--workers",
+        "2",
+        "--sync",
+        "--steps",
+        &STEPS.to_string(),
+        "--strategy",
+        "full",
+        "--ckpt-every-steps",
+        &CKPT_EVERY.to_string(),
+    ])
+}
+
+#[test]
+fn every_role_in_its_own_network_namespace_survives_a_server_restarted_at_its_address() {
+    if unsafe { libc::geteuid() } != 0 {
+        println!("skipped: not root (network namespaces need root)");
+        return;
+    }
+    if Command::new("ip").arg("-V").output().is_err() {
+        println!("skipped: no `ip` command (iproute2) on PATH");
+        return;
+    }
+    let mut lab = match Lab::new() {
+        Ok(lab) => lab,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let servers_ns = [lab.host("s0", SERVER_IPS[0]), lab.host("s1", SERVER_IPS[1])];
+    let coordinator_ns = lab.host("c", COORDINATOR_IP);
+    let workers_ns = [lab.host("w0", WORKER_IPS[0]), lab.host("w1", WORKER_IPS[1])];
+    std::fs::write(
+        lab.path("hosts"),
+        format!(
+            "{} {}\n{} {}\n{COORDINATOR_IP} ftrec-coordinator\n",
+            SERVER_IPS[0],
+            server_name(0),
+            SERVER_IPS[1],
+            server_name(1)
+        ),
+    )
+    .unwrap();
+    std::fs::write(lab.path("token"), "netns-test-token-0123456789abcdef\n").unwrap();
+
+    let s0 = lab.start(&servers_ns[0], "server-0", &server_args(0, &lab), false);
+    let mut s1 = lab.start(&servers_ns[1], "server-1", &server_args(1, &lab), false);
+
+    let report = lab.path("report.json");
+    let mut coordinator = strings(&["coordinator"]);
+    coordinator.extend(job_args());
+    coordinator.extend(strings(&["--store", lab.path("store").to_str().unwrap()]));
+    for id in 0..2 {
+        let addr = format!("{}:{SERVER_PORT}", server_name(id));
+        coordinator.extend(strings(&["--server-addr", &addr]));
+    }
+    coordinator.extend(strings(&[
+        "--control-listen",
+        &format!("0.0.0.0:{CONTROL_PORT}"),
+    ]));
+    coordinator.extend(common_args(&lab));
+    if MANIFEST_FLAGS {
+        coordinator.push("--resume-or-start".into());
+    }
+    coordinator.extend(observability_args());
+    coordinator.extend(strings(&[
+        "--kill",
+        &format!("server=1@step={KILL_STEP}"),
+        "--json",
+        report.to_str().unwrap(),
+    ]));
+    let c = lab.start(&coordinator_ns, "coordinator", &coordinator, true);
+    let stderr = Stderr::follow(lab.procs[c].stderr.take().unwrap());
+
+    let mut workers = Vec::new();
+    for (w, ns) in workers_ns.iter().enumerate() {
+        let mut a = strings(&["worker", "--coordinator"]);
+        a.push(format!("ftrec-coordinator:{CONTROL_PORT}"));
+        a.extend(strings(&["--id", &w.to_string()]));
+        a.extend(common_args(&lab));
+        a.extend(observability_args());
+        workers.push(lab.start(ns, &format!("worker-{w}"), &a, false));
+    }
+
+    let coordinator_metrics = at(COORDINATOR_IP, METRICS_PORT);
+    let servers_health: Vec<(&'static str, SocketAddr)> = vec![
+        ("server 0", at(SERVER_IPS[0], METRICS_PORT)),
+        ("server 1", at(SERVER_IPS[1], METRICS_PORT)),
+    ];
+    let stop = Arc::new(AtomicBool::new(false));
+    let scraper = MANIFEST_FLAGS.then(|| {
+        scrape_loop(
+            &lab.switch,
+            vec![
+                ("coordinator", coordinator_metrics),
+                ("server 0", servers_health[0].1),
+                ("server 1", servers_health[1].1),
+                ("worker 0", at(WORKER_IPS[0], METRICS_PORT)),
+                ("worker 1", at(WORKER_IPS[1], METRICS_PORT)),
+            ],
+            Arc::clone(&stop),
+        )
+    });
+
+    // After step KILL_STEP the coordinator holds the job until server 1 is gone: every role
+    // is up, and the coordinator has counted the steps so far.
+    stderr.wait_for("kill it now", "before server 1's kill");
+    if MANIFEST_FLAGS {
+        let mut healthz = servers_health.clone();
+        healthz.push(("worker 0", at(WORKER_IPS[0], METRICS_PORT)));
+        healthz.push(("worker 1", at(WORKER_IPS[1], METRICS_PORT)));
+        let checked = in_netns(&lab.switch, move || {
+            let body = expect_status("coordinator", coordinator_metrics, "/metrics", 200)?;
+            let steps = metric(&body, "ftrec_steps_total");
+            if steps.is_none_or(|s| s < KILL_STEP as f64) {
+                return Err(format!(
+                    "the coordinator waits for the kill after step {KILL_STEP}, yet its \
+                     ftrec_steps_total is {steps:?}:\n{body}"
+                ));
+            }
+            for (role, addr) in healthz {
+                expect_status(role, addr, "/healthz", 200)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = checked.join().unwrap() {
+            panic!("{e}\ncoordinator stderr:\n{}", stderr.tail());
+        }
+    }
+    lab.kill(s1);
+
+    // The same command in the same namespace, at the same address, once it is awaited.
+    stderr.wait_for("come back at", "after server 1's kill");
+    s1 = lab.start(&servers_ns[1], "server-1", &server_args(1, &lab), false);
+
+    let status = lab.wait(c).unwrap_or_else(|| {
+        panic!(
+            "the coordinator did not exit within {DEADLINE:?}; its stderr ends with:\n{}",
+            stderr.tail()
+        )
+    });
+    assert!(
+        status.success(),
+        "the coordinator failed ({status}); its stderr ends with:\n{}",
+        stderr.tail()
+    );
+    for (w, &i) in workers.iter().enumerate() {
+        let log = format!("worker-{w}");
+        match lab.wait(i) {
+            Some(s) if s.success() => {}
+            Some(s) => panic!("worker {w} failed ({s}):\n{}", lab.log_tail(&log)),
+            None => panic!(
+                "worker {w} did not exit within {DEADLINE:?} of the coordinator's end:\n{}",
+                lab.log_tail(&log)
+            ),
+        }
+    }
+
+    if let Some(scraper) = scraper {
+        stop.store(true, Ordering::Relaxed);
+        let seen = scraper.join().unwrap();
+        // The servers serve until SIGTERM: both answer, server 1 from its second process.
+        let healthz = servers_health.clone();
+        let checked = in_netns(&lab.switch, move || {
+            healthz
+                .into_iter()
+                .try_for_each(|(role, addr)| expect_status(role, addr, "/healthz", 200).map(drop))
+        });
+        if let Err(e) = checked.join().unwrap() {
+            panic!("{e}");
+        }
+        for role in [
+            "coordinator",
+            "server 0",
+            "server 1",
+            "worker 0",
+            "worker 1",
+        ] {
+            assert!(seen.last.contains_key(role), "no scrape of the {role}");
+        }
+        let steps: Vec<f64> = seen.coordinator.iter().filter_map(|s| s.0).collect();
+        assert!(
+            steps.windows(2).all(|w| w[0] <= w[1]),
+            "ftrec_steps_total went down between scrapes: {steps:?}"
+        );
+        let body = &seen.last["coordinator"];
+        let (last_steps, recoveries) = *seen.coordinator.last().unwrap();
+        assert!(
+            last_steps.is_some_and(|s| s >= KILL_STEP as f64),
+            "the coordinator's last scrape, after the kill after step {KILL_STEP}, has \
+             ftrec_steps_total {last_steps:?}:\n{body}"
+        );
+        assert_eq!(
+            recoveries,
+            Some(1.0),
+            "ftrec_recoveries_total in the coordinator's last scrape before it exited:\n{body}"
+        );
+    }
+
+    // The servers serve until SIGTERM, and end cleanly on it.
+    for (id, i) in [(0, s0), (1, s1)] {
+        lab.signal(i, libc::SIGTERM);
+        match lab.wait(i) {
+            Some(s) if s.success() => {}
+            Some(s) => panic!(
+                "server {id} ended badly on SIGTERM ({s}):\n{}",
+                lab.log_tail(&format!("server-{id}"))
+            ),
+            None => panic!("server {id} still runs {DEADLINE:?} after SIGTERM"),
+        }
+    }
+
+    let r = read_json(&report);
+    let failures = r["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(
+        (failures[0]["role"].as_str(), failures[0]["id"].as_u64()),
+        (Some("server"), Some(1)),
+        "{failures:?}"
+    );
+    let kills = r["kills"].as_array().unwrap();
+    assert!(
+        kills.len() == 1 && kills[0]["fired"] == true,
+        "the kill did not fire: {kills:?}"
+    );
+
+    // The failure-free run of the same job, all on loopback.
+    let clean = lab.path("clean.json");
+    succeed(
+        Command::new(env!("CARGO_BIN_EXE_ftrec"))
+            .arg("run")
+            .args(job_args())
+            .arg("--work-dir")
+            .arg(lab.path("clean"))
+            .arg("--json")
+            .arg(&clean),
+    );
+    assert_eq!(
+        r["model_digest"],
+        read_json(&clean)["model_digest"],
+        "the job's model is not the failure-free run's"
+    );
+}
+
+#[test]
+fn metrics_are_read_from_the_text_exposition() {
+    let body = "# HELP ftrec_steps_total Steps.\n# TYPE ftrec_steps_total counter\n\
+                ftrec_steps_total 12\nftrec_steps_total_other 5\n\
+                ftrec_recoveries_total{role=\"server\"} 1\n\
+                ftrec_recoveries_total{role=\"worker\"} 0 1700000000\n";
+    assert_eq!(metric(body, "ftrec_steps_total"), Some(12.0));
+    assert_eq!(metric(body, "ftrec_recoveries_total"), Some(1.0));
+    assert_eq!(metric(body, "ftrec_missing"), None);
+    assert_eq!(
+        dechunk("5\r\nhello\r\n6;x=1\r\n world\r\n0\r\n\r\n").as_deref(),
+        Some("hello world")
+    );
+    assert_eq!(dechunk("5\r\nhel"), None);
+}
