@@ -157,6 +157,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
         BenchCmd::Cpr(args) => crate::bench_cpr::run(args),
         BenchCmd::Incremental(args) => crate::bench_incr::run(args),
+        BenchCmd::Metrics(args) => crate::bench_metrics::run(args),
         BenchCmd::Ecrec {
             run,
             kill_server,

@@ -428,6 +428,10 @@ pub enum BenchCmd {
     /// §5 measures: every checkpoint written first, then each one's recovery timed warm and
     /// cold (the mean over the checkpoints), bytes stored, pauses.
     Incremental(crate::bench_incr::IncrBenchArgs),
+    /// What the process metrics cost training: the coordinator's and a worker's updates timed
+    /// against the step time, one scrape's encoding, and paired runs with the endpoint
+    /// scraped and without (ratio of training times, mean and 95% interval).
+    Metrics(crate::bench_metrics::MetricsBenchArgs),
     /// ECRec's costs on one cluster configuration, asynchronous unless `--sync`: `none`, then
     /// ECRec all on (k = 2 and 4), without dense replication, and without dense replication
     /// and 2PC (training-time, CPU-time while training and of whole processes, and memory

@@ -8,6 +8,7 @@ mod bench;
 mod bench_cpr;
 mod bench_ecrec;
 mod bench_incr;
+mod bench_metrics;
 mod certs;
 mod ckpt_cmd;
 mod cluster_cmd;
