@@ -384,9 +384,7 @@ pub fn apply_start_timeout(a: &RunArgs, cfg: &mut RunConfig) -> Result<()> {
 pub fn run(a: RunArgs) -> Result<()> {
     a.obs.linger()?;
     a.obs.start()?;
-    let r = run_job(&a);
-    a.obs.linger_at_end();
-    r
+    run_job(&a)
 }
 
 fn run_job(a: &RunArgs) -> Result<()> {
@@ -403,9 +401,7 @@ fn run_job(a: &RunArgs) -> Result<()> {
 pub fn coordinator(a: RunArgs) -> Result<()> {
     a.obs.linger()?;
     a.obs.start()?;
-    let r = coordinator_job(&a);
-    a.obs.linger_at_end();
-    r
+    coordinator_job(&a)
 }
 
 fn coordinator_job(a: &RunArgs) -> Result<()> {

@@ -56,6 +56,11 @@ fn main() -> ExitCode {
     ) {
         limit_malloc_arenas();
     }
+    // A job's metrics endpoint outlives it by --metrics-linger-s, its last line included.
+    let linger = match &cli.cmd {
+        flags::Cmd::Run(a) | flags::Cmd::Coordinator(a) => Some(a.obs.clone()),
+        _ => None,
+    };
     let result = match cli.cmd {
         flags::Cmd::Train(args) => train::run(args),
         flags::Cmd::Data { cmd } => data::run(cmd),
@@ -76,6 +81,15 @@ fn main() -> ExitCode {
         flags::Cmd::Advise(args) => advise::run(args),
         flags::Cmd::Certs(args) => certs::run(args),
     };
+    let code = exit(result);
+    if let Some(obs) = linger {
+        obs.linger_at_end();
+    }
+    code
+}
+
+/// The exit code of a command's result, its error said in one line.
+fn exit(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -327,6 +327,8 @@ pub struct WorkerPool {
     auth: Auth,
     /// The last hello refused, to explain a worker that never joins.
     last_refusal: Option<String>,
+    /// Losses a caller waiting for one worker put back for the next caller ([`Self::defer`]).
+    deferred: std::collections::VecDeque<PoolEvent>,
 }
 
 impl WorkerPool {
@@ -403,6 +405,7 @@ impl WorkerPool {
             stop,
             auth,
             last_refusal: None,
+            deferred: Default::default(),
         })
     }
 
@@ -499,6 +502,12 @@ impl WorkerPool {
         Ok(())
     }
 
+    /// Put a worker's loss back, for the next [`Self::next`]: a caller that waits for one
+    /// worker's answer must not swallow another's loss.
+    pub fn defer(&mut self, event: PoolEvent) {
+        self.deferred.push_back(event);
+    }
+
     /// Whether worker `w` is connected.
     pub fn is_connected(&self, w: u32) -> bool {
         self.slots[w as usize].conn.is_some()
@@ -525,6 +534,9 @@ impl WorkerPool {
 
     /// The next message or loss, waiting at most `timeout`.
     pub fn next(&mut self, timeout: Duration) -> Option<PoolEvent> {
+        if let Some(e) = self.deferred.pop_front() {
+            return Some(e);
+        }
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -544,13 +556,22 @@ impl WorkerPool {
                         let _ = stream.shutdown(std::net::Shutdown::Both);
                         continue;
                     };
-                    if let Some((old, s)) = slot.conn.take() {
+                    let replaced = slot.conn.take().map(|(old, s)| {
                         let _ = s.shutdown(std::net::Shutdown::Both);
                         self.by_conn.remove(&old);
-                    }
+                    });
                     slot.conn = Some((conn, stream));
                     slot.pid = Some(pid);
                     self.by_conn.insert(conn, worker);
+                    // A new process under a connected worker's id (an orchestrator restarted
+                    // it before its old connection was seen to close): the old one is lost,
+                    // and the new one must be set up before it gets a batch.
+                    if replaced.is_some() {
+                        return Some(PoolEvent::Lost {
+                            worker,
+                            reason: format!("a new process (pid {pid}) connected with its id"),
+                        });
+                    }
                 }
                 Inbound::Msg { conn, msg } => {
                     if let Some(&worker) = self.by_conn.get(&conn) {

@@ -641,14 +641,16 @@ impl Coordinator {
             .send(w, &cmd)
             .map_err(|e| ClusterError::Protocol(format!("worker {w}: {e}")))?;
         let deadline = Instant::now() + STEP_TIMEOUT;
-        loop {
+        // Other workers' losses, put back for whoever waits next.
+        let mut others = Vec::new();
+        let answer = loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(ClusterError::Timeout(format!("waiting for worker {w}")));
+                break Err(ClusterError::Timeout(format!("waiting for worker {w}")));
             }
             match self.pool.next(left) {
                 Some(PoolEvent::Msg { worker, msg }) if worker == w => {
-                    return match msg {
+                    break match msg {
                         FromWorker::Failed { error, .. } => {
                             Err(ClusterError::Protocol(format!("worker {w}: {error}")))
                         }
@@ -656,13 +658,16 @@ impl Coordinator {
                     }
                 }
                 Some(PoolEvent::Lost { worker, reason }) if worker == w => {
-                    return Err(ClusterError::Protocol(format!(
-                        "worker {w} was lost: {reason}"
-                    )))
+                    break Err(ClusterError::WorkerLost { worker, reason })
                 }
+                Some(lost @ PoolEvent::Lost { .. }) => others.push(lost),
                 _ => {}
             }
+        };
+        for e in others {
+            self.pool.defer(e);
         }
+        answer
     }
 
     /// Tell every worker the servers' current addresses. A worker lost meanwhile (during a
@@ -671,11 +676,13 @@ impl Coordinator {
     fn reconnect_workers(&mut self) -> Result<(), ClusterError> {
         for w in 0..self.workers() {
             let servers = self.server_addrs.clone();
-            if let Err(e) = self.ask_one(w, ToWorker::Connect { servers }) {
-                if self.pool.is_connected(w) {
-                    return Err(e);
+            match self.ask_one(w, ToWorker::Connect { servers }) {
+                Ok(_) => {}
+                Err(e @ ClusterError::WorkerLost { .. }) => {
+                    self.replace_worker(w, &e.to_string())?
                 }
-                self.replace_worker(w, &e.to_string())?;
+                Err(e) if self.pool.is_connected(w) => return Err(e),
+                Err(e) => self.replace_worker(w, &e.to_string())?,
             }
         }
         Ok(())

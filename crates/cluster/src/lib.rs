@@ -149,6 +149,9 @@ pub enum ClusterError {
     /// Recovery could not complete.
     #[error("recovery failed: {0}")]
     Recovery(String),
+    /// A worker's control connection closed, or a new process took its id.
+    #[error("worker {worker} was lost: {reason}")]
+    WorkerLost { worker: u32, reason: String },
     /// A worker could not read a batch of the training data (a malformed line without
     /// `--skip-malformed`, an unreadable file).
     #[error("batch {index}: {reason}")]

@@ -491,7 +491,14 @@ pub fn worker_process(
         let cmd = read_line::<ToWorker>(&mut reader, "the coordinator")
             .map_err(ClusterError::Protocol)?;
         let reply = match cmd {
-            None | Some(ToWorker::Stop) => return Ok(()),
+            Some(ToWorker::Stop) => return Ok(()),
+            // Not a finished job: an orchestrator restarts a worker that exits with an
+            // error (an Indexed Job's pod), and the restart connects to the coordinator again.
+            None => {
+                return Err(ClusterError::Protocol(format!(
+                    "the coordinator at {coordinator} closed the connection without stopping                      worker {id} (it ended, failed or replaced this worker)"
+                )))
+            }
             Some(ToWorker::Setup(setup)) => {
                 let built = (|| {
                     if setup.id != id {
