@@ -3,15 +3,18 @@
 # binary, exactly the shared libraries `ldd` says it loads (and the dynamic loader), the CA
 # bundle the S3 client reads for https endpoints, /etc/passwd and /etc/group with the user
 # `ftrec` (uid and gid 10001), a writable /work (the working directory, owned by ftrec) and
-# /tmp. Entry point /usr/local/bin/ftrec, user 10001. Written as an OCI archive that
-# `podman load`, `skopeo copy`, `ctr images import` (kind, k3s) and `docker load` read.
+# /tmp. Entry point /usr/local/bin/ftrec, user 10001. Written as an OCI archive: `podman load`
+# reads it, `skopeo copy` pushes it to a registry or turns it into a docker archive (which
+# kind and k3s import; README, "Run on Kubernetes").
 #
-#   scripts/image.sh [--binary PATH] [--out PATH] [--tag NAME:TAG]
+#   scripts/image.sh [--binary PATH] [--out PATH] [--tag NAME:TAG] [--strip-debug]
 #
 #   --binary PATH  the ftrec binary to put in (a debug build, say) [default: build
 #                  target/release/ftrec with `cargo build --release -p ftrec-cli`]
 #   --out PATH     the OCI archive to write [default: target/image/ftrec-oci.tar]
 #   --tag NAME:TAG the image's name [default: ftrec:VERSION, VERSION from Cargo.toml]
+#   --strip-debug  leave the binary's debug info out (the release profile keeps it for
+#                  profiles and backtraces with line numbers): about 35 MB instead of 170
 #
 # Needs buildah (installed with apt-get when missing and run as root). Its containers
 # storage lives in a temporary directory (vfs driver) that is removed at the end: nothing is
@@ -30,6 +33,7 @@ version="$(awk -F'"' '/^\[workspace\.package\]/ { ws = 1; next } /^\[/ { ws = 0 
 [[ -n "$version" ]] || die "no version in the [workspace.package] table of $root/Cargo.toml"
 
 binary=""
+strip_debug=false
 out="$root/target/image/ftrec-oci.tar"
 tag="ftrec:$version"
 while [[ $# -gt 0 ]]; do
@@ -42,6 +46,10 @@ while [[ $# -gt 0 ]]; do
         --tag) tag="$2" ;;
         esac
         shift 2
+        ;;
+    --strip-debug)
+        strip_debug=true
+        shift
         ;;
     -h | --help)
         sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
@@ -96,7 +104,13 @@ export BUILDAH_ISOLATION=chroot
 # The root file system, laid out in a directory first.
 rootfs="$work/rootfs"
 mkdir -p "$rootfs/usr/local/bin" "$rootfs/etc/ssl/certs"
-install -m 0755 "$binary" "$rootfs/usr/local/bin/ftrec"
+if $strip_debug; then
+    command -v strip >/dev/null || die "--strip-debug needs strip (apt-get install binutils)"
+    strip --strip-debug -o "$rootfs/usr/local/bin/ftrec" "$binary"
+    chmod 0755 "$rootfs/usr/local/bin/ftrec"
+else
+    install -m 0755 "$binary" "$rootfs/usr/local/bin/ftrec"
+fi
 
 # Every library the binary loads, at the path the loader finds it (ldd prints `name => path
 # (address)` for libraries and `path (address)` for the loader; linux-vdso has no file).
