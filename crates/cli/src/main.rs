@@ -18,6 +18,8 @@ mod demo;
 mod eval;
 mod export;
 mod flags;
+#[cfg(test)]
+mod manifest_check;
 mod plot;
 mod progress;
 mod restored;
