@@ -36,7 +36,9 @@
 //!   ([`location::open`]);
 //! - any committed state of any store rebuilt in memory as the whole model, tables in global
 //!   row order and the dense vector end to end ([`model_state::restore_model`]), for evaluation
-//!   and export.
+//!   and export;
+//! - a whole store checked ([`verify::verify_store`]): every file of every checkpoint, the
+//!   states damage takes down, the newest intact one.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -88,6 +90,7 @@ pub mod snapshot;
 pub mod store;
 #[cfg(feature = "s3-test-server")]
 pub mod testing;
+pub mod verify;
 
 pub use bytes::Bytes;
 pub use checkpoint::{Checkpoints, Select};

@@ -143,36 +143,9 @@ async fn run_async(cmd: CkptCmd) -> Result<i32> {
         }
         CkptCmd::Verify { store } => {
             let ckpts = store.open().await?;
-            if incr::is_incremental_store(&ckpts).await? {
-                return verify_incremental(&ckpts).await;
-            }
-            let lineage = Lineage::load(&ckpts).await?;
-            let mut bad = lineage.unreadable.len();
-            for (id, why) in &lineage.unreadable {
-                println!("DAMAGED {id}: {why}");
-            }
-            let ids: Vec<CheckpointId> = lineage.nodes().map(|n| n.id.clone()).collect();
-            for id in ids {
-                let m = ckpts.read_manifest(&id, None).await?;
-                match ckpts.verify_files(&m, 4).await {
-                    Ok(()) => println!(
-                        "ok      {id} ({} files, {} bytes)",
-                        m.files.len(),
-                        m.data_bytes()
-                    ),
-                    Err(e) => {
-                        bad += 1;
-                        println!("DAMAGED {id}: {e}");
-                    }
-                }
-            }
-            if let Some(head) = lineage.head() {
-                if let Err(e) = lineage.resolve(&head) {
-                    bad += 1;
-                    println!("BROKEN  lineage of {head}: {e}");
-                }
-            }
-            Ok(if bad == 0 { 0 } else { 1 })
+            let check = ftrec_ckpt::verify::verify_store(&ckpts).await?;
+            print!("{}", check.render());
+            Ok(if check.is_ok() { 0 } else { 1 })
         }
         CkptCmd::Restore {
             store,
@@ -313,55 +286,6 @@ async fn print_pieces(ckpts: &Checkpoints, lineage: &Lineage) -> Result<()> {
         }
     }
     Ok(())
-}
-
-async fn verify_incremental(ckpts: &Checkpoints) -> Result<i32> {
-    let mut bad = 0;
-    for v in incr::verify(ckpts).await? {
-        match &v.problem {
-            None => println!(
-                "ok      {} ({} files, {} bytes{})",
-                v.id,
-                v.files,
-                v.bytes,
-                if v.removed > 0 {
-                    format!(", {} removed: no live chunk", v.removed)
-                } else {
-                    String::new()
-                }
-            ),
-            Some(p) => {
-                bad += 1;
-                println!("DAMAGED {}: {p}", v.id);
-            }
-        }
-    }
-    // What each damaged file takes down: the states whose restores read it.
-    let (found, unreadable) = incr::damage(ckpts).await?;
-    for d in &found {
-        bad += 1;
-        println!(
-            "DAMAGED FILE {}: {}; takes down {}",
-            d.file,
-            d.problem,
-            d.states
-                .iter()
-                .map(|s| s.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    }
-    for (id, why) in &unreadable {
-        bad += 1;
-        println!("DOWN    {id}: {why}");
-    }
-    if !found.is_empty() || !unreadable.is_empty() {
-        match incr::select_intact(ckpts, &RestoreAt::Current).await {
-            Ok((chain, _)) => println!("newest intact state: {}", chain.target_manifest().id),
-            Err(e) => println!("no intact state: {e}"),
-        }
-    }
-    Ok(if bad == 0 { 0 } else { 1 })
 }
 
 async fn restore_incremental(

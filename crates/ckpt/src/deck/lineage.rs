@@ -92,6 +92,16 @@ impl Node {
     }
 }
 
+/// One checkpoint of a [`Lineage::listing`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Listed<'a> {
+    pub node: &'a Node,
+    /// `CURRENT` names it.
+    pub current: bool,
+    /// The active lineage needs it (kept by a collection with the default retention).
+    pub live: bool,
+}
+
 /// Which checkpoints to keep (DECK §4.3). The default keeps the active lineage only.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Retention {
@@ -424,14 +434,32 @@ impl Lineage {
         out
     }
 
+    /// Every readable checkpoint in id order, with whether `CURRENT` names it and whether the
+    /// active lineage needs it (under the default retention): what [`Lineage::render`] shows.
+    pub fn listing(&self) -> Vec<Listed<'_>> {
+        let live = self.live(&Retention::default());
+        self.nodes
+            .values()
+            .map(|n| Listed {
+                node: n,
+                current: Some(&n.id) == self.current.as_ref(),
+                live: live.contains(&n.id),
+            })
+            .collect()
+    }
+
     /// The lineage as indented text, one checkpoint a line: kind, step, size, parent.
     pub fn render(&self) -> String {
-        let live = self.live(&Retention::default());
         let mut out = String::new();
-        for n in self.nodes.values() {
-            let mark = if Some(&n.id) == self.current.as_ref() {
+        for Listed {
+            node: n,
+            current,
+            live,
+        } in self.listing()
+        {
+            let mark = if current {
                 "*"
-            } else if live.contains(&n.id) {
+            } else if live {
                 "+"
             } else {
                 " "

@@ -28,7 +28,7 @@ use crate::checkpoint::Checkpoints;
 use crate::error::{CkptError, Result};
 use crate::format::{CheckpointId, CheckpointKind, DataPosition, Manifest};
 use crate::snapshot::{RowIds, ShardReport};
-pub use lineage::{DeckMeta, Lineage, Node, Retention};
+pub use lineage::{DeckMeta, Lineage, Listed, Node, Retention};
 pub use merge::{merge_chain, MergeSink, MergeStats, ShardWriter, StoreSink};
 pub use staging::{
     ChunkSink, CopyReport, MemGauge, PendingUpload, RowSelection, Source, SourceTable,
