@@ -1,20 +1,14 @@
 //! `ftrec ckpt export`: a checkpoint's model as one safetensors file.
 //!
-//! Tensors (all `F32`, little-endian, row-major):
-//! - `bottom_mlp.{i}.weight` `[out, in]` and `bottom_mlp.{i}.bias` `[out]`, `i` the bottom
-//!   MLP's linear layers from 0 (a ReLU after each); `top_mlp.{i}.weight`, `top_mlp.{i}.bias`
-//!   likewise (a ReLU after each but the last, whose output is the click logit). The weight is
-//!   PyTorch's `nn.Linear.weight` layout. The top MLP's input is the bottom output then the dots
-//!   `z_a . z_b` for `a < b` in row-major order of the strict upper triangle (`z_0` the bottom
-//!   output, `z_1..` the pooled embeddings in table order);
+//! Tensors (all `F32`, little-endian, row-major), named and laid out by
+//! [`ftrec_cluster::restored`] (the names the Python package's `Store.state_dict` gives too):
+//! - `bottom_mlp.{i}.weight` `[out, in]`, `bottom_mlp.{i}.bias` `[out]`, `top_mlp.{i}.weight`,
+//!   `top_mlp.{i}.bias` (PyTorch's `nn.Linear` layout; the interaction and the ReLUs are in
+//!   that module's doc);
 //! - `embedding.{t}.weight` `[rows, dim]`: table `t`, rows in global id order (sum pooling);
-//! - with `--optimizer-state`: `embedding.{t}.optimizer_state` `[rows, words]` (the sparse
-//!   optimizer's words per row: row-wise Adagrad 1, Adagrad and momentum `dim`, Adam
-//!   `2 * dim + 1`; SGD has none, so no tensor) and `dense.optimizer_state` `[blocks, words]`
-//!   (none for SGD either):
-//!   the dense vector (every layer's weight then bias, bottom then top, in the order above) is
-//!   cut into blocks of 256 values, each with one slot of the dense optimizer's words for 256
-//!   values (the last block's slot is used as far as its values need).
+//! - with `--optimizer-state`: `embedding.{t}.optimizer_state` `[rows, words]` and
+//!   `dense.optimizer_state` `[blocks, words]` (none for SGD), the dense vector cut into blocks
+//!   of 256 values.
 //!
 //! `__metadata__` holds `format` (`ftrec-dlrm`), `format_version` (`1`), `step`, `checkpoint`,
 //! `preset`, `dim`, `tables`, `servers`, `sparse_optimizer`, `dense_optimizer`,
@@ -30,15 +24,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ftrec_core::{EmbeddingTable, DENSE_BLOCK};
-use ftrec_model::DlrmConfig;
+use ftrec_ckpt::model_state::ModelState;
+use ftrec_cluster::restored::{metadata, tensors_of, TensorSpec};
 use safetensors::tensor::{Dtype, View};
 
 use crate::restored;
-
-/// Format name and version in `__metadata__`.
-pub const FORMAT: &str = "ftrec-dlrm";
-pub const FORMAT_VERSION: &str = "1";
 
 #[derive(Args, Debug)]
 pub struct ExportArgs {
@@ -71,21 +61,10 @@ pub struct ExportArgs {
     pub dense_optimizer: Option<String>,
 }
 
-/// One tensor to write: where its values are, read when the writer asks for its bytes.
-enum Source<'a> {
-    /// A contiguous range of f32s.
-    Flat(&'a [f32]),
-    /// Words `lo..hi` of every row of a table.
-    Columns {
-        table: &'a EmbeddingTable,
-        lo: usize,
-        hi: usize,
-    },
-}
-
+/// One tensor to write: its values read out of the state when the writer asks for its bytes.
 struct Tensor<'a> {
-    shape: Vec<usize>,
-    src: Source<'a>,
+    spec: TensorSpec,
+    state: &'a ModelState,
 }
 
 impl View for &Tensor<'_> {
@@ -94,31 +73,21 @@ impl View for &Tensor<'_> {
     }
 
     fn shape(&self) -> &[usize] {
-        &self.shape
+        &self.spec.shape
     }
 
     fn data(&self) -> Cow<'_, [u8]> {
         let mut out = Vec::with_capacity(self.data_len());
-        match &self.src {
-            Source::Flat(v) => {
-                for x in *v {
-                    out.extend_from_slice(&x.to_le_bytes());
-                }
+        self.spec.visit(self.state, |run| {
+            for x in run {
+                out.extend_from_slice(&x.to_le_bytes());
             }
-            Source::Columns { table, lo, hi } => {
-                let w = table.layout().words();
-                for row in table.as_slice().chunks_exact(w) {
-                    for x in &row[*lo..*hi] {
-                        out.extend_from_slice(&x.to_le_bytes());
-                    }
-                }
-            }
-        }
+        });
         Cow::Owned(out)
     }
 
     fn data_len(&self) -> usize {
-        4 * self.shape.iter().product::<usize>()
+        4 * self.spec.len()
     }
 }
 
@@ -148,89 +117,21 @@ pub fn run(a: ExportArgs) -> Result<()> {
         a.optimizer.as_deref(),
         a.dense_optimizer.as_deref(),
     )?;
-    let cfg = DlrmConfig::from_preset(&shape.preset);
-    let layout = state
-        .layout()
-        .context("the checkpoint holds no embedding table")?;
-    let dim = layout.dim;
-
-    let mut tensors: Vec<(String, Tensor)> = Vec::new();
-    let dense = &state.dense_values;
-    for l in cfg.linear_layers() {
-        let part = if l.top { "top_mlp" } else { "bottom_mlp" };
-        tensors.push((
-            format!("{part}.{}.weight", l.index),
-            Tensor {
-                shape: vec![l.output, l.input],
-                src: Source::Flat(&dense[l.weight_offset..l.bias_offset]),
-            },
-        ));
-        tensors.push((
-            format!("{part}.{}.bias", l.index),
-            Tensor {
-                shape: vec![l.output],
-                src: Source::Flat(&dense[l.bias_offset..l.bias_offset + l.output]),
-            },
-        ));
-    }
-    for (t, table) in state.tables.iter().enumerate() {
-        let rows = table.rows() as usize;
-        tensors.push((
-            format!("embedding.{t}.weight"),
-            Tensor {
-                shape: vec![rows, dim],
-                src: Source::Columns {
-                    table,
-                    lo: 0,
-                    hi: dim,
-                },
-            },
-        ));
-        if a.optimizer_state && layout.state_words > 0 {
-            tensors.push((
-                format!("embedding.{t}.optimizer_state"),
+    let tensors: Vec<(String, Tensor)> = tensors_of(&state, &shape, a.optimizer_state)?
+        .into_iter()
+        .map(|spec| {
+            (
+                spec.name.clone(),
                 Tensor {
-                    shape: vec![rows, layout.state_words],
-                    src: Source::Columns {
-                        table,
-                        lo: dim,
-                        hi: layout.words(),
-                    },
+                    spec,
+                    state: &state,
                 },
-            ));
-        }
-    }
-    if a.optimizer_state && state.dense_state_per_block > 0 {
-        let blocks = dense.len().div_ceil(DENSE_BLOCK);
-        tensors.push((
-            "dense.optimizer_state".into(),
-            Tensor {
-                shape: vec![blocks, state.dense_state_per_block],
-                src: Source::Flat(&state.dense_state),
-            },
-        ));
-    }
-    let metadata: HashMap<String, String> = [
-        ("format", FORMAT.to_string()),
-        ("format_version", FORMAT_VERSION.to_string()),
-        ("step", state.step().to_string()),
-        ("checkpoint", state.manifest.id.to_string()),
-        ("preset", shape.preset.name.clone()),
-        ("dim", dim.to_string()),
-        ("tables", state.tables.len().to_string()),
-        ("servers", state.servers.to_string()),
-        ("sparse_optimizer", shape.sparse.kind.to_string()),
-        ("dense_optimizer", shape.dense.kind.to_string()),
-        ("dense_block", DENSE_BLOCK.to_string()),
-        ("optimizer_state", a.optimizer_state.to_string()),
-        (
-            "interaction",
-            "dot: bottom output, then z_a.z_b for a < b, row-major upper triangle".to_string(),
-        ),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
+            )
+        })
+        .collect();
+    let metadata: HashMap<String, String> = metadata(&state, &shape, a.optimizer_state)
+        .into_iter()
+        .collect();
 
     let tmp = tmp_path(&a.out);
     let written = safetensors::serialize_to_file(

@@ -53,7 +53,11 @@
 //! - whole-job resume ([`job`], [`resume`]): a saving run records its configuration in its
 //!   store; a job whose processes all died starts again from the store alone, through the
 //!   recovery path (every server restores the newest committed checkpoint, re-sharded onto
-//!   another number of servers if need be; the workers rewind to its data position).
+//!   another number of servers if need be; the workers rewind to its data position);
+//! - a store's model read back ([`restored`]): any committed state restored in memory, its
+//!   shape worked out from the arguments, the job record or the presets, and laid out as named
+//!   tensors (the safetensors export's names; what `ftrec eval`, `ftrec ckpt export` and the
+//!   Python package share).
 //!
 //! The data split: the training stream (synthetic, or Criteo TSV files with the batch order
 //! of [`plan`]) is cut into global batches of `batch` samples. In
@@ -92,6 +96,7 @@ pub mod memory;
 pub mod merger;
 pub mod plan;
 pub mod report;
+pub mod restored;
 pub mod shard_server;
 pub mod spec;
 pub mod worker;

@@ -141,6 +141,11 @@ impl EmbeddingTable {
         &mut self.data
     }
 
+    /// All words, row after row, the table consumed: its buffer, not a copy.
+    pub fn into_vec(self) -> Vec<f32> {
+        self.data
+    }
+
     /// Resident bytes of the table's data.
     pub fn bytes(&self) -> u64 {
         self.data.len() as u64 * 4
