@@ -1,0 +1,285 @@
+//! `ftrec-py`: the extension module `ftrec._ftrec` of the Python package `ftrec` (built by
+//! maturin from `python/`; `scripts/python.sh` makes a venv with it).
+//!
+//! It owns the Python face of a checkpoint store, [`Store`]: a directory or
+//! `s3://bucket/prefix` of any saving strategy opened from Python, its checkpoints as
+//! `ftrec ckpt ls` lists them, its job record, what `ftrec ckpt verify` finds, and any
+//! committed state as a dict of NumPy `float32` arrays under the names and shapes of
+//! `ftrec ckpt export`'s safetensors file. It only converts: opening, restoring, shaping and
+//! naming are [`ftrec_cluster::restored`]'s and `ftrec_ckpt`'s, the code the `ftrec` binary
+//! runs. Work on a store runs with the GIL released; a table's values become its array
+//! without a copy when its rows carry no optimizer state (else the weights are compacted in
+//! place, still without a second buffer). Every failure is a Python exception with one line
+//! naming what to change ([`convert::raise_of`]), never a panic.
+//!
+//! ```python
+//! import ftrec
+//! store = ftrec.Store("deck-store")
+//! [c["step"] for c in store.checkpoints()]
+//! weights = store.state_dict(at=20)["embedding.0.weight"]   # numpy.ndarray [rows, dim]
+//! ```
+
+use std::path::PathBuf;
+
+use ftrec_ckpt::deck::{Lineage, RestoreAt};
+use ftrec_ckpt::location::LocationOptions;
+use ftrec_ckpt::{incr, Checkpoints};
+use ftrec_cluster::restored::{self as lib, RestoreError};
+use numpy::ndarray::{ArrayD, IxDyn};
+use numpy::PyArray;
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyFileNotFoundError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyString};
+
+pub mod convert;
+
+use convert::{Raise, ARGS};
+
+create_exception!(
+    ftrec,
+    FtrecError,
+    PyException,
+    "A store could not be read: damage, or a store or service that failed."
+);
+
+/// `e` as the Python exception [`convert::raise_of`] picks.
+fn py_err(e: RestoreError) -> PyErr {
+    let msg = convert::message(&e);
+    match convert::raise_of(&e) {
+        Raise::FileNotFound => PyFileNotFoundError::new_err(msg),
+        Raise::Value => PyValueError::new_err(msg),
+        Raise::Ftrec => FtrecError::new_err(msg),
+    }
+}
+
+/// A store failure while `doing` something with the store at `location`.
+fn store_err(location: &str, doing: &str, e: &dyn std::error::Error) -> PyErr {
+    FtrecError::new_err(format!("{doing} {location}: {}", convert::message(e)))
+}
+
+/// A JSON value as the Python object `json.loads` makes of it.
+fn to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
+    py.import("json")?.call_method1("loads", (v.to_string(),))
+}
+
+/// The `at` argument: `None` (CURRENT), a step (an int, 0 or more) or a checkpoint id (a str;
+/// a str of digits is a step, as `--at` reads it).
+fn at_arg(at: Option<&Bound<'_, PyAny>>) -> PyResult<RestoreAt> {
+    let Some(at) = at.filter(|a| !a.is_none()) else {
+        return Ok(RestoreAt::Current);
+    };
+    if let Ok(s) = at.cast::<PyString>() {
+        let s = s.to_cow()?;
+        return lib::parse_at(Some(&s), ARGS.at).map_err(py_err);
+    }
+    if at.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!(
+            "at={at}: give a step (int) or a checkpoint id (str), not a bool"
+        )));
+    }
+    if let Ok(step) = at.extract::<u64>() {
+        return Ok(RestoreAt::Step(step));
+    }
+    if at.hasattr("__index__")? {
+        return Err(PyValueError::new_err(format!(
+            "at={at}: a step is a whole number from 0 to {}",
+            u64::MAX
+        )));
+    }
+    Err(PyTypeError::new_err(format!(
+        "at: give a step (int) or a checkpoint id (str), not {}",
+        at.get_type().name()?
+    )))
+}
+
+/// A checkpoint store: a directory or `s3://bucket/prefix` written by any saving strategy.
+///
+/// Opening checks that the location is a store (a missing directory is `FileNotFoundError`,
+/// anything else that holds no store `ValueError`); nothing is created or written. S3 settings
+/// not given come from the usual AWS variables, as the `ftrec` binary's do.
+#[pyclass(module = "ftrec", name = "Store", frozen)]
+struct Store {
+    location: String,
+    opts: LocationOptions,
+    rt: tokio::runtime::Runtime,
+    ckpts: Checkpoints,
+}
+
+#[pymethods]
+impl Store {
+    #[new]
+    #[pyo3(signature = (location, *, endpoint=None, region=None, access_key_id=None, secret_access_key=None, allow_http=None))]
+    fn new(
+        py: Python<'_>,
+        location: PathBuf,
+        endpoint: Option<String>,
+        region: Option<String>,
+        access_key_id: Option<String>,
+        secret_access_key: Option<String>,
+        allow_http: Option<bool>,
+    ) -> PyResult<Self> {
+        let location = location
+            .to_str()
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "location {location:?}: a store's location must be valid UTF-8"
+                ))
+            })?
+            .to_string();
+        let opts = LocationOptions {
+            endpoint,
+            region,
+            access_key_id,
+            secret_access_key,
+            allow_http,
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| FtrecError::new_err(format!("starting the async runtime: {e}")))?;
+        let ckpts = py
+            .detach(|| rt.block_on(lib::open_store(&location, &opts)))
+            .map_err(py_err)?;
+        Ok(Store {
+            location,
+            opts,
+            rt,
+            ckpts,
+        })
+    }
+
+    /// The location given.
+    #[getter]
+    fn location(&self) -> &str {
+        &self.location
+    }
+
+    fn __repr__(&self) -> String {
+        format!("ftrec.Store({:?})", self.location)
+    }
+
+    /// Every readable checkpoint, in id order, as `ftrec ckpt ls` lists it: a dict with `id`,
+    /// `kind` (`full`, `delta`, `merged`), `step`, `layer`, `bytes`, `parent`, `stands_for`,
+    /// `merged_from`, `current` (CURRENT names it), `live` (the active lineage needs it), and
+    /// for incremental pieces `scheme` and `column` (else None). Manifests that cannot be read
+    /// are left out; `verify()` names them.
+    fn checkpoints<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let listing = py
+            .detach(|| {
+                self.rt.block_on(async {
+                    let lineage = Lineage::load(&self.ckpts).await?;
+                    let incremental = incr::is_incremental_store(&self.ckpts).await?;
+                    let mut out = Vec::new();
+                    for l in lineage.listing() {
+                        let piece = if incremental {
+                            let m = self.ckpts.read_manifest(&l.node.id, None).await?;
+                            let piece = m.pieces().next().map(|(_, s, c)| (s, c));
+                            piece
+                        } else {
+                            None
+                        };
+                        out.push(convert::listed_json(&l, piece));
+                    }
+                    Ok::<_, ftrec_ckpt::CkptError>(out)
+                })
+            })
+            .map_err(|e| store_err(&self.location, "listing", &e))?;
+        to_py(py, &serde_json::Value::Array(listing))
+    }
+
+    /// The job record a saving `ftrec run` wrote into the store, as a dict (the run's settings:
+    /// `preset`, `seed`, `servers`, `workers`, `strategy`, ...), or None for a store without
+    /// one.
+    fn job<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let job = py
+            .detach(|| ftrec_cluster::job::read_if_any(&self.location, &self.opts))
+            .map_err(|e| store_err(&self.location, "reading the job record of", &e))?;
+        job.map(|j| to_py(py, &serde_json::Value::Object(j.fields)))
+            .transpose()
+    }
+
+    /// Read every file of every checkpoint and check every checksum, as `ftrec ckpt verify`
+    /// does. Damage is reported, not raised: `ok` (nothing found), `problems`, `checkpoints`
+    /// (each with `ok`, `files`, `bytes`, `problem`), `unreadable` manifests, `damaged_files`
+    /// and `down` states (incremental stores), `broken` (the head's lineage), `newest_intact`
+    /// or `no_intact_state` after damage in an incremental store, and `report`, the lines the
+    /// binary prints. Raises `FtrecError` only when the store cannot be read at all.
+    fn verify<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let check = py
+            .detach(|| {
+                self.rt
+                    .block_on(ftrec_ckpt::verify::verify_store(&self.ckpts))
+            })
+            .map_err(|e| store_err(&self.location, "verifying", &e))?;
+        to_py(py, &convert::check_json(&check))
+    }
+
+    /// The model of one state as a dict of NumPy `float32` arrays, with the names and shapes
+    /// of `ftrec ckpt export`'s safetensors file (`bottom_mlp.{i}.weight`, ...,
+    /// `embedding.{t}.weight` `[rows, dim]`; with `optimizer_state=True` also
+    /// `embedding.{t}.optimizer_state` and `dense.optimizer_state`), in the file's order.
+    ///
+    /// `at`: None for the newest committed state (CURRENT), a step (int) for exactly that
+    /// step's state, or a checkpoint id (str). `preset`, `optimizer` and `dense_optimizer`
+    /// default to the store's job record, else to what the checkpoint's shape implies; each
+    /// is checked against the checkpoint. The whole model is rebuilt in memory, the GIL
+    /// released meanwhile; the arrays own the restored buffers.
+    #[pyo3(signature = (at=None, *, optimizer_state=false, preset=None, optimizer=None, dense_optimizer=None))]
+    fn state_dict<'py>(
+        &self,
+        py: Python<'py>,
+        at: Option<&Bound<'py, PyAny>>,
+        optimizer_state: bool,
+        preset: Option<String>,
+        optimizer: Option<String>,
+        dense_optimizer: Option<String>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let at = at_arg(at)?;
+        let (preset, optimizer, dense_optimizer) = (
+            preset.as_deref(),
+            optimizer.as_deref(),
+            dense_optimizer.as_deref(),
+        );
+        let (specs, values) = py
+            .detach(|| {
+                lib::check_names(preset, optimizer, dense_optimizer, &ARGS)?;
+                // The job record (small) before the model (the whole of it).
+                let job = lib::job_defaults(&self.location, &self.opts)?;
+                let state = self.rt.block_on(lib::restore_from(
+                    &self.ckpts,
+                    &self.location,
+                    &at,
+                    ARGS.at,
+                ))?;
+                let shape = lib::shape_with_job(
+                    &state,
+                    job.as_ref(),
+                    preset,
+                    optimizer,
+                    dense_optimizer,
+                    &ARGS,
+                )?;
+                let specs = lib::tensors_of(&state, &shape, optimizer_state)?;
+                let values = lib::take_tensors(state, &specs);
+                Ok::<_, RestoreError>((specs, values))
+            })
+            .map_err(py_err)?;
+        let out = PyDict::new(py);
+        for (spec, v) in specs.into_iter().zip(values) {
+            let array = ArrayD::from_shape_vec(IxDyn(&spec.shape), v)
+                .map_err(|e| FtrecError::new_err(format!("tensor {}: {e}", spec.name)))?;
+            out.set_item(spec.name, PyArray::from_owned_array(py, array))?;
+        }
+        Ok(out)
+    }
+}
+
+#[pymodule]
+fn _ftrec(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Store>()?;
+    m.add("FtrecError", m.py().get_type::<FtrecError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
