@@ -2,7 +2,8 @@
 # The Python package `ftrec` (python/, its extension module the ftrec-py crate) built and
 # installed into a virtual environment, target/py-venv ($FTREC_PY_VENV), made on first use and
 # reused after: maturin 1.x, numpy, safetensors and pytest from PyPI, then `pip install ./python`
-# (a release build of the ftrec-py crate alone). Use it as target/py-venv/bin/python.
+# (a release build of the ftrec-py crate alone; FTREC_PY_PROFILE=dev builds it with the dev profile,
+# sharing the dependencies a `cargo test` build compiled). Use it as target/py-venv/bin/python.
 #
 #   scripts/python.sh          build and install
 #   scripts/python.sh --test   also run python/tests with pytest; the tests make stores with the
@@ -19,7 +20,7 @@ for a in "$@"; do
     case "$a" in
         --test) run_tests=true ;;
         -h | --help)
-            sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+            sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
             exit 0
             ;;
         *)
@@ -70,8 +71,9 @@ tools=$SECONDS
 
 # The build tools are in the venv already: no isolated build environment to download again.
 # The crate is built into the workspace's target/ (release), so a rebuild is incremental.
-say "building and installing ./python (release build of ftrec-py)"
-CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0} \
+profile=${FTREC_PY_PROFILE:-release}
+say "building and installing ./python ($profile build of ftrec-py)"
+CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0} MATURIN_PEP517_ARGS="--profile $profile" \
     "${pip[@]}" install -q --no-build-isolation --no-deps --force-reinstall ./python
 say "venv ready in $((tools - start)) s, package built and installed in $((SECONDS - tools)) s"
 

@@ -218,7 +218,7 @@ def test_an_at_that_names_no_state_is_refused_with_the_states_there(stores):
     with pytest.raises(ValueError, match=r"has no state at step 7 \(its states are at steps 3, 6, 8\): give at one"):
         store.state_dict(at=7)
     # A full store keeps its newest full only: step 4's was collected.
-    with pytest.raises(ValueError, match=r"has no state at step 4 \(its states are at steps 8\)"):
+    with pytest.raises(ValueError, match=r"has no state at step 4 \(its one state is at step 8\)"):
         ftrec.Store(stores["full"]).state_dict(at=4)
     with pytest.raises(ValueError, match="has no state 00000000000000000099-full"):
         store.state_dict(at="00000000000000000099-full")

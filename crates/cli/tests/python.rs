@@ -6,7 +6,7 @@
 //!
 //! It needs python3 (3.9 or newer) that can make a virtual environment, or root with apt-get
 //! to install python3-venv; elsewhere it says so in one line. The venv (`target/py-venv`) and
-//! the crate's build in `target/` are reused from one run to the next.
+//! the crate's dev build in `target/` are reused from one run to the next.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -56,6 +56,9 @@ fn the_python_package_reads_every_strategys_store_as_the_binary_does() {
         .arg(root().join("scripts/python.sh"))
         .arg("--test")
         .env("FTREC_BIN", env!("CARGO_BIN_EXE_ftrec"))
+        // The dev profile: the dependencies this test build compiled unoptimized are reused,
+        // where a release build would compile all of them again (minutes on two cores).
+        .env("FTREC_PY_PROFILE", "dev")
         .output()
         .expect("running scripts/python.sh");
     let (stdout, stderr) = (

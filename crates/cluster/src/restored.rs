@@ -121,6 +121,7 @@ fn known_states(steps: &[u64]) -> String {
             .join(", ")
     };
     match steps.len() {
+        1 => format!(" (its one state is at step {})", steps[0]),
         n if n <= SHOWN => format!(" (its states are at steps {})", list(steps)),
         n => format!(
             " (its {n} states are at steps {}, ..., {})",
@@ -963,6 +964,7 @@ mod tests {
             e.to_string(),
             "st has no state at step 7 (its states are at steps 4, 8): give at one of these"
         );
+        assert_eq!(known_states(&[20]), " (its one state is at step 20)");
         let many: Vec<u64> = (1..=20).collect();
         assert_eq!(
             known_states(&many),
