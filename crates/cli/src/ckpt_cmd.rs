@@ -20,7 +20,7 @@ use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use ftrec_ckpt::deck::{self, GcOptions, Lineage, RestoreAt, Retention};
 use ftrec_ckpt::incr;
-use ftrec_ckpt::{CheckpointId, Checkpoints, LocalStore};
+use ftrec_ckpt::{Checkpoints, LocalStore};
 
 pub use ftrec_cluster::args::StoreArgs;
 
@@ -83,16 +83,9 @@ pub enum CkptCmd {
     Export(crate::export::ExportArgs),
 }
 
+/// `--at`: a step or a checkpoint id ([`crate::restored::parse_at`]); none: `CURRENT`.
 fn parse_at(at: &Option<String>) -> Result<RestoreAt> {
-    Ok(match at {
-        None => RestoreAt::Current,
-        Some(s) if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) => {
-            RestoreAt::Step(s.parse().with_context(|| format!("step {s:?}"))?)
-        }
-        Some(s) => RestoreAt::Id(
-            CheckpointId::new(s.clone()).with_context(|| format!("checkpoint id {s:?}"))?,
-        ),
-    })
+    crate::restored::parse_at(at.as_deref())
 }
 
 /// Run one `ftrec ckpt` subcommand; returns the process exit code.
