@@ -5,8 +5,9 @@
 //! compared bit for bit with `ftrec ckpt export`'s file (`python/tests/test_store.py`).
 //!
 //! It needs python3 (3.9 or newer) that can make a virtual environment, or root with apt-get
-//! to install python3-venv; elsewhere it says so in one line. The venv (`target/py-venv`) and
-//! the crate's dev build in `target/` are reused from one run to the next.
+//! to install python3-venv; elsewhere it says so in one line. The venv (`target/py-venv`, or
+//! `$FTREC_PY_VENV`) and the crate's dev build in `target/` are reused from one run to the
+//! next.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,9 +16,16 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// The venv the script makes or reuses.
+fn venv() -> PathBuf {
+    std::env::var_os("FTREC_PY_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target/py-venv"))
+}
+
 /// Why the package cannot be built here, if it cannot.
 fn missing_python() -> Option<String> {
-    if root().join("target/py-venv/bin/python").exists() {
+    if venv().join("bin/python").exists() {
         return None;
     }
     let ok = |args: &[&str]| {
