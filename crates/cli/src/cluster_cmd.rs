@@ -384,11 +384,7 @@ pub fn apply_start_timeout(a: &RunArgs, cfg: &mut RunConfig) -> Result<()> {
 pub fn run(a: RunArgs) -> Result<()> {
     a.obs.linger()?;
     a.obs.start()?;
-    run_job(&a)
-}
-
-fn run_job(a: &RunArgs) -> Result<()> {
-    let a = resume_or_start(merge(a)?)?;
+    let a = resume_or_start(merge(&a)?)?;
     if let Some(location) = &a.resume {
         let cfg = crate::resume::config(&a, location)?;
         return execute(&a, cfg);
@@ -401,11 +397,7 @@ fn run_job(a: &RunArgs) -> Result<()> {
 pub fn coordinator(a: RunArgs) -> Result<()> {
     a.obs.linger()?;
     a.obs.start()?;
-    coordinator_job(&a)
-}
-
-fn coordinator_job(a: &RunArgs) -> Result<()> {
-    let a = resume_or_start(merge(a)?)?;
+    let a = resume_or_start(merge(&a)?)?;
     if a.server_addr.is_empty() {
         bail!("ftrec coordinator needs the servers' addresses (--server-addr, one per server)");
     }

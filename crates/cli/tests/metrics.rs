@@ -4,40 +4,23 @@
 //! object a line with the run's events among them; bad flags are one error line before any
 //! work.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
 mod common;
-use common::{ftrec, one_error_line, read_json, succeed};
+use common::{ftrec, http_get, metric, one_error_line, read_json, succeed};
 
 /// A GET of `path`: status code and body.
 fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out[9..12].parse().unwrap();
-    let body = out
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
-    (status, body)
+    http_get(addr, path).unwrap()
 }
 
-/// The value of the series `name` (with its labels as written) in an OpenMetrics body.
+/// The value of the series `series` (with its labels as written) in an OpenMetrics body.
 fn value(body: &str, series: &str) -> f64 {
-    body.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no series {series} in\n{body}"))
-        .parse()
-        .unwrap()
+    metric(body, series).unwrap_or_else(|| panic!("no series {series} in\n{body}"))
 }
 
 /// Lines of `child`'s stderr as they come.

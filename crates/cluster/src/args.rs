@@ -203,6 +203,10 @@ pub struct ObsArgs {
     pub metrics_linger_s: Option<f64>,
 }
 
+/// The log format a process takes when it has no `--log-format` (set for the processes a
+/// run starts by the run's own flag).
+pub const LOG_FORMAT_ENV: &str = "FTREC_LOG_FORMAT";
+
 fn parse_log_format(s: &str) -> Result<ftrec_obs::LogFormat, String> {
     s.parse().map_err(|e: ftrec_obs::ObsError| e.to_string())
 }
@@ -211,7 +215,16 @@ impl ObsArgs {
     /// Set the log format and open the metrics endpoint (before any other work, so a taken
     /// port is the first thing the process reports). The endpoint's address, if any.
     pub fn start(&self) -> Result<Option<SocketAddr>, ClusterError> {
-        ftrec_obs::init_logs(self.log_format.unwrap_or_default());
+        // The processes a run starts inherit the format through the environment.
+        let inherited = std::env::var(LOG_FORMAT_ENV)
+            .ok()
+            .and_then(|f| f.parse().ok());
+        let format = self.log_format.or(inherited).unwrap_or_default();
+        if self.log_format.is_some() {
+            // Called first thing, while the process has one thread.
+            std::env::set_var(LOG_FORMAT_ENV, format.name());
+        }
+        ftrec_obs::init_logs(format);
         match self.metrics_listen {
             None => Ok(None),
             Some(addr) => {

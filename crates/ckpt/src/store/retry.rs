@@ -324,6 +324,10 @@ mod tests {
     #[tokio::test]
     async fn a_short_outage_is_ridden_out_and_a_long_one_is_reported() {
         let mem: Arc<dyn ChunkStore> = Arc::new(MemoryStore::new());
+        // The process metrics count at least this test's retries and give-ups (other tests of
+        // the process add theirs).
+        let metrics = ftrec_obs::metrics();
+        let (retries0, errors0) = (metrics.store_retries.get(), metrics.store_errors.get());
         // Puts 1 to 3 fail: the first put succeeds on its fourth try.
         let plan = FaultPlan::new(1).rule(FaultRule::new(
             Op::Put,
@@ -353,6 +357,8 @@ mod tests {
             "{m}"
         );
         assert_eq!(s.retries(), 2);
+        assert!(metrics.store_retries.get() >= retries0 + 5);
+        assert!(metrics.store_errors.get() > errors0);
         // Not transient: no retry.
         let s = RetryingStore::new(mem.clone(), fast(5)).unwrap();
         assert!(matches!(
