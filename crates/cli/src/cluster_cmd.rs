@@ -220,6 +220,7 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
         json: a.json.clone().or(f.json),
         auth: a.auth.clone(),
         obs: a.obs.clone(),
+        workers_elsewhere: a.workers_elsewhere,
     })
 }
 
@@ -385,11 +386,14 @@ pub fn run(a: RunArgs) -> Result<()> {
     a.obs.linger()?;
     a.obs.start()?;
     let a = resume_or_start(merge(&a)?)?;
-    if let Some(location) = &a.resume {
-        let cfg = crate::resume::config(&a, location)?;
-        return execute(&a, cfg);
+    let mut cfg = match &a.resume {
+        Some(location) => crate::resume::config(&a, location)?,
+        None => run_config(&a)?,
+    };
+    if a.workers_elsewhere {
+        cfg.external_workers = true;
+        cfg.validate()?;
     }
-    let cfg = run_config(&a)?;
     execute(&a, cfg)
 }
 
@@ -400,6 +404,9 @@ pub fn coordinator(a: RunArgs) -> Result<()> {
     let a = resume_or_start(merge(&a)?)?;
     if a.server_addr.is_empty() {
         bail!("ftrec coordinator needs the servers' addresses (--server-addr, one per server)");
+    }
+    if a.workers_elsewhere {
+        bail!("--workers-elsewhere is for ftrec run: ftrec coordinator's workers are always started elsewhere");
     }
     let mut cfg = match &a.resume {
         Some(location) => crate::resume::config(&a, location)?,

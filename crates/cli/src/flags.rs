@@ -97,6 +97,12 @@ pub struct RunArgs {
     /// Worker processes [default: 1].
     #[arg(long)]
     pub workers: Option<u32>,
+    /// Start no worker processes: the workers connect to the control socket
+    /// (--control-listen; its address is printed at start) as `ftrec worker --coordinator ADDR
+    /// --id W`, or from Python as `ftrec.EmbeddingClient(ADDR, W)` to train their own model on
+    /// this job's embedding tables. The servers are still started here.
+    #[arg(long)]
+    pub workers_elsewhere: bool,
     /// Synchronous deterministic mode: every step's contributions summed in worker order
     /// before the next step (default: asynchronous).
     #[arg(long)]

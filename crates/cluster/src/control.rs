@@ -67,6 +67,14 @@ pub enum ToWorker {
         /// server, those the coordinator cannot reach included.
         #[serde(default, skip_serializing_if = "String::is_empty")]
         fences: String,
+        /// How many times the job has rolled the servers' tables back to a checkpoint so far;
+        /// a count above the last one the worker saw tells it of a rollback.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        rewinds: u64,
+        /// The global batches the tables held after the newest rollback (the batches after
+        /// them are sent again).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        restored: u64,
     },
     /// Go on after [`FromWorker::Held`].
     Resume,
@@ -81,6 +89,11 @@ pub enum ToWorker {
     /// The answer to a refused hello (a missing or wrong token, another job, too many
     /// connections); the coordinator closes the connection after it.
     Refused { reason: String },
+}
+
+/// A zero count, left out of a message.
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A worker's messages.
@@ -362,6 +375,7 @@ impl WorkerPool {
         if exe.is_none() {
             // Workers started elsewhere need the bound address (the port, when 0 was asked).
             tracing::info!(
+                control = %addr,
                 "control socket listening on {addr}: start {workers} workers with ftrec worker \
                  --coordinator HOST:{} --id W (W from 0)",
                 addr.port()
@@ -845,6 +859,8 @@ mod tests {
                     epoch: 1,
                 }),
                 fences: "c.1,s0.0,w1.2".into(),
+                rewinds: 1,
+                restored: 4,
             }),
             serde_json::to_vec(&ToWorker::Connect { servers: vec![] }),
         ];

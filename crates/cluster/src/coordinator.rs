@@ -280,6 +280,7 @@ fn run_job(cfg: &RunConfig, resume: bool) -> Result<RunReport, ClusterError> {
         ec: None,
         cpu: CpuMeter::default(),
         rewinds: 0,
+        rewound_to: 0,
         final_save_s: 0.0,
         plan,
         attempt_base: 0,
@@ -393,6 +394,8 @@ struct Coordinator {
     /// Recoveries that rewound the model to a saved data position (full recovery); a partial
     /// recovery or a worker's replacement leaves the position where it was.
     rewinds: u64,
+    /// The batch count the newest rewind restored.
+    rewound_to: u64,
     /// Pause of the save of the last step at the end of the run.
     final_save_s: f64,
     /// TSV data: where every global batch starts ([`crate::plan`]).
@@ -494,6 +497,8 @@ impl Coordinator {
             hold,
             start,
             fences: self.cfg.auth.fences.table_text(),
+            rewinds: self.rewinds,
+            restored: self.rewound_to,
         })
     }
 
@@ -1246,6 +1251,7 @@ impl Coordinator {
         self.samples_redone += redone_samples;
         self.batches = restored;
         self.rewinds += 1;
+        self.rewound_to = restored;
         for &i in &open {
             self.failures[i].servers_restored = (0..self.cfg.servers).collect();
         }

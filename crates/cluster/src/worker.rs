@@ -74,52 +74,16 @@ impl Compute {
         client: &ShardedClient<GrpcClient>,
         batch: &Batch,
     ) -> Result<(), ClusterError> {
-        let requests: Vec<RowRequest> = batch
-            .sparse
-            .iter()
-            .enumerate()
-            .filter(|(_, f)| !f.ids.is_empty())
-            .map(|(t, f)| RowRequest {
-                table: TableId(t as u32),
-                rows: f.ids.clone(),
-            })
-            .collect();
-        // Pulls change nothing, so one refused as not ready yet (an ECRec replacement
-        // that is still joining) is simply sent again.
-        let (rows, dense) = retrying(|| async {
-            let (rows, dense) = tokio::join!(client.pull_rows(&requests), client.pull_dense());
-            Ok((rows?, dense?))
-        })
-        .await?;
-        let mut by_table: Vec<Option<&PulledRows>> = vec![None; self.tables];
-        for p in &rows {
-            if let Some(slot) = by_table.get_mut(p.table.0 as usize) {
-                *slot = Some(p);
-            }
-        }
         let values = &mut self.model.params_mut().values;
-        if dense.len() != values.len() {
-            return Err(ClusterError::Protocol(format!(
-                "the servers hold {} dense values, the model has {}",
-                dense.len(),
-                values.len()
-            )));
-        }
-        values.copy_from_slice(&dense);
-        let (b, d) = (batch.size, self.dim);
-        self.pooled.resize(b * self.tables * d, 0.0);
-        pool_sum(
-            &batch.sparse,
-            b,
-            d,
-            |t, row: RowId| {
-                let p = by_table.get(t).copied().flatten()?;
-                let i = p.rows.binary_search(&row).ok()?;
-                p.values.get(i * d..(i + 1) * d)
-            },
+        pull_pooled(
+            client,
+            batch,
+            self.dim,
+            self.tables,
             &mut self.pooled,
-        )?;
-        Ok(())
+            Some(values),
+        )
+        .await
     }
 
     /// Forward and backward on `batch` against the servers' current model: the update to send
@@ -147,31 +111,8 @@ impl Compute {
         let loss =
             self.model
                 .forward_backward(&mut self.ws, &batch.dense, &self.pooled, &batch.labels)?;
-        for acc in &mut self.accs {
-            acc.clear();
-        }
-        scatter_grads(
-            &batch.sparse,
-            batch.size,
-            self.dim,
-            self.ws.grad_pooled(),
-            &mut self.accs,
-        )?;
-        let mut update = Update::new();
-        for (t, acc) in self.accs.iter().enumerate() {
-            if acc.is_empty() {
-                continue;
-            }
-            let sorted = acc.sorted();
-            let mut rows = Vec::with_capacity(sorted.len());
-            let mut grads = Vec::with_capacity(sorted.len() * self.dim);
-            for (r, g) in sorted {
-                rows.push(r);
-                grads.extend_from_slice(g);
-            }
-            update = update.with_sparse(TableId(t as u32), rows, grads);
-        }
-        update = update.with_dense(0, self.ws.grad_params().to_vec());
+        let update = sparse_update(batch, self.dim, self.ws.grad_pooled(), &mut self.accs)?;
+        let update = update.with_dense(0, self.ws.grad_params().to_vec());
         timing.compute_s += t1.elapsed().as_secs_f64();
         Ok((update, loss))
     }
@@ -188,6 +129,137 @@ impl Compute {
             .predict(&mut self.ws, &batch.dense, &self.pooled, out)?;
         Ok(())
     }
+}
+
+/// What computes a batch's update on a worker: its own copy of the preset's DLRM
+/// ([`Compute`]), or a model outside this crate (the Python package's embedding client) that
+/// is handed the batch and the rows it looks up.
+pub trait Trainer {
+    /// Forward and backward on global batch `index` (`batch`) against the servers' current
+    /// model: the update to send and the batch's mean loss, adding the time spent pulling and
+    /// computing to `timing`.
+    fn gradients(
+        &mut self,
+        client: &ShardedClient<GrpcClient>,
+        batch: &Batch,
+        index: u64,
+        timing: &mut BatchTiming,
+    ) -> impl std::future::Future<Output = Result<(Update, f64), ClusterError>>;
+
+    /// How global batch `index` ended, after its update was pushed, staged or committed:
+    /// `Ok`, or the error the coordinator is told of.
+    fn finished(&mut self, _index: u64, _outcome: Result<(), &ClusterError>) {}
+
+    /// The servers' tables were rolled back to their state after the first `batches` global
+    /// batches (a recovery from a checkpoint): the batches after those are sent again.
+    fn rewound(&mut self, _batches: u64) {}
+}
+
+impl Trainer for Compute {
+    fn gradients(
+        &mut self,
+        client: &ShardedClient<GrpcClient>,
+        batch: &Batch,
+        _index: u64,
+        timing: &mut BatchTiming,
+    ) -> impl std::future::Future<Output = Result<(Update, f64), ClusterError>> {
+        self.gradients_timed(client, batch, timing)
+    }
+}
+
+/// Pull the rows `batch` looks up (and, given `dense`, the whole dense vector into it) and
+/// sum-pool each sample's bags into `pooled` `[batch x tables x dim]`.
+pub async fn pull_pooled(
+    client: &ShardedClient<GrpcClient>,
+    batch: &Batch,
+    dim: usize,
+    tables: usize,
+    pooled: &mut Vec<f32>,
+    dense: Option<&mut [f32]>,
+) -> Result<(), ClusterError> {
+    let requests: Vec<RowRequest> = batch
+        .sparse
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| !f.ids.is_empty())
+        .map(|(t, f)| RowRequest {
+            table: TableId(t as u32),
+            rows: f.ids.clone(),
+        })
+        .collect();
+    let want_dense = dense.is_some();
+    // Pulls change nothing, so one refused as not ready yet (an ECRec replacement that is
+    // still joining) is simply sent again.
+    let (rows, pulled) = retrying(|| async {
+        if want_dense {
+            let (rows, dense) = tokio::join!(client.pull_rows(&requests), client.pull_dense());
+            Ok((rows?, Some(dense?)))
+        } else {
+            Ok((client.pull_rows(&requests).await?, None))
+        }
+    })
+    .await?;
+    let mut by_table: Vec<Option<&PulledRows>> = vec![None; tables];
+    for p in &rows {
+        if let Some(slot) = by_table.get_mut(p.table.0 as usize) {
+            *slot = Some(p);
+        }
+    }
+    if let (Some(values), Some(pulled)) = (dense, pulled) {
+        if pulled.len() != values.len() {
+            return Err(ClusterError::Protocol(format!(
+                "the servers hold {} dense values, the model has {}",
+                pulled.len(),
+                values.len()
+            )));
+        }
+        values.copy_from_slice(&pulled);
+    }
+    let (b, d) = (batch.size, dim);
+    pooled.resize(b * tables * d, 0.0);
+    pool_sum(
+        &batch.sparse,
+        b,
+        d,
+        |t, row: RowId| {
+            let p = by_table.get(t).copied().flatten()?;
+            let i = p.rows.binary_search(&row).ok()?;
+            p.values.get(i * d..(i + 1) * d)
+        },
+        pooled,
+    )?;
+    Ok(())
+}
+
+/// The sparse part of a batch's update from the gradient of its pooled bags `grad_pooled`
+/// `[batch x tables x dim]`: per table the touched rows in id order with their gradients summed
+/// in sample order, as the single-process trainer sums them (`accs` are reused buffers, one per
+/// table).
+pub fn sparse_update(
+    batch: &Batch,
+    dim: usize,
+    grad_pooled: &[f32],
+    accs: &mut [SparseGradAccumulator],
+) -> Result<Update, ClusterError> {
+    for acc in accs.iter_mut() {
+        acc.clear();
+    }
+    scatter_grads(&batch.sparse, batch.size, dim, grad_pooled, accs)?;
+    let mut update = Update::new();
+    for (t, acc) in accs.iter().enumerate() {
+        if acc.is_empty() {
+            continue;
+        }
+        let sorted = acc.sorted();
+        let mut rows = Vec::with_capacity(sorted.len());
+        let mut grads = Vec::with_capacity(sorted.len() * dim);
+        for (r, g) in sorted {
+            rows.push(r);
+            grads.extend_from_slice(g);
+        }
+        update = update.with_sparse(TableId(t as u32), rows, grads);
+    }
+    Ok(update)
 }
 
 /// Run `call` again while it fails with a retryable error ([`ftrec_ps::PsError::is_retryable`]),
@@ -403,6 +475,21 @@ pub fn worker_process(
     lifetime: WorkerLifetime,
     auth: &Auth,
 ) -> Result<(), ClusterError> {
+    worker_process_with(coordinator, id, lifetime, auth, |setup| {
+        ftrec_model::set_gemm_threads(setup.threads)?;
+        Compute::new(&setup.preset, setup.seed, setup.batch, setup.threads)
+    })
+}
+
+/// [`worker_process`] with the batches' updates computed by the trainer `make` builds from
+/// the coordinator's setup (after it is checked).
+pub fn worker_process_with<T: Trainer>(
+    coordinator: &PeerAddr,
+    id: u32,
+    lifetime: WorkerLifetime,
+    auth: &Auth,
+    mut make: impl FnMut(&WorkerSetup) -> Result<T, ClusterError>,
+) -> Result<(), ClusterError> {
     let mut auth = auth.clone();
     crate::shard_server::exit_when_fenced(&auth.fences, format!("ftrec worker {id}"));
     if lifetime == WorkerLifetime::Stdin {
@@ -484,7 +571,9 @@ pub fn worker_process(
             what: format!("starting worker {id}'s runtime"),
             source: e,
         })?;
-    let mut state: Option<(WorkerSetup, Source, Compute)> = None;
+    let mut state: Option<(WorkerSetup, Source, T)> = None;
+    // Rollbacks of the tables the coordinator has announced (every batch carries the count).
+    let mut rewinds_seen = 0u64;
     let mut client: Option<ShardedClient<GrpcClient>> = None;
     let mut ec: Option<EcTxns> = None;
     loop {
@@ -508,11 +597,9 @@ pub fn worker_process(
                         )));
                     }
                     setup.validate()?;
-                    ftrec_model::set_gemm_threads(setup.threads)?;
                     let source = Source::open(&setup)?;
-                    let compute =
-                        Compute::new(&setup.preset, setup.seed, setup.batch, setup.threads)?;
-                    Ok((*setup, source, compute))
+                    let trainer = make(&setup)?;
+                    Ok((*setup, source, trainer))
                 })();
                 match built {
                     Ok(s) => {
@@ -580,7 +667,15 @@ pub fn worker_process(
                 hold,
                 start,
                 fences,
+                rewinds,
+                restored,
             }) => {
+                if rewinds > rewinds_seen {
+                    rewinds_seen = rewinds;
+                    if let Some((_, _, trainer)) = state.as_mut() {
+                        trainer.rewound(restored);
+                    }
+                }
                 if let Err(e) = auth.fences.merge(&fences) {
                     return Err(ClusterError::Protocol(format!(
                         "the coordinator at {coordinator} sent worker {id} a bad table of \
@@ -613,6 +708,9 @@ pub fn worker_process(
                 );
                 if stop {
                     return Ok(());
+                }
+                if let Some((_, _, trainer)) = state.as_mut() {
+                    trainer.finished(index, r.as_ref().map(|_| ()));
                 }
                 match r {
                     // The batch's data cannot be read: no retry or recovery helps.
@@ -674,16 +772,16 @@ type Txns<'a> = (&'a mut EcTxns, &'a [TxnHold], &'a mut dyn FnMut(TxnHold));
 
 /// Train on global batch `index` (starting at `start` on TSV data): stage it as `seq`, push
 /// it, or (ECRec in asynchronous training) run it as one transaction.
-fn run_batch(
+fn run_batch<T: Trainer>(
     rt: &tokio::runtime::Runtime,
-    state: Option<&mut (WorkerSetup, Source, Compute)>,
+    state: Option<&mut (WorkerSetup, Source, T)>,
     client: Option<&ShardedClient<GrpcClient>>,
     txns: Option<Txns<'_>>,
     id: u32,
     (index, start): (u64, Option<&Position>),
     seq: Option<u64>,
 ) -> Result<(f64, BatchTiming), ClusterError> {
-    let Some((setup, source, compute)) = state else {
+    let Some((setup, source, trainer)) = state else {
         return Err(ClusterError::Protocol(format!(
             "worker {id} was sent batch {index} before its setup"
         )));
@@ -705,7 +803,7 @@ fn run_batch(
     let txn_seen: std::cell::Cell<Option<TxnId>> = std::cell::Cell::new(None);
     let res = rt.block_on(async {
         let work = async {
-            let (update, loss) = compute.gradients_timed(c, &batch, &mut timing).await?;
+            let (update, loss) = trainer.gradients(c, &batch, index, &mut timing).await?;
             loss_seen.set(Some(loss));
             let t = std::time::Instant::now();
             match (seq, txns.as_mut()) {

@@ -13,7 +13,7 @@ mod logs;
 mod metrics;
 
 pub use endpoint::{set_ready, Endpoint};
-pub use logs::{init_logs, LogFormat, EVENT_TARGET};
+pub use logs::{init_logs, LogFormat, EVENT_TARGET, PROGRESS_TARGET};
 pub use metrics::{metrics, Metrics, Phase, RoleLabel, StrategyLabel};
 
 /// What can go wrong in this crate.

@@ -1,7 +1,8 @@
 //! The process's log lines, on stderr: `text` (each line as it always read: the message
 //! alone) or `json` (one object a line with time, level, target and fields, for a log
 //! pipeline). Records with target [`EVENT_TARGET`] (a run's timeline events with their
-//! fields) go to JSON logs only: in text form the run's own progress lines tell the same.
+//! fields) and [`PROGRESS_TARGET`] (the training rate, at the report interval) go to JSON logs
+//! only: in text form the run's own report lines tell the same.
 
 use std::str::FromStr;
 
@@ -14,6 +15,8 @@ use crate::ObsError;
 
 /// Target of a run's timeline events (failure detected, server replaced, ...).
 pub const EVENT_TARGET: &str = "ftrec::event";
+/// Target of a run's progress records (step, samples, samples/s).
+pub const PROGRESS_TARGET: &str = "ftrec::progress";
 
 /// `--log-format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -63,7 +66,9 @@ pub fn init_logs(format: LogFormat) {
                     .with_level(false)
                     .with_ansi(false)
                     .with_filter(LevelFilter::INFO)
-                    .with_filter(filter_fn(|m| m.target() != EVENT_TARGET)),
+                    .with_filter(filter_fn(|m| {
+                        m.target() != EVENT_TARGET && m.target() != PROGRESS_TARGET
+                    })),
             )
             .try_init(),
         LogFormat::Json => registry

@@ -32,6 +32,7 @@ use pyo3::exceptions::{PyException, PyFileNotFoundError, PyTypeError, PyValueErr
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyString};
 
+pub mod client;
 pub mod convert;
 
 use convert::{Raise, ARGS};
@@ -279,6 +280,9 @@ impl Store {
 #[pymodule]
 fn _ftrec(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Store>()?;
+    m.add_class::<client::EmbeddingClient>()?;
+    m.add_class::<client::Batch>()?;
+    m.add("BatchLost", m.py().get_type::<client::BatchLost>())?;
     m.add("FtrecError", m.py().get_type::<FtrecError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

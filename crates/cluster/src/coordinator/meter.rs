@@ -44,8 +44,16 @@ impl Coordinator {
         let samples = self.meter.samples;
         match self.meter.window {
             Some((t, s)) if now_s - t >= self.cfg.report_interval_s.max(0.1) => {
-                m.samples_per_second
-                    .set((samples - s) as f64 / (now_s - t).max(1e-9));
+                let rate = (samples - s) as f64 / (now_s - t).max(1e-9);
+                m.samples_per_second.set(rate);
+                tracing::info!(
+                    target: ftrec_obs::PROGRESS_TARGET,
+                    step,
+                    samples,
+                    samples_per_second = rate,
+                    t_s = now_s,
+                    "step {step}: {rate:.0} samples/s"
+                );
                 self.meter.window = Some((now_s, samples));
             }
             Some(_) => {}
