@@ -57,6 +57,7 @@ enum ToPy {
         dim: usize,
         batch: usize,
         workers: u32,
+        mlp: (Vec<usize>, Vec<usize>),
     },
     /// Train global batch `index`.
     Batch { index: u64, batch: Box<DataBatch> },
@@ -108,6 +109,10 @@ impl Trainer for External {
         timing: &mut BatchTiming,
     ) -> Result<(Update, f64), ClusterError> {
         let gone = || ClusterError::Protocol("the Python trainer went away".into());
+        // Python's forward and backward count as compute: the time from handing the batch
+        // over to its gradient, less the pulls made meanwhile.
+        let start = std::time::Instant::now();
+        let mut pulling = 0.0;
         self.to_py
             .send(ToPy::Batch {
                 index,
@@ -121,7 +126,9 @@ impl Trainer for External {
                     let r =
                         pull_pooled(client, batch, self.dim, self.tables, &mut self.pooled, None)
                             .await;
-                    timing.pull_s += t.elapsed().as_secs_f64();
+                    let pulled = t.elapsed().as_secs_f64();
+                    timing.pull_s += pulled;
+                    pulling += pulled;
                     let reply = r
                         .as_ref()
                         .map(|_| self.pooled.clone())
@@ -130,9 +137,8 @@ impl Trainer for External {
                     r?;
                 }
                 FromPy::Gradients { grad, loss } => {
-                    let t = std::time::Instant::now();
                     let update = sparse_update(batch, self.dim, &grad, &mut self.accs)?;
-                    timing.compute_s += t.elapsed().as_secs_f64();
+                    timing.compute_s += (start.elapsed().as_secs_f64() - pulling).max(0.0);
                     return Ok((update, loss));
                 }
                 FromPy::GiveUp(reason) => {
@@ -164,6 +170,8 @@ struct Shape {
     dim: usize,
     batch: usize,
     workers: u32,
+    /// The preset's DLRM MLP widths (bottom without its input, top without its input).
+    mlp: (Vec<usize>, Vec<usize>),
 }
 
 /// The Python side's ends of the channels and where it stands.
@@ -269,6 +277,7 @@ impl EmbeddingClient {
                                 dim: p.dim,
                                 batch: setup.batch,
                                 workers: setup.workers,
+                                mlp: (p.mlp.bottom.clone(), p.mlp.top.clone()),
                             })
                             .map_err(|_| {
                                 ClusterError::Protocol("the Python trainer went away".into())
@@ -300,18 +309,22 @@ impl EmbeddingClient {
                 dim,
                 batch,
                 workers,
+                mlp,
             } => Shape {
                 preset,
                 table_rows,
                 dim,
                 batch,
                 workers,
+                mlp,
             },
-            ToPy::Ended(r) => return Err(ended_err(&r).unwrap_or_else(|| {
-                FtrecError::new_err(format!(
+            ToPy::Ended(r) => {
+                return Err(ended_err(&r).unwrap_or_else(|| {
+                    FtrecError::new_err(format!(
                     "the coordinator at {coordinator} stopped worker {worker} before setting it up"
                 ))
-            })),
+                }))
+            }
             _ => {
                 return Err(FtrecError::new_err(
                     "the worker thread spoke before its setup".to_string(),
@@ -368,6 +381,19 @@ impl EmbeddingClient {
     #[getter]
     fn batch_size(&self) -> usize {
         self.shape.batch
+    }
+
+    /// The preset's DLRM bottom MLP widths after its input (the dense features), e.g.
+    /// `[512, 256, 64, 16]`: what `ftrec.torch.Dlrm` builds for this job.
+    #[getter]
+    fn bottom_mlp(&self) -> Vec<usize> {
+        self.shape.mlp.0.clone()
+    }
+
+    /// The preset's DLRM top MLP widths after its input (the interaction), e.g. `[512, 256, 1]`.
+    #[getter]
+    fn top_mlp(&self) -> Vec<usize> {
+        self.shape.mlp.1.clone()
     }
 
     /// Dense features per sample.
