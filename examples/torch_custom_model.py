@@ -51,25 +51,6 @@ class DeepFM(nn.Module):
         return self.linear(dense).squeeze(1) + fm + self.deep(v.flatten(1)).squeeze(1)
 
 
-def auc(scores, labels):
-    """Area under the ROC curve (ties counted half)."""
-    order = np.argsort(scores, kind="mergesort")
-    s, y = scores[order], labels[order]
-    ranks = np.empty(len(s))
-    i = 0
-    while i < len(s):
-        j = i
-        while j + 1 < len(s) and s[j + 1] == s[i]:
-            j += 1
-        ranks[i:j + 1] = (i + j) / 2 + 1
-        i = j + 1
-    pos = y > 0.5
-    n_pos, n_neg = pos.sum(), (~pos).sum()
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
-
-
 STRATEGY = {
     "ecrec": {},
     "deck": {"delta_every_steps": 5, "merge_stride": 0},
@@ -115,7 +96,7 @@ def train(a, strategy, kill):
     scores = np.concatenate([scored[i][0] for i in sorted(scored)])
     labels = np.concatenate([scored[i][1] for i in sorted(scored)])
     weights = torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
-    return report, events, auc(scores, labels), weights
+    return report, events, ftrec.evaluate(scores, labels)["auc"], weights
 
 
 def main():

@@ -17,7 +17,7 @@ optimizer that does not fit, ``TypeError`` for an argument of the wrong type, an
 ``ftrec.FtrecError`` when the store itself fails (damage, an unreachable S3 service).
 """
 
-from ._ftrec import Batch, BatchLost, EmbeddingClient, FtrecError, Store, __version__
+from ._ftrec import Batch, BatchLost, EmbeddingClient, FtrecError, Store, __version__, evaluate
 from .job import Job
 
-__all__ = ["Batch", "BatchLost", "EmbeddingClient", "FtrecError", "Job", "Store", "__version__"]
+__all__ = ["Batch", "BatchLost", "EmbeddingClient", "FtrecError", "Job", "Store", "__version__", "evaluate"]

@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
-__all__ = ["RemoteEmbeddings", "Dlrm", "DenseCheckpoints"]
+__all__ = ["RemoteEmbeddings", "Dlrm", "DlrmModel", "dlrm_from_store", "DenseCheckpoints"]
 
 
 class _Lookup(torch.autograd.Function):
@@ -68,21 +68,13 @@ class RemoteEmbeddings(nn.Module):
         return _Lookup.apply(self._anchor, batch, self)
 
 
-def _mlp(widths: Sequence[int], last_relu: bool) -> nn.Sequential:
-    layers: List[nn.Module] = []
-    for i in range(len(widths) - 1):
-        layers.append(nn.Linear(widths[i], widths[i + 1]))
-        if i + 2 < len(widths) or last_relu:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
-
-
 class Dlrm(nn.Module):
     """ftrec's DLRM dense part in PyTorch: the bottom MLP on the dense features (a ReLU after
     every layer), the dot interaction of its output with every table's pooled row (the strictly
     upper pairs) beside that output, and the top MLP (no ReLU after its last layer) to one
-    logit. ``forward(dense [B, 13], pooled [B, tables, dim])`` gives the logits ``[B]``.
-    Build it for a job with ``Dlrm.for_client(client)``."""
+    logit. ``forward(dense [B, 13], pooled [B, tables, dim])`` gives the logits ``[B]``. Its
+    parameters are named as ``ftrec ckpt export`` names them (``bottom_mlp.{i}.weight``
+    ``[out, in]``, ...). Build it for a job with ``Dlrm.for_client(client)``."""
 
     def __init__(self, dense_features: int, tables: int, dim: int,
                  bottom: Sequence[int], top: Sequence[int]) -> None:
@@ -91,10 +83,14 @@ class Dlrm(nn.Module):
             raise ValueError(f"the bottom MLP must end at the embedding width {dim} (got {list(bottom)})")
         if not top or top[-1] != 1:
             raise ValueError(f"the top MLP must end at one logit (got {list(top)})")
-        self.bottom = _mlp([dense_features, *bottom], last_relu=True)
+        widths = [dense_features, *bottom]
+        self.bottom_mlp = nn.ModuleList(
+            nn.Linear(widths[i], widths[i + 1]) for i in range(len(widths) - 1))
         n = tables + 1
         self.register_buffer("pairs", torch.triu_indices(n, n, offset=1), persistent=False)
-        self.top = _mlp([dim + n * (n - 1) // 2, *top], last_relu=False)
+        widths = [dim + n * (n - 1) // 2, *top]
+        self.top_mlp = nn.ModuleList(
+            nn.Linear(widths[i], widths[i + 1]) for i in range(len(widths) - 1))
 
     @classmethod
     def for_client(cls, client: Any) -> "Dlrm":
@@ -102,11 +98,86 @@ class Dlrm(nn.Module):
                    client.top_mlp)
 
     def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        z0 = self.bottom(dense)
+        z0 = dense
+        for layer in self.bottom_mlp:
+            z0 = torch.relu(layer(z0))
         t = torch.cat([z0.unsqueeze(1), pooled], dim=1)
         dots = torch.bmm(t, t.transpose(1, 2))
-        upper = dots[:, self.pairs[0], self.pairs[1]]
-        return self.top(torch.cat([z0, upper], dim=1)).squeeze(1)
+        x = torch.cat([z0, dots[:, self.pairs[0], self.pairs[1]]], dim=1)
+        last = len(self.top_mlp) - 1
+        for i, layer in enumerate(self.top_mlp):
+            x = layer(x)
+            if i < last:
+                x = torch.relu(x)
+        return x.squeeze(1)
+
+
+class DlrmModel(nn.Module):
+    """ftrec's whole DLRM in PyTorch: ``embedding.{t}`` ``nn.EmbeddingBag``s (sum) and the
+    dense part of :class:`Dlrm` (``bottom_mlp``, ``top_mlp``), named as ``ftrec ckpt export``
+    names its tensors. ``forward(dense [B, 13], sparse)`` gives the logits ``[B]``; ``sparse`` is
+    per table a pair ``(offsets [B + 1], ids)`` as ``Store.held_out()`` and ``ftrec.Batch`` give
+    it (NumPy or tensors). ``predict`` gives click probabilities."""
+
+    def __init__(self, table_rows: Sequence[int], dim: int, dense_features: int,
+                 bottom: Sequence[int], top: Sequence[int]) -> None:
+        super().__init__()
+        self.embedding = nn.ModuleList(nn.EmbeddingBag(r, dim, mode="sum") for r in table_rows)
+        self.dense = Dlrm(dense_features, len(table_rows), dim, bottom, top)
+        # The export's names: bottom_mlp and top_mlp at the top level.
+        self.bottom_mlp = self.dense.bottom_mlp
+        self.top_mlp = self.dense.top_mlp
+
+    def forward(self, dense: Any, sparse: Sequence[Any]) -> torch.Tensor:
+        dense = torch.as_tensor(dense)
+        pooled = []
+        for bag, (offsets, ids) in zip(self.embedding, sparse):
+            offsets = torch.as_tensor(offsets.astype("int64") if hasattr(offsets, "astype") else offsets)
+            ids = torch.as_tensor(ids.astype("int64") if hasattr(ids, "astype") else ids)
+            pooled.append(bag(ids, offsets[:-1]))
+        return self.dense(dense, torch.stack(pooled, dim=1))
+
+    @torch.no_grad()
+    def predict(self, dense: Any, sparse: Sequence[Any]) -> torch.Tensor:
+        return torch.sigmoid(self(dense, sparse))
+
+
+def dlrm_from_store(store: Any, at: Any = None) -> DlrmModel:
+    """ftrec's DLRM with the weights of a store's state (``store``: an ``ftrec.Store`` or its
+    location; ``at`` as for ``Store.state_dict``), in eval mode. Its predictions on
+    ``store.held_out()`` are ``ftrec eval``'s."""
+    from . import Store
+
+    if not isinstance(store, Store):
+        store = Store(store)
+    tensors = store.state_dict(at=at)
+    rows, dims = [], set()
+    t = 0
+    while f"embedding.{t}.weight" in tensors:
+        r, d = tensors[f"embedding.{t}.weight"].shape
+        rows.append(r)
+        dims.add(d)
+        t += 1
+    if len(dims) != 1:
+        raise ValueError(f"the state's tables have widths {sorted(dims)}: not ftrec's DLRM")
+    dim = dims.pop()
+
+    def widths(part: str) -> List[int]:
+        out, i = [], 0
+        while f"{part}.{i}.weight" in tensors:
+            out.append(tensors[f"{part}.{i}.weight"].shape[0])
+            i += 1
+        return out
+
+    dense_features = tensors["bottom_mlp.0.weight"].shape[1]
+    model = DlrmModel(rows, dim, dense_features, widths("bottom_mlp"), widths("top_mlp"))
+    state = {name: torch.from_numpy(a) for name, a in tensors.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # The dense part's copies of the MLPs share the top-level modules' tensors.
+    missing = [m for m in missing if not m.startswith("dense.")]
+    if missing or unexpected:
+        raise ValueError(f"the state does not fit ftrec's DLRM: missing {missing}, unexpected {unexpected}")
+    return model.eval()
 
 
 class DenseCheckpoints:

@@ -275,3 +275,29 @@ def test_damage_is_reported_by_verify_and_raised_by_a_restore(stores, tmp_path):
         store.state_dict()
     # The older state is intact and still reads.
     assert "embedding.0.weight" in store.state_dict(at=6)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_the_held_out_set_and_its_predictions_are_ftrec_evals(stores, strategy, tmp_path):
+    out = tmp_path / "eval.json"
+    ftrec_cli("eval", "--ckpt", stores[strategy], "--json", out)
+    import json
+    reference = json.loads(out.read_text())
+    held = ftrec.Store(stores[strategy]).held_out()
+    n = reference["eval_samples"]
+    assert held["step"] == reference["step"] == STEPS
+    assert held["dense"].shape == (n, 13) and held["labels"].shape == (n,)
+    assert len(held["sparse"]) == 26
+    for offsets, ids in held["sparse"]:
+        assert offsets.dtype == np.uint32 and ids.dtype == np.uint64
+        assert offsets[0] == 0 and offsets[-1] == len(ids) and len(offsets) == n + 1
+    assert (held["auc"], held["logloss"]) == (reference["auc"], reference["logloss"])
+    again = ftrec.evaluate(held["predictions"], held["labels"])
+    assert (again["auc"], again["logloss"]) == (reference["auc"], reference["logloss"])
+
+
+def test_evaluate_refuses_arrays_that_do_not_pair():
+    with pytest.raises(ValueError, match="one label per probability"):
+        ftrec.evaluate(np.zeros(3, np.float32), np.zeros(2, np.float32))
+    with pytest.raises(TypeError):
+        ftrec.evaluate(np.zeros(3, np.float64), np.zeros(3, np.float32))

@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed in this Python")
 
 import ftrec  # noqa: E402
+import ftrec.torch  # noqa: E402
 from ftrec.torch import DenseCheckpoints, Dlrm, RemoteEmbeddings  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -78,3 +79,30 @@ def test_a_rollback_to_a_step_without_a_dense_state_names_the_steps_held():
     before = model.weight.clone()
     dense.load(5)
     assert not torch.equal(model.weight, before)
+
+
+def test_dlrm_from_store_predicts_as_ftrec_eval(tmp_path):
+    store = tmp_path / "store"
+    run = subprocess.run(
+        [ftrec_bin(), "run", "--preset", "tiny", "--servers", "2", "--steps", "30", "--sync",
+         "--strategy", "full", "--ckpt-every-steps", "10", "--store", str(store),
+         "--eval-samples", "4096", "--work-dir", str(tmp_path / "w")],
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    ev = subprocess.run([ftrec_bin(), "eval", "--ckpt", str(store), "--json", str(tmp_path / "e.json")],
+                        capture_output=True, text=True, timeout=300)
+    assert ev.returncode == 0, ev.stderr
+    import json
+    reference = json.loads((tmp_path / "e.json").read_text())
+    s = ftrec.Store(str(store))
+    held = s.held_out()
+    assert held["step"] == reference["step"] and len(held["labels"]) == reference["eval_samples"]
+    assert held["auc"] == reference["auc"] and held["logloss"] == reference["logloss"]
+    model = ftrec.torch.dlrm_from_store(s)
+    p = model.predict(held["dense"], held["sparse"]).numpy()
+    assert np.allclose(p, held["predictions"], rtol=0, atol=2e-6), np.abs(p - held["predictions"]).max()
+    ours = ftrec.evaluate(p.astype(np.float32), held["labels"])
+    assert abs(ours["auc"] - reference["auc"]) <= 1e-6
+    # The same model from an older state: the first save's step.
+    older = ftrec.torch.dlrm_from_store(str(store), at=30)
+    assert older.embedding[0].weight.shape == model.embedding[0].weight.shape

@@ -34,6 +34,7 @@ use pyo3::types::{PyBool, PyDict, PyString};
 
 pub mod client;
 pub mod convert;
+pub mod heldout;
 
 use convert::{Raise, ARGS};
 
@@ -275,11 +276,94 @@ impl Store {
         }
         Ok(out)
     }
+
+    /// The held-out set the store's job evaluates on and what the store's model predicts for
+    /// it, as `ftrec eval --ckpt LOCATION` computes them (the job record's preset, seed, batch,
+    /// data and held-out size; `samples` overrides the size): a dict with `dense` `[n, 13]`,
+    /// `labels` `[n]`, `sparse` (per table a pair of `offsets` uint32 `[n + 1]` and `ids`
+    /// uint64, sample `i` looking up `ids[offsets[i]:offsets[i+1]]`), `predictions` `[n]` (the
+    /// click probabilities), `auc`, `logloss` and `step`. `at` as for `state_dict`.
+    #[pyo3(signature = (at=None, *, samples=None))]
+    fn held_out<'py>(
+        &self,
+        py: Python<'py>,
+        at: Option<&Bound<'py, PyAny>>,
+        samples: Option<usize>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let at = at_arg(at)?;
+        let h = py
+            .detach(|| {
+                heldout::held_out(
+                    &self.rt,
+                    &self.ckpts,
+                    &self.location,
+                    &self.opts,
+                    &at,
+                    samples,
+                )
+            })
+            .map_err(py_err)?;
+        let n = h.eval.samples();
+        let tables = h.eval.batches.first().map_or(0, |b| b.sparse.len());
+        let mut dense = Vec::with_capacity(n * ftrec_core::NUM_DENSE);
+        let mut labels = Vec::with_capacity(n);
+        let mut offsets: Vec<Vec<u32>> = vec![vec![0]; tables];
+        let mut ids: Vec<Vec<u64>> = vec![Vec::new(); tables];
+        for b in &h.eval.batches {
+            dense.extend_from_slice(&b.dense);
+            labels.extend_from_slice(&b.labels);
+            for (t, f) in b.sparse.iter().enumerate() {
+                let base = ids[t].len() as u32;
+                offsets[t].extend(f.offsets.iter().skip(1).map(|o| base + o));
+                ids[t].extend_from_slice(&f.ids);
+            }
+        }
+        let out = PyDict::new(py);
+        let dense = numpy::ndarray::Array2::from_shape_vec((n, ftrec_core::NUM_DENSE), dense)
+            .map_err(|e| FtrecError::new_err(format!("the held-out dense features: {e}")))?;
+        out.set_item("dense", PyArray::from_owned_array(py, dense))?;
+        out.set_item("labels", PyArray::from_vec(py, labels))?;
+        let sparse = pyo3::types::PyList::empty(py);
+        for (o, i) in offsets.into_iter().zip(ids) {
+            sparse.append((PyArray::from_vec(py, o), PyArray::from_vec(py, i)))?;
+        }
+        out.set_item("sparse", sparse)?;
+        out.set_item("predictions", PyArray::from_vec(py, h.predictions))?;
+        out.set_item("auc", h.evaluation.auc)?;
+        out.set_item("logloss", h.evaluation.logloss)?;
+        out.set_item("step", h.step)?;
+        Ok(out)
+    }
+}
+
+/// AUC and logloss of click probabilities `probabilities` against 0/1 `labels` (float32 arrays
+/// of one length), as every ftrec report computes them: a dict with `auc` and `logloss`.
+#[pyfunction]
+fn evaluate<'py>(
+    py: Python<'py>,
+    probabilities: numpy::PyReadonlyArray1<'py, f32>,
+    labels: numpy::PyReadonlyArray1<'py, f32>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let (p, l) = (probabilities.as_slice()?, labels.as_slice()?);
+    if p.len() != l.len() || p.is_empty() {
+        return Err(PyValueError::new_err(format!(
+            "{} probabilities and {} labels: give one label per probability, at least one",
+            p.len(),
+            l.len()
+        )));
+    }
+    let e = ftrec_worker::local::Evaluation::of(p, l)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let out = PyDict::new(py);
+    out.set_item("auc", e.auc)?;
+    out.set_item("logloss", e.logloss)?;
+    Ok(out)
 }
 
 #[pymodule]
 fn _ftrec(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Store>()?;
+    m.add_function(wrap_pyfunction!(evaluate, m)?)?;
     m.add_class::<client::EmbeddingClient>()?;
     m.add_class::<client::Batch>()?;
     m.add("BatchLost", m.py().get_type::<client::BatchLost>())?;
