@@ -5,11 +5,14 @@
 //! `s3://bucket/prefix` of any saving strategy opened from Python, its checkpoints as
 //! `ftrec ckpt ls` lists them, its job record, what `ftrec ckpt verify` finds, and any
 //! committed state as a dict of NumPy `float32` arrays under the names and shapes of
-//! `ftrec ckpt export`'s safetensors file. It only converts: opening, restoring, shaping and
-//! naming are [`ftrec_cluster::restored`]'s and `ftrec_ckpt`'s, the code the `ftrec` binary
-//! runs. Work on a store runs with the GIL released; a table's values become its array
-//! without a copy when its rows carry no optimizer state (else the weights are compacted in
-//! place, still without a second buffer). Every failure is a Python exception with one line
+//! `ftrec ckpt export`'s safetensors file. It also owns the held-out set and reference
+//! predictions of a store ([`heldout`]) and a Python trainer's door into a job,
+//! [`client::EmbeddingClient`]: the worker loop of `ftrec worker` with the model handed to
+//! Python. It only converts: opening, restoring, shaping and naming are
+//! [`ftrec_cluster::restored`]'s and `ftrec_ckpt`'s, the code the `ftrec` binary runs. Work
+//! on a store runs with the GIL released; a table's values become its array without a copy
+//! when its rows carry no optimizer state (else the weights are compacted in place, still
+//! without a second buffer). Every failure is a Python exception with one line
 //! naming what to change ([`convert::raise_of`]), never a panic.
 //!
 //! ```python
