@@ -293,6 +293,8 @@ fn a_worker_refuses_a_huge_batch_and_batch_indices_out_of_range() {
             hold: Vec::new(),
             start: None,
             fences: String::new(),
+            rewinds: 0,
+            restored: 0,
         };
         match ask(&mut w, &mut r, &batch) {
             FromWorker::Failed { index: i, error } => {
@@ -309,6 +311,8 @@ fn a_worker_refuses_a_huge_batch_and_batch_indices_out_of_range() {
         hold: Vec::new(),
         start: None,
         fences: String::new(),
+        rewinds: 0,
+        restored: 0,
     };
     match ask(&mut w, &mut r, &batch) {
         FromWorker::Failed { error, .. } => assert!(error.contains("connected"), "{error}"),
