@@ -184,16 +184,25 @@ class DenseCheckpoints:
     """The dense part's state (a module's and, if given, its optimizer's ``state_dict``) kept
     by step, so that a rollback of the tables to a step can reload the dense part of the same
     step: ``client.on_rollback(dense.load)``. ``every`` keeps one state in that many steps
-    (give the job's checkpoint interval, or 1); ``keep`` bounds how many are held (the oldest go
-    first). ``path``, when given, is a directory where each state is also written
-    (``dense-{step}.pt``), so a trainer that restarts can reload it."""
+    (give the job's checkpoint interval, or 1); ``keep`` bounds how many are held in memory
+    (the oldest go first). With ``store`` (an ``ftrec.Store`` or its location: the job's own
+    store), each state is also written into it as ``dense/{step}.pt`` (``Store.put_blob``),
+    outside the checkpoints' collection, so a trainer that restarts reloads the dense part of
+    the step the tables were restored to; with ``path``, into that directory instead."""
 
     def __init__(self, module: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, *,
-                 every: int = 1, keep: int = 64, path: Optional[str] = None) -> None:
+                 every: int = 1, keep: int = 64, store: Any = None,
+                 path: Optional[str] = None) -> None:
         if every < 1 or keep < 1:
             raise ValueError("every and keep must be at least 1")
+        if store is not None and path is not None:
+            raise ValueError("give store= or path=, not both")
+        if store is not None:
+            from . import Store
+            if not isinstance(store, Store):
+                store = Store(store)
         self.module, self.optimizer = module, optimizer
-        self.every, self.keep, self.path = every, keep, path
+        self.every, self.keep, self.store, self.path = every, keep, store, path
         self.states: Dict[int, Dict[str, Any]] = {}
         self.save(0)
 
@@ -212,20 +221,34 @@ class DenseCheckpoints:
         self.states[step] = state
         while len(self.states) > self.keep:
             del self.states[min(self.states)]
-        if self.path is not None:
+        if self.store is not None:
+            import io
+            buf = io.BytesIO()
+            torch.save(state, buf)
+            self.store.put_blob(f"dense/{step}.pt", buf.getvalue())
+        elif self.path is not None:
             import os
             os.makedirs(self.path, exist_ok=True)
             torch.save(state, os.path.join(self.path, f"dense-{step}.pt"))
 
-    def load(self, step: int) -> None:
-        """Reload the state after ``step`` (the rollback hook). Raises ``KeyError`` naming the
-        steps held when there is none for ``step``."""
-        state = self.states.get(step)
-        if state is None and self.path is not None:
-            import os
+    def _stored(self, step: int) -> Optional[Dict[str, Any]]:
+        import io
+        import os
+        if self.store is not None:
+            data = self.store.get_blob(f"dense/{step}.pt")
+            return None if data is None else torch.load(io.BytesIO(data), weights_only=False)
+        if self.path is not None:
             f = os.path.join(self.path, f"dense-{step}.pt")
             if os.path.exists(f):
-                state = torch.load(f, weights_only=False)
+                return torch.load(f, weights_only=False)
+        return None
+
+    def load(self, step: int) -> None:
+        """Reload the state after ``step`` (the rollback hook): from memory, else from the
+        store or directory. Raises ``KeyError`` naming the steps held when there is none."""
+        state = self.states.get(step)
+        if state is None:
+            state = self._stored(step)
         if state is None:
             raise KeyError(
                 f"no dense state for step {step} (held: {sorted(self.states)}); save every "

@@ -301,3 +301,16 @@ def test_evaluate_refuses_arrays_that_do_not_pair():
         ftrec.evaluate(np.zeros(3, np.float32), np.zeros(2, np.float32))
     with pytest.raises(TypeError):
         ftrec.evaluate(np.zeros(3, np.float64), np.zeros(3, np.float32))
+
+
+def test_a_trainers_objects_round_trip_beside_the_checkpoints(stores):
+    store = ftrec.Store(stores["deck"])
+    assert store.get_blob("dense/3.pt") is None
+    store.put_blob("dense/3.pt", b"\x00state")
+    assert store.get_blob("dense/3.pt") == b"\x00state"
+    store.put_blob("dense/3.pt", b"newer")
+    assert store.get_blob("dense/3.pt") == b"newer"
+    assert store.verify()["ok"]
+    for bad in ["", "/abs", "a/../b", "a//b"]:
+        with pytest.raises(ValueError, match="relative path"):
+            store.put_blob(bad, b"x")

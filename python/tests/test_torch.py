@@ -106,3 +106,26 @@ def test_dlrm_from_store_predicts_as_ftrec_eval(tmp_path):
     # The same model from an older state: the first save's step.
     older = ftrec.torch.dlrm_from_store(str(store), at=30)
     assert older.embedding[0].weight.shape == model.embedding[0].weight.shape
+
+
+def test_dense_states_kept_in_the_jobs_store_reload_in_a_new_trainer(tmp_path):
+    store = tmp_path / "store"
+    run = subprocess.run(
+        [ftrec_bin(), "run", "--preset", "tiny", "--steps", "4", "--strategy", "full",
+         "--store", str(store), "--eval-samples", "0", "--work-dir", str(tmp_path / "w")],
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    torch.manual_seed(1)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.Adagrad(model.parameters())
+    dense = DenseCheckpoints(model, opt, store=str(store))
+    model(torch.ones(2, 3)).sum().backward()
+    opt.step()
+    dense.save(4)
+    saved = model.weight.detach().clone()
+    # A new trainer process: nothing in memory, the state read back from the store.
+    fresh = torch.nn.Linear(3, 1)
+    DenseCheckpoints(fresh, store=ftrec.Store(str(store)), keep=1).load(4)
+    assert torch.equal(fresh.weight, saved)
+    # The store still reads as the job's (the trainer's objects are outside its checkpoints).
+    assert ftrec.Store(str(store)).verify()["ok"]

@@ -104,6 +104,12 @@ impl Checkpoints {
         &self.store
     }
 
+    /// The key of `rel` (a relative path) under the root; an error for a path that is not a
+    /// valid key.
+    pub fn key_of(&self, rel: &str) -> Result<Key> {
+        self.key(rel)
+    }
+
     /// The key of `rel` (a fixed, valid name such as `LEASE` or `readers`) under the root.
     pub fn rel_key(&self, rel: &str) -> Key {
         self.key(rel).expect("a fixed name is a valid key")

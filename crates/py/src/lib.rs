@@ -111,6 +111,26 @@ struct Store {
     ckpts: Checkpoints,
 }
 
+impl Store {
+    /// The key of a trainer's object `name`: under `trainer/` in the store's root.
+    fn blob_key(&self, name: &str) -> PyResult<ftrec_ckpt::Key> {
+        let bad = |why: String| PyValueError::new_err(format!("name {name:?}: {why}"));
+        if name.is_empty()
+            || name.starts_with('/')
+            || name
+                .split('/')
+                .any(|p| p.is_empty() || p == "." || p == "..")
+        {
+            return Err(bad(
+                "give a relative path of plain names, e.g. dense/20.pt".into()
+            ));
+        }
+        self.ckpts
+            .key_of(&format!("trainer/{name}"))
+            .map_err(|e| bad(e.to_string()))
+    }
+}
+
 #[pymethods]
 impl Store {
     #[new]
@@ -278,6 +298,40 @@ impl Store {
             out.set_item(spec.name, PyArray::from_owned_array(py, array))?;
         }
         Ok(out)
+    }
+
+    /// Keep `data` (bytes) in the store as `name` (a relative path such as `dense/20.pt`),
+    /// beside the job's checkpoints and outside their collection: a trainer's own state for
+    /// the job's steps (`ftrec.torch.DenseCheckpoints(store=...)`). Replaces an older object of
+    /// that name.
+    fn put_blob(&self, py: Python<'_>, name: &str, data: Vec<u8>) -> PyResult<()> {
+        let key = self.blob_key(name)?;
+        py.detach(|| {
+            self.rt.block_on(self.ckpts.store().put(
+                &key,
+                data.into(),
+                ftrec_ckpt::store::PutMode::Overwrite,
+            ))
+        })
+        .map_err(|e| store_err(&self.location, &format!("writing {name} to"), &e))
+    }
+
+    /// The bytes `put_blob` kept as `name`, or None when there are none.
+    fn get_blob<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+    ) -> PyResult<Option<Bound<'py, pyo3::types::PyBytes>>> {
+        let key = self.blob_key(name)?;
+        match py.detach(|| self.rt.block_on(self.ckpts.store().get(&key))) {
+            Ok(b) => Ok(Some(pyo3::types::PyBytes::new(py, &b))),
+            Err(ftrec_ckpt::CkptError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(store_err(
+                &self.location,
+                &format!("reading {name} from"),
+                &e,
+            )),
+        }
     }
 
     /// The held-out set the store's job evaluates on and what the store's model predicts for
