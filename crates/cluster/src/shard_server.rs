@@ -106,7 +106,7 @@ async fn wait_for_end(until: Lifetime) {
 /// past its failure timeout, or cut off, that comes back does nothing more for the job. Its
 /// own watcher thread, so it fires whatever the process's runtimes are doing.
 pub(crate) fn exit_when_fenced(fences: &ftrec_ps::fence::Fences, what: String) {
-    if fences.me().is_none() {
+    if !fences.can_be_fenced() {
         return;
     }
     let fences = fences.clone();

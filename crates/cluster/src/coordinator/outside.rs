@@ -45,6 +45,12 @@ impl Coordinator {
     /// their names may not resolve yet).
     pub(super) fn reach_outside_servers(&mut self) -> Result<(), ClusterError> {
         self.server_addrs = self.cfg.external_servers.clone();
+        // Every request names each server's epoch: a server started without one takes it
+        // from the first ([`ftrec_ps::fence::Fences::awaiting`]).
+        for id in 0..self.cfg.servers {
+            let me = crate::launcher::server_incarnation(id, self.generation[id as usize]);
+            self.cfg.auth.fences.raise(me);
+        }
         let wait = self.cfg.start_timeout;
         let deadline = Instant::now() + wait;
         for id in 0..self.cfg.servers {
