@@ -177,7 +177,8 @@ pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
             .map_err(|e| ClusterError::Checkpoint(e.to_string()))?
             .with_initial_state(std::sync::Arc::new(move || {
                 build_server(&initial_spec).map_err(|e| e.to_string())
-            }));
+            }))
+            .with_fences(spec.auth.fences.clone());
         if let Some(p) = &c.priority {
             // CPR §4.2: the priority rule watches every update from now on.
             node = node

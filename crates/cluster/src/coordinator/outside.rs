@@ -2,7 +2,12 @@
 //! rather than spawned, waited for rather than replaced. Whoever runs them (an operator, an
 //! orchestrator such as a StatefulSet, a test) kills and restarts them; the coordinator only
 //! sees a name stop and start answering. A name is looked up at every probe and connection
-//! ([`ftrec_ps::net`]), so a server back behind the same name at a new address is found.
+//! ([`ftrec_ps::net`]), so a server back behind the same name at a new address is found: a
+//! replacement started on another host while the lost one still runs (cut off by a
+//! partition) takes over once the name moves to it. Such servers have no epoch of their own:
+//! each takes the one the coordinator's table names for it at the coordinator's first request
+//! ([`ftrec_ps::fence::Fences::awaiting`]), which is why a lost server's epoch is raised
+//! before the wait for its return.
 
 use std::time::{Duration, Instant};
 
