@@ -654,6 +654,69 @@ fn gc_keeps_live_lineages_and_in_flight_saves() {
     assert!(rep.deleted.is_empty());
 }
 
+/// Files of a save dropped before the head's commit (written after the drop by a process that
+/// did not know it was replaced) are removed while the job runs; a save in flight, newer than
+/// the head, is not.
+#[test]
+fn dropped_saves_before_the_head_are_removed_and_a_save_in_flight_is_not() {
+    let env = Env::new(Arc::new(MemoryStore::new()));
+    let mut sim = Sim::new(1, 52);
+    let mut parent = None;
+    for _ in 0..2 {
+        for _ in 0..4 {
+            sim.step();
+        }
+        parent = Some(env.save(&mut sim, CheckpointKind::Full, None).unwrap().id);
+    }
+    let head = env
+        .rt
+        .block_on(env.ckpts.read_current())
+        .unwrap()
+        .unwrap()
+        .id;
+    assert_eq!(Some(&head), parent.as_ref());
+    let put = |id: &CheckpointId| {
+        let key = env.ckpts.file_key(id, "s0001/t0000-000000.rows").unwrap();
+        env.rt
+            .block_on(
+                env.ckpts
+                    .store()
+                    .put(&key, vec![7].into(), ftrec_ckpt::PutMode::Create),
+            )
+            .unwrap();
+    };
+    // Dropped at step 6 (after the first full, before the head at step 8), and at step 8 by an
+    // earlier attempt; one in flight at step 12.
+    let dropped = [
+        checkpoint_id(6, CheckpointKind::Delta, 0),
+        checkpoint_id(8, CheckpointKind::Delta, 0),
+    ];
+    let in_flight = checkpoint_id(12, CheckpointKind::Full, 0);
+    for id in dropped.iter().chain([&in_flight]) {
+        put(id);
+    }
+    let removed = env
+        .rt
+        .block_on(deck::remove_dropped_saves(&env.ckpts, &head))
+        .unwrap();
+    assert_eq!(
+        removed,
+        dropped.iter().map(|i| i.to_string()).collect::<Vec<_>>()
+    );
+    let left = env
+        .rt
+        .block_on(
+            env.ckpts
+                .store()
+                .list(Some(&env.ckpts.checkpoint_dir(&in_flight))),
+        )
+        .unwrap();
+    assert_eq!(left.len(), 1);
+    // Every committed checkpoint is still whole.
+    let (d, _) = env.restore(&sim, RestoreAt::Current, false).unwrap();
+    assert_eq!(d, sim.digest());
+}
+
 /// Row and dense files of deltas and merged checkpoints are the v1 formats: flipping any byte
 /// of a delta's files or truncating them is refused naming the file.
 #[test]

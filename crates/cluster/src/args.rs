@@ -407,6 +407,13 @@ impl ServerArgs {
         ec.replacement = self.ec_replacement;
         spec.ec = ec.server_spec()?;
         spec.auth = self.auth.resolve()?;
+        if spec.auth.fences.me().is_none() && spec.auth.job.is_some() {
+            // A server of one job started without an incarnation (by an operator or an
+            // orchestrator): the job's coordinator names its epoch, so that it can be fenced
+            // once replaced.
+            spec.auth.fences =
+                ftrec_ps::fence::Fences::awaiting(ftrec_ps::fence::FenceRole::Server, spec.id);
+        }
         crate::auth::check_exposure("--listen", spec.listen, &spec.auth, self.auth.insecure)?;
         spec.validate()?;
         Ok(spec)

@@ -48,7 +48,14 @@ pub enum ToWorker {
     /// Build the data source and the model buffers; answered by [`FromWorker::Ready`].
     Setup(Box<WorkerSetup>),
     /// (Re)connect to the servers (in server order); answered by [`FromWorker::Connected`].
-    Connect { servers: Vec<PeerAddr> },
+    /// `fences` is the coordinator's table of incarnations ([`ftrec_ps::fence`]): before the
+    /// worker drops a connection to a server whose epoch it raised, it tells that process,
+    /// which the coordinator may not reach (a partition), that it was replaced.
+    Connect {
+        servers: Vec<PeerAddr>,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        fences: String,
+    },
     /// Train on global batch `index` (from 1): stage the update as `seq` (synchronous mode) or
     /// push it (asynchronous mode); answered by [`FromWorker::Done`]. With ECRec's
     /// transactions, the worker stops at each phase in `hold` ([`FromWorker::Held`]) until
@@ -862,7 +869,14 @@ mod tests {
                 rewinds: 1,
                 restored: 4,
             }),
-            serde_json::to_vec(&ToWorker::Connect { servers: vec![] }),
+            serde_json::to_vec(&ToWorker::Connect {
+                servers: vec![],
+                fences: String::new(),
+            }),
+            serde_json::to_vec(&ToWorker::Connect {
+                servers: vec![],
+                fences: "c.0,s1.1".into(),
+            }),
         ];
         msgs.into_iter().map(|m| m.unwrap()).collect()
     }

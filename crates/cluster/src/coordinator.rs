@@ -635,8 +635,7 @@ impl Coordinator {
             data,
         };
         self.ask_one(w, ToWorker::Setup(Box::new(setup)))?;
-        let servers = self.server_addrs.clone();
-        self.ask_one(w, ToWorker::Connect { servers })?;
+        self.ask_one(w, self.connect_cmd())?;
         Ok(())
     }
 

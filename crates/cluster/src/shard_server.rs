@@ -106,7 +106,7 @@ async fn wait_for_end(until: Lifetime) {
 /// past its failure timeout, or cut off, that comes back does nothing more for the job. Its
 /// own watcher thread, so it fires whatever the process's runtimes are doing.
 pub(crate) fn exit_when_fenced(fences: &ftrec_ps::fence::Fences, what: String) {
-    if fences.me().is_none() {
+    if !fences.can_be_fenced() {
         return;
     }
     let fences = fences.clone();
@@ -177,7 +177,8 @@ pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
             .map_err(|e| ClusterError::Checkpoint(e.to_string()))?
             .with_initial_state(std::sync::Arc::new(move || {
                 build_server(&initial_spec).map_err(|e| e.to_string())
-            }));
+            }))
+            .with_fences(spec.auth.fences.clone());
         if let Some(p) = &c.priority {
             // CPR §4.2: the priority rule watches every update from now on.
             node = node

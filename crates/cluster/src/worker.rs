@@ -27,8 +27,9 @@ use ftrec_core::{Batch, Preset, RowId, SparseGradAccumulator, TableId};
 use ftrec_data::{BatchSource, Position, Split, SyntheticSource, TsvConfig, TsvReader};
 use ftrec_model::{pool_sum, scatter_grads, Dlrm, DlrmConfig, Workspace};
 use ftrec_ps::ec::{resolve_txn, run_txn, EcGrpcClient, TxnId, TxnPhase};
+use ftrec_ps::fence::FenceRole;
 use ftrec_ps::grpc::{GrpcClient, GrpcConfig};
-use ftrec_ps::{PulledRows, RowRequest, ShardedClient, Update};
+use ftrec_ps::{PsService, PulledRows, RowRequest, ShardedClient, Update};
 
 use crate::auth::{Auth, JobId, Secret};
 use crate::control::{read_line, send_line, BatchTiming, FromWorker, ToWorker, TxnHold};
@@ -575,6 +576,8 @@ pub fn worker_process_with<T: Trainer>(
     // Rollbacks of the tables the coordinator has announced (every batch carries the count).
     let mut rewinds_seen = 0u64;
     let mut client: Option<ShardedClient<GrpcClient>> = None;
+    // The newest epoch of each server when `client` was connected.
+    let mut connected_epochs: Vec<Option<u64>> = Vec::new();
     let mut ec: Option<EcTxns> = None;
     loop {
         let cmd = read_line::<ToWorker>(&mut reader, "the coordinator")
@@ -612,16 +615,33 @@ pub fn worker_process_with<T: Trainer>(
                     },
                 }
             }
-            Some(ToWorker::Connect { servers }) => {
-                client = None;
+            Some(ToWorker::Connect { servers, fences }) => {
+                if let Err(e) = auth.fences.merge(&fences) {
+                    return Err(ClusterError::Protocol(format!(
+                        "the coordinator at {coordinator} sent worker {id} a bad table of \
+                         incarnations: {e}"
+                    )));
+                }
+                let old = client.take();
                 let timeout = state
                     .as_ref()
                     .map_or(Duration::from_secs(30), |s| s.0.rpc_timeout);
-                let r = rt.block_on(async {
-                    tokio::time::timeout(timeout, connect_all(&servers, &auth))
-                        .await
-                        .map_err(|_| ClusterError::Timeout("connecting to the servers".into()))?
+                let (r, ()) = rt.block_on(async {
+                    let connect = async {
+                        tokio::time::timeout(timeout, connect_all(&servers, &auth))
+                            .await
+                            .map_err(|_| {
+                                ClusterError::Timeout("connecting to the servers".into())
+                            })?
+                    };
+                    tokio::join!(
+                        connect,
+                        tell_replaced(old.as_ref(), &connected_epochs, &auth.fences)
+                    )
                 });
+                connected_epochs = (0..servers.len() as u32)
+                    .map(|s| auth.fences.newest(FenceRole::Server, s))
+                    .collect();
                 let r = r.and_then(|c| {
                     ec = match state.as_ref().and_then(|s| s.0.ec) {
                         Some(mode) => Some(EcTxns::connect(
@@ -732,6 +752,34 @@ pub fn worker_process_with<T: Trainer>(
         };
         send_line(&mut writer, &reply).map_err(io)?;
     }
+}
+
+/// How long a worker's word to a replaced server's old process may take (the process may be
+/// gone, or silent); the new connections are made meanwhile.
+const NOTICE_WAIT: Duration = Duration::from_secs(2);
+
+/// Tell the processes behind `old` (the connections of the last `Connect`, made when the
+/// servers' newest epochs were `epochs`) whose server's epoch has risen since that they were
+/// replaced: one request each, on the old connection, carrying the table. The coordinator may
+/// not reach such a process (a partition) while this worker does; the table fences it
+/// ([`ftrec_ps::fence`]). Its refusal is the expected answer and, like any other, ignored.
+async fn tell_replaced(
+    old: Option<&ShardedClient<GrpcClient>>,
+    epochs: &[Option<u64>],
+    fences: &ftrec_ps::fence::Fences,
+) {
+    let Some(old) = old else { return };
+    let mut notices = tokio::task::JoinSet::new();
+    for (s, c) in old.servers().iter().enumerate() {
+        let then = epochs.get(s).copied().flatten();
+        if fences.newest(FenceRole::Server, s as u32) > then {
+            let c = c.clone();
+            notices.spawn(async move {
+                let _ = tokio::time::timeout(NOTICE_WAIT, c.info()).await;
+            });
+        }
+    }
+    while notices.join_next().await.is_some() {}
 }
 
 /// A worker's ECRec clients and transaction counter (asynchronous training).

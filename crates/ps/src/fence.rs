@@ -6,7 +6,12 @@
 //!   ([`Incarnation`], written `s1.3`: server 1, epoch 3). The coordinator issues them: epoch 0
 //!   at start, one more for each replacement of the same role and id; its own epoch is the
 //!   store lease's generation, so a coordinator that took a job over outranks the one before.
-//!   A process learns its own from `$FTREC_INCARNATION` ([`INCARNATION_ENV`]).
+//!   A process learns its own from `$FTREC_INCARNATION` ([`INCARNATION_ENV`]). A server
+//!   started elsewhere (by an operator or an orchestrator, which cannot know the job's epochs)
+//!   runs without one and takes the epoch its job's coordinator names for it in the first
+//!   request the coordinator sends it ([`Fences::awaiting`]): the coordinator raises a lost
+//!   server's epoch before it waits for a replacement, so the replacement takes the new epoch
+//!   and the process it replaced keeps the old one.
 //! - Every request a process sends carries its incarnation (`x-ftrec-from`) and the newest
 //!   epochs it knows for the job's processes (`x-ftrec-fence`, the [`Fences`] table). Clients
 //!   built from an [`crate::auth::Auth`] attach both ([`crate::auth::ClientAuth`]).
@@ -25,7 +30,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::watch;
 use tonic::metadata::{Ascii, MetadataMap, MetadataValue};
@@ -156,9 +161,11 @@ pub fn describe(i: &Incarnation) -> String {
 pub struct Fences(Arc<Inner>);
 
 struct Inner {
-    me: Option<Incarnation>,
+    me: OnceLock<Incarnation>,
+    /// The role and id of a process whose epoch its coordinator assigns ([`Fences::awaiting`]).
+    awaiting: Option<(FenceRole, u32)>,
     /// `me` as a header value, made once.
-    from_value: Option<MetadataValue<Ascii>>,
+    from_value: OnceLock<MetadataValue<Ascii>>,
     table: Mutex<Table>,
     /// The newer epoch of this process, once it learned of one.
     fenced: watch::Sender<Option<u64>>,
@@ -188,7 +195,7 @@ impl Default for Fences {
 impl fmt::Debug for Fences {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Fences")
-            .field("me", &self.0.me)
+            .field("me", &self.me())
             .field("table", &self.entries())
             .finish()
     }
@@ -197,7 +204,7 @@ impl fmt::Debug for Fences {
 /// Two views are equal when they name the same process and hold the same epochs.
 impl PartialEq for Fences {
     fn eq(&self, other: &Self) -> bool {
-        self.0.me == other.0.me && self.entries() == other.entries()
+        self.me() == other.me() && self.entries() == other.entries()
     }
 }
 
@@ -207,22 +214,51 @@ impl Fences {
     /// The view of process `me` (`None`: a process outside any job, such as a tool or a
     /// server started by hand, which carries no incarnation and is never fenced).
     pub fn new(me: Option<Incarnation>) -> Fences {
-        let (fenced, _) = watch::channel(None);
-        let f = Fences(Arc::new(Inner {
-            me,
-            from_value: me.and_then(|m| MetadataValue::try_from(m.to_string()).ok()),
-            table: Mutex::new(Table::default()),
-            fenced,
-        }));
+        let f = Fences::make(None);
         if let Some(me) = me {
-            f.raise(me);
+            f.become_(me);
         }
         f
     }
 
-    /// This process's incarnation.
+    /// The view of process `role` `id` started without an incarnation (a server an operator
+    /// or an orchestrator started): its epoch is the newest one the table names for it when
+    /// the first request of a coordinator arrives, and from then on it is fenced like any
+    /// other incarnation. Until then it is never fenced.
+    pub fn awaiting(role: FenceRole, id: u32) -> Fences {
+        Fences::make(Some((role, id)))
+    }
+
+    fn make(awaiting: Option<(FenceRole, u32)>) -> Fences {
+        let (fenced, _) = watch::channel(None);
+        Fences(Arc::new(Inner {
+            me: OnceLock::new(),
+            awaiting,
+            from_value: OnceLock::new(),
+            table: Mutex::new(Table::default()),
+            fenced,
+        }))
+    }
+
+    /// Take incarnation `me` (once; later calls change nothing).
+    fn become_(&self, me: Incarnation) {
+        if self.0.me.set(me).is_ok() {
+            if let Ok(v) = MetadataValue::try_from(me.to_string()) {
+                let _ = self.0.from_value.set(v);
+            }
+            self.raise(me);
+        }
+    }
+
+    /// This process's incarnation (`None` for a process outside any job, and for one
+    /// [`Fences::awaiting`] its coordinator's first request).
     pub fn me(&self) -> Option<Incarnation> {
-        self.0.me
+        self.0.me.get().copied()
+    }
+
+    /// Whether this process can ever be fenced: it has an incarnation or will take one.
+    pub fn can_be_fenced(&self) -> bool {
+        self.me().is_some() || self.0.awaiting.is_some()
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
@@ -259,7 +295,7 @@ impl Fences {
             }
             newest
         };
-        if let Some(me) = self.0.me {
+        if let Some(me) = self.me() {
             if me.key() == who.key() && newest > me.epoch {
                 self.fence_me(newest);
             }
@@ -309,7 +345,7 @@ impl Fences {
     }
 
     fn fenced_line(&self, newer: u64) -> String {
-        match self.0.me {
+        match self.me() {
             Some(me) => format!(
                 "fenced: {} was replaced by epoch {newer}; this process no longer belongs to \
                  the job and exits",
@@ -322,7 +358,7 @@ impl Fences {
     /// Learn from an error a request of this process got back: a refusal naming this process
     /// fences it. Returns whether it did.
     pub fn learn(&self, e: &PsError) -> bool {
-        match (e, self.0.me) {
+        match (e, self.me()) {
             (PsError::Fenced { who, newer }, Some(me))
                 if Incarnation::parse(who).ok() == Some(me) =>
             {
@@ -346,7 +382,7 @@ impl Fences {
             if t.job.as_deref() != job {
                 t.job = job.map(str::to_string);
                 t.epochs.clear();
-                if let Some(me) = self.0.me {
+                if let Some(me) = self.me() {
                     t.epochs.insert(me.key(), me.epoch);
                 }
                 t.version += 1;
@@ -370,17 +406,28 @@ impl Fences {
                 }
             }
         }
-        if let (Some(me), Some(newer)) = (self.0.me, self.replaced_by()) {
+        let from = match md.get(FROM_HEADER) {
+            Some(v) => {
+                let text = v
+                    .to_str()
+                    .map_err(|_| PsError::MalformedRequest(format!("{FROM_HEADER} is not text")))?;
+                Some(Incarnation::parse(text)?)
+            }
+            None => None,
+        };
+        if let (None, Some((role, id)), Some(c)) = (self.me(), self.0.awaiting, from) {
+            if c.role == FenceRole::Coordinator {
+                let epoch = self.newest(role, id).unwrap_or(0);
+                self.become_(Incarnation::new(role, id, epoch));
+            }
+        }
+        if let (Some(me), Some(newer)) = (self.me(), self.replaced_by()) {
             return Err(PsError::Fenced {
                 who: me.to_string(),
                 newer,
             });
         }
-        if let Some(v) = md.get(FROM_HEADER) {
-            let text = v
-                .to_str()
-                .map_err(|_| PsError::MalformedRequest(format!("{FROM_HEADER} is not text")))?;
-            let from = Incarnation::parse(text)?;
+        if let Some(from) = from {
             let newest = self.raise(from);
             if newest > from.epoch {
                 return Err(PsError::Fenced {
@@ -421,7 +468,7 @@ impl Fences {
     /// incarnation and an empty table).
     pub(crate) fn headers(&self) -> Vec<(&'static str, MetadataValue<Ascii>)> {
         let mut out = Vec::new();
-        if let Some(v) = &self.0.from_value {
+        if let Some(v) = self.0.from_value.get() {
             out.push((FROM_HEADER, v.clone()));
         }
         let version = self.table().version;
@@ -593,6 +640,64 @@ mod tests {
         assert!(s
             .admit(&md(&[(FROM_HEADER, "s1.1")]), Some("job-b"))
             .is_err());
+    }
+
+    #[test]
+    fn a_server_started_elsewhere_takes_the_epoch_its_coordinator_names_and_is_fenced_by_a_newer_one(
+    ) {
+        // Started at epoch 0 of server 1: its first coordinator request names no epoch for it.
+        let first = Fences::awaiting(FenceRole::Server, 1);
+        assert!(first.can_be_fenced() && first.me().is_none());
+        // A worker's request assigns nothing, and nothing fences a process without an epoch.
+        first
+            .admit(&md(&[(FROM_HEADER, "w0.0"), (FENCE_HEADER, "w0.0")]), None)
+            .unwrap();
+        assert_eq!(first.me(), None);
+        first
+            .admit(
+                &md(&[(FROM_HEADER, "c.1"), (FENCE_HEADER, "c.1,s0.0")]),
+                None,
+            )
+            .unwrap();
+        assert_eq!(first.me(), Some(Incarnation::new(FenceRole::Server, 1, 0)));
+        // Its replacement, started after the coordinator raised server 1's epoch, takes epoch 1.
+        let second = Fences::awaiting(FenceRole::Server, 1);
+        second
+            .admit(
+                &md(&[(FROM_HEADER, "c.1"), (FENCE_HEADER, "c.1,s1.1")]),
+                None,
+            )
+            .unwrap();
+        assert_eq!(second.me(), Some(Incarnation::new(FenceRole::Server, 1, 1)));
+        let mut m = MetadataMap::new();
+        for (k, v) in second.headers() {
+            m.insert(k, v);
+        }
+        assert_eq!(m.get(FROM_HEADER).unwrap(), "s1.1");
+        // A worker carrying the coordinator's table reaches the first one: it is fenced, and
+        // the epoch it took once does not change with later coordinator requests.
+        let e = first
+            .admit(
+                &md(&[(FROM_HEADER, "w0.0"), (FENCE_HEADER, "c.1,s1.1,w0.0")]),
+                None,
+            )
+            .unwrap_err();
+        assert_eq!(
+            e,
+            PsError::Fenced {
+                who: "s1.0".into(),
+                newer: 1
+            }
+        );
+        assert!(first.admit(&md(&[(FROM_HEADER, "c.1")]), None).is_err());
+        assert_eq!(first.me(), Some(Incarnation::new(FenceRole::Server, 1, 0)));
+        assert_eq!(first.replaced_by(), Some(1));
+        assert_eq!(second.replaced_by(), None);
+        // A process outside any job takes nothing.
+        let none = Fences::new(None);
+        none.admit(&md(&[(FROM_HEADER, "c.1"), (FENCE_HEADER, "s1.3")]), None)
+            .unwrap();
+        assert!(!none.can_be_fenced() && none.me().is_none());
     }
 
     fn futures_lite_block_on<F: std::future::Future>(f: F) -> F::Output {

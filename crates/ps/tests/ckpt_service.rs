@@ -154,6 +154,64 @@ async fn a_failed_server_upload_commits_nothing() {
     assert!(matches!(e, CkptServiceError::UnknownSave { .. }));
 }
 
+/// A server that learned it was replaced (its table of incarnations names a newer epoch of
+/// it) writes nothing more to the store: a save it is asked for is refused before anything is
+/// written (one it started before stops at its next put: `ftrec_ckpt::store::gated`), and the
+/// checkpoint's directory holds only the other server's files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_server_uploads_nothing() {
+    use ftrec_ps::fence::{FenceRole, Fences, Incarnation};
+    let dir = TempDir::new();
+    let location = dir.path().join("store").to_string_lossy().into_owned();
+    let ckpts = Checkpoints::new(std::sync::Arc::new(LocalStore::new(&location).unwrap()));
+    let (servers, mut nodes) = start(&dir.path().join("staging"));
+    let me = Incarnation::new(FenceRole::Server, 1, 0);
+    let fences = Fences::new(Some(me));
+    nodes[1] = nodes[1].clone().with_fences(fences.clone());
+    step(&servers, 1);
+    let full = checkpoint_id(1, CheckpointKind::Full, 0);
+    let plan = |id: &ftrec_ckpt::CheckpointId, step, parent| SavePlan {
+        kind: CheckpointKind::Full,
+        id: id.clone(),
+        step,
+        parent,
+        data_position: DataPosition::None,
+    };
+    // Live, it saves like any other server.
+    save_cluster(&nodes, &location, &ckpts, plan(&full, 1, None))
+        .await
+        .unwrap();
+    // It hears of its epoch 1: replaced.
+    fences.raise(Incarnation::new(FenceRole::Server, 1, 1));
+    step(&servers, 2);
+    let dropped = checkpoint_id(2, CheckpointKind::Full, 0);
+    let save = |n: usize| nodes[n].save(location.clone(), dropped.clone(), CheckpointKind::Full, 2);
+    save(0).await.unwrap();
+    let e = save(1).await.unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            CkptServiceError::Store(ftrec_ckpt::CkptError::Fenced { .. })
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("server 1 (epoch 0)"), "{e}");
+    nodes[0].wait(dropped.clone()).await.unwrap();
+    let files: Vec<String> = ckpts
+        .store()
+        .list(Some(&ckpts.checkpoint_dir(&dropped)))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.key.to_string())
+        .collect();
+    assert!(!files.is_empty(), "server 0 uploaded nothing");
+    assert!(
+        files.iter().all(|k| k.contains("/s0000/")),
+        "the fenced server's files landed: {files:?}"
+    );
+}
+
 /// Pieces of every scheme through the servers' service: the chunk list's extraction runs on
 /// the servers after each piece is durable; every committed point restores to its digest; after
 /// a restore of the newest, pieces continue from it (the chunk list and, for a differential,

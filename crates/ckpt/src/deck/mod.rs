@@ -652,6 +652,24 @@ impl Merger {
 /// never committed) and return their names. Only safe when nothing is writing to the store:
 /// a save or merge in flight has no manifest yet.
 pub async fn remove_orphans(ckpts: &Checkpoints) -> Result<Vec<String>> {
+    remove_orphans_where(ckpts, |_| true).await
+}
+
+/// Remove every checkpoint directory without a manifest whose id sorts before `head` (the
+/// committed checkpoint `CURRENT` names) and return their names. Ids begin with the step
+/// ([`checkpoint_id`]) and a save starts after the commit before it, so such a directory is
+/// no save in flight: it holds the files of a save that was dropped (a server lost before
+/// its commit), some perhaps written after the drop by a process that did not yet know it was
+/// replaced. Safe while the job runs; a merge writes ids of its own and runs apart from this.
+pub async fn remove_dropped_saves(ckpts: &Checkpoints, head: &CheckpointId) -> Result<Vec<String>> {
+    let head = head.to_string();
+    remove_orphans_where(ckpts, |id| id < head.as_str()).await
+}
+
+async fn remove_orphans_where(
+    ckpts: &Checkpoints,
+    pick: impl Fn(&str) -> bool,
+) -> Result<Vec<String>> {
     let with_manifest: std::collections::BTreeSet<String> = ckpts
         .list_checkpoints()
         .await?
@@ -667,7 +685,7 @@ pub async fn remove_orphans(ckpts: &Checkpoints) -> Result<Vec<String>> {
     for meta in ckpts.store().list(Some(&root)).await? {
         if let Some(rest) = meta.key.strip_prefix(&root) {
             if let Some((id, _)) = rest.split_once('/') {
-                if !with_manifest.contains(id) {
+                if !with_manifest.contains(id) && pick(id) {
                     orphans.insert(id.to_string());
                 }
             }

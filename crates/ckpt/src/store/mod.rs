@@ -32,6 +32,7 @@ use crate::error::{CkptError, Result};
 use crate::key::Key;
 
 pub mod fault;
+pub mod gated;
 pub mod local;
 pub mod memory;
 pub mod retry;

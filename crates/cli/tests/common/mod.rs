@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod netns;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;

@@ -2,7 +2,12 @@
 //! rather than spawned, waited for rather than replaced. Whoever runs them (an operator, an
 //! orchestrator such as a StatefulSet, a test) kills and restarts them; the coordinator only
 //! sees a name stop and start answering. A name is looked up at every probe and connection
-//! ([`ftrec_ps::net`]), so a server back behind the same name at a new address is found.
+//! ([`ftrec_ps::net`]), so a server back behind the same name at a new address is found: a
+//! replacement started on another host while the lost one still runs (cut off by a
+//! partition) takes over once the name moves to it. Such servers have no epoch of their own:
+//! each takes the one the coordinator's table names for it at the coordinator's first request
+//! ([`ftrec_ps::fence::Fences::awaiting`]), which is why a lost server's epoch is raised
+//! before the wait for its return.
 
 use std::time::{Duration, Instant};
 
@@ -45,6 +50,12 @@ impl Coordinator {
     /// their names may not resolve yet).
     pub(super) fn reach_outside_servers(&mut self) -> Result<(), ClusterError> {
         self.server_addrs = self.cfg.external_servers.clone();
+        // Every request names each server's epoch: a server started without one takes it
+        // from the first ([`ftrec_ps::fence::Fences::awaiting`]).
+        for id in 0..self.cfg.servers {
+            let me = crate::launcher::server_incarnation(id, self.generation[id as usize]);
+            self.cfg.auth.fences.raise(me);
+        }
         let wait = self.cfg.start_timeout;
         let deadline = Instant::now() + wait;
         for id in 0..self.cfg.servers {

@@ -869,6 +869,11 @@ impl Coordinator {
             if let (Some(head), 0) = (list_head, rep.readers) {
                 let _ = incr::remove_dead_files_of(&ckpts, std::slice::from_ref(&head)).await;
             }
+            // Files of saves dropped before the head's commit: some may have landed after the
+            // drop deleted them, put by a replaced server that did not know it yet.
+            if let (Ok(Some(head)), 0) = (ckpts.read_current().await, rep.readers) {
+                let _ = deck::remove_dropped_saves(&ckpts, &head.id).await;
+            }
             kept
         }));
     }

@@ -44,13 +44,20 @@ impl Coordinator {
         answer
     }
 
+    /// The servers' current addresses and the newest incarnations, for a worker to connect.
+    pub(super) fn connect_cmd(&self) -> ToWorker {
+        ToWorker::Connect {
+            servers: self.server_addrs.clone(),
+            fences: self.cfg.auth.fences.table_text(),
+        }
+    }
+
     /// Tell every worker the servers' current addresses. A worker lost meanwhile (during a
     /// recovery, say) holds no state: a new one takes its place, set up and connected to the
     /// current addresses.
     pub(super) fn reconnect_workers(&mut self) -> Result<(), ClusterError> {
         for w in 0..self.workers() {
-            let servers = self.server_addrs.clone();
-            match self.ask_one(w, ToWorker::Connect { servers }) {
+            match self.ask_one(w, self.connect_cmd()) {
                 Ok(_) => {}
                 Err(e @ ClusterError::WorkerLost { .. }) => {
                     self.replace_worker(w, &e.to_string())?

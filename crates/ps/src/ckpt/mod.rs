@@ -322,6 +322,8 @@ pub struct CkptNode {
     /// The incremental state (base, column, chunk list) of this server's pieces.
     chain: Arc<tokio::sync::Mutex<ServerChain>>,
     initial: Option<InitialState>,
+    /// Asked before every write to the store ([`CkptNode::with_fences`]).
+    gate: Option<ftrec_ckpt::store::gated::Gate>,
 }
 
 impl std::fmt::Debug for CkptNode {
@@ -377,7 +379,25 @@ impl CkptNode {
             saves: Arc::default(),
             priority: None,
             initial: None,
+            gate: None,
         })
+    }
+
+    /// Fence this service's writes by this process's incarnation ([`crate::fence`]): once it
+    /// learns it was replaced, every upload, put and delete it would still make (of a save
+    /// started before, or one a stale request asks for) is refused before it is sent, so a
+    /// zombie's files never land in the store.
+    pub fn with_fences(mut self, fences: crate::fence::Fences) -> Self {
+        self.gate = Some(Arc::new(move || {
+            match (fences.me(), fences.replaced_by()) {
+                (Some(me), Some(newer)) => Err(format!(
+                    "{} was replaced by epoch {newer}",
+                    crate::fence::describe(&me)
+                )),
+                _ => Ok(()),
+            }
+        }));
+        self
     }
 
     /// How to build the server's initial state again, for [`CkptApi::reset`].
@@ -395,10 +415,21 @@ impl CkptNode {
     }
 
     async fn ckpts(&self, location: &str) -> Result<Checkpoints, CkptServiceError> {
+        // A fenced process starts nothing on the store; what it started before is stopped at
+        // its next write by the gated store.
+        if let Some(gate) = &self.gate {
+            gate().map_err(|what| CkptError::Fenced { what })?;
+        }
         if let Some(c) = self.stores.lock().map_err(lock_err)?.get(location) {
             return Ok(c.clone());
         }
-        let store = location::open(location, &self.store_opts).await?;
+        let mut store = location::open(location, &self.store_opts).await?;
+        if let Some(gate) = &self.gate {
+            store = Arc::new(ftrec_ckpt::store::gated::GatedStore::new(
+                store,
+                gate.clone(),
+            ));
+        }
         let c = Checkpoints::new(store);
         self.stores
             .lock()
