@@ -322,7 +322,9 @@ struct RunOut {
     pause_piece_s: f64,
     pause_piece_ci95_s: f64,
     pause_full_s: f64,
-    /// Mean time from a piece's save to its commit (copy-out, upload, extraction, index).
+    /// Mean time from a piece's save to its commit (copy-out, upload, the piece index; for
+    /// IncrCP also the wait for the previous piece's extraction round if it still runs, the
+    /// round itself running after the commit).
     save_piece_s: f64,
     save_piece_ci95_s: f64,
     save_full_s: f64,

@@ -51,8 +51,8 @@ pub use chain::{PieceDone, ServerChain};
 pub use extract::{ExtractConfig, Filters, RoundHook};
 pub use list::ChunkList;
 pub use restore::{
-    is_incremental_store, restore_server, restore_server_with, select, IncrChain, RestoreOptions,
-    RestoreOutcome, IN_MEMORY_RECTANGLE_BYTES, READ_SPAN_BYTES, STREAM_MAP_BYTES,
+    is_incremental_store, rectangle_list, restore_server, restore_server_with, select, IncrChain,
+    RestoreOptions, RestoreOutcome, IN_MEMORY_RECTANGLE_BYTES, READ_SPAN_BYTES, STREAM_MAP_BYTES,
 };
 pub use store::{
     damage, files_read, gc, materialize_full, newest_restore_files, piece_summaries,

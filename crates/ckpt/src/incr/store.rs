@@ -580,8 +580,8 @@ impl Expected {
 /// (the entry its manifest records, or for a bundle of a background extraction round what the
 /// piece index committing it records): the base's files, then what the scheme reads over it
 /// (naive incremental: the row files of every piece up to the target; Check-N-Run: the target's
-/// row files; IncrCP: the piece indexes folded and the files of the target's rectangle), and the
-/// target's dense range. A piece index that cannot be read or folded is an error naming it.
+/// row files; IncrCP: the piece indexes of the pieces after the target, or the newest's, and the
+/// files of the target's rectangle), and the target's dense range. A piece index that cannot be read or folded is an error naming it.
 pub async fn files_read(ckpts: &Checkpoints, chain: &IncrChain) -> Result<BTreeMap<Key, Expected>> {
     let mut out = BTreeMap::new();
     let mut add = |id: &CheckpointId, path: &str, e: Expected| -> Result<()> {
@@ -610,12 +610,10 @@ pub async fn files_read(ckpts: &Checkpoints, chain: &IncrChain) -> Result<BTreeM
     }
     match chain.scheme {
         Some(PieceScheme::ChunkList) => {
-            let newest = chain.target as usize == chain.pieces.len();
-            let indexed: &[Manifest] = if newest {
-                &chain.pieces[chain.pieces.len() - 1..]
-            } else {
-                &chain.pieces
-            };
+            // The indexes of the pieces after the target (the newest's alone for the newest
+            // state): what `restore::rectangle_list` reads.
+            let from = (chain.target as usize).min(chain.pieces.len().saturating_sub(1));
+            let indexed: &[Manifest] = &chain.pieces[from..];
             for m in indexed {
                 for (f, _, _) in m.pieces() {
                     add(&m.id, &f.path, Expected::Entry(f.clone()))?;
@@ -632,7 +630,7 @@ pub async fn files_read(ckpts: &Checkpoints, chain: &IncrChain) -> Result<BTreeM
                 .collect();
             let in_list: BTreeSet<String> = chain.pieces.iter().map(|m| m.id.to_string()).collect();
             for s in &chain.base.shards {
-                let list = fold_list(ckpts, chain, s.server).await?;
+                let list = super::restore::rectangle_list(ckpts, chain, s.server).await?;
                 for c in list.rectangle(chain.target) {
                     for p in &c.parts {
                         let r = &list.file(p.file).file;

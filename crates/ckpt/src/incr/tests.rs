@@ -327,6 +327,21 @@ impl Run {
         let chain = select(&self.ckpts, &RestoreAt::Id(id.clone()))
             .await
             .unwrap();
+        if chain.scheme == Some(PieceScheme::ChunkList) && chain.target > 0 {
+            // The indexes after the target give the rectangle folding every index gives.
+            for s in 0..self.chains.len() {
+                let server = ServerId(s as u32);
+                let full = super::restore::fold_list(&self.ckpts, &chain, server)
+                    .await
+                    .unwrap();
+                let part = rectangle_list(&self.ckpts, &chain, server).await.unwrap();
+                assert_eq!(
+                    rectangle_key(&part, chain.target),
+                    rectangle_key(&full, chain.target),
+                    "server {s}: rectangle of {id}"
+                );
+            }
+        }
         let mut shards = Vec::new();
         for (s, c) in self.chains.iter_mut().enumerate() {
             let info = chain.base.shard(ServerId(s as u32)).unwrap().clone();
@@ -390,6 +405,39 @@ impl Run {
             }
         }
     }
+}
+
+/// A rectangle as comparable data: each chunk's place and rows, and its parts with the files
+/// they name.
+#[allow(clippy::type_complexity)]
+fn rectangle_key(
+    list: &ChunkList,
+    col: u32,
+) -> Vec<(
+    u32,
+    u32,
+    u32,
+    u32,
+    u64,
+    Vec<(String, String, u32, u64, u64)>,
+)> {
+    let mut v: Vec<_> = list
+        .rectangle(col)
+        .into_iter()
+        .map(|c| {
+            let parts = c
+                .parts
+                .iter()
+                .map(|p| {
+                    let f = &list.file(p.file).file;
+                    (f.ckpt.to_string(), f.path.clone(), p.section, p.lo, p.hi)
+                })
+                .collect();
+            (c.table, c.range, c.col, c.round, c.rows, parts)
+        })
+        .collect();
+    v.sort();
+    v
 }
 
 fn check(
