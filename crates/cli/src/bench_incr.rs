@@ -22,8 +22,10 @@
 //! synthetic Criteo-like stream's Zipf ids: each step applies the optimizer to every row a
 //! batch touches, and the same steps run under every strategy. Every save goes through the same
 //! path as a server's checkpoint service: copy-out into the staging pipeline (the pause), upload
-//! to a local store, then the piece's finishing (IncrCP's extraction round, the piece index) and
-//! the commit. The strategies' own state machines decide what each save is.
+//! to a local store, then the piece's finishing (the piece index) and the commit; IncrCP's
+//! extraction round runs after the commit, in the background while training goes on, and the
+//! next piece commits it (waiting for it only if it is still running). The strategies' own
+//! state machines decide what each save is.
 //!
 //! `--ablation` adds IncrCP §5.3's: the filter stages added one by one at `R` (Base, IF, IF+BF,
 //! IF+BF+AF) and concatenation off and on at `R = 0`, each a run of its own, timed the same way.
@@ -320,7 +322,9 @@ struct RunOut {
     pause_piece_s: f64,
     pause_piece_ci95_s: f64,
     pause_full_s: f64,
-    /// Mean time from a piece's save to its commit (copy-out, upload, extraction, index).
+    /// Mean time from a piece's save to its commit (copy-out, upload, the piece index; for
+    /// IncrCP also the wait for the previous piece's extraction round if it still runs, the
+    /// round itself running after the commit).
     save_piece_s: f64,
     save_piece_ci95_s: f64,
     save_full_s: f64,
@@ -452,7 +456,12 @@ fn run_one(
         .join(format!("{name}{}", if resets { "-resets" } else { "" }));
     let ckpts = Checkpoints::new(Arc::new(LocalStore::new(&dir)?));
     let mut model = Model::new(env.work, env.args.seed);
-    let mut chain = ServerChain::new(ServerId(0), ShardMap::new(1)?);
+    let chain = Arc::new(tokio::sync::Mutex::new(ServerChain::new(
+        ServerId(0),
+        ShardMap::new(1)?,
+    )));
+    // The extraction round of the newest chunk-list piece, running in the background.
+    let mut round: Option<tokio::task::JoinHandle<ftrec_ckpt::Result<()>>> = None;
     let mut out = RunOut {
         name: name.to_string(),
         resets,
@@ -477,6 +486,7 @@ fn run_one(
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut committed: Option<CheckpointId> = None;
     let mut last_full: Option<CheckpointId> = None;
+    let mut base_files = 0u64;
     let mut depth = 0u64;
     for s in 0..env.work.steps {
         model.step(env.work, s);
@@ -506,10 +516,17 @@ fn run_one(
             let quant = spec.and_then(|p| p.quant);
             let (mut report, tracked, upto, pause, qerr) =
                 stage(env, &ckpts, &mut model, &id, full, quant)?;
+            // The previous piece's round, committed by this piece: waited for only if it is
+            // still running (part of this save's time to commit).
+            if let Some(h) = round.take() {
+                env.rt.block_on(h)??;
+            }
             if let Some(spec) = &spec {
-                let done = env
-                    .rt
-                    .block_on(chain.finish_piece(&ckpts, &id, spec, &tracked, &report, qerr))?;
+                let done = env.rt.block_on(async {
+                    let mut c = chain.lock().await;
+                    c.finish_piece(&ckpts, &id, spec, &tracked, &report, qerr)
+                        .await
+                })?;
                 report.bytes += done.files.iter().map(|f| f.size).sum::<u64>();
                 report.files.extend(done.files);
                 if let Some(st) = out.extraction.as_mut() {
@@ -523,7 +540,7 @@ fn run_one(
                 }
             }
             if full {
-                chain.set_base(id.clone(), &report);
+                env.rt.block_on(chain.lock()).set_base(id.clone(), &report);
             }
             let parent = if full {
                 None
@@ -547,6 +564,15 @@ fn run_one(
                 model.tracker.ack(CK, upto)?;
             }
             let save_s = t0.elapsed().as_secs_f64();
+            // A chunk list's extraction round, off the commit path (IncrCP §4.3): in the
+            // background while training goes on.
+            if spec.is_some_and(|p| p.scheme == PieceScheme::ChunkList) {
+                let (chain, ckpts) = (chain.clone(), ckpts.clone());
+                round =
+                    Some(env.rt.spawn(async move {
+                        chain.lock().await.extract(&ckpts).await.map(|_| ())
+                    }));
+            }
             if full {
                 last_full = Some(id.clone());
                 out.fulls += 1;
@@ -573,12 +599,18 @@ fn run_one(
                 cost_s: pause,
                 bytes: m.data_bytes(),
             });
+            if full {
+                base_files = m.files.len() as u64;
+            }
             if spec.is_some() {
+                // What a restore of this newest state reads (IncrCP §4.5's inputs).
                 let sums = env.rt.block_on(incr::piece_summaries(&ckpts, &m))?;
-                if let Some(p) = sums.first().filter(|p| p.read_bytes_per_s > 0.0) {
+                if let Some(p) = sums.first() {
                     strategy.on(&Event::RestoreEstimate {
-                        base_s: p.base_bytes as f64 / p.read_bytes_per_s,
-                        chain_s: p.restore_bytes as f64 / p.read_bytes_per_s,
+                        base_bytes: p.base_bytes,
+                        base_files,
+                        chain_bytes: p.restore_bytes,
+                        chain_files: incr::newest_restore_files(p),
                     });
                 }
             }
@@ -592,6 +624,12 @@ fn run_one(
                 out.background_s += t.elapsed().as_secs_f64();
             }
         }
+    }
+    // The last piece's round: no piece follows to commit it; its files go.
+    if let Some(h) = round.take() {
+        env.rt.block_on(h)??;
+        env.rt
+            .block_on(async { chain.lock().await.discard_round(&ckpts).await });
     }
     if out.pieces > 0 && name.starts_with("incrcp") {
         let t = Instant::now();
@@ -985,6 +1023,7 @@ fn incrcp(a: &IncrBenchArgs, reset: BaseReset, threshold: f64, concat: bool) -> 
         threshold,
         range_rows: a.range_rows,
         concat,
+        read: Default::default(),
     })?)
 }
 

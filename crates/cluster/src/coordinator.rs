@@ -188,6 +188,7 @@ fn run_job(cfg: &RunConfig, resume: bool) -> Result<RunReport, ClusterError> {
                 threshold,
                 range_rows,
                 concat,
+                read: Default::default(),
             })
             .map_err(|e| ClusterError::Config(e.to_string()))?,
         ),

@@ -32,6 +32,15 @@ pub struct SavePoint {
     pub pieces: u64,
 }
 
+/// What restoring the newest committed point reads ([`Event::RestoreEstimate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RestoreRead {
+    pub base_bytes: u64,
+    pub base_files: u64,
+    pub chain_bytes: u64,
+    pub chain_files: u64,
+}
+
 /// When to write a new full instead of a piece (and what a piece looks like).
 pub trait ResetPolicy: Send + std::fmt::Debug {
     fn name(&self) -> &'static str;
@@ -40,8 +49,8 @@ pub trait ResetPolicy: Send + std::fmt::Debug {
     fn decide(&mut self, at: SavePoint) -> Decision;
     /// A save committed: a full or a piece, its pause and its bytes.
     fn committed(&mut self, full: bool, cost_s: f64, bytes: u64);
-    /// Restore-time estimates of the newest committed point.
-    fn estimate(&mut self, _base_s: f64, _chain_s: f64) {}
+    /// What a restore of the newest committed point reads.
+    fn estimate(&mut self, _read: RestoreRead) {}
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -208,8 +217,21 @@ impl<P: ResetPolicy> Strategy for Pieces<P> {
                 self.have_base = false;
                 self.save_if_due()
             }
-            (Event::RestoreEstimate { base_s, chain_s }, _) => {
-                self.policy.estimate(*base_s, *chain_s);
+            (
+                Event::RestoreEstimate {
+                    base_bytes,
+                    base_files,
+                    chain_bytes,
+                    chain_files,
+                },
+                _,
+            ) => {
+                self.policy.estimate(RestoreRead {
+                    base_bytes: *base_bytes,
+                    base_files: *base_files,
+                    chain_bytes: *chain_bytes,
+                    chain_files: *chain_files,
+                });
                 Vec::new()
             }
             (Event::ServerLost { .. }, Phase::Training | Phase::Saving { .. }) => {

@@ -49,12 +49,17 @@ pub enum Event {
     TrainingDone { step: u64, now_s: f64 },
     /// The replacement of `server` rebuilt its whole state (ECRec §3.4) and serves it.
     RebuildFinished { server: ServerId, now_s: f64 },
-    /// Restoring the newest committed point would take `base_s` seconds for its full and
-    /// `chain_s` for the pieces over it (IncrCP §4.5's `R_base` and `R_i`), estimated from the
-    /// bytes a restore reads and the store's measured read rate. Arrives just before the
-    /// [`Event::SaveFinished`] of a piece (so the next save point's decision sees it), when
-    /// the servers measured a read rate.
-    RestoreEstimate { base_s: f64, chain_s: f64 },
+    /// What restoring the newest committed point reads, on the server that reads the most:
+    /// the bytes and files of its full, and of what lies over it (IncrCP §4.5's `R_base` and
+    /// `R_i` before a read model prices them: no timing, so nothing the page cache moves).
+    /// Arrives just before the [`Event::SaveFinished`] of a piece, so the next save point's
+    /// decision sees it.
+    RestoreEstimate {
+        base_bytes: u64,
+        base_files: u64,
+        chain_bytes: u64,
+        chain_files: u64,
+    },
     /// What a prioritized save of `step` left out, per server that reported it (CPR Eq. 3 per
     /// row): arrives just before that save's [`Event::SaveFinished`]. A server missing from
     /// the list did not report.

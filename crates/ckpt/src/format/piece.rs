@@ -311,7 +311,13 @@ impl PieceIndex {
             let ok = match c.op {
                 ChunkOp::Column => c.round == 0 && c.col == self.column,
                 ChunkOp::Remainder => c.round == 0 && c.col < self.column && c.col >= 1,
-                ChunkOp::Extracted => c.round == self.column && c.col < self.column && c.col >= 1,
+                // The extraction round of a column runs after its piece is committed and is
+                // committed by the next piece: its records carry the previous column's round.
+                ChunkOp::Extracted => {
+                    (c.round == self.column || c.round + 1 == self.column)
+                        && c.col < c.round
+                        && c.col >= 1
+                }
                 ChunkOp::Moved => c.round == 0 && c.col < self.column && c.col >= 1,
             };
             if !ok {
@@ -1121,8 +1127,21 @@ mod tests {
         let mut p = sample();
         p.chunks[0].rows = 6;
         assert!(matches!(p.validate("i"), Err(CkptError::Corrupt { .. })));
+        // An extracted record carries this piece's round or the previous column's (a round
+        // run in the background is committed by the next piece), and comes from an older
+        // column than its round.
+        for round in [1, 4, 0] {
+            let mut p = sample();
+            p.chunks[1].round = round;
+            assert!(
+                matches!(p.validate("i"), Err(CkptError::Corrupt { .. })),
+                "round {round}"
+            );
+        }
         let mut p = sample();
         p.chunks[1].round = 2;
+        p.validate("i").unwrap();
+        p.chunks[1].col = 2;
         assert!(matches!(p.validate("i"), Err(CkptError::Corrupt { .. })));
         let mut p = sample();
         p.chunks[1].parts[0].file = 9;

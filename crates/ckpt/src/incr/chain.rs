@@ -3,18 +3,29 @@
 //!
 //! The caller (a parameter server's checkpoint service, or a benchmark) saves a piece's rows
 //! through the staging pipeline as for any delta, then, once they are durable, calls
-//! [`ServerChain::finish_piece`], which runs the extraction round of a chunk list and writes the
-//! piece index. Nothing here commits: the coordinator commits the checkpoint once every
-//! server's files are durable. The state therefore runs at most one piece ahead of the store;
-//! a piece that never commits is followed by a restore (which rebuilds this state from the
-//! store: [`ServerChain::restore`]) or by a new full ([`ServerChain::set_base`]).
+//! [`ServerChain::finish_piece`], which writes the piece index. Nothing here commits: the
+//! coordinator commits the checkpoint once every server's files are durable. The state
+//! therefore runs at most one piece ahead of the store; a piece that never commits is followed
+//! by a restore (which rebuilds this state from the store: [`ServerChain::restore`]) or by a new
+//! full ([`ServerChain::set_base`]).
+//!
+//! A chunk list's extraction round runs off the commit path (IncrCP §4.3: "extractions are
+//! executed asynchronously"). Finishing piece `L` records only its column; the round of column
+//! `L` ([`ServerChain::extract`]) runs afterwards, in the background, writing its bundles under
+//! `L`'s directory, files no index names yet; finishing piece `L + 1` puts the round's records
+//! into `L + 1`'s index, so the round becomes visible with that commit and not before. Until
+//! then every restore folds the list as committed, in which round `L` skipped every comparison:
+//! a list selective extraction could have produced, which newest-wins by column restores
+//! exactly (`docs/DESIGN.md`, IncrCP, "Extraction off the commit path").
 
 use std::collections::HashMap;
 
 use ftrec_core::{RowId, RowLayout, ServerId, ShardMap, TableId};
 
 use super::bloom::Bloom;
-use super::extract::{column_chunks, extract_round, ExtractConfig};
+use super::extract::{
+    column_chunks, column_records, extract_round, ExtractConfig, NewChunk, RoundHook, RoundOutput,
+};
 use super::list::ChunkList;
 use super::restore::{restore_server, IncrChain, RestoreOutcome};
 use super::PieceSpec;
@@ -31,6 +42,18 @@ struct Last {
     column: u32,
 }
 
+/// The extraction round of the newest column, run after its piece is finished and committed by
+/// the next piece.
+#[derive(Debug)]
+struct Round {
+    col: u32,
+    ckpt: CheckpointId,
+    cfg: ExtractConfig,
+    new: Vec<NewChunk>,
+    /// The round's output once it ran.
+    out: Option<RoundOutput>,
+}
+
 /// What [`ServerChain::finish_piece`] produced.
 #[derive(Debug, Clone)]
 pub struct PieceDone {
@@ -40,7 +63,6 @@ pub struct PieceDone {
 }
 
 /// One server's incremental state.
-#[derive(Debug, Clone)]
 pub struct ServerChain {
     server: ServerId,
     map: ShardMap,
@@ -55,6 +77,23 @@ pub struct ServerChain {
     layouts: HashMap<u32, RowLayout>,
     /// Row-0 ids a restore read, whose Bloom filters the next round builds.
     pending_blooms: Vec<((u32, u32, u32), Vec<RowId>)>,
+    /// The newest column's extraction round, not yet committed.
+    round: Option<Round>,
+    hook: Option<RoundHook>,
+}
+
+impl std::fmt::Debug for ServerChain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerChain")
+            .field("server", &self.server)
+            .field("base", &self.base)
+            .field("last", &self.last)
+            .field(
+                "round",
+                &self.round.as_ref().map(|r| (r.col, r.out.is_some())),
+            )
+            .finish_non_exhaustive()
+    }
 }
 
 impl ServerChain {
@@ -70,6 +109,84 @@ impl ServerChain {
             read_rate: None,
             layouts: HashMap::new(),
             pending_blooms: Vec::new(),
+            round: None,
+            hook: None,
+        }
+    }
+
+    /// Await `hook` after every file an extraction round writes (tests hold a round mid-way
+    /// with it).
+    pub fn set_round_hook(&mut self, hook: Option<RoundHook>) {
+        self.hook = hook;
+    }
+
+    /// Whether the newest column's extraction round is still to run.
+    pub fn round_pending(&self) -> bool {
+        self.round.as_ref().is_some_and(|r| r.out.is_none())
+    }
+
+    /// Run the newest column's extraction round, if it has not run yet: off the commit path,
+    /// after the column's piece is finished (a caller runs it in the background; the next
+    /// [`ServerChain::finish_piece`] runs it first if nobody did). Writes the round's files
+    /// under the column's checkpoint; changes neither the list nor the store's committed
+    /// state. Returns what the round did. On error the round is dropped (the next piece
+    /// commits none: as if every comparison was skipped) and the error returned.
+    pub async fn extract(
+        &mut self,
+        ckpts: &Checkpoints,
+    ) -> Result<Option<crate::format::ExtractStats>> {
+        let Some(r) = self.round.as_ref().filter(|r| r.out.is_none()) else {
+            return Ok(None);
+        };
+        let Some(list) = self.list.as_ref() else {
+            self.round = None;
+            return Ok(None);
+        };
+        let done = extract_round(
+            ckpts,
+            list,
+            r.col,
+            &r.ckpt,
+            &r.new,
+            &self.layouts,
+            &r.cfg,
+            self.hook.clone(),
+        )
+        .await;
+        match done {
+            Ok(out) => {
+                if out.reads.seconds > 0.0 && out.reads.bytes > 0 {
+                    let rate = out.reads.bytes as f64 / out.reads.seconds;
+                    self.read_rate = Some(self.read_rate.map_or(rate, |o| 0.5 * o + 0.5 * rate));
+                }
+                let stats = out.stats;
+                if let Some(r) = self.round.as_mut() {
+                    r.out = Some(out);
+                }
+                Ok(Some(stats))
+            }
+            Err(e) => {
+                self.round = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// Delete the files of an extraction round that ran and was never committed (the end of a
+    /// run, whose last piece no later one follows), and forget it. Best effort: a file that
+    /// cannot be deleted stays unreferenced, which is harmless.
+    pub async fn discard_round(&mut self, ckpts: &Checkpoints) {
+        if let Some(Round {
+            ckpt,
+            out: Some(out),
+            ..
+        }) = self.round.take()
+        {
+            for f in &out.written {
+                if let Ok(key) = ckpts.file_key(&ckpt, &f.path) {
+                    let _ = ckpts.store().delete(&key).await;
+                }
+            }
         }
     }
 
@@ -85,6 +202,7 @@ impl ServerChain {
         self.base = Some((id, report.bytes));
         self.last = None;
         self.list = None;
+        self.round = None;
         self.chain_bytes = 0;
     }
 
@@ -94,6 +212,7 @@ impl ServerChain {
         self.base = None;
         self.last = None;
         self.list = None;
+        self.round = None;
         self.chain_bytes = 0;
         self.pending_blooms.clear();
     }
@@ -112,9 +231,11 @@ impl ServerChain {
     }
 
     /// The piece of checkpoint `ckpt` is durable: `tracked` are the rows it saved (sorted per
-    /// table), `report` the files staging wrote (this server's). Runs the extraction round of a
-    /// chunk list and writes the piece index; returns the files to add to the report. On error
-    /// the chain is cleared (the next save must be a full).
+    /// table), `report` the files staging wrote (this server's). Writes the piece index (for a
+    /// chunk list: this column's chunks, and the previous column's extraction round, run first
+    /// if [`ServerChain::extract`] has not run it); returns the files to add to the report.
+    /// This column's round is left for [`ServerChain::extract`]. On error the chain is cleared
+    /// (the next save must be a full).
     pub async fn finish_piece(
         &mut self,
         ckpts: &Checkpoints,
@@ -163,13 +284,26 @@ impl ServerChain {
         let piece_bytes = report.bytes;
         let mut stats = ExtractStats::default();
         let mut files = Vec::new();
-        let mut records = Vec::new();
+        let mut records: Vec<crate::format::ChunkRecord> = Vec::new();
         let mut file_refs = Vec::new();
         let mut row0 = Vec::new();
         let restore_bytes;
         match spec.scheme {
             PieceScheme::ChunkList => {
                 let cfg: &ExtractConfig = &spec.extract;
+                // The previous column's round, committed with this piece. Run here, on the
+                // commit path, only if no caller ran it in the background.
+                if self.round_pending() {
+                    self.extract(ckpts).await?;
+                }
+                let prev = self.round.take().and_then(|r| r.out.map(|o| (r.col, o)));
+                if let Some((c, _)) = &prev {
+                    if c + 1 != column {
+                        return Err(CkptError::InvalidArgument(format!(
+                            "the extraction round of column {c} cannot be committed by column {column}"
+                        )));
+                    }
+                }
                 let mut list = match self.list.take() {
                     Some(l) if l.range_rows() == cfg.range_rows => l,
                     Some(l) => {
@@ -196,25 +330,26 @@ impl ServerChain {
                 for t in &report.shard.tables {
                     self.layouts.insert(t.table.0, t.layout);
                 }
-                let round = extract_round(
-                    ckpts,
-                    &list,
-                    column,
-                    ckpt,
-                    &new,
-                    &new_files,
-                    &self.layouts,
-                    cfg,
-                )
-                .await?;
-                if round.reads.seconds > 0.0 && round.reads.bytes > 0 {
-                    let r = round.reads.bytes as f64 / round.reads.seconds;
-                    self.read_rate = Some(self.read_rate.map_or(r, |o| 0.5 * o + 0.5 * r));
+                // This piece's records: the previous column's round (its splits and moves, in
+                // files under that column's checkpoint), then this column's chunks.
+                let mut blooms = Vec::new();
+                if let Some((_, round)) = prev {
+                    stats = round.stats;
+                    file_refs = round.files;
+                    records = round.records;
+                    blooms = round.blooms;
                 }
-                stats = round.stats;
-                files = round.written;
-                records = round.records;
-                file_refs = round.files;
+                let (col_files, col_records, col_blooms) =
+                    column_records(column, &new, &new_files, cfg);
+                let off = file_refs.len() as u32;
+                file_refs.extend(col_files);
+                records.extend(col_records.into_iter().map(|mut r| {
+                    for p in &mut r.parts {
+                        p.file += off;
+                    }
+                    r
+                }));
+                blooms.extend(col_blooms);
                 let piece = self.index(
                     spec,
                     column,
@@ -231,7 +366,7 @@ impl ServerChain {
                     &piece,
                     &format!("{ckpt}/piece of server {}", self.server.0),
                 )?;
-                for ((t, r, c), b) in round.blooms {
+                for ((t, r, c), b) in blooms {
                     list.set_bloom(t, r, c, b);
                 }
                 // The whole row 0 after this piece, for restores of this newest state.
@@ -259,6 +394,14 @@ impl ServerChain {
                     .sum();
                 restore_bytes = list.rectangle_bytes(column) + dense;
                 self.list = Some(list);
+                // This column's round runs after the piece, off the commit path.
+                self.round = Some(Round {
+                    col: column,
+                    ckpt: ckpt.clone(),
+                    cfg: *cfg,
+                    new,
+                    out: None,
+                });
             }
             PieceScheme::Incremental => {
                 restore_bytes = self.chain_bytes + piece_bytes;

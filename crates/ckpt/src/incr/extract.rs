@@ -24,10 +24,15 @@
 //!
 //! A round never changes the list itself: it reads, writes new files (create-only, under the
 //! new column's checkpoint) and returns the records; the caller applies them
-//! ([`ChunkList::apply`]), exactly as a restore folds them later.
+//! ([`ChunkList::apply`]), exactly as a restore folds them later. The new column's own row-0
+//! chunks are not the round's: [`column_records`] gives them, when the piece is finished, and
+//! the round runs afterwards, in the background (IncrCP §4.3; `crate::incr::chain`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Instant;
+
+use futures_util::future::BoxFuture;
 
 use ftrec_core::{RowId, RowLayout, ServerId, TableId};
 
@@ -45,6 +50,11 @@ use crate::format::{
 const BUNDLE_PAYLOAD: u64 = 48;
 /// Where a row file's payload starts (its header body is 44 bytes).
 pub(super) const ROWS_PAYLOAD: u64 = 64;
+
+/// Called by an extraction round after each file it writes, with the file's path, and awaited
+/// before the round goes on: a test holds a round there (mid-way, some of its files written)
+/// to check what a restore or a crash at that point sees. Nothing else installs one.
+pub type RoundHook = Arc<dyn Fn(&str) -> BoxFuture<'static, ()> + Send + Sync>;
 
 /// Which of the three filter stages run (IncrCP §4.3; all by default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -251,10 +261,10 @@ pub async fn column_chunks(
 /// What a round produced.
 #[derive(Debug, Default)]
 pub struct RoundOutput {
-    /// The piece's file table and records (the new column's chunks, then splits and moves).
+    /// The round's file table and records (splits and moves).
     pub files: Vec<FileRef>,
     pub records: Vec<ChunkRecord>,
-    /// Bloom filters of the new row-0 chunks: `(table, range, col)`.
+    /// Bloom filters of the remainders it wrote: `(table, range, col)`.
     pub blooms: Vec<((u32, u32, u32), Bloom)>,
     /// The bundles written, for the checkpoint's manifest.
     pub written: Vec<FileInfo>,
@@ -289,6 +299,7 @@ struct BundleOut {
     open: Vec<OutSection>,
     open_bytes: usize,
     closed: Vec<Closed>,
+    hook: Option<RoundHook>,
 }
 
 impl BundleOut {
@@ -297,6 +308,7 @@ impl BundleOut {
         ckpt: CheckpointId,
         prefix: &'static str,
         cfg: &ExtractConfig,
+        hook: Option<RoundHook>,
     ) -> Self {
         BundleOut {
             server,
@@ -307,6 +319,7 @@ impl BundleOut {
             open: Vec::new(),
             open_bytes: 0,
             closed: Vec::new(),
+            hook,
         }
     }
 
@@ -395,6 +408,9 @@ impl BundleOut {
         });
         self.open.clear();
         self.open_bytes = 0;
+        if let Some(h) = &self.hook {
+            h(&self.closed[self.closed.len() - 1].info.path).await;
+        }
         Ok(())
     }
 }
@@ -481,9 +497,63 @@ fn layout_of(layouts: &HashMap<u32, RowLayout>, table: u32) -> Result<RowLayout>
         .ok_or_else(|| CkptError::InvalidArgument(format!("no row layout known for table {table}")))
 }
 
-/// Run the extraction round of the new column `col` (checkpoint `ckpt`, whose chunks are
-/// `new`, parts indexing `new_files`) against `list`, writing outputs under `ckpt`. `layouts`
-/// gives each table's row layout.
+/// The new column's own row-0 chunks (checkpoint `ckpt`, column `col`; `new` from
+/// [`column_chunks`], parts indexing `new_files`): their records, the file table they index,
+/// and their Bloom filters `(table, range, col)`. No extraction: that is [`extract_round`]'s.
+#[allow(clippy::type_complexity)]
+pub fn column_records(
+    col: u32,
+    new: &[NewChunk],
+    new_files: &[FileRef],
+    cfg: &ExtractConfig,
+) -> (
+    Vec<FileRef>,
+    Vec<ChunkRecord>,
+    Vec<((u32, u32, u32), Bloom)>,
+) {
+    let mut files: Vec<FileRef> = Vec::new();
+    let mut file_ix: HashMap<(CheckpointId, String), u32> = HashMap::new();
+    let mut records = Vec::with_capacity(new.len());
+    let mut blooms = Vec::with_capacity(new.len());
+    for n in new {
+        let parts = n
+            .parts
+            .iter()
+            .map(|p| {
+                let f = &new_files[p.file as usize];
+                let ix = *file_ix
+                    .entry((f.ckpt.clone(), f.path.clone()))
+                    .or_insert_with(|| {
+                        files.push(f.clone());
+                        (files.len() - 1) as u32
+                    });
+                Part { file: ix, ..*p }
+            })
+            .collect();
+        records.push(ChunkRecord {
+            op: ChunkOp::Column,
+            table: n.table,
+            range: n.range,
+            col,
+            round: 0,
+            rows: n.ids.len() as u64,
+            min: n.ids.first().copied().unwrap_or(0),
+            max: n.ids.last().copied().unwrap_or(0),
+            parts,
+        });
+        blooms.push((
+            (n.table, n.range, col),
+            Bloom::of(n.ids.iter().copied(), cfg.bloom_bits_per_key),
+        ));
+    }
+    (files, records, blooms)
+}
+
+/// Run the extraction round of column `col` (checkpoint `ckpt`, whose chunks are `new`)
+/// against `list`, which holds that column in row 0 and every earlier round; outputs are
+/// written under `ckpt`. Returns the splits and moves (no [`ChunkOp::Column`] record: the column
+/// was recorded when its piece was finished) and the file table they index. `layouts` gives
+/// each table's row layout; `hook`, if any, is awaited after each file written.
 #[allow(clippy::too_many_arguments)]
 pub async fn extract_round(
     ckpts: &Checkpoints,
@@ -491,9 +561,9 @@ pub async fn extract_round(
     col: u32,
     ckpt: &CheckpointId,
     new: &[NewChunk],
-    new_files: &[FileRef],
     layouts: &HashMap<u32, RowLayout>,
     cfg: &ExtractConfig,
+    hook: Option<RoundHook>,
 ) -> Result<RoundOutput> {
     cfg.validate()?;
     let t0 = Instant::now();
@@ -508,32 +578,6 @@ pub async fn extract_round(
                 (files.len() - 1) as u32
             })
     };
-    // The new column's own row-0 chunks.
-    for n in new {
-        let parts = n
-            .parts
-            .iter()
-            .map(|p| Part {
-                file: local(&mut out.files, &new_files[p.file as usize]),
-                ..*p
-            })
-            .collect();
-        out.records.push(ChunkRecord {
-            op: ChunkOp::Column,
-            table: n.table,
-            range: n.range,
-            col,
-            round: 0,
-            rows: n.ids.len() as u64,
-            min: n.ids.first().copied().unwrap_or(0),
-            max: n.ids.last().copied().unwrap_or(0),
-            parts,
-        });
-        out.blooms.push((
-            (n.table, n.range, col),
-            Bloom::of(n.ids.iter().copied(), cfg.bloom_bits_per_key),
-        ));
-    }
     // Stages 1 and 2 on every old row-0 chunk of the ranges the new column touched.
     let mut candidates: Vec<(&Chunk, &NewChunk)> = Vec::new();
     for n in new {
@@ -567,8 +611,8 @@ pub async fn extract_round(
     // Stage 3 and the splits.
     let cands: Vec<&Chunk> = candidates.iter().map(|(c, _)| *c).collect();
     let loaded = read_chunks(ckpts, list, &cands, &mut out.stats, &mut out.reads).await?;
-    let mut row0_out = BundleOut::new(server, ckpt.clone(), "row0", cfg);
-    let mut xrow_out = BundleOut::new(server, ckpt.clone(), "xrow", cfg);
+    let mut row0_out = BundleOut::new(server, ckpt.clone(), "row0", cfg, hook.clone());
+    let mut xrow_out = BundleOut::new(server, ckpt.clone(), "xrow", cfg, hook);
     let mut pending: Vec<(ChunkRecord, Pending)> = Vec::new();
     let mut split: BTreeSet<(u32, u32, u32)> = BTreeSet::new();
     for ((c, n), (ids, rows)) in candidates.iter().zip(loaded) {
@@ -658,9 +702,10 @@ pub async fn extract_round(
             })
             .map(|(f, _)| *f)
             .collect();
+        // The round's own column is never moved: its files are the piece's, just written.
         let movers: Vec<&Chunk> = list
             .row0_chunks()
-            .filter(|c| !split.contains(&(c.table, c.range, c.col)))
+            .filter(|c| c.col < col && !split.contains(&(c.table, c.range, c.col)))
             .filter(|c| c.parts.iter().any(|p| sparse.contains(&p.file)))
             .collect();
         let moved = read_chunks(ckpts, list, &movers, &mut out.stats, &mut out.reads).await?;

@@ -432,6 +432,66 @@ impl ChunkList {
         Ok(())
     }
 
+    /// Add an extracted chunk as a piece index records it (`files`: that index's file table;
+    /// `fmap`: where each of its files is in this list, filled as needed), without the rest of
+    /// its round: for a list built from a newest row 0 ([`ChunkList::from_row0`]) that an older
+    /// state's restore completes with the extracted chunks its rectangle reads. `file` names
+    /// the index in errors.
+    pub fn add_extracted(
+        &mut self,
+        r: &ChunkRecord,
+        files: &[FileRef],
+        fmap: &mut [Option<u32>],
+        file: &str,
+    ) -> Result<()> {
+        if r.op != ChunkOp::Extracted || r.round == 0 {
+            return Err(CkptError::Corrupt {
+                file: file.to_string(),
+                reason: format!("{:?} record of column {} added as extracted", r.op, r.col),
+            });
+        }
+        let mut parts = Vec::with_capacity(r.parts.len());
+        for p in &r.parts {
+            let f = p.file as usize;
+            let (Some(slot), Some(fr)) = (fmap.get_mut(f), files.get(f)) else {
+                return Err(CkptError::Corrupt {
+                    file: file.to_string(),
+                    reason: format!("a chunk part names file {f} of {}", files.len()),
+                });
+            };
+            let ix = match *slot {
+                Some(ix) => ix,
+                None => {
+                    let ix = self.intern(fr);
+                    *slot = Some(ix);
+                    ix
+                }
+            };
+            parts.push(Part { file: ix, ..*p });
+        }
+        for p in &parts {
+            let f = &mut self.files[p.file as usize];
+            f.live = f.live.saturating_add(1);
+            f.live_bytes = f.live_bytes.saturating_add(p.bytes());
+        }
+        self.ranges
+            .entry((r.table, r.range))
+            .or_default()
+            .deeper
+            .push(Chunk {
+                table: r.table,
+                range: r.range,
+                col: r.col,
+                round: r.round,
+                rows: r.rows,
+                min: r.min,
+                max: r.max,
+                parts,
+                bloom: None,
+            });
+        Ok(())
+    }
+
     fn take_row0(&mut self, r: &ChunkRecord) -> Option<Chunk> {
         self.ranges
             .get_mut(&(r.table, r.range))

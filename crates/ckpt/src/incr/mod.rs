@@ -16,8 +16,8 @@
 //! - [`list`]: the 2-D chunk list in memory, folded from piece indexes;
 //! - [`extract`]: one extraction round (selective extraction, §4.3; concatenation, §4.4);
 //! - [`bloom`]: the Bloom filters of the second filter stage;
-//! - [`chain`]: one server's state ([`ServerChain`]): finishing a durable piece (extraction and
-//!   piece index) and restoring;
+//! - [`chain`]: one server's state ([`ServerChain`]): finishing a durable piece (its piece
+//!   index), the extraction round run after it, off the commit path, and restoring;
 //! - [`restore`]: choosing the manifests of a state and restoring a server from them, newest
 //!   column winning;
 //! - [`store`]: verification, garbage collection (files with no live chunk), a restore written
@@ -48,15 +48,16 @@ use serde::{Deserialize, Serialize};
 use crate::error::{CkptError, Result};
 pub use crate::format::{PieceIndex, PieceScheme, QuantBits};
 pub use chain::{PieceDone, ServerChain};
-pub use extract::{ExtractConfig, Filters};
+pub use extract::{ExtractConfig, Filters, RoundHook};
 pub use list::ChunkList;
 pub use restore::{
-    is_incremental_store, restore_server, restore_server_with, select, IncrChain, RestoreOptions,
-    RestoreOutcome, IN_MEMORY_RECTANGLE_BYTES, READ_SPAN_BYTES, STREAM_MAP_BYTES,
+    is_incremental_store, rectangle_list, restore_server, restore_server_with, select, IncrChain,
+    RestoreOptions, RestoreOutcome, IN_MEMORY_RECTANGLE_BYTES, READ_SPAN_BYTES, STREAM_MAP_BYTES,
 };
 pub use store::{
-    damage, files_read, gc, materialize_full, piece_summaries, remove_dead_files,
-    remove_dead_files_of, restore_all, select_intact, verify, write_full, Damage, MemShard,
+    damage, files_read, gc, materialize_full, newest_restore_files, piece_summaries,
+    remove_dead_files, remove_dead_files_of, restore_all, select_intact, verify, write_full,
+    Damage, Expected, MemShard,
 };
 
 /// What a server saves for one piece.

@@ -5,8 +5,9 @@
 //!   the duplicates are read, and deduplicated as they arrive: §5.1.5's "complex deduplication
 //!   process in recovery");
 //! - Check-N-Run differential: the base, then the target differential (§5.1.5);
-//! - IncrCP chunk list: the base, then the rectangle of the target column in the list folded
-//!   from every piece's index (IncrCP §4.2). A row may sit in several chunks of the rectangle
+//! - IncrCP chunk list: the base, then the rectangle of the target column (IncrCP §4.2), from
+//!   the newest piece index's row 0 and the extracted chunks the indexes after the target
+//!   record ([`rectangle_list`]: `L - i` indexes for state `i` of a list of `L`, not all `L`). A row may sit in several chunks of the rectangle
 //!   when an extraction was skipped (§4.3: a chunk whose duplicate share is below `R` is left
 //!   whole).
 //!
@@ -52,7 +53,7 @@ use crate::checkpoint::{Checkpoints, VerifiedFile};
 use crate::deck::{self, Lineage, RestoreAt, ShardWriter};
 use crate::error::{CkptError, Result};
 use crate::format::{
-    copy_le_into_f32s, CheckpointId, CheckpointKind, FileContent, FileRef, Manifest, Part,
+    copy_le_into_f32s, CheckpointId, CheckpointKind, ChunkOp, FileContent, FileRef, Manifest, Part,
     PieceIndex, PieceScheme, ShardInfo,
 };
 
@@ -648,6 +649,48 @@ pub async fn fold_list(
     Ok(list)
 }
 
+/// The part of `server`'s chunk list that restoring `chain.target` needs, from the piece
+/// indexes of the pieces after the target only (and the newest's, for the newest state):
+/// row 0 as the newest index lists it whole, and the extracted chunks of the rounds after the
+/// target that come from its columns. Its rectangle of the target is the rectangle of the
+/// list folded from every piece ([`fold_list`]), chunk for chunk: the rectangle of column `i`
+/// is the row-0 chunks of columns `<= i` and the extracted chunks of columns `<= i` from rounds
+/// `> i` (IncrCP §4.2); an extracted chunk never changes once its round made it, and a round
+/// `r` is committed by the index of piece `r` or `r + 1` (a background round: `chain`'s module
+/// doc), so the indexes after `i` hold every one of them. An older state's restore thus reads
+/// `L - i` indexes instead of `L`. The list is for that one restore: it knows nothing deeper
+/// that the target does not read, so it must not be grown or garbage-collected from.
+pub async fn rectangle_list(
+    ckpts: &Checkpoints,
+    chain: &IncrChain,
+    server: ServerId,
+) -> Result<ChunkList> {
+    let col = chain.target;
+    let map = server_map(&chain.base)?;
+    let after = &chain.pieces[(col as usize).min(chain.pieces.len().saturating_sub(1))..];
+    let indexes = read_piece_indexes(ckpts, after, server).await?;
+    let (_, name, newest) = indexes.last().ok_or_else(|| CkptError::InvalidCheckpoint {
+        id: chain.base.id.to_string(),
+        reason: format!("no piece index of server {} to restore from", server.0),
+    })?;
+    let columns = chain.pieces.iter().map(|m| m.id.clone()).collect();
+    let mut list = ChunkList::from_row0(chain.base.id.clone(), server, map, columns, newest, name)?;
+    for (_, name, p) in &indexes {
+        if p.column <= col {
+            continue;
+        }
+        let mut fmap: Vec<Option<u32>> = vec![None; p.files.len()];
+        for r in p
+            .chunks
+            .iter()
+            .filter(|r| r.op == ChunkOp::Extracted && r.round > col && r.col <= col)
+        {
+            list.add_extracted(r, &p.files, &mut fmap, name)?;
+        }
+    }
+    Ok(list)
+}
+
 /// Where the rows of one table sit on this server: local index `id / n` for ids `≡ residue
 /// (mod n)`, the division a shift when `n` is a power of two (one server: none at all).
 #[derive(Debug, Clone, Copy)]
@@ -862,27 +905,13 @@ async fn restore_list(
 ) -> Result<()> {
     let server = writer.server();
     let col = chain.target;
-    let map = server_map(&chain.base)?;
     let newest = col as usize == chain.pieces.len();
     let t_index = Instant::now();
-    // The newest state needs row 0 only, which its own piece index lists whole; an older one
-    // needs the list folded from every piece.
-    let list = if newest {
-        let last = &chain.pieces[chain.pieces.len() - 1..];
-        let (_, name, p) = read_piece_indexes(ckpts, last, server)
-            .await?
-            .pop()
-            .ok_or_else(|| CkptError::InvalidCheckpoint {
-                id: last[0].id.to_string(),
-                reason: format!("has no piece index of server {}", server.0),
-            })?;
-        out.files += 1;
-        let columns = chain.pieces.iter().map(|m| m.id.clone()).collect();
-        ChunkList::from_row0(chain.base.id.clone(), server, map, columns, &p, &name)?
-    } else {
-        out.files += chain.pieces.len() as u64;
-        fold_list(ckpts, chain, server).await?
-    };
+    // Row 0 as the newest piece index lists it, and for an older state the extracted chunks
+    // of later rounds: the indexes of the pieces after the target, not of every piece.
+    let read = chain.pieces.len() - col as usize;
+    out.files += read.max(1) as u64;
+    let list = rectangle_list(ckpts, chain, server).await?;
     out.index_s = t_index.elapsed().as_secs_f64();
     // Which parts of which files the rectangle reads, and each part's chunk (for Bloom
     // filters of row-0 chunks when the list will grow again).

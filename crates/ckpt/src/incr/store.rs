@@ -19,7 +19,8 @@ use crate::error::{CkptError, Result};
 use crate::format::dense::encode_dense;
 use crate::format::rows::encode_rows;
 use crate::format::{
-    CheckpointId, FileContent, FileInfo, Manifest, PieceIndex, PieceScheme, ShardInfo,
+    Bundle, CheckpointId, FileContent, FileInfo, FileRef, Manifest, PieceIndex, PieceScheme,
+    ShardInfo,
 };
 use crate::key::Key;
 use crate::snapshot::{full_manifest, ShardReport};
@@ -130,8 +131,12 @@ pub async fn verify(ckpts: &Checkpoints) -> Result<Vec<Verified>> {
     let lineage = Lineage::load(ckpts).await?;
     let dead = dead_files(ckpts).await.unwrap_or_default();
     let mut out = Vec::new();
+    let mut listed: BTreeSet<Key> = BTreeSet::new();
     for n in lineage.nodes() {
         let m = ckpts.read_manifest(&n.id, None).await?;
+        for f in &m.files {
+            listed.insert(ckpts.file_key(&m.id, &f.path)?);
+        }
         let mut v = Verified {
             id: m.id.clone(),
             files: 0,
@@ -159,19 +164,53 @@ pub async fn verify(ckpts: &Checkpoints) -> Result<Vec<Verified>> {
     }
     if let Ok(chain) = super::restore::select(ckpts, &RestoreAt::Current).await {
         if chain.scheme == Some(PieceScheme::ChunkList) {
+            let head = chain
+                .pieces
+                .last()
+                .map_or(chain.base.id.clone(), |m| m.id.clone());
             for s in &chain.base.shards {
-                if let Err(e) = fold_list(ckpts, &chain, s.server).await {
-                    let head = chain
-                        .pieces
-                        .last()
-                        .map_or(chain.base.id.clone(), |m| m.id.clone());
-                    out.push(Verified {
-                        id: head,
+                match fold_list(ckpts, &chain, s.server).await {
+                    Err(e) => out.push(Verified {
+                        id: head.clone(),
                         files: 0,
                         bytes: 0,
                         removed: 0,
                         problem: Some(format!("chunk list of server {}: {e}", s.server.0)),
-                    });
+                    }),
+                    // The live bundles of background extraction rounds: committed by a piece
+                    // index, listed by no manifest.
+                    Ok(list) => {
+                        for lf in list.files().iter().filter(|f| f.live > 0) {
+                            let key = ckpts.file_key(&lf.file.ckpt, &lf.file.path)?;
+                            if listed.contains(&key) {
+                                continue;
+                            }
+                            let checked = match ckpts.store().get(&key).await {
+                                Ok(data) => Expected::Ref(lf.file.clone()).check(&key, &data),
+                                Err(e) => Err(e),
+                            };
+                            // Counted with the checkpoint whose directory holds it.
+                            let at = match out.iter().position(|v| v.id == lf.file.ckpt) {
+                                Some(i) => i,
+                                None => {
+                                    out.push(Verified {
+                                        id: lf.file.ckpt.clone(),
+                                        files: 0,
+                                        bytes: 0,
+                                        removed: 0,
+                                        problem: None,
+                                    });
+                                    out.len() - 1
+                                }
+                            };
+                            let v = &mut out[at];
+                            v.files += 1;
+                            v.bytes += lf.file.size;
+                            if let Err(e) = checked {
+                                v.problem.get_or_insert(e.to_string());
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -190,6 +229,21 @@ pub async fn piece_summaries(ckpts: &Checkpoints, m: &Manifest) -> Result<Vec<Pi
         }
     }
     Ok(out)
+}
+
+/// Files a restore of the newest state of a chunk list reads over the base, on the server of
+/// piece index `p` (IncrCP §4.5's `R_i` prices them): the files of its row 0, which the index
+/// lists whole, the index itself and the piece's dense range. 0 for the other schemes.
+pub fn newest_restore_files(p: &PieceIndex) -> u64 {
+    if p.scheme != PieceScheme::ChunkList {
+        return 0;
+    }
+    let files: BTreeSet<u32> = p
+        .row0
+        .iter()
+        .flat_map(|c| c.parts.iter().map(|x| x.file))
+        .collect();
+    files.len() as u64 + 2
 }
 
 /// A server's shard in memory, as a restore target.
@@ -484,22 +538,58 @@ pub async fn stored_bytes(ckpts: &Checkpoints) -> Result<BTreeMap<String, u64>> 
     Ok(out)
 }
 
-/// Every file restoring the state `chain` names reads, on every server, with the entry its
-/// manifest records: the base's files, then what the scheme reads over it (naive incremental:
-/// the row files of every piece up to the target; Check-N-Run: the target's row files; IncrCP:
-/// the piece indexes folded and the files of the target's rectangle), and the target's dense
-/// range. A piece index that cannot be read or folded is an error naming it.
-pub async fn files_read(
-    ckpts: &Checkpoints,
-    chain: &IncrChain,
-) -> Result<BTreeMap<Key, crate::format::FileInfo>> {
+/// What a file a restore reads must be.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Expected {
+    /// The entry its manifest records.
+    Entry(FileInfo),
+    /// A bundle of an extraction round run after its column's piece was committed (IncrCP
+    /// §4.3, in the background): no manifest lists it; the next piece's index, which committed
+    /// it, records its size and checksums.
+    Ref(FileRef),
+}
+
+impl Expected {
+    /// Check `data`, the bytes of `key`, against what is expected of it.
+    pub fn check(&self, key: &Key, data: &[u8]) -> Result<()> {
+        match self {
+            Expected::Entry(f) => Checkpoints::verify_file(key, f, data).map(|_| ()),
+            Expected::Ref(r) => {
+                if data.len() as u64 != r.size {
+                    return Err(CkptError::Truncated {
+                        file: key.to_string(),
+                        expected: r.size,
+                        found: data.len() as u64,
+                    });
+                }
+                let b = Bundle::decode(key.as_str(), data)?;
+                if b.checksums != r.crc32c {
+                    return Err(CkptError::Corrupt {
+                        file: key.to_string(),
+                        reason: "bundle does not match the checksums its piece index records"
+                            .into(),
+                    });
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Every file restoring the state `chain` names reads, on every server, with what it must be
+/// (the entry its manifest records, or for a bundle of a background extraction round what the
+/// piece index committing it records): the base's files, then what the scheme reads over it
+/// (naive incremental: the row files of every piece up to the target; Check-N-Run: the target's
+/// row files; IncrCP: the piece indexes of the pieces after the target, or the newest's, and the
+/// files of the target's rectangle), and the target's dense range. A piece index that cannot be read or folded is an error naming it.
+pub async fn files_read(ckpts: &Checkpoints, chain: &IncrChain) -> Result<BTreeMap<Key, Expected>> {
     let mut out = BTreeMap::new();
-    let mut add = |m: &Manifest, f: &FileInfo| -> Result<()> {
-        out.insert(ckpts.file_key(&m.id, &f.path)?, f.clone());
+    let mut add = |id: &CheckpointId, path: &str, e: Expected| -> Result<()> {
+        out.insert(ckpts.file_key(id, path)?, e);
         Ok(())
     };
     for f in &chain.base.files {
-        add(&chain.base, f)?;
+        add(&chain.base.id, &f.path, Expected::Entry(f.clone()))?;
     }
     if chain.target == 0 {
         return Ok(out);
@@ -516,19 +606,17 @@ pub async fn files_read(
         .iter()
         .filter(|f| matches!(f.content, FileContent::Dense { .. }))
     {
-        add(target, f)?;
+        add(&target.id, &f.path, Expected::Entry(f.clone()))?;
     }
     match chain.scheme {
         Some(PieceScheme::ChunkList) => {
-            let newest = chain.target as usize == chain.pieces.len();
-            let indexed: &[Manifest] = if newest {
-                &chain.pieces[chain.pieces.len() - 1..]
-            } else {
-                &chain.pieces
-            };
+            // The indexes of the pieces after the target (the newest's alone for the newest
+            // state): what `restore::rectangle_list` reads.
+            let from = (chain.target as usize).min(chain.pieces.len().saturating_sub(1));
+            let indexed: &[Manifest] = &chain.pieces[from..];
             for m in indexed {
                 for (f, _, _) in m.pieces() {
-                    add(m, f)?;
+                    add(&m.id, &f.path, Expected::Entry(f.clone()))?;
                 }
             }
             let by_name: BTreeMap<(String, String), (&Manifest, &FileInfo)> = chain
@@ -540,19 +628,24 @@ pub async fn files_read(
                         .map(move |f| ((m.id.to_string(), f.path.clone()), (m, f)))
                 })
                 .collect();
+            let in_list: BTreeSet<String> = chain.pieces.iter().map(|m| m.id.to_string()).collect();
             for s in &chain.base.shards {
-                let list = fold_list(ckpts, chain, s.server).await?;
+                let list = super::restore::rectangle_list(ckpts, chain, s.server).await?;
                 for c in list.rectangle(chain.target) {
                     for p in &c.parts {
                         let r = &list.file(p.file).file;
                         match by_name.get(&(r.ckpt.to_string(), r.path.clone())) {
-                            Some((m, f)) => add(m, f)?,
+                            Some((m, f)) => add(&m.id, &f.path, Expected::Entry((*f).clone()))?,
+                            // A background round's bundle, under a piece of this list.
+                            None if in_list.contains(r.ckpt.as_str()) => {
+                                add(&r.ckpt, &r.path, Expected::Ref(r.clone()))?
+                            }
                             None => {
                                 return Err(CkptError::InvalidCheckpoint {
                                     id: r.ckpt.to_string(),
                                     reason: format!(
-                                        "the chunk list reads {}, which no manifest of the list \
-                                         commits",
+                                        "the chunk list reads {}, which is no file of a piece of \
+                                         the list",
                                         r.path
                                     ),
                                 })
@@ -564,13 +657,13 @@ pub async fn files_read(
         }
         Some(PieceScheme::Differential) => {
             for f in target.files.iter().filter(|f| rows(f)) {
-                add(target, f)?;
+                add(&target.id, &f.path, Expected::Entry(f.clone()))?;
             }
         }
         _ => {
             for m in chain.pieces.iter().take(chain.target as usize) {
                 for f in m.files.iter().filter(|f| rows(f)) {
-                    add(m, f)?;
+                    add(&m.id, &f.path, Expected::Entry(f.clone()))?;
                 }
             }
         }
@@ -581,7 +674,7 @@ pub async fn files_read(
 /// Read and check every file of `files`: the first problem, naming the file.
 async fn check_files(
     ckpts: &Checkpoints,
-    files: &BTreeMap<Key, FileInfo>,
+    files: &BTreeMap<Key, Expected>,
     known: &mut BTreeMap<Key, Option<String>>,
 ) -> Option<String> {
     for (key, f) in files {
@@ -589,9 +682,7 @@ async fn check_files(
             Some(p) => p.clone(),
             None => {
                 let p = match ckpts.store().get(key).await {
-                    Ok(data) => Checkpoints::verify_file(key, f, &data)
-                        .err()
-                        .map(|e| e.to_string()),
+                    Ok(data) => f.check(key, &data).err().map(|e| e.to_string()),
                     Err(e) => Some(e.to_string()),
                 };
                 known.insert(key.clone(), p.clone());

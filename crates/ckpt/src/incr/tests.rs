@@ -327,6 +327,21 @@ impl Run {
         let chain = select(&self.ckpts, &RestoreAt::Id(id.clone()))
             .await
             .unwrap();
+        if chain.scheme == Some(PieceScheme::ChunkList) && chain.target > 0 {
+            // The indexes after the target give the rectangle folding every index gives.
+            for s in 0..self.chains.len() {
+                let server = ServerId(s as u32);
+                let full = super::restore::fold_list(&self.ckpts, &chain, server)
+                    .await
+                    .unwrap();
+                let part = rectangle_list(&self.ckpts, &chain, server).await.unwrap();
+                assert_eq!(
+                    rectangle_key(&part, chain.target),
+                    rectangle_key(&full, chain.target),
+                    "server {s}: rectangle of {id}"
+                );
+            }
+        }
         let mut shards = Vec::new();
         for (s, c) in self.chains.iter_mut().enumerate() {
             let info = chain.base.shard(ServerId(s as u32)).unwrap().clone();
@@ -390,6 +405,39 @@ impl Run {
             }
         }
     }
+}
+
+/// A rectangle as comparable data: each chunk's place and rows, and its parts with the files
+/// they name.
+#[allow(clippy::type_complexity)]
+fn rectangle_key(
+    list: &ChunkList,
+    col: u32,
+) -> Vec<(
+    u32,
+    u32,
+    u32,
+    u32,
+    u64,
+    Vec<(String, String, u32, u64, u64)>,
+)> {
+    let mut v: Vec<_> = list
+        .rectangle(col)
+        .into_iter()
+        .map(|c| {
+            let parts = c
+                .parts
+                .iter()
+                .map(|p| {
+                    let f = &list.file(p.file).file;
+                    (f.ckpt.to_string(), f.path.clone(), p.section, p.lo, p.hi)
+                })
+                .collect();
+            (c.table, c.range, c.col, c.round, c.rows, parts)
+        })
+        .collect();
+    v.sort();
+    v
 }
 
 fn check(
@@ -496,7 +544,10 @@ proptest! {
 }
 
 /// A long list with every extraction on (R = 0): restoring the newest reads row 0 only, and
-/// reads fewer bytes than the pieces add up to (IncrCP §4.2's point).
+/// reads fewer bytes than the pieces add up to (IncrCP §4.2's point). The newest column's own
+/// round runs after its commit and is committed by the next piece, so only the newest state
+/// may read a row twice (an older copy its column saved again); every older state reads each
+/// row once.
 #[test]
 fn full_extraction_restores_the_newest_from_row_0_only() {
     block_on(async {
@@ -514,8 +565,10 @@ fn full_extraction_restores_the_newest_from_row_0_only() {
             step: 0,
         };
         run.full().await;
+        let mut newest_rows = 0;
         for _ in 0..12 {
             run.model.update(60);
+            newest_rows = run.model.tracked[0].values().map(|t| t.len() as u64).sum();
             run.piece().await;
         }
         let list = run.chains[0].list().unwrap();
@@ -530,10 +583,14 @@ fn full_extraction_restores_the_newest_from_row_0_only() {
             rect.iter().all(|c| c.round == 0),
             "the newest state reads row 0 only"
         );
-        // With R = 0 every duplicate was extracted: row 0 holds each row once, so the restore
-        // wrote every row it read.
+        // Only rows column 12 saved again are read twice (its round is not committed yet).
         let in_row0: u64 = rect.iter().map(|c| c.rows).sum();
-        assert_eq!(out.rows_written, in_row0);
+        assert!(out.rows_written <= in_row0);
+        assert!(
+            in_row0 - out.rows_written <= newest_rows,
+            "{in_row0} rows read, {} written, column 12 saved {newest_rows}",
+            out.rows_written
+        );
         let saved: u64 = chain
             .pieces
             .iter()
@@ -548,6 +605,22 @@ fn full_extraction_restores_the_newest_from_row_0_only() {
             "row 0 holds {in_row0} rows, the pieces saved {saved}"
         );
         assert_eq!(bits_of(&target), run.committed.last().unwrap().1[0]);
+        // Every older state: each row of its rectangle once.
+        for col in 1..12u32 {
+            let chain = select(
+                &run.ckpts,
+                &RestoreAt::Id(run.committed[col as usize].0.clone()),
+            )
+            .await
+            .unwrap();
+            let mut target = MemShard::of(&chain.base.shards[0], run.model.map);
+            let out = restore_server(&run.ckpts, &chain, &mut target)
+                .await
+                .unwrap();
+            let in_rect: u64 = list.rectangle(col).iter().map(|c| c.rows).sum();
+            assert_eq!(out.rows_written, in_rect, "column {col}: a row read twice");
+            assert_eq!(bits_of(&target), run.committed[col as usize].1[0]);
+        }
     });
 }
 
@@ -788,7 +861,27 @@ fn one_server_run(spec: PieceSpec) -> Run {
 }
 
 impl Run {
-    /// The extraction statistics of the piece just committed.
+    /// Run the extraction round of the piece just committed (off its commit path, as a
+    /// server does in the background) and return what it did; the next piece commits it.
+    async fn round_stats(&mut self) -> crate::format::ExtractStats {
+        self.chains[0]
+            .extract(&self.ckpts)
+            .await
+            .unwrap()
+            .expect("a round to run")
+    }
+
+    /// [`Run::round_stats`] for any scheme (only a chunk list has rounds).
+    async fn round_stats_if_any(&mut self) -> crate::format::ExtractStats {
+        self.chains[0]
+            .extract(&self.ckpts)
+            .await
+            .unwrap()
+            .unwrap_or_default()
+    }
+
+    /// The extraction statistics the piece just committed carries (those of the round of the
+    /// piece before it).
     async fn last_stats(&self) -> crate::format::ExtractStats {
         let m = self
             .ckpts
@@ -810,7 +903,7 @@ impl Run {
 /// column 2 rows 60..120 (no key overlap with column 1); column 3 rows 45..50 and 121..130 (a
 /// tenth of column 1's rows again, none of column 2's); column 4 rows 0..50 again (all of
 /// column 1's). Writes the full, then pieces `from..to` of the four; returns the statistics of
-/// each piece's round.
+/// each piece's round (run after the piece's commit; the next piece commits it).
 async fn section_4_3_pieces(
     run: &mut Run,
     pieces: std::ops::Range<usize>,
@@ -828,7 +921,8 @@ async fn section_4_3_pieces(
     for rows in &all[pieces] {
         run.model.touch(2, rows.iter().copied());
         run.piece().await;
-        stats.push(run.last_stats().await);
+        let round = run.round_stats_if_any().await;
+        stats.push(round);
     }
     stats
 }
@@ -913,6 +1007,10 @@ fn r_zero_skips_no_duplicate_and_r_one_extracts_nothing() {
     block_on(async {
         let mut run = one_server_run(PieceSpec::chunk_list(0.0));
         let st = section_4_3_workload(&mut run).await;
+        // A fifth piece commits column 4's round (and carries its statistics).
+        run.model.touch(0, [0]);
+        run.piece().await;
+        assert_eq!(run.last_stats().await, st[3]);
         // Column 3 duplicates 5 of column 1's 50 rows: extracted all the same; its comparison
         // with column 2 (no duplicate at all) is the only one skipped.
         assert_eq!(st[2].actual_skips, 0, "{:?}", st[2]);
@@ -965,9 +1063,13 @@ fn a_damaged_file_takes_down_the_states_that_read_it_and_restores_fall_back() {
     use crate::store::PutMode;
     block_on(async {
         // IncrCP, full extraction: column 4's round extracts rows 0..50 of columns 1 and 3
-        // into a bundle of round 4, which the rectangles of columns 1 to 3 read, not 4's.
+        // into a bundle of round 4, which the rectangles of columns 1 to 3 read, not 4's; a
+        // fifth piece commits that round (it runs after column 4's commit), and the bundle,
+        // under column 4's checkpoint, is named by the fifth piece's index, not by a manifest.
         let mut run = one_server_run(PieceSpec::chunk_list(0.0));
         section_4_3_workload(&mut run).await;
+        run.model.touch(0, [0]);
+        run.piece().await;
         let list = run.chains[0].list().unwrap().clone();
         let deep = list
             .rectangle(1)
@@ -975,6 +1077,9 @@ fn a_damaged_file_takes_down_the_states_that_read_it_and_restores_fall_back() {
             .find(|c| c.round == 4)
             .expect("column 1's rows extracted in round 4");
         let f = list.file(deep.parts[0].file).file.clone();
+        assert_eq!(f.ckpt, run.committed[4].0);
+        let m4 = run.ckpts.read_manifest(&f.ckpt, None).await.unwrap();
+        assert!(m4.files.iter().all(|x| x.path != f.path));
         let key = run.ckpts.file_key(&f.ckpt, &f.path).unwrap();
         let mut bad = run.ckpts.store().get(&key).await.unwrap().to_vec();
         let at = deep.parts[0].rows_at as usize;
@@ -997,7 +1102,7 @@ fn a_damaged_file_takes_down_the_states_that_read_it_and_restores_fall_back() {
             .await
             .unwrap();
         assert!(skipped.is_empty(), "{skipped:?}");
-        assert_eq!(chain.target, 4);
+        assert_eq!(chain.target, 5);
         // Column 3 does: the restore falls back past 3, 2 and 1 to the base, and says why.
         let at3 = RestoreAt::Id(run.committed[3].0.clone());
         let (chain, skipped) = select_intact(&run.ckpts, &at3).await.unwrap();
@@ -1067,4 +1172,194 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
         .build()
         .unwrap()
         .block_on(f)
+}
+
+/// A hook that holds an extraction round after the first file it writes: `reached` gets that
+/// file's path, and the round goes on once `go` is sent (or never, if it is dropped).
+fn hold_after_first_file() -> (
+    RoundHook,
+    tokio::sync::oneshot::Receiver<String>,
+    tokio::sync::oneshot::Sender<()>,
+) {
+    let (reached_tx, reached_rx) = tokio::sync::oneshot::channel::<String>();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let reached = Arc::new(std::sync::Mutex::new(Some(reached_tx)));
+    let go = Arc::new(tokio::sync::Mutex::new(Some(go_rx)));
+    let hook: RoundHook = Arc::new(move |path: &str| {
+        let (reached, go, path) = (reached.clone(), go.clone(), path.to_string());
+        Box::pin(async move {
+            let first = reached.lock().unwrap().take();
+            if let Some(tx) = first {
+                let _ = tx.send(path);
+                if let Some(rx) = go.lock().await.take() {
+                    let _ = rx.await;
+                }
+            }
+        })
+    });
+    (hook, reached_rx, go_tx)
+}
+
+/// A full and `pieces` pieces at R = 0 with small bundles (a round writes several files),
+/// each piece's round run after its commit except the last one's.
+async fn background_run(pieces: usize) -> Run {
+    let mut spec = PieceSpec::chunk_list(0.0);
+    spec.extract.bundle_bytes = 1024;
+    let mut run = one_server_run(spec);
+    run.full().await;
+    for i in 0..pieces {
+        run.model.update(60);
+        run.piece().await;
+        if i + 1 < pieces {
+            run.round_stats().await;
+        }
+    }
+    assert!(run.chains[0].round_pending());
+    run
+}
+
+/// Restore committed checkpoint `i` of `run` and return the rows its rectangle holds and the
+/// rows the restore wrote (the restore itself is checked bit for bit by `Run::restore`).
+async fn rows_read_and_written(run: &mut Run, i: usize) -> (u64, u64) {
+    run.restore(i, false).await;
+    let chain = select(&run.ckpts, &RestoreAt::Id(run.committed[i].0.clone()))
+        .await
+        .unwrap();
+    let list = super::restore::fold_list(&run.ckpts, &chain, ServerId(0))
+        .await
+        .unwrap();
+    let in_rect: u64 = list.rectangle(chain.target).iter().map(|c| c.rows).sum();
+    let mut target = MemShard::of(&chain.base.shards[0], run.model.map);
+    let out = restore_server(&run.ckpts, &chain, &mut target)
+        .await
+        .unwrap();
+    (in_rect, out.rows_written)
+}
+
+/// IncrCP §4.3: the extraction round of a piece runs after the piece is committed, off the
+/// commit path, and the next piece commits it. Held mid-way by a hook (one of its files
+/// written, more to come), every committed checkpoint restores bit for bit: a restore reads the
+/// list as committed, in which that round has not happened (the newest state reads the rows
+/// its column saved again twice, and writes the newest copy). Let go, the round finishes; every
+/// checkpoint still restores bit for bit; once the next piece commits the round, the newest
+/// state of before reads each row once, and every checkpoint restores bit for bit again.
+#[test]
+fn restores_during_background_extraction_read_a_consistent_list() {
+    block_on(async {
+        let mut run = background_run(6).await;
+        let newest = run.committed.len() - 1;
+        let (hook, reached, go) = hold_after_first_file();
+        let mut chain = std::mem::replace(
+            &mut run.chains[0],
+            ServerChain::new(ServerId(0), run.model.map),
+        );
+        chain.set_round_hook(Some(hook));
+        let ckpts = run.ckpts.clone();
+        let task = tokio::spawn(async move {
+            let r = chain.extract(&ckpts).await;
+            (chain, r)
+        });
+        // Held after its first file: the file is in the store, under the newest piece, and no
+        // index names it.
+        let first = reached.await.unwrap();
+        let key = run
+            .ckpts
+            .file_key(&run.committed[newest].0, &first)
+            .unwrap();
+        run.ckpts.store().head(&key).await.unwrap();
+        run.restore_all_committed().await;
+        let (read, written) = rows_read_and_written(&mut run, newest).await;
+        for v in verify(&run.ckpts).await.unwrap() {
+            assert!(v.problem.is_none(), "{v:?}");
+        }
+        go.send(()).unwrap();
+        let (mut chain, done) = task.await.unwrap();
+        let stats = done.unwrap().expect("the round ran");
+        assert!(
+            stats.files_written >= 2,
+            "held mid-way: the round wrote more after the hold ({stats:?})"
+        );
+        assert!(stats.extracted >= 1, "{stats:?}");
+        chain.set_round_hook(None);
+        run.chains[0] = chain;
+        // Finished, not yet committed: nothing a restore reads has changed.
+        run.restore_all_committed().await;
+        assert_eq!(
+            rows_read_and_written(&mut run, newest).await,
+            (read, written)
+        );
+        // The next piece commits the round (and carries its statistics).
+        run.model.update(60);
+        run.piece().await;
+        assert_eq!(run.last_stats().await, stats);
+        let (read2, written2) = rows_read_and_written(&mut run, newest).await;
+        assert_eq!(read2, written2, "each row of the committed round read once");
+        assert!(
+            read2 < read,
+            "before the commit the state read the rows its column saved again twice ({read} \
+             rows read, {read2} once each)"
+        );
+        run.restore_all_committed().await;
+        let gc = remove_dead_files(&run.ckpts).await.unwrap();
+        assert!(!gc.dead_files.is_empty(), "the round split older chunks");
+        run.restore_all_committed().await;
+        for v in verify(&run.ckpts).await.unwrap() {
+            assert!(v.problem.is_none(), "{v:?}");
+        }
+        let (bad, unreadable) = damage(&run.ckpts).await.unwrap();
+        assert!(
+            bad.is_empty() && unreadable.is_empty(),
+            "{bad:?} {unreadable:?}"
+        );
+    });
+}
+
+/// A server killed mid-extraction: the round's task is dropped while held after its first
+/// file (its chain, the server's memory, goes with it). The store holds that file, named by no
+/// index; every committed checkpoint restores bit for bit, and a new server restored at the
+/// newest state continues the list (pieces, rounds, commits) with every checkpoint restoring
+/// bit for bit and the store verifying clean.
+#[test]
+fn a_crash_mid_extraction_leaves_a_store_that_restores() {
+    block_on(async {
+        let mut run = background_run(5).await;
+        let newest = run.committed.len() - 1;
+        let (hook, reached, go) = hold_after_first_file();
+        let mut chain = std::mem::replace(
+            &mut run.chains[0],
+            ServerChain::new(ServerId(0), run.model.map),
+        );
+        chain.set_round_hook(Some(hook));
+        let ckpts = run.ckpts.clone();
+        let task = tokio::spawn(async move {
+            let r = chain.extract(&ckpts).await;
+            (chain, r)
+        });
+        let first = reached.await.unwrap();
+        task.abort();
+        assert!(task.await.unwrap_err().is_cancelled());
+        drop(go);
+        let key = run
+            .ckpts
+            .file_key(&run.committed[newest].0, &first)
+            .unwrap();
+        run.ckpts.store().head(&key).await.unwrap();
+        run.restore_all_committed().await;
+        // The new server: restored at the newest state, it continues from there.
+        run.restore(newest, true).await;
+        assert!(!run.chains[0].round_pending(), "a restore runs no round");
+        for _ in 0..3 {
+            run.model.update(60);
+            run.piece().await;
+            run.round_stats().await;
+        }
+        run.model.update(60);
+        run.piece().await;
+        run.restore_all_committed().await;
+        remove_dead_files(&run.ckpts).await.unwrap();
+        run.restore_all_committed().await;
+        for v in verify(&run.ckpts).await.unwrap() {
+            assert!(v.problem.is_none(), "{v:?}");
+        }
+    });
 }

@@ -64,6 +64,8 @@ pub(super) struct StoreState {
     pub committed: Option<CheckpointId>,
     /// The full the newest committed state grows from: the parent of a differential piece.
     pub base: Option<CheckpointId>,
+    /// Files of that full, per server (what a restore of it opens: IncrCP §4.5's `R_base`).
+    pub base_files: std::collections::HashMap<ftrec_core::ServerId, u64>,
     /// Incremental pieces committed, what their extraction rounds did (IncrCP §4.3) and the
     /// largest quantization error of their rows (Check-N-Run).
     pub pieces: u64,
@@ -222,6 +224,7 @@ impl StoreState {
             inflight: None,
             committed: None,
             base: None,
+            base_files: Default::default(),
             pieces: 0,
             extraction: None,
             quant_max_abs_error: None,
@@ -634,6 +637,10 @@ impl Coordinator {
                         (CheckpointKind::Full, _) => {
                             st.fulls += 1;
                             st.base = Some(id.clone());
+                            st.base_files.clear();
+                            for f in &manifest.files {
+                                *st.base_files.entry(f.content.server()).or_default() += 1;
+                            }
                         }
                         (_, Some(p)) => {
                             st.pieces += 1;
@@ -649,11 +656,8 @@ impl Coordinator {
                 );
                 // The restore estimate first: the strategy's next decision (possibly taken
                 // on this very commit) sees it.
-                if let Some((base_s, chain_s)) = estimate {
-                    actions.extend(
-                        self.strategy
-                            .on(&Event::RestoreEstimate { base_s, chain_s }),
-                    );
+                if let Some(read) = estimate {
+                    actions.extend(self.strategy.on(&read));
                 }
                 if let Some(servers) = coverage {
                     actions.extend(self.strategy.on(&Event::SaveCoverage { step, servers }));
@@ -1169,7 +1173,7 @@ impl StoreState {
         &mut self,
         spec: &PieceSpec,
         sums: &[ftrec_ckpt::format::PieceIndex],
-    ) -> Option<(f64, f64)> {
+    ) -> Option<Event> {
         if spec.scheme == PieceScheme::ChunkList {
             let st = self.extraction.get_or_insert_with(ExtractStats::default);
             for p in sums {
@@ -1183,20 +1187,15 @@ impl StoreState {
                 .fold(self.quant_max_abs_error.unwrap_or(0.0), f64::max);
             self.quant_max_abs_error = Some(e);
         }
-        let rated: Vec<&ftrec_ckpt::format::PieceIndex> =
-            sums.iter().filter(|p| p.read_bytes_per_s > 0.0).collect();
-        if rated.is_empty() {
-            return None;
-        }
-        let base_s = rated
-            .iter()
-            .map(|p| p.base_bytes as f64 / p.read_bytes_per_s)
-            .fold(0.0, f64::max);
-        let chain_s = rated
-            .iter()
-            .map(|p| p.restore_bytes as f64 / p.read_bytes_per_s)
-            .fold(0.0, f64::max);
-        Some((base_s, chain_s))
+        // What restoring the newest state reads over its base, on the server that reads the
+        // most, and that server's base: bytes and files, no timing (IncrCP §4.5's inputs).
+        let p = sums.iter().max_by_key(|p| p.restore_bytes)?;
+        Some(Event::RestoreEstimate {
+            base_bytes: p.base_bytes,
+            base_files: self.base_files.get(&p.server).copied().unwrap_or(0),
+            chain_bytes: p.restore_bytes,
+            chain_files: incr::newest_restore_files(p),
+        })
     }
 }
 

@@ -10,9 +10,10 @@
 //!   coordinator calls it through;
 //! - incremental pieces (`ftrec_ckpt::incr`: naive incremental, Check-N-Run differential,
 //!   IncrCP chunk list) go through the same staging pipeline; once a piece's rows are durable
-//!   the server finishes it in the background ([`ServerChain::finish_piece`]: the extraction
-//!   round of a chunk list, the piece index), and a restore of a piece rebuilds the server's
-//!   list so pieces continue from the restored point;
+//!   the server finishes it in the background ([`ServerChain::finish_piece`]: the piece index),
+//!   then runs a chunk list's extraction round after it, off the commit path
+//!   ([`ServerChain::extract`]; the next piece commits the round), and a restore of a piece
+//!   rebuilds the server's list so pieces continue from the restored point;
 //! - [`cpr`]: CPR's priority tracking on the update path and prioritized partial saves
 //!   (cpr.txt §4.2), installed with [`CkptNode::with_priority`];
 //! - [`grpc`]: the same calls over the wire ([`grpc::ckpt_service`], [`grpc::CkptGrpcClient`]);
@@ -297,7 +298,8 @@ enum Save {
         /// A full: the base incremental pieces grow from.
         full: bool,
     },
-    /// An incremental piece: its upload, then its finishing (extraction, piece index).
+    /// An incremental piece: its upload, then its finishing (the piece index; a chunk list's
+    /// extraction round runs after it, off the commit path).
     Piece {
         task: tokio::task::JoinHandle<Result<ShardReport, CkptServiceError>>,
         upto: u64,
@@ -590,10 +592,22 @@ impl CkptApi for CkptNode {
             let progress = upload.progress().clone();
             let mut report = upload.wait().await?;
             let err = progress.quant_max_abs_error();
-            let mut chain = chain.lock().await;
-            let done = chain
+            let mut guard = chain.lock().await;
+            let done = guard
                 .finish_piece(&ckpts, &task_id, &spec, &tracked.tables, &report, err)
                 .await?;
+            let round = guard.round_pending();
+            drop(guard);
+            if round {
+                // A chunk list's extraction round, off the commit path (IncrCP §4.3): the
+                // piece is reported (and committed) without waiting for it; the next piece
+                // commits the round, and waits for it only if it is still running then. A
+                // failed round is dropped (the next piece commits none: the list as if every
+                // comparison was skipped, which restores exactly); the store counts its errors.
+                tokio::spawn(async move {
+                    let _ = chain.lock().await.extract(&ckpts).await;
+                });
+            }
             report.bytes += done.files.iter().map(|f| f.size).sum::<u64>();
             report.files.extend(done.files);
             report.files.sort_by(|a, b| a.path.cmp(&b.path));
@@ -805,8 +819,9 @@ pub struct PiecePlan {
 }
 
 /// [`save_cluster`] for an incremental piece: every server saves its piece of `plan.id`;
-/// once every server's files are durable (and, for a chunk list, its extraction round is
-/// done), one delta manifest is committed.
+/// once every server's files are durable (and its piece index written; a chunk list's
+/// extraction round runs afterwards and is committed by the next piece), one delta manifest is
+/// committed.
 pub async fn save_piece_cluster<C: CkptApi>(
     clients: &[C],
     location: &str,
