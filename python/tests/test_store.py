@@ -27,7 +27,9 @@ STRATEGIES = {
     "full": ["--strategy", "full", "--ckpt-every-steps", "4"],
     # No merging: every delta stays a state of its own, so earlier steps can be read back.
     "deck": ["--strategy", "deck", "--delta-every-steps", "3", "--merge-stride", "0"],
-    "incrcp": ["--strategy", "incrcp", "--ckpt-every-steps", "3"],
+    # No new base: §4.5's rule prices a save by its measured pause, so it may reset on a loaded
+    # machine, and the collection would then drop the pieces before it.
+    "incrcp": ["--strategy", "incrcp", "--ckpt-every-steps", "3", "--base-reset", "never"],
 }
 # The states each store keeps: every save and the last step's, but a full store's collection
 # keeps the newest full only.

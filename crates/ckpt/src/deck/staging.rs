@@ -503,21 +503,25 @@ pub fn start(
         let progress = progress.clone();
         let limit = opts.limit_bytes;
         rt.spawn_blocking(move || {
-            // The failure is noted while the receiver still lives: the copy-out that finds
-            // it gone must find the cause too, not "ended early".
+            // The failure is noted while both channel ends still live: the copy-out and the
+            // upload that find them gone must find the cause too, not "ended early".
             let mut rx = rx;
-            let r = stage_loop(&mut rx, up_tx, &dir, &gauge, &progress, limit)
+            let r = stage_loop(&mut rx, &up_tx, &dir, &gauge, &progress, limit)
                 .map_err(|e| note_failure(&progress, e));
             drop(rx);
+            drop(up_tx);
             r
         })
     };
     let task = {
         let progress = progress.clone();
         rt.spawn(async move {
-            let up = upload_loop(&ckpts, &id, up_rx, &gauge, &progress)
+            // As above: noted before the receiver is dropped.
+            let mut up_rx = up_rx;
+            let up = upload_loop(&ckpts, &id, &mut up_rx, &gauge, &progress)
                 .await
                 .map_err(|e| note_failure(&progress, e));
+            drop(up_rx);
             let staged = stage.await.map_err(|e| CkptError::TemporarilyUnavailable {
                 backend: "staging",
                 reason: format!("stage task ended abnormally: {e}"),
@@ -542,7 +546,7 @@ pub fn start(
 
 fn stage_loop(
     rx: &mut mpsc::Receiver<Chunk>,
-    up: mpsc::UnboundedSender<std::result::Result<Staged, ShardInfo>>,
+    up: &mpsc::UnboundedSender<std::result::Result<Staged, ShardInfo>>,
     dir: &Path,
     gauge: &MemGauge,
     progress: &UploadProgress,
@@ -723,7 +727,7 @@ fn stage_one(
 async fn upload_loop(
     ckpts: &Checkpoints,
     id: &CheckpointId,
-    mut rx: mpsc::UnboundedReceiver<std::result::Result<Staged, ShardInfo>>,
+    rx: &mut mpsc::UnboundedReceiver<std::result::Result<Staged, ShardInfo>>,
     gauge: &MemGauge,
     progress: &UploadProgress,
 ) -> Result<ShardReport> {
@@ -819,13 +823,13 @@ mod tests {
         std::fs::write(&staged.local, &bytes).unwrap();
         let mem = Arc::new(MemoryStore::new());
         let ckpts = Checkpoints::new(mem.clone());
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = mpsc::unbounded_channel();
         tx.send(Ok(staged)).unwrap();
         drop(tx);
         let id = CheckpointId::new("c").unwrap();
         let gauge = MemGauge::new();
         let err = rt
-            .block_on(upload_loop(&ckpts, &id, rx, &gauge, &progress))
+            .block_on(upload_loop(&ckpts, &id, &mut rx, &gauge, &progress))
             .unwrap_err();
         assert!(matches!(err, CkptError::ChecksumMismatch { .. }), "{err}");
         assert!(err.to_string().contains("dense-000000.dense"), "{err}");
