@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole kill matrix: every strategy x every kill phase it has x every role (server,
 # worker, merger, replacement), each cell a synchronous run of real processes with that
-# SIGKILL, checked against the failure-free digest (crates/cluster/tests/kill_matrix.rs).
+# SIGKILL, checked against the failure-free digest (crates/cluster/tests/kill_matrix.rs);
+# then the frozen-job test of every strategy that writes a store (crates/cli/tests/frozen.rs).
 # Writes the table to docs/kill-matrix.md (or $KILL_MATRIX_OUT) and exits non-zero if a cell
 # failed. The test profile (opt-level 2, as `cargo test` builds); a few minutes on two cores.
 #
@@ -18,3 +19,7 @@ export KILL_MATRIX_OUT="$out"
 CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}" cargo test -p ftrec-cluster --test kill_matrix \
     kill_matrix_full -- --ignored --nocapture --test-threads 1
 echo "kill matrix written to $out"
+# The whole job frozen and taken over, every strategy that writes a store: its coordinator
+# cannot run inside the matrix's test process (crates/cli/tests/frozen.rs).
+CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}" cargo test -p ftrec-cli --test frozen -- \
+    --include-ignored --test-threads 1

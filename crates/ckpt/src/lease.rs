@@ -460,6 +460,55 @@ async fn doomed_ids(ckpts: &Checkpoints) -> Result<BTreeSet<String>> {
     Ok(out)
 }
 
+/// `Ok` while the store's lease is held, not given up, at `generation`;
+/// [`CkptError::Fenced`] otherwise.
+pub async fn still_writer(ckpts: &Checkpoints, generation: u64) -> Result<()> {
+    match read_lease(ckpts).await? {
+        Some(r) if r.generation == generation && !r.released => Ok(()),
+        other => Err(CkptError::Fenced {
+            what: format!(
+                "a collection of the writer of generation {generation} stopped: the store's lease \
+                 is {}",
+                match other {
+                    Some(r) => format!(
+                        "at generation {} ({} by {})",
+                        r.generation,
+                        if r.released { "given up" } else { "held" },
+                        r.holder
+                    ),
+                    None => "gone".into(),
+                }
+            ),
+        }),
+    }
+}
+
+/// Withdraw the announcements the sweeps of writers older than `generation` left: the writer
+/// that takes the store over at `generation` calls it. Those sweeps are fenced
+/// ([`still_writer`]) and delete nothing more, and an announcement a paused or killed sweep
+/// left would keep readers from its checkpoints. Announcements of sweeps that are no writer's
+/// (`ftrec ckpt gc`) are left alone. Returns how many it withdrew.
+pub async fn clear_announcements(ckpts: &Checkpoints, generation: u64) -> Result<usize> {
+    let store = ckpts.store();
+    let mut n = 0;
+    for meta in store.list(Some(&gc_dir(ckpts))).await? {
+        let name = meta.key.as_str().rsplit('/').next().unwrap_or("");
+        let older = name
+            .strip_prefix("writer-g")
+            .and_then(|r| r.split_once('-'))
+            .and_then(|(g, _)| g.parse::<u64>().ok())
+            .is_some_and(|g| g < generation);
+        if !older {
+            continue;
+        }
+        match store.delete(&meta.key).await {
+            Ok(()) | Err(CkptError::NotFound { .. }) => n += 1,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
 /// What [`sweep`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SweepReport {
@@ -477,13 +526,27 @@ pub struct SweepReport {
 /// checkpoint is never taken for a readable one.
 pub async fn sweep(ckpts: &Checkpoints, candidates: &[CheckpointId]) -> Result<SweepReport> {
     let mut report = SweepReport::default();
+    // A writer's sweep (its generation set) deletes only while it holds the store: one that
+    // was paused and taken over stops before it deletes anything more, whatever it listed
+    // before (checked again before each deletion; a caller that sweeps more by the report
+    // stops too, on the error).
+    let writer = ckpts.generation();
+    if let Some(g) = writer {
+        still_writer(ckpts, g).await?;
+    }
     if candidates.is_empty() {
         // Nothing to delete, but the caller may sweep shared files by the reader count.
         report.readers = live_readers(ckpts).await?.len();
         return Ok(report);
     }
     let store = ckpts.store();
-    let mark = gc_dir(ckpts).join(&unique_name())?;
+    // A writer's announcement names its generation, so that the next writer can withdraw it
+    // ([`clear_announcements`]).
+    let name = match writer {
+        Some(g) => format!("writer-g{g}-{}", unique_name()),
+        None => unique_name(),
+    };
+    let mark = gc_dir(ckpts).join(&name)?;
     let ids: Vec<String> = candidates.iter().map(|c| c.to_string()).collect();
     store
         .put(
@@ -502,7 +565,12 @@ pub async fn sweep(ckpts: &Checkpoints, candidates: &[CheckpointId]) -> Result<S
         for c in candidates {
             if held.contains(c.as_str()) {
                 report.held.push(c.clone());
-            } else if ckpts.delete_checkpoint(c).await.is_ok() {
+                continue;
+            }
+            if let Some(g) = writer {
+                still_writer(ckpts, g).await?;
+            }
+            if ckpts.delete_checkpoint(c).await.is_ok() {
                 report.deleted.push(c.clone());
             } else {
                 report.failed.push(c.clone());
@@ -607,6 +675,61 @@ mod tests {
             ckpts.read_current().await.unwrap().unwrap().id,
             manifest(30).id
         );
+    }
+
+    /// A writer paused between planning a collection and deleting (a frozen host) and taken
+    /// over deletes nothing once it wakes, and the new writer withdraws the announcements of
+    /// the old one's sweeps (not those of sweeps that are no writer's).
+    #[tokio::test]
+    async fn a_replaced_writer_s_sweep_deletes_nothing_and_its_announcements_are_withdrawn() {
+        let ckpts = store();
+        let ttl = Duration::from_secs(600);
+        let a = Lease::acquire(&ckpts, "job-a", ttl).await.unwrap();
+        let old = ckpts.clone().with_generation(a.generation());
+        for step in [1, 2, 3] {
+            old.commit(&manifest(step)).await.unwrap();
+        }
+        // While it holds the store its sweep deletes, and names its generation.
+        let rep = sweep(&old, &[manifest(1).id]).await.unwrap();
+        assert_eq!(rep.deleted, vec![manifest(1).id]);
+        // Announcements a paused sweep of generation 1 left, one of a user's `ckpt gc`.
+        let gc = gc_dir(&ckpts);
+        for name in ["writer-g1-vm-7-1-0", "vm-8-1-0"] {
+            ckpts
+                .store()
+                .put(
+                    &gc.join(name).unwrap(),
+                    Bytes::from_static(b"[]"),
+                    PutMode::Create,
+                )
+                .await
+                .unwrap();
+        }
+        expire(&ckpts).await;
+        let b = Lease::acquire(&ckpts, "job-b", ttl).await.unwrap();
+        assert_eq!(
+            clear_announcements(&ckpts, b.generation()).await.unwrap(),
+            1
+        );
+        let left: Vec<String> = ckpts
+            .store()
+            .list(Some(&gc))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.key.as_str().rsplit('/').next().unwrap().to_string())
+            .collect();
+        assert_eq!(left, vec!["vm-8-1-0".to_string()]);
+        // The woken writer's sweep, with or without candidates: fenced, nothing deleted.
+        for candidates in [vec![manifest(2).id], vec![]] {
+            let err = sweep(&old, &candidates).await.unwrap_err();
+            assert!(
+                matches!(&err, CkptError::Fenced { what } if what.contains("generation 2")),
+                "{err}"
+            );
+        }
+        assert!(ckpts.read_manifest(&manifest(2).id, None).await.is_ok());
+        assert_eq!(ckpts.store().list(Some(&gc)).await.unwrap().len(), 1);
     }
 
     #[tokio::test]

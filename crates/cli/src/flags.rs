@@ -153,7 +153,9 @@ pub struct RunArgs {
     /// or 2 of a step's commit, during a rebuild; prepare-some, commit-some: a phase answered
     /// by the first half of the servers only; #N: the N-th time, a worker's counting its own
     /// transactions), ROLE server, worker or merger; several servers failing together:
-    /// server=0,2@step=S (repeatable).
+    /// server=0,2@step=S; the whole job after a step: job@step=S. Gray failures: stop:server=I@...
+    /// pauses a server (SIGSTOP; it is fenced, replaced and woken), stop:job@step=S freezes the
+    /// whole job for whoever wakes it (SIGCONT to its processes) (repeatable).
     #[arg(long, value_name = "ROLE=I@POINT")]
     pub kill: Vec<String>,
     #[command(flatten)]

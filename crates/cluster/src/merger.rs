@@ -74,31 +74,45 @@ pub fn merge_once(args: &MergerArgs) -> Result<(MergeReport, Option<GcReport>), 
         .map_err(ck)?
         .with_rate_limit(args.max_mib_per_s.map(|r| r * (1 << 20) as f64))
         .with_progress(announce);
-        let merged = merger.run_once().await.map_err(ck)?;
+        // A pass that fails may have been paused while another job took the store over and
+        // collected what it read: then the fence is the cause to report, not the missing file.
+        let merged = match merger.run_once().await {
+            Ok(m) => m,
+            Err(e) => return Err(fenced_or(&ckpts, args.writer_generation, ck(e)).await),
+        };
         // Nothing is deleted for a job that no longer holds the store.
         if let Some(g) = args.writer_generation {
             check_writer(&ckpts, g).await?;
         }
         let gc = if args.gc {
-            Some(
-                deck::gc(
-                    &ckpts,
-                    &GcOptions {
-                        retention: Retention {
-                            full_every_steps: 0,
-                            max_old_fulls: 0,
-                        },
-                        remove_orphans: false,
+            let collected = deck::gc(
+                &ckpts,
+                &GcOptions {
+                    retention: Retention {
+                        full_every_steps: 0,
+                        max_old_fulls: 0,
                     },
-                )
-                .await
-                .map_err(ck)?,
+                    remove_orphans: false,
+                },
             )
+            .await;
+            match collected {
+                Ok(r) => Some(r),
+                Err(e) => return Err(fenced_or(&ckpts, args.writer_generation, ck(e)).await),
+            }
         } else {
             None
         };
         Ok((merged, gc))
     })
+}
+
+/// The fence of a writer of `generation` that no longer holds the store, else `e`.
+async fn fenced_or(ckpts: &Checkpoints, generation: Option<u64>, e: ClusterError) -> ClusterError {
+    match generation {
+        Some(g) => check_writer(ckpts, g).await.err().unwrap_or(e),
+        None => e,
+    }
 }
 
 /// `Err` ([`ClusterError::Fenced`]) unless the store's lease is held, not given up, at
@@ -112,14 +126,14 @@ pub async fn check_writer(ckpts: &Checkpoints, generation: u64) -> Result<(), Cl
     match held {
         Some(r) if r.generation == generation && !r.released => Ok(()),
         Some(r) => Err(ClusterError::Fenced(format!(
-            "the merger works for the store's writer of generation {generation}, and the lease \
+            "fenced: the merger works for the store's writer of generation {generation}, and the lease \
              is now {} by {} at generation {}",
             if r.released { "given up" } else { "held" },
             r.holder,
             r.generation
         ))),
         None => Err(ClusterError::Fenced(format!(
-            "the merger works for the store's writer of generation {generation}, and the \
+            "fenced: the merger works for the store's writer of generation {generation}, and the \
              store holds no lease"
         ))),
     }

@@ -342,7 +342,11 @@ pub enum KillAt {
 /// is paused (SIGSTOP) instead: a gray failure, a process that is there and answers nothing
 /// (`stop:server=1@step=4`); the coordinator finds it lost by its heartbeats, fences it (its
 /// epoch raised on every other server, `ftrec_ps::fence`) and wakes it (SIGCONT): it learns
-/// it was replaced and exits by itself, and a replacement takes its place.
+/// it was replaced and exits by itself, and a replacement takes its place. `stop:job@step=S`
+/// freezes the whole job after step `S` (its merger, workers, servers and coordinator
+/// SIGSTOPped, as a paused host) for whoever wakes it: meanwhile another coordinator may have
+/// taken the store over (`--resume` once the lease expired), and the woken job must find out
+/// and stop without writing.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct KillSpec {
@@ -441,7 +445,7 @@ impl FromStr for KillSpec {
                 "--kill {s:?}: {why}; expected ROLE=I@step=S, ROLE=I@time=T or \
                  ROLE=I@phase=checkpoint-write|recovery|merge|prepare|commit|rebuild[#N] with \
                  ROLE server, worker or merger (for example server=1@step=12), or job@step=S; \
-                 stop:server=I@... pauses a server instead"
+                 stop:server=I@... pauses a server instead, stop:job@step=S the whole job"
             ))
         };
         let (pause, rest) = match s.strip_prefix("stop:") {
@@ -490,8 +494,10 @@ impl FromStr for KillSpec {
                 "the whole job is killed after a step only (job@step=S)",
             ));
         }
-        if pause && role != Role::Server {
-            return Err(bad("only a server is paused (stop:server=I@...)"));
+        if pause && !matches!(role, Role::Server | Role::Job) {
+            return Err(bad(
+                "only a server (stop:server=I@...) or the whole job (stop:job@step=S) is paused",
+            ));
         }
         Ok(KillSpec {
             role,
@@ -1024,7 +1030,7 @@ impl RunConfig {
                     if !self.external_servers.is_empty() || self.external_workers {
                         return bad(format!(
                             "--kill {k}: only a job whose servers and workers this coordinator \
-                             started can be killed as a whole"
+                             started can be killed or frozen as a whole"
                         ));
                     }
                     1

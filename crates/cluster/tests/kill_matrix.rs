@@ -203,6 +203,12 @@ fn matrix(s: Strat, phase: &str, role: &str) -> Cell {
         // A paused server (SIGSTOP): found lost by its heartbeats and fenced, then woken
         // (SIGCONT): it learns it was replaced and exits by itself.
         ("pause", "server") => return k(&["stop:server=1@step=4"]),
+        ("pause", "coordinator") if s.saves() => {
+            return Na("the coordinator is paused with the whole job (a frozen host), outside this test's process: crates/cli/tests/frozen.rs, run by scripts/kill-matrix.sh after the matrix (see above)")
+        }
+        ("pause", "merger") if s.label == "deck" => {
+            return Na("the coordinator and its merger are paused with the whole job (a frozen host), the coordinator outside this test's process: crates/cli/tests/frozen.rs, run by scripts/kill-matrix.sh after the matrix (see above)")
+        }
         ("pause", _) => {
             return Na("a pause (SIGSTOP) is injected into a server only: a silent worker is found by the step timeout (60 s) and SIGKILLed, and a merger is never replaced while it runs (the coordinator kills it before any other pass)")
         }
@@ -736,7 +742,27 @@ fn kill_matrix_full() {
          lease the resume takes the store over, ends with the failure-free model, and the \
          paused holder's renewal is fenced; `gc-read` (the reader row) restores the newest \
          state in a loop while the job runs and collects garbage: every restore succeeds or \
-         finds nothing committed yet, never a half-deleted checkpoint.\n\n{pass} passed, \
+         finds nothing committed yet, never a half-deleted checkpoint.\n\n\
+         A partition is not a column: it needs a network namespace per role, servers started \
+         outside the coordinator and reached by name, which the matrix's cells (processes the \
+         coordinator starts on loopback) do not have. It is the cargo test \
+         `crates/cli/tests/partition.rs` (`cargo test -p ftrec-cli --test partition`, root and \
+         iproute2; otherwise it prints one `skipped:` line): server 1 loses its link to the \
+         coordinator (a blackhole route each way) while the workers still reach it, is found \
+         lost, fenced and replaced on another host under its name, learns from the workers \
+         that it was replaced and exits with status 3 and one `fenced` line, and the job \
+         (`full`, synchronous) ends with the failure-free digest.\n\n\
+         Nor is a frozen job, whose coordinator cannot run in this test's process: \
+         `crates/cli/tests/frozen.rs`, which `scripts/kill-matrix.sh` runs after the matrix \
+         for every strategy that writes a store (full, deck with its merger, cpr, incrcp, \
+         incremental, cnr). The whole job (coordinator, servers, workers, merger) is frozen \
+         after step 7 (`--kill stop:job@step=7`, SIGSTOP to every process, as a paused host) \
+         until its lease (2 s) runs out; `ftrec run --resume` takes the store over and ends \
+         with the failure-free digest; then the frozen job is woken (SIGCONT to its process \
+         group): its coordinator stops at its first check with status 3, every error line of \
+         the job names the fence, none of its processes is left, and the store is byte for \
+         byte as the resume left it (no file written, none deleted) and verifies.\n\n\
+         {pass} passed, \
          {fail} failed, {na} not applicable.\n\n"
     ));
     md.push_str("| strategy | role |");

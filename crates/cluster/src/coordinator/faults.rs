@@ -5,6 +5,8 @@
 //!
 //! A kill of the whole job (`job@step=S`) SIGKILLs every process of the job and then the
 //! process running the coordinator: nothing after it runs, as in a crash of the machine.
+//! Freezing it (`stop:job@step=S`) SIGSTOPs them all instead, as a paused virtual machine:
+//! whoever wakes them later finds a job that may have been taken over meanwhile.
 
 use ftrec_ps::PsService;
 
@@ -106,6 +108,10 @@ impl Coordinator {
     /// process was lost (a server started elsewhere is killed by whoever runs it: pid 0). A
     /// paused server is found lost by its heartbeats, and its replacement kills it.
     fn inject(&mut self, role: Role, id: u32, pause: bool, why: &str) -> bool {
+        if role == Role::Job && pause {
+            self.freeze_job(why);
+            return true;
+        }
         let pid = match role {
             Role::Server if self.external_servers() => self.await_outside_kill(id, why),
             Role::Server if pause => {
@@ -252,6 +258,48 @@ impl Coordinator {
         }
         self.rt
             .block_on(async { while calls.join_next().await.is_some() {} });
+    }
+
+    /// SIGSTOP the merger, every worker and every server, then this process: the whole job
+    /// frozen at once, as a paused host. It returns when someone sends this process SIGCONT
+    /// (and its children theirs); by then another coordinator may hold the store, so the next
+    /// check of the lease decides whether the run goes on ([`super::lease`]).
+    fn freeze_job(&mut self, why: &str) {
+        let mut pids: Vec<u32> = self.merger_pid().into_iter().collect();
+        pids.extend((0..self.workers()).filter_map(|w| self.pool.pid(w)));
+        pids.extend(
+            self.procs
+                .iter_mut()
+                .filter_map(|p| (!p.has_exited()).then(|| p.pid())),
+        );
+        let me = std::process::id();
+        let list = pids
+            .iter()
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+            .join(" ");
+        self.event(
+            EventKind::FailureInjected,
+            None,
+            format!("the whole job: SIGSTOP to pids {list} and the coordinator's {me} ({why})"),
+        );
+        tracing::info!(
+            "ftrec: {why}: froze the whole job after step {} (SIGSTOP to its processes {list} \
+             and the coordinator's process {me}); wake them with SIGCONT",
+            self.step()
+        );
+        for pid in pids {
+            // SAFETY: kill(2) with SIGSTOP on children this coordinator started and still
+            // holds (not reaped, so no pid is reused).
+            unsafe {
+                libc::kill(pid as i32, libc::SIGSTOP);
+            }
+        }
+        // SAFETY: kill(2) on this process's own pid; a stop signal is delivered before the
+        // call returns, and the process goes on from here when continued.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGSTOP);
+        }
     }
 
     /// SIGKILL the merger, every worker and every server, then this process.

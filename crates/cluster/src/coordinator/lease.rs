@@ -3,11 +3,13 @@
 //! released when the run ends. A run that loses it (another job took the store over while this
 //! one was paused, or the store could not be reached for a whole time to live) stops with one
 //! line and writes nothing more: its commits would fail anyway, `CURRENT` carrying the newer
-//! generation. The lease's generation is also the coordinator's incarnation epoch on every
+//! generation. A run whose last renewal is a whole time to live old holds no lease either,
+//! whether or not its renewer has noticed: a job woken from a pause (a frozen host) stops at
+//! its first check, before its renewer's next try and before anything it does next writes. The lease's generation is also the coordinator's incarnation epoch on every
 //! RPC ([`incarnate`]).
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ftrec_ckpt::lease::{self, Lease};
 use ftrec_ckpt::{Checkpoints, CkptError};
@@ -21,6 +23,10 @@ use crate::{ClusterError, RunConfig};
 pub(super) struct LeaseKeeper {
     lease: Arc<tokio::sync::Mutex<Lease>>,
     lost: Arc<Mutex<Option<String>>>,
+    /// When the lease was last taken or renewed (a monotonic clock, which runs on while the
+    /// process is stopped).
+    renewed: Arc<Mutex<Instant>>,
+    ttl: Duration,
     renewer: tokio::task::JoinHandle<()>,
     rt: tokio::runtime::Handle,
 }
@@ -62,22 +68,34 @@ pub(super) fn claim(
                 }
             }
         }
-        Lease::acquire(ckpts, what, ttl).await.map_err(|e| match e {
-            CkptError::Held { .. } => ClusterError::Config(format!("store {location}: {e}")),
-            e => store_err(location, e),
-        })
+        let lease = Lease::acquire(ckpts, what, ttl)
+            .await
+            .map_err(|e| match e {
+                CkptError::Held { .. } => ClusterError::Config(format!("store {location}: {e}")),
+                e => store_err(location, e),
+            })?;
+        // The collections of the writers before this one are fenced: their announcements go.
+        lease::clear_announcements(ckpts, lease.generation())
+            .await
+            .map_err(|e| store_err(location, e))?;
+        Ok(lease)
     })?;
     let generation = lease.generation();
     let lease = Arc::new(tokio::sync::Mutex::new(lease));
     let lost = Arc::new(Mutex::new(None));
+    let renewed = Arc::new(Mutex::new(Instant::now()));
     let renewer = {
-        let (lease, lost) = (lease.clone(), lost.clone());
+        let (lease, lost, renewed) = (lease.clone(), lost.clone(), renewed.clone());
         rt.spawn(async move {
             loop {
                 tokio::time::sleep(ttl / 3).await;
                 let mut l = lease.lock().await;
+                let asked = Instant::now();
                 let why = match l.renew().await {
-                    Ok(()) => continue,
+                    Ok(()) => {
+                        *renewed.lock().unwrap_or_else(|p| p.into_inner()) = asked;
+                        continue;
+                    }
                     Err(e @ CkptError::Fenced { .. }) => e.to_string(),
                     Err(_) if l.is_fresh() => continue,
                     Err(e) => format!(
@@ -94,6 +112,8 @@ pub(super) fn claim(
         LeaseKeeper {
             lease,
             lost,
+            renewed,
+            ttl,
             renewer,
             rt: rt.handle().clone(),
         },
@@ -102,8 +122,23 @@ pub(super) fn claim(
 }
 
 impl LeaseKeeper {
-    /// `Err` once the lease is lost: the run must stop writing.
+    /// `Err` once the lease is lost, or its last renewal is a whole time to live old: the
+    /// run must stop writing.
     pub(super) fn check(&self) -> Result<(), ClusterError> {
+        let age = self
+            .renewed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed();
+        if age >= self.ttl {
+            self.lost(format!(
+                "fenced: the store's lease was last renewed {:.1}s ago, past its time to live of {:.1}s \
+                 (this process was paused or could not reach the store): another job may hold \
+                 the store now",
+                age.as_secs_f64(),
+                self.ttl.as_secs_f64()
+            ));
+        }
         match self.lost.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
             Some(why) => Err(ClusterError::Fenced(why.clone())),
             None => Ok(()),
@@ -150,5 +185,46 @@ pub(super) fn incarnate(cfg: &RunConfig, store: Option<&super::store::StoreState
             ..cfg.auth.clone()
         },
         ..cfg.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use ftrec_ckpt::{Checkpoints, MemoryStore};
+
+    use super::*;
+
+    /// A keeper whose last renewal is a time to live old (as after a pause: the monotonic
+    /// clock ran on while the process was stopped, and the renewer has not run yet) refuses
+    /// at once, names the fence, and does not give up a lease it may no longer hold.
+    #[test]
+    fn a_keeper_not_renewed_for_its_time_to_live_stops_writing_before_its_renewer_notices() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let ckpts = Checkpoints::new(Arc::new(MemoryStore::new()));
+        let ttl = Duration::from_secs(3600);
+        let (keeper, generation) = claim(&rt, &ckpts, "mem", "a test job", ttl, false).unwrap();
+        assert_eq!(generation, 1);
+        keeper.check().unwrap();
+        // The pause: the last renewal moved a time to live into the past (the renewer, asleep
+        // for a third of an hour, has not noticed).
+        *keeper.renewed.lock().unwrap() = Instant::now() - ttl;
+        let err = keeper.check().unwrap_err().to_string();
+        assert!(
+            err.contains("fenced") && err.contains("time to live"),
+            "{err}"
+        );
+        // Lost for good, and not released by the drop.
+        *keeper.renewed.lock().unwrap() = Instant::now();
+        assert!(keeper.check().is_err());
+        drop(keeper);
+        let record = rt.block_on(lease::read_lease(&ckpts)).unwrap().unwrap();
+        assert!(!record.released, "{record:?}");
+        assert_eq!(record.generation, 1);
     }
 }

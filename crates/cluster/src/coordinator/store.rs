@@ -1086,6 +1086,11 @@ impl Coordinator {
         })
     }
 
+    /// The merger's pid, if one runs.
+    pub(super) fn merger_pid(&self) -> Option<u32> {
+        Some(self.store.as_ref()?.merger.as_ref()?.child.id())
+    }
+
     /// SIGKILL the merger (fault injection); its pid, if one runs.
     pub(super) fn kill_merger(&mut self) -> Option<u32> {
         let m = self.store.as_mut()?.merger.as_mut()?;
