@@ -96,7 +96,7 @@ fn files(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
     out
 }
 
-fn frozen_and_taken_over(strategy: &[&str]) {
+fn frozen_and_taken_over(strategy: &[&str], exact: bool) {
     let dir = tempfile::tempdir().unwrap();
     let args = job(strategy);
     let clean = dir.path().join("clean.json");
@@ -153,7 +153,10 @@ fn frozen_and_taken_over(strategy: &[&str]) {
             .arg(dir.path().join("resumed")),
     );
     let resumed = read_json(&report);
-    assert_eq!(resumed["model_digest"], clean["model_digest"]);
+    // Quantized pieces restore an approximate model: only exact strategies end at the digest.
+    if exact {
+        assert_eq!(resumed["model_digest"], clean["model_digest"]);
+    }
     let lease = read_json(&store.join("LEASE"));
     assert_eq!(lease["generation"], 2, "{lease}");
     assert_eq!(lease["released"], true, "{lease}");
@@ -199,21 +202,81 @@ fn frozen_and_taken_over(strategy: &[&str]) {
 /// DECK with its merger (a merger pass after each commit): the case the default suite runs.
 #[test]
 fn a_frozen_deck_job_taken_over_writes_nothing_when_it_wakes() {
-    frozen_and_taken_over(&["--strategy", "deck", "--delta-every-steps", "3"]);
+    frozen_and_taken_over(&["--strategy", "deck", "--delta-every-steps", "3"], true);
 }
 
-/// Every strategy that writes a store (`ecrec` and `none` write none).
+/// Every strategy that writes a store (`ecrec` and `none` write none), each case's outcome
+/// written to the file `KILL_MATRIX_FROZEN` names, if set (`scripts/kill-matrix.sh` puts them
+/// in the kill matrix's table).
 #[test]
 #[ignore = "every strategy: scripts/kill-matrix.sh runs it"]
 fn every_strategy_frozen_and_taken_over() {
-    for strategy in [
-        &["--strategy", "full", "--ckpt-every-steps", "3"][..],
-        &["--strategy", "cpr", "--ckpt-every-steps", "3"],
-        &["--strategy", "incrcp", "--ckpt-every-steps", "3"],
-        &["--strategy", "incremental", "--ckpt-every-steps", "3"],
-        &["--strategy", "cnr", "--ckpt-every-steps", "3"],
-    ] {
-        eprintln!("frozen and taken over: {}", strategy[1]);
-        frozen_and_taken_over(strategy);
+    let cases: [(&str, &[&str], bool); 7] = [
+        (
+            "full",
+            &["--strategy", "full", "--ckpt-every-steps", "3"],
+            true,
+        ),
+        (
+            "deck",
+            &["--strategy", "deck", "--delta-every-steps", "3"],
+            true,
+        ),
+        (
+            "cpr",
+            &["--strategy", "cpr", "--ckpt-every-steps", "3"],
+            true,
+        ),
+        (
+            "incrcp",
+            &["--strategy", "incrcp", "--ckpt-every-steps", "3"],
+            true,
+        ),
+        (
+            "incremental",
+            &["--strategy", "incremental", "--ckpt-every-steps", "3"],
+            true,
+        ),
+        (
+            "cnr",
+            &["--strategy", "cnr", "--ckpt-every-steps", "3"],
+            true,
+        ),
+        (
+            "cnr-q8",
+            &[
+                "--strategy",
+                "cnr",
+                "--ckpt-every-steps",
+                "3",
+                "--quantize",
+                "8",
+            ],
+            false,
+        ),
+    ];
+    let mut results = serde_json::Map::new();
+    for (label, strategy, exact) in cases {
+        eprintln!("frozen and taken over: {label}");
+        let r = std::panic::catch_unwind(|| frozen_and_taken_over(strategy, exact));
+        let outcome = match r {
+            Ok(()) => "pass".to_string(),
+            Err(e) => e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panicked".into())
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_string(),
+        };
+        eprintln!("  {label}: {outcome}");
+        results.insert(label.to_string(), outcome.into());
     }
+    if let Some(out) = std::env::var_os("KILL_MATRIX_FROZEN") {
+        std::fs::write(out, serde_json::to_string_pretty(&results).unwrap()).unwrap();
+    }
+    let failed: Vec<_> = results.iter().filter(|(_, v)| *v != "pass").collect();
+    assert!(failed.is_empty(), "{failed:?}");
 }

@@ -184,6 +184,10 @@ enum Cell {
     SecondRun,
     /// Restores of the store in a loop while the job runs and collects garbage.
     GcRead,
+    /// The whole job frozen and taken over: its outcome comes from `crates/cli/tests/frozen.rs`
+    /// (the coordinator cannot be frozen inside this process), which `scripts/kill-matrix.sh`
+    /// runs first and whose results it names in `KILL_MATRIX_FROZEN`.
+    Frozen,
     NotApplicable(&'static str),
 }
 
@@ -203,11 +207,11 @@ fn matrix(s: Strat, phase: &str, role: &str) -> Cell {
         // A paused server (SIGSTOP): found lost by its heartbeats and fenced, then woken
         // (SIGCONT): it learns it was replaced and exits by itself.
         ("pause", "server") => return k(&["stop:server=1@step=4"]),
-        ("pause", "coordinator") if s.saves() => {
-            return Na("the coordinator is paused with the whole job (a frozen host), outside this test's process: crates/cli/tests/frozen.rs, run by scripts/kill-matrix.sh after the matrix (see above)")
+        ("pause", "coordinator") if !s.saves() => {
+            return Na("no store: none and ecrec write no checkpoints")
         }
-        ("pause", "merger") if s.label == "deck" => {
-            return Na("the coordinator and its merger are paused with the whole job (a frozen host), the coordinator outside this test's process: crates/cli/tests/frozen.rs, run by scripts/kill-matrix.sh after the matrix (see above)")
+        ("pause", "coordinator" | "merger") if s.saves() && (role == "coordinator" || s.label == "deck") => {
+            return Cell::Frozen
         }
         ("pause", _) => {
             return Na("a pause (SIGSTOP) is injected into a server only: a silent worker is found by the step timeout (60 s) and SIGKILLed, and a merger is never replaced while it runs (the coordinator kills it before any other pass)")
@@ -603,6 +607,25 @@ fn gc_read_cell(s: Strat) -> Result<(), String> {
     check_nothing_left(&report)
 }
 
+/// The frozen-job test's result for `strategy`, from the file `KILL_MATRIX_FROZEN` names
+/// (`{"strategy": "pass" | "why it failed"}`, written by `crates/cli/tests/frozen.rs`).
+/// `None` when it is not set; a file without this strategy's result is a failure (the test
+/// did not run, or stopped early).
+fn frozen_outcome(strategy: &str) -> Option<Result<(), String>> {
+    let path = std::env::var_os("KILL_MATRIX_FROZEN")?;
+    let result = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .and_then(|all| all.get(strategy)?.as_str().map(str::to_string));
+    Some(match result.as_deref() {
+        Some("pass") => Ok(()),
+        Some(why) => Err(format!(
+            "the frozen job (crates/cli/tests/frozen.rs): {why}"
+        )),
+        None => Err("no result from the frozen-job test (crates/cli/tests/frozen.rs)".into()),
+    })
+}
+
 /// What a cell came to, for the table.
 enum Outcome {
     Pass,
@@ -632,6 +655,13 @@ fn run_one(s: Strat, phase: &str, role: &str) -> Outcome {
         Cell::NotApplicable(why) => Outcome::NotApplicable(why),
         Cell::SecondRun => timed("second coordinator", &|| second_run_cell(s)),
         Cell::GcRead => timed("restores during GC", &|| gc_read_cell(s)),
+        Cell::Frozen => match frozen_outcome(s.label) {
+            Some(Ok(())) => Outcome::Pass,
+            Some(Err(e)) => Outcome::Fail(e),
+            None => Outcome::NotApplicable(
+                "the whole job frozen: crates/cli/tests/frozen.rs, whose results scripts/kill-matrix.sh passes in KILL_MATRIX_FROZEN (not set, or no result for this strategy)",
+            ),
+        },
         Cell::Kills(kills) => timed(&kills.join(" "), &|| run_cell(s, &kills)),
     }
 }
@@ -752,16 +782,17 @@ fn kill_matrix_full() {
          lost, fenced and replaced on another host under its name, learns from the workers \
          that it was replaced and exits with status 3 and one `fenced` line, and the job \
          (`full`, synchronous) ends with the failure-free digest.\n\n\
-         Nor is a frozen job, whose coordinator cannot run in this test's process: \
-         `crates/cli/tests/frozen.rs`, which `scripts/kill-matrix.sh` runs after the matrix \
-         for every strategy that writes a store (full, deck with its merger, cpr, incrcp, \
-         incremental, cnr). The whole job (coordinator, servers, workers, merger) is frozen \
-         after step 7 (`--kill stop:job@step=7`, SIGSTOP to every process, as a paused host) \
-         until its lease (2 s) runs out; `ftrec run --resume` takes the store over and ends \
-         with the failure-free digest; then the frozen job is woken (SIGCONT to its process \
-         group): its coordinator stops at its first check with status 3, every error line of \
-         the job names the fence, none of its processes is left, and the store is byte for \
-         byte as the resume left it (no file written, none deleted) and verifies.\n\n\
+         The `pause` column of the coordinator row, and of deck's merger row, is a frozen \
+         job, whose coordinator cannot run in this test's process: \
+         `crates/cli/tests/frozen.rs`, which `scripts/kill-matrix.sh` runs before the matrix \
+         (its results reach the table through `KILL_MATRIX_FROZEN`). The whole job \
+         (coordinator, servers, workers, merger) is frozen after step 7 (`--kill \
+         stop:job@step=7`, SIGSTOP to every process, as a paused host) until its lease (2 s) \
+         runs out; `ftrec run --resume` takes the store over and ends with the failure-free \
+         digest (cnr-q8: its quantized model); then the frozen job is woken (SIGCONT to its \
+         process group): its coordinator stops at its first check with status 3, every error \
+         line of the job names the fence, none of its processes is left, and the store is byte \
+         for byte as the resume left it (no file written, none deleted) and verifies.\n\n\
          {pass} passed, \
          {fail} failed, {na} not applicable.\n\n"
     ));
