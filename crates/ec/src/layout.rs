@@ -83,6 +83,7 @@ pub struct StripeMember {
 
 impl StripeMember {
     /// Whether this position is lost when `lost` servers are gone (absent rows never are).
+    #[inline]
     pub fn is_lost(&self, lost: &[ServerId]) -> bool {
         !matches!(self.location, Location::Absent) && lost.contains(&self.server)
     }
@@ -413,9 +414,18 @@ impl StripeLayout {
 
     /// [`StripeLayout::members`] for a stripe known to exist.
     pub(crate) fn members_unchecked(&self, stripe: StripeId) -> Vec<StripeMember> {
+        let mut out = Vec::with_capacity(self.k + self.r);
+        self.members_into(stripe, &mut out);
+        out
+    }
+
+    /// [`StripeLayout::members`] of a stripe known to exist, written into `out` (cleared
+    /// first) without allocating once `out` has room for `k + r`: the rebuild's per-stripe
+    /// path.
+    pub(crate) fn members_into(&self, stripe: StripeId, out: &mut Vec<StripeMember>) {
+        out.clear();
         let rows = self.table_rows[stripe.table.0 as usize];
         let k = self.k as u64;
-        let mut out = Vec::with_capacity(self.k + self.r);
         for i in 0..self.k {
             let row = stripe.index * k + i as u64;
             let server = self.absolute(stripe.table, row % self.n as u64);
@@ -442,7 +452,6 @@ impl StripeLayout {
                 location: Location::Parity { parity: j, slot },
             });
         }
-        out
     }
 
     /// Parity rows of `table` that `server` holds (the size of its parity table for `table`).

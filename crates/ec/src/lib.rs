@@ -66,6 +66,7 @@ pub use layout::{
 };
 pub use load::{update_load, LoadReport, ZipfTrace};
 pub use recovery::{
-    degraded_read, DecodeMethod, LockRange, RecoveryOptions, RecoveryPlan, RecoveryTask,
+    degraded_read, DecodeMethod, LockRange, RangeCursor, RecoveryOptions, RecoveryPlan,
+    RecoveryTask, TaskBatch,
 };
 pub use sum::{measure_drift, DriftConfig, DriftReport, DriftSnapshot, SumCode, SumParityTracker};

@@ -16,7 +16,7 @@
 
 use ftrec_core::{RowId, ServerId, TableId};
 
-use crate::layout::{Location, StripeId, StripeLayout, StripeMember};
+use crate::layout::{AffectedStripes, Location, StripeId, StripeLayout, StripeMember};
 use crate::{Code, CodeKind, EcError};
 
 /// Knobs of a recovery plan.
@@ -200,6 +200,7 @@ impl RecoveryPlan {
         let affected = layout.affected_count(&lost)?;
         let l = (options.lock_ranges as u64).min(affected);
         let mut ranges: Vec<LockRange> = Vec::with_capacity(l as usize);
+        let mut members = Vec::with_capacity(layout.k() + layout.r());
         for (i, stripe) in layout.affected_stripes(&lost)?.enumerate() {
             // Range of the i-th affected stripe: floor(i * L / A) gives L runs whose sizes
             // differ by at most one.
@@ -215,17 +216,23 @@ impl RecoveryPlan {
                     reads: 0,
                 });
             }
-            let task = build_task(layout, code.kind(), stripe, &lost, None)?;
+            layout.members_into(stripe, &mut members);
             let r = &mut ranges[range];
             r.last = stripe;
             r.stripes += 1;
-            for m in &task.rebuild {
+            for m in members.iter().filter(|m| m.is_lost(&lost)) {
                 match m.location {
                     Location::Parity { .. } => r.lost_parities += 1,
                     _ => r.lost_rows += 1,
                 }
             }
-            r.reads += task.stored_reads() as u64;
+            // The decoder's reads (see `build_task`): the first `k` positions not lost.
+            r.reads += members
+                .iter()
+                .filter(|m| !m.is_lost(&lost))
+                .take(layout.k())
+                .filter(|m| !matches!(m.location, Location::Absent))
+                .count() as u64;
         }
         Ok(RecoveryPlan {
             layout: layout.clone(),
@@ -275,6 +282,23 @@ impl RecoveryPlan {
             }))
     }
 
+    /// A walk through the tasks of lock range `range` that fills [`TaskBatch`]es: the same
+    /// tasks as [`RecoveryPlan::tasks`], in the same order, without allocating per stripe.
+    pub fn cursor(&self, range: usize) -> Result<RangeCursor<'_>, EcError> {
+        let r = self.ranges.get(range).ok_or_else(|| {
+            EcError::InvalidParameters(format!(
+                "lock range {range} does not exist (the plan has {})",
+                self.ranges.len()
+            ))
+        })?;
+        Ok(RangeCursor {
+            plan: self,
+            stripes: self.layout.affected_stripes_from(&self.lost, r.first)?,
+            left: r.stripes,
+            members: Vec::with_capacity(self.layout.k() + self.layout.r()),
+        })
+    }
+
     /// Every task of the plan, range after range.
     pub fn all_tasks(&self) -> impl Iterator<Item = RecoveryTask> + '_ {
         (0..self.ranges.len()).flat_map(move |i| self.tasks(i).into_iter().flatten())
@@ -287,6 +311,205 @@ impl RecoveryPlan {
         let i = self.ranges.partition_point(|r| r.first <= stripe);
         let r = self.ranges.get(i.checked_sub(1)?)?;
         (stripe <= r.last && self.layout.is_affected(stripe, &self.lost)).then_some(r.index)
+    }
+}
+
+/// The tasks of a rebuild batch in flat arrays, reused from batch to batch: per stripe a few
+/// entries in shared vectors instead of a [`RecoveryTask`] with four vectors of its own, and
+/// each distinct loss pattern (positions available, positions wanted) kept once, so a
+/// decoder per pattern serves the whole batch.
+#[derive(Debug, Clone, Default)]
+pub struct TaskBatch {
+    stripes: Vec<StripeId>,
+    /// Per task: its pattern, an index into `patterns`.
+    pattern: Vec<u32>,
+    /// Distinct (available, wanted) position lists of the batch's tasks.
+    patterns: Vec<(Vec<usize>, Vec<usize>)>,
+    /// The tasks' reads one task after another; task `i`'s are `reads[read_start[i]..
+    /// read_start[i + 1]]`.
+    reads: Vec<StripeMember>,
+    read_start: Vec<usize>,
+    /// The tasks' members to rebuild, laid out as `reads`.
+    rebuild: Vec<StripeMember>,
+    rebuild_start: Vec<usize>,
+    /// Scratch of `push_members`.
+    available: Vec<usize>,
+    wanted: Vec<usize>,
+}
+
+impl TaskBatch {
+    pub fn new() -> Self {
+        TaskBatch::default()
+    }
+
+    /// Empty the batch, keeping its buffers.
+    pub fn clear(&mut self) {
+        self.stripes.clear();
+        self.pattern.clear();
+        self.patterns.clear();
+        self.reads.clear();
+        self.read_start.clear();
+        self.rebuild.clear();
+        self.rebuild_start.clear();
+    }
+
+    /// Tasks in the batch.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.stripes.len()
+    }
+
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.stripes.is_empty()
+    }
+
+    /// Task `i`'s stripe.
+    #[inline]
+    pub fn stripe(&self, i: usize) -> StripeId {
+        self.stripes[i]
+    }
+
+    /// Task `i`'s reads, in decoder order ([`RecoveryTask::reads`]).
+    #[inline]
+    pub fn reads(&self, i: usize) -> &[StripeMember] {
+        let end = self
+            .read_start
+            .get(i + 1)
+            .copied()
+            .unwrap_or(self.reads.len());
+        &self.reads[self.read_start[i]..end]
+    }
+
+    /// Task `i`'s members to rebuild, ascending by position ([`RecoveryTask::rebuild`]).
+    #[inline]
+    pub fn rebuild(&self, i: usize) -> &[StripeMember] {
+        let end = self
+            .rebuild_start
+            .get(i + 1)
+            .copied()
+            .unwrap_or(self.rebuild.len());
+        &self.rebuild[self.rebuild_start[i]..end]
+    }
+
+    /// Every task's members to rebuild, one task after another.
+    #[inline]
+    pub fn all_rebuilt(&self) -> &[StripeMember] {
+        &self.rebuild
+    }
+
+    /// Task `i`'s loss pattern, an index into [`TaskBatch::patterns`].
+    #[inline]
+    pub fn pattern(&self, i: usize) -> usize {
+        self.pattern[i] as usize
+    }
+
+    /// The batch's distinct loss patterns: the `available` and `wanted` arguments of
+    /// [`Code::decoder`](crate::Code::decoder).
+    #[inline]
+    pub fn patterns(&self) -> &[(Vec<usize>, Vec<usize>)] {
+        &self.patterns
+    }
+
+    /// Append a task built elsewhere (a degraded read's).
+    pub fn push(&mut self, task: &RecoveryTask) {
+        let wanted = task.rebuild.iter().map(|m| m.position);
+        let p = match self
+            .patterns
+            .iter()
+            .position(|(a, w)| *a == task.available && w.iter().copied().eq(wanted.clone()))
+        {
+            Some(p) => p,
+            None => {
+                self.patterns
+                    .push((task.available.clone(), wanted.collect()));
+                self.patterns.len() - 1
+            }
+        };
+        self.stripes.push(task.stripe);
+        self.pattern.push(p as u32);
+        self.read_start.push(self.reads.len());
+        self.reads.extend_from_slice(&task.reads);
+        self.rebuild_start.push(self.rebuild.len());
+        self.rebuild.extend_from_slice(&task.rebuild);
+    }
+
+    /// Append the task that rebuilds every lost position of a stripe from its `members`
+    /// (as `build_task` with no position singled out), without allocating once the
+    /// batch's buffers have grown.
+    fn push_members(
+        &mut self,
+        stripe: StripeId,
+        members: &[StripeMember],
+        lost: &[ServerId],
+        k: usize,
+    ) {
+        self.available.clear();
+        self.wanted.clear();
+        for m in members {
+            if m.is_lost(lost) {
+                self.wanted.push(m.position);
+            } else {
+                self.available.push(m.position);
+            }
+        }
+        let p = match self
+            .patterns
+            .iter()
+            .position(|(a, w)| *a == self.available && *w == self.wanted)
+        {
+            Some(p) => p,
+            None => {
+                self.patterns
+                    .push((self.available.clone(), self.wanted.clone()));
+                self.patterns.len() - 1
+            }
+        };
+        self.stripes.push(stripe);
+        self.pattern.push(p as u32);
+        self.read_start.push(self.reads.len());
+        self.reads
+            .extend(members.iter().filter(|m| !m.is_lost(lost)).take(k).copied());
+        self.rebuild_start.push(self.rebuild.len());
+        self.rebuild
+            .extend(members.iter().filter(|m| m.is_lost(lost)).copied());
+    }
+}
+
+/// A walk through one lock range's tasks ([`RecoveryPlan::cursor`]).
+#[derive(Debug)]
+pub struct RangeCursor<'a> {
+    plan: &'a RecoveryPlan,
+    stripes: AffectedStripes<'a>,
+    /// Stripes of the range not walked yet.
+    left: u64,
+    members: Vec<StripeMember>,
+}
+
+impl RangeCursor<'_> {
+    /// Append to `out` the tasks of the range's next stripes, in order, skipping those none
+    /// of whose lost members `keep` accepts, until `out` holds `max` tasks or the range is
+    /// done. Returns whether stripes are left.
+    pub fn fill(
+        &mut self,
+        max: usize,
+        mut keep: impl FnMut(&StripeMember) -> bool,
+        out: &mut TaskBatch,
+    ) -> bool {
+        let layout = &self.plan.layout;
+        let lost = &self.plan.lost;
+        while out.len() < max && self.left > 0 {
+            let Some(stripe) = self.stripes.next() else {
+                self.left = 0;
+                break;
+            };
+            self.left -= 1;
+            layout.members_into(stripe, &mut self.members);
+            if self.members.iter().any(|m| m.is_lost(lost) && keep(m)) {
+                out.push_members(stripe, &self.members, lost, layout.k());
+            }
+        }
+        self.left > 0
     }
 }
 
@@ -483,5 +706,73 @@ mod tests {
             .collect();
         assert!(methods.contains("SumSubtract"));
         assert!(methods.contains("SumEncode"));
+    }
+
+    /// The batches a cursor fills hold the plan's tasks, in order, field for field, whatever
+    /// the batch size; a filter drops exactly the tasks none of whose lost members it keeps;
+    /// a pushed task reads back as itself.
+    #[test]
+    fn cursor_batches_are_the_plan_s_tasks() {
+        let (layout, code) = setup();
+        let lost = [ServerId(4), ServerId(1)];
+        let plan =
+            RecoveryPlan::new(&layout, &code, &lost, RecoveryOptions { lock_ranges: 3 }).unwrap();
+        let same = |b: &TaskBatch, i: usize, t: &RecoveryTask| {
+            let (available, wanted) = &b.patterns()[b.pattern(i)];
+            b.stripe(i) == t.stripe
+                && b.reads(i) == t.reads.as_slice()
+                && b.rebuild(i) == t.rebuild.as_slice()
+                && *available == t.available
+                && *wanted == t.wanted()
+        };
+        for max in [1, 2, 7, 1000] {
+            for range in 0..plan.ranges().len() {
+                let want: Vec<RecoveryTask> = plan.tasks(range).unwrap().collect();
+                let mut cursor = plan.cursor(range).unwrap();
+                let mut batch = TaskBatch::new();
+                let mut got = 0;
+                loop {
+                    batch.clear();
+                    let more = cursor.fill(max, |_| true, &mut batch);
+                    assert!(batch.len() <= max);
+                    for i in 0..batch.len() {
+                        assert!(
+                            same(&batch, i, &want[got + i]),
+                            "task {} of range {range}",
+                            got + i
+                        );
+                    }
+                    got += batch.len();
+                    if !more {
+                        break;
+                    }
+                }
+                assert_eq!(got, want.len());
+            }
+        }
+        // Keep only parities on server 4: the tasks that rebuild one.
+        let keep = |m: &StripeMember| {
+            m.server == ServerId(4) && matches!(m.location, Location::Parity { .. })
+        };
+        let want: Vec<RecoveryTask> = plan
+            .tasks(0)
+            .unwrap()
+            .filter(|t| t.rebuild.iter().any(keep))
+            .collect();
+        assert!(!want.is_empty() && want.len() < plan.ranges()[0].stripes as usize);
+        let mut batch = TaskBatch::new();
+        let mut cursor = plan.cursor(0).unwrap();
+        while cursor.fill(usize::MAX, keep, &mut batch) {}
+        assert_eq!(batch.len(), want.len());
+        for (i, t) in want.iter().enumerate() {
+            assert!(same(&batch, i, t));
+        }
+        let task =
+            degraded_read(&layout, &code, TableId(0), 5, &[ServerId(5), ServerId(0)]).unwrap();
+        let mut one = TaskBatch::new();
+        one.push(&task);
+        one.push(&task);
+        assert_eq!(one.patterns().len(), 1);
+        assert!(same(&one, 1, &task));
     }
 }

@@ -2,6 +2,8 @@
 //! [`crate::grpc::serve_routes`], [`EcGrpcClient`] for coordinators and peers.
 
 use ftrec_core::{ServerId, TableId};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tonic::{Request, Response, Status};
@@ -595,6 +597,9 @@ pub struct EcGrpcClient {
     timeout: Option<Duration>,
     /// This process's view of the live incarnations: a refusal naming it fences it.
     fences: crate::fence::Fences,
+    /// Words of the node's stripe members, learnt from its first member read (0 until then),
+    /// so that later reads size their chunks without a probe of their own.
+    member_words: Arc<AtomicUsize>,
 }
 
 impl EcGrpcClient {
@@ -618,6 +623,7 @@ impl EcGrpcClient {
             addr: addr.to_string(),
             timeout: None,
             fences: auth.fences.clone(),
+            member_words: Arc::new(AtomicUsize::new(0)),
         })
     }
 
@@ -755,14 +761,24 @@ impl EcService for EcGrpcClient {
         if keys.is_empty() {
             return self.read_chunk(&[]).await;
         }
-        // Size the chunks from the first one's row width; chunks that straddle a commit are
-        // read again, so the reply is one cut as from a single request.
+        // Size the chunks from the row width (learnt from a first read of one member, once
+        // per client); chunks that straddle a commit are read again, so the reply is one cut
+        // as from a single request.
         for _ in 0..50 {
-            let first = self.read_chunk(&keys[..1]).await?;
-            let per = (READ_CHUNK_BYTES / (first.words.max(1) * 4)).max(1);
-            let mut out = first;
+            let known = self.member_words.load(Ordering::Relaxed);
+            let (mut out, rest) = if known == 0 {
+                let first = self.read_chunk(&keys[..1]).await?;
+                self.member_words
+                    .store(first.words.max(1), Ordering::Relaxed);
+                (first, &keys[1..])
+            } else {
+                let per = (READ_CHUNK_BYTES / (known * 4)).max(1);
+                let (head, rest) = keys.split_at(per.min(keys.len()));
+                (self.read_chunk(head).await?, rest)
+            };
+            let per = (READ_CHUNK_BYTES / (out.words.max(1) * 4)).max(1);
             let mut torn = false;
-            for chunk in keys[1..].chunks(per) {
+            for chunk in rest.chunks(per) {
                 let r = self.read_chunk(chunk).await?;
                 if r.step != out.step {
                     torn = true;

@@ -6,7 +6,6 @@
 //! node where it matters, name the same step. Otherwise a commit ran in between: the reads
 //! are retried (counted in [`RebuildStatus::cut_retries`]).
 
-use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
@@ -14,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use ftrec_core::{RowId, ServerId, TableId};
 use ftrec_ec::{
-    degraded_read, Decoder, Location, RecoveryOptions, RecoveryPlan, RecoveryTask, StripeMember,
+    degraded_read, Decoder, Location, RecoveryOptions, RecoveryPlan, StripeMember, TaskBatch,
 };
 
 use super::node::{Driver, EcInner, EcNode, EcState, FULL_SHARE_PPM};
@@ -57,7 +56,7 @@ fn normalise(lost: &[ServerId], me: Option<ServerId>) -> Vec<ServerId> {
 }
 
 /// The rows a batch of tasks decoded, in one buffer: task `i`'s outputs (one row per member
-/// in its [`RecoveryTask::rebuild`], in that order) lie one after the other.
+/// in its [`TaskBatch::rebuild`], in that order) lie one after the other.
 struct Decoded {
     words: usize,
     /// Where each task's outputs start, in words; one entry more than tasks.
@@ -66,12 +65,12 @@ struct Decoded {
 }
 
 impl Decoded {
-    fn new(words: usize, tasks: &[RecoveryTask]) -> Self {
-        let mut starts = Vec::with_capacity(tasks.len() + 1);
+    fn new(words: usize, batch: &TaskBatch) -> Self {
+        let mut starts = Vec::with_capacity(batch.len() + 1);
         let mut n = 0;
         starts.push(0);
-        for t in tasks {
-            n += t.rebuild.len() * words;
+        for i in 0..batch.len() {
+            n += batch.rebuild(i).len() * words;
             starts.push(n);
         }
         Decoded {
@@ -92,7 +91,7 @@ impl Decoded {
             .ok_or_else(|| PsError::Internal(format!("decode task {i} produced no row")))
     }
 
-    /// Task `i`'s decoded rows, in [`RecoveryTask::rebuild`] order.
+    /// Task `i`'s decoded rows, in [`TaskBatch::rebuild`] order.
     fn rows(&self, i: usize) -> std::slice::ChunksExact<'_, f32> {
         self.data[self.starts[i]..self.starts[i + 1]].chunks_exact(self.words)
     }
@@ -138,79 +137,90 @@ impl EcNode {
     /// reads did not agree on a step (or not on `expect`); try again.
     async fn decode_cut(
         &self,
-        tasks: &[RecoveryTask],
+        batch: &TaskBatch,
         expect: Option<Option<u64>>,
     ) -> Result<Option<Decoded>, PsError> {
-        let mut keys: BTreeMap<u32, Vec<MemberKey>> = BTreeMap::new();
+        let servers = self.inner.layout.servers() as usize;
+        let mut keys: Vec<Vec<MemberKey>> = vec![Vec::new(); servers];
         // (server, index among its keys) per read, None for an absent position; each task's
         // reads one after the other.
-        let mut refs: Vec<Option<(u32, usize)>> = Vec::new();
-        for t in tasks {
-            refs.extend(t.reads.iter().map(|m| {
-                key_of(m).map(|k| {
-                    let v = keys.entry(m.server.0).or_default();
+        let mut refs: Vec<Option<(u32, u32)>> =
+            Vec::with_capacity(batch.len() * self.inner.layout.k());
+        for i in 0..batch.len() {
+            for m in batch.reads(i) {
+                refs.push(key_of(m).map(|k| {
+                    let v = &mut keys[m.server.0 as usize];
                     v.push(k);
-                    (m.server.0, v.len() - 1)
-                })
-            }));
+                    (m.server.0, (v.len() - 1) as u32)
+                }));
+            }
         }
+        let w = self.inner.words;
         let mut set = tokio::task::JoinSet::new();
-        for (s, k) in keys {
-            let peer = self.peer(ServerId(s))?;
-            set.spawn(async move { (s, peer.read_members(k).await) });
+        for (s, k) in keys.into_iter().enumerate() {
+            if k.is_empty() {
+                continue;
+            }
+            let peer = self.peer(ServerId(s as u32))?;
+            set.spawn(async move { (s, k.len(), peer.read_members(k).await) });
         }
-        let mut reads: HashMap<u32, MemberRead> = HashMap::new();
+        let mut reads: Vec<Option<MemberRead>> = (0..servers).map(|_| None).collect();
         while let Some(r) = set.join_next().await {
-            let (s, r) = r.map_err(|e| PsError::Internal(format!("read task failed: {e}")))?;
-            reads.insert(s, r?);
+            let (s, asked, r) =
+                r.map_err(|e| PsError::Internal(format!("read task failed: {e}")))?;
+            let r = r?;
+            if r.words != w || r.data.len() != asked * w {
+                return Err(PsError::ShapeMismatch {
+                    what: format!("members read from server {s}"),
+                    expected: (asked * w) as u64,
+                    got: r.data.len() as u64,
+                });
+            }
+            reads[s] = Some(r);
         }
-        let mut steps = reads.values().map(|r| r.step);
+        let mut steps = reads.iter().flatten().map(|r| r.step);
         let first = steps.next();
         if let Some(f) = first {
             if steps.any(|s| s != f) || expect.is_some_and(|e| e != f) {
                 return Ok(None);
             }
         }
-        let w = self.inner.words;
         let zeros = vec![0.0f32; w];
-        let mut decoded = Decoded::new(w, tasks);
-        // A batch has a handful of loss patterns: one decoder each, found without allocating.
-        let mut decoders: Vec<(&[usize], Decoder)> = Vec::new();
+        let mut decoded = Decoded::new(w, batch);
+        // A batch has a handful of loss patterns: one decoder each.
+        let mut decoders: Vec<Option<Decoder>> = batch.patterns().iter().map(|_| None).collect();
         let mut ins: Vec<&[f32]> = Vec::new();
         let mut at = 0;
-        for (i, t) in tasks.iter().enumerate() {
-            let wanted = || t.rebuild.iter().map(|m| m.position);
-            let found = decoders.iter().position(|(a, d)| {
-                *a == t.available.as_slice() && d.wanted().iter().copied().eq(wanted())
-            });
-            let d = match found {
+        for i in 0..batch.len() {
+            let p = batch.pattern(i);
+            let decoder = match &mut decoders[p] {
                 Some(d) => d,
-                None => {
-                    let dec = self
-                        .inner
-                        .code
-                        .decoder(&t.available, &wanted().collect::<Vec<_>>())?;
-                    decoders.push((t.available.as_slice(), dec));
-                    decoders.len() - 1
+                slot => {
+                    let (available, wanted) = &batch.patterns()[p];
+                    slot.insert(self.inner.code.decoder(available, wanted)?)
                 }
             };
+            let n = batch.reads(i).len();
             ins.clear();
-            for x in &refs[at..at + t.reads.len()] {
-                ins.push(match x {
-                    Some((s, i)) => {
-                        let rd = &reads[s];
-                        &rd.data[i * rd.words..(i + 1) * rd.words]
+            for x in &refs[at..at + n] {
+                ins.push(match *x {
+                    Some((s, j)) => {
+                        let rd = reads[s as usize].as_ref().ok_or_else(|| {
+                            PsError::Internal(format!("no read from server {s} in a decode"))
+                        })?;
+                        let j = j as usize;
+                        &rd.data[j * w..(j + 1) * w]
                     }
                     None => &zeros[..],
                 });
             }
-            at += t.reads.len();
+            at += n;
             let out = decoded.task_mut(i);
             if out.len() == w {
-                decoders[d].1.decode(&ins, &mut [out])?;
+                decoder.decode(&ins, &mut [out])?;
             } else {
                 let mut o: Vec<&mut [f32]> = out.chunks_exact_mut(w).collect();
-                decoders[d].1.decode(&ins, &mut o)?;
+                decoder.decode(&ins, &mut o)?;
             }
         }
         Ok(Some(decoded))
@@ -275,10 +285,16 @@ impl EcNode {
         if wanted.is_empty() {
             return Ok(0);
         }
-        let tasks = wanted
-            .iter()
-            .map(|&(t, r)| degraded_read(&self.inner.layout, &self.inner.code, t, r, &lost))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut tasks = TaskBatch::new();
+        for &(t, r) in &wanted {
+            tasks.push(&degraded_read(
+                &self.inner.layout,
+                &self.inner.code,
+                t,
+                r,
+                &lost,
+            )?);
+        }
         for _ in 0..CUT_ATTEMPTS {
             let committed = self.state()?.committed;
             if let Some(outs) = self.decode_cut(&tasks, Some(committed)).await? {
@@ -320,10 +336,16 @@ impl EcNode {
         rows.sort_unstable();
         rows.dedup();
         let lost = normalise(lost, None);
-        let tasks = rows
-            .iter()
-            .map(|&r| degraded_read(&self.inner.layout, &self.inner.code, table, r, &lost))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut tasks = TaskBatch::new();
+        for &r in &rows {
+            tasks.push(&degraded_read(
+                &self.inner.layout,
+                &self.inner.code,
+                table,
+                r,
+                &lost,
+            )?);
+        }
         let dim = self.inner.dim;
         for _ in 0..CUT_ATTEMPTS {
             if let Some(outs) = self.decode_cut(&tasks, None).await? {
@@ -656,7 +678,8 @@ impl EcNode {
         busy: &mut Duration,
     ) -> Result<(), PsError> {
         let me = self.inner.me;
-        let mut tasks = plan.tasks(range)?;
+        let mut cursor = plan.cursor(range)?;
+        let mut batch = TaskBatch::new();
         let stripes = self.batch_stripes();
         // A decode needs one consistent cut per stripe only, so the range is read in
         // batches, each under its own cut: a batch's reads (one message per survivor) fit
@@ -668,28 +691,27 @@ impl EcNode {
         // decodes rows on demand meanwhile). Between batches the driver rests as the rebuild
         // share asks, so that the rebuild yields to training.
         loop {
-            let batch: Vec<RecoveryTask> = {
+            batch.clear();
+            {
                 let st = self.state()?;
                 self.check_generation(&st, generation)?;
                 let Some(m) = st.missing.as_ref() else {
                     return Ok(());
                 };
-                let wanted = |t: &RecoveryTask| {
-                    t.rebuild.iter().any(|x| {
-                        x.server == me
-                            && match x.location {
-                                Location::Row { table, local, .. } => {
-                                    m.rows[table.0 as usize][local as usize]
-                                }
-                                Location::Parity { slot, .. } => {
-                                    m.parities[slot.table.0 as usize][slot.index as usize]
-                                }
-                                Location::Absent => false,
+                let wanted = |x: &StripeMember| {
+                    x.server == me
+                        && match x.location {
+                            Location::Row { table, local, .. } => {
+                                m.rows[table.0 as usize][local as usize]
                             }
-                    })
+                            Location::Parity { slot, .. } => {
+                                m.parities[slot.table.0 as usize][slot.index as usize]
+                            }
+                            Location::Absent => false,
+                        }
                 };
-                tasks.by_ref().filter(wanted).take(stripes).collect()
-            };
+                cursor.fill(stripes, wanted, &mut batch);
+            }
             if batch.is_empty() {
                 return Ok(());
             }
@@ -705,7 +727,7 @@ impl EcNode {
         }
     }
 
-    async fn rebuild_batch(&self, generation: u64, tasks: &[RecoveryTask]) -> Result<(), PsError> {
+    async fn rebuild_batch(&self, generation: u64, tasks: &TaskBatch) -> Result<(), PsError> {
         let me = self.inner.me;
         let w = self.inner.words;
         for _ in 0..CUT_ATTEMPTS {
@@ -723,15 +745,12 @@ impl EcNode {
                 ))?;
                 m.next_stamp += 1;
                 let stamp = m.next_stamp;
-                for t in tasks {
-                    for x in &t.rebuild {
-                        if let (true, Location::Parity { slot, .. }) = (x.server == me, x.location)
-                        {
-                            let (tt, si) = (slot.table.0 as usize, slot.index as usize);
-                            if m.parities[tt][si] {
-                                st.parity[tt][si * w..(si + 1) * w].fill(0.0);
-                                m.stamps[tt][si] = stamp;
-                            }
+                for x in tasks.all_rebuilt() {
+                    if let (true, Location::Parity { slot, .. }) = (x.server == me, x.location) {
+                        let (tt, si) = (slot.table.0 as usize, slot.index as usize);
+                        if m.parities[tt][si] {
+                            st.parity[tt][si * w..(si + 1) * w].fill(0.0);
+                            m.stamps[tt][si] = stamp;
                         }
                     }
                 }
@@ -761,7 +780,7 @@ impl EcNode {
         &self,
         generation: u64,
         stamp: u64,
-        tasks: &[RecoveryTask],
+        tasks: &TaskBatch,
         outs: &Decoded,
     ) -> Result<(), PsError> {
         let me = self.inner.me;
@@ -773,8 +792,8 @@ impl EcNode {
         let mut merged = 0u64;
         let st = &mut *st;
         let mut scratch = vec![0.0f32; w];
-        for (i, t) in tasks.iter().enumerate() {
-            for (x, words) in t.rebuild.iter().zip(outs.rows(i)) {
+        for i in 0..tasks.len() {
+            for (x, words) in tasks.rebuild(i).iter().zip(outs.rows(i)) {
                 if x.server != me {
                     continue;
                 }
