@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use common::netns::{in_netns, strings, unavailable, Lab, Stderr, DEADLINE};
+use common::netns::{full_job_args, in_netns, lab_or_skip, strings, Lab, Stderr, DEADLINE};
 use common::{dechunk, http_get, metric, read_json, succeed};
 
 /// The flags the manifests give beyond those of the README's by-name example: metrics and
@@ -151,35 +151,13 @@ fn observability_args() -> Vec<String> {
 
 /// The job's settings, shared by the coordinator and the failure-free reference run.
 fn job_args() -> Vec<String> {
-    strings(&[
-        "--preset",
-        "tiny",
-        "--servers",
-        "2",
-        "--workers",
-        "2",
-        "--sync",
-        "--steps",
-        &STEPS.to_string(),
-        "--strategy",
-        "full",
-        "--ckpt-every-steps",
-        &CKPT_EVERY.to_string(),
-    ])
+    full_job_args(STEPS, CKPT_EVERY)
 }
 
 #[test]
 fn every_role_in_its_own_network_namespace_survives_a_server_restarted_at_its_address() {
-    if let Some(why) = unavailable() {
-        println!("skipped: {why}");
+    let Some(mut lab) = lab_or_skip('f', SWITCH_IP) else {
         return;
-    }
-    let mut lab = match Lab::new('f', SWITCH_IP) {
-        Ok(lab) => lab,
-        Err(why) => {
-            println!("skipped: {why}");
-            return;
-        }
     };
     let servers_ns = [lab.host("s0", SERVER_IPS[0]), lab.host("s1", SERVER_IPS[1])];
     let coordinator_ns = lab.host("c", COORDINATOR_IP);

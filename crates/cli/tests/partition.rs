@@ -21,7 +21,7 @@ mod common;
 
 use std::process::Command;
 
-use common::netns::{must_ip, strings, unavailable, Lab, Stderr, DEADLINE};
+use common::netns::{full_job_args, lab_or_skip, must_ip, strings, Lab, Stderr, DEADLINE};
 use common::{read_json, succeed};
 
 /// Steps of the job, the step after which the link goes down, the checkpoint interval.
@@ -89,35 +89,13 @@ fn server_args(id: usize, staging: &str, lab: &Lab) -> Vec<String> {
 }
 
 fn job_args() -> Vec<String> {
-    strings(&[
-        "--preset",
-        "tiny",
-        "--servers",
-        "2",
-        "--workers",
-        "2",
-        "--sync",
-        "--steps",
-        &STEPS.to_string(),
-        "--strategy",
-        "full",
-        "--ckpt-every-steps",
-        &CKPT_EVERY.to_string(),
-    ])
+    full_job_args(STEPS, CKPT_EVERY)
 }
 
 #[test]
 fn a_server_cut_off_from_the_coordinator_is_replaced_and_fenced_through_the_workers() {
-    if let Some(why) = unavailable() {
-        println!("skipped: {why}");
+    let Some(mut lab) = lab_or_skip('p', SWITCH_IP) else {
         return;
-    }
-    let mut lab = match Lab::new('p', SWITCH_IP) {
-        Ok(lab) => lab,
-        Err(why) => {
-            println!("skipped: {why}");
-            return;
-        }
     };
     let servers_ns = [lab.host("s0", SERVER_IPS[0]), lab.host("s1", SERVER_IPS[1])];
     let replacement_ns = lab.host("s1b", REPLACEMENT_IP);

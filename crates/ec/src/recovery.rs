@@ -373,23 +373,13 @@ impl TaskBatch {
     /// Task `i`'s reads, in decoder order ([`RecoveryTask::reads`]).
     #[inline]
     pub fn reads(&self, i: usize) -> &[StripeMember] {
-        let end = self
-            .read_start
-            .get(i + 1)
-            .copied()
-            .unwrap_or(self.reads.len());
-        &self.reads[self.read_start[i]..end]
+        task_span(&self.reads, &self.read_start, i)
     }
 
     /// Task `i`'s members to rebuild, ascending by position ([`RecoveryTask::rebuild`]).
     #[inline]
     pub fn rebuild(&self, i: usize) -> &[StripeMember] {
-        let end = self
-            .rebuild_start
-            .get(i + 1)
-            .copied()
-            .unwrap_or(self.rebuild.len());
-        &self.rebuild[self.rebuild_start[i]..end]
+        task_span(&self.rebuild, &self.rebuild_start, i)
     }
 
     /// Every task's members to rebuild, one task after another.
@@ -474,6 +464,14 @@ impl TaskBatch {
         self.rebuild
             .extend(members.iter().filter(|m| m.is_lost(lost)).copied());
     }
+}
+
+/// Task `i`'s entries of `all`, where task `i`'s start at `starts[i]` and each task's follow
+/// the one before.
+#[inline]
+fn task_span<'a>(all: &'a [StripeMember], starts: &[usize], i: usize) -> &'a [StripeMember] {
+    let end = starts.get(i + 1).copied().unwrap_or(all.len());
+    &all[starts[i]..end]
 }
 
 /// A walk through one lock range's tasks ([`RecoveryPlan::cursor`]).

@@ -27,6 +27,37 @@ pub fn unavailable() -> Option<&'static str> {
     None
 }
 
+/// A lab for a network-namespace test, or `None` after printing the one line that says why
+/// this machine cannot run it (the test then returns: a skip, not a pass of what it checks).
+pub fn lab_or_skip(prefix: char, switch_ip: &str) -> Option<Lab> {
+    let lab = match unavailable() {
+        Some(why) => Err(why.to_string()),
+        None => Lab::new(prefix, switch_ip),
+    };
+    lab.map_err(|why| println!("skipped: {why}")).ok()
+}
+
+/// The settings of the jobs these tests run: `full` on the tiny preset, 2 servers and 2
+/// workers, synchronous (so the failure-free digest is the reference), `steps` steps and a
+/// checkpoint every `ckpt_every`.
+pub fn full_job_args(steps: u64, ckpt_every: u64) -> Vec<String> {
+    strings(&[
+        "--preset",
+        "tiny",
+        "--servers",
+        "2",
+        "--workers",
+        "2",
+        "--sync",
+        "--steps",
+        &steps.to_string(),
+        "--strategy",
+        "full",
+        "--ckpt-every-steps",
+        &ckpt_every.to_string(),
+    ])
+}
+
 pub fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()
 }
