@@ -403,25 +403,14 @@ impl TaskBatch {
 
     /// Append a task built elsewhere (a degraded read's).
     pub fn push(&mut self, task: &RecoveryTask) {
-        let wanted = task.rebuild.iter().map(|m| m.position);
-        let p = match self
-            .patterns
-            .iter()
-            .position(|(a, w)| *a == task.available && w.iter().copied().eq(wanted.clone()))
-        {
-            Some(p) => p,
-            None => {
-                self.patterns
-                    .push((task.available.clone(), wanted.collect()));
-                self.patterns.len() - 1
-            }
-        };
-        self.stripes.push(task.stripe);
-        self.pattern.push(p as u32);
-        self.read_start.push(self.reads.len());
-        self.reads.extend_from_slice(&task.reads);
-        self.rebuild_start.push(self.rebuild.len());
-        self.rebuild.extend_from_slice(&task.rebuild);
+        self.available.clone_from(&task.available);
+        self.wanted.clear();
+        self.wanted.extend(task.rebuild.iter().map(|m| m.position));
+        self.push_entry(
+            task.stripe,
+            task.reads.iter().copied(),
+            task.rebuild.iter().copied(),
+        );
     }
 
     /// Append the task that rebuilds every lost position of a stripe from its `members`
@@ -443,6 +432,20 @@ impl TaskBatch {
                 self.available.push(m.position);
             }
         }
+        self.push_entry(
+            stripe,
+            members.iter().filter(|m| !m.is_lost(lost)).take(k).copied(),
+            members.iter().filter(|m| m.is_lost(lost)).copied(),
+        );
+    }
+
+    /// Append a task whose loss pattern is in the `available` and `wanted` scratch.
+    fn push_entry(
+        &mut self,
+        stripe: StripeId,
+        reads: impl Iterator<Item = StripeMember>,
+        rebuild: impl Iterator<Item = StripeMember>,
+    ) {
         let p = match self
             .patterns
             .iter()
@@ -458,11 +461,9 @@ impl TaskBatch {
         self.stripes.push(stripe);
         self.pattern.push(p as u32);
         self.read_start.push(self.reads.len());
-        self.reads
-            .extend(members.iter().filter(|m| !m.is_lost(lost)).take(k).copied());
+        self.reads.extend(reads);
         self.rebuild_start.push(self.rebuild.len());
-        self.rebuild
-            .extend(members.iter().filter(|m| m.is_lost(lost)).copied());
+        self.rebuild.extend(rebuild);
     }
 }
 
