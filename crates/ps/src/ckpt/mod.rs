@@ -603,9 +603,17 @@ impl CkptApi for CkptNode {
                 // piece is reported (and committed) without waiting for it; the next piece
                 // commits the round, and waits for it only if it is still running then. A
                 // failed round is dropped (the next piece commits none: the list as if every
-                // comparison was skipped, which restores exactly); the store counts its errors.
+                // comparison was skipped, which restores exactly); the store counts its errors
+                // and the server logs the failure.
                 tokio::spawn(async move {
-                    let _ = chain.lock().await.extract(&ckpts).await;
+                    if let Err(e) = chain.lock().await.extract(&ckpts).await {
+                        tracing::warn!(
+                            server = server_id.0,
+                            "IncrCP extraction round after piece {task_id} failed and was \
+                             dropped (the chunk list stays as it was, which restores exactly): \
+                             {e}"
+                        );
+                    }
                 });
             }
             report.bytes += done.files.iter().map(|f| f.size).sum::<u64>();
