@@ -128,6 +128,16 @@ fn normalise_lost(layout: &StripeLayout, lost: &[ServerId]) -> Result<Vec<Server
     Ok(lost)
 }
 
+/// The members a decode reads, in decoder order: the decoder's choice, data before parity,
+/// the lowest `k` positions not lost (absent ones included, read as zeros).
+fn decoder_reads<'a>(
+    members: &'a [StripeMember],
+    lost: &'a [ServerId],
+    k: usize,
+) -> impl Iterator<Item = &'a StripeMember> + 'a {
+    members.iter().filter(move |m| !m.is_lost(lost)).take(k)
+}
+
 /// Build the task that rebuilds `wanted` (all lost positions when `None`) of `stripe`.
 fn build_task(
     layout: &StripeLayout,
@@ -150,8 +160,7 @@ fn build_task(
         .filter(|m| !m.is_lost(lost))
         .map(|m| m.position)
         .collect();
-    // The decoder's choice: data before parity, lowest positions first.
-    let reads: Vec<StripeMember> = available.iter().take(k).map(|&p| members[p]).collect();
+    let reads: Vec<StripeMember> = decoder_reads(&members, lost, k).copied().collect();
     let rebuild: Vec<StripeMember> = members
         .iter()
         .filter(|m| m.is_lost(lost) && only.is_none_or(|p| p == m.position))
@@ -226,11 +235,7 @@ impl RecoveryPlan {
                     _ => r.lost_rows += 1,
                 }
             }
-            // The decoder's reads (see `build_task`): the first `k` positions not lost.
-            r.reads += members
-                .iter()
-                .filter(|m| !m.is_lost(&lost))
-                .take(layout.k())
+            r.reads += decoder_reads(&members, &lost, layout.k())
                 .filter(|m| !matches!(m.location, Location::Absent))
                 .count() as u64;
         }
@@ -264,14 +269,18 @@ impl RecoveryPlan {
         self.ranges.iter().map(|r| r.stripes).sum()
     }
 
-    /// The tasks of lock range `range`, in stripe order.
-    pub fn tasks(&self, range: usize) -> Result<impl Iterator<Item = RecoveryTask> + '_, EcError> {
-        let r = self.ranges.get(range).ok_or_else(|| {
+    fn range(&self, range: usize) -> Result<&LockRange, EcError> {
+        self.ranges.get(range).ok_or_else(|| {
             EcError::InvalidParameters(format!(
                 "lock range {range} does not exist (the plan has {})",
                 self.ranges.len()
             ))
-        })?;
+        })
+    }
+
+    /// The tasks of lock range `range`, in stripe order.
+    pub fn tasks(&self, range: usize) -> Result<impl Iterator<Item = RecoveryTask> + '_, EcError> {
+        let r = self.range(range)?;
         Ok(self
             .layout
             .affected_stripes_from(&self.lost, r.first)?
@@ -285,12 +294,7 @@ impl RecoveryPlan {
     /// A walk through the tasks of lock range `range` that fills [`TaskBatch`]es: the same
     /// tasks as [`RecoveryPlan::tasks`], in the same order, without allocating per stripe.
     pub fn cursor(&self, range: usize) -> Result<RangeCursor<'_>, EcError> {
-        let r = self.ranges.get(range).ok_or_else(|| {
-            EcError::InvalidParameters(format!(
-                "lock range {range} does not exist (the plan has {})",
-                self.ranges.len()
-            ))
-        })?;
+        let r = self.range(range)?;
         Ok(RangeCursor {
             plan: self,
             stripes: self.layout.affected_stripes_from(&self.lost, r.first)?,
@@ -434,7 +438,7 @@ impl TaskBatch {
         }
         self.push_entry(
             stripe,
-            members.iter().filter(|m| !m.is_lost(lost)).take(k).copied(),
+            decoder_reads(members, lost, k).copied(),
             members.iter().filter(|m| m.is_lost(lost)).copied(),
         );
     }

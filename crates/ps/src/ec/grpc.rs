@@ -691,6 +691,11 @@ impl EcGrpcClient {
     }
 }
 
+/// Members of `words` words each that one read chunk carries.
+fn chunk_keys(words: usize) -> usize {
+    (READ_CHUNK_BYTES / (words.max(1) * 4)).max(1)
+}
+
 impl EcService for EcGrpcClient {
     async fn set_peers(&self, addrs: Vec<String>) -> Result<(), PsError> {
         self.call(
@@ -772,11 +777,10 @@ impl EcService for EcGrpcClient {
                     .store(first.words.max(1), Ordering::Relaxed);
                 (first, &keys[1..])
             } else {
-                let per = (READ_CHUNK_BYTES / (known * 4)).max(1);
-                let (head, rest) = keys.split_at(per.min(keys.len()));
+                let (head, rest) = keys.split_at(chunk_keys(known).min(keys.len()));
                 (self.read_chunk(head).await?, rest)
             };
-            let per = (READ_CHUNK_BYTES / (out.words.max(1) * 4)).max(1);
+            let per = chunk_keys(out.words);
             let mut torn = false;
             for chunk in rest.chunks(per) {
                 let r = self.read_chunk(chunk).await?;
