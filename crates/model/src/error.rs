@@ -61,8 +61,17 @@ pub enum ModelError {
     )]
     GemmThreadsFixed { requested: usize, current: usize },
     /// `FTREC_GEMM` names no known matrix-product backend.
-    #[error("FTREC_GEMM={0} is not a gemm backend: use `gemm` (the default) or `matrixmultiply`")]
+    #[error(
+        "FTREC_GEMM={0} is not a gemm backend: use `avx512` (the default where the CPU has \
+         AVX-512F), `gemm` (the default elsewhere) or `matrixmultiply`, or unset it"
+    )]
     UnknownGemmBackend(String),
+    /// `FTREC_GEMM` names a backend this CPU cannot run.
+    #[error(
+        "FTREC_GEMM={0} needs a CPU with AVX-512F, which this one lacks: use `gemm` or \
+         `matrixmultiply`, or unset it"
+    )]
+    GemmBackendUnsupported(String),
     /// A thread count of zero.
     #[error("thread count must be at least 1, got {0}")]
     InvalidThreads(usize),

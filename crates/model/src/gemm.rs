@@ -4,14 +4,15 @@
 //! copying. Each wrapper checks the slice lengths before handing raw pointers to the backend.
 //!
 //! # Backends
-//! The default is the `gemm` crate (the faer project's), which picks its micro-kernels at run
-//! time from the CPU's features (AVX2 with FMA here: its AVX-512 kernels need a nightly
-//! compiler) and does not pack the operands of the small products of the DLRM's narrow layers.
-//! `matrixmultiply` (AVX2 and AVX-512 kernels, always packing) stays as the fallback:
-//! `FTREC_GEMM=matrixmultiply` selects it. On this project's reference machine the `gemm`
-//! crate made the MLP's products of one `small` step 9% faster on one thread and 7% on two
-//! (`docs/BENCHMARKS.md`, "The trainer against PyTorch"). The backend is read once, at the
-//! first product or at [`set_gemm_threads`], which refuses a name it does not know.
+//! On a CPU with AVX-512F the default is ftrec's own packed product with an AVX-512 micro-kernel
+//! ([`crate::packed`]): neither crate below has an AVX-512 `f32` kernel on a stable compiler,
+//! and on a CPU with two 512-bit FMA units that is half its peak (`docs/BENCHMARKS.md`, "The
+//! trainer against PyTorch"). Elsewhere the default is the `gemm` crate (the faer project's),
+//! which picks AVX2 with FMA at run time and does not pack the operands of the small products
+//! of the DLRM's narrow layers. `FTREC_GEMM` selects one by name: `avx512` (refused on a CPU
+//! without AVX-512F), `gemm`, or `matrixmultiply` (always packing, AVX2 kernels). The backend
+//! is read once, at the first product or at [`set_gemm_threads`], which refuses a name it does
+//! not know.
 //!
 //! # Gemm threads
 //! The thread count is `MATMUL_NUM_THREADS` (the variable `matrixmultiply` reads), fixed at the
@@ -21,11 +22,11 @@
 //! writes the environment). Afterwards it only succeeds when it asks for the count already in
 //! force. The `gemm` backend runs its threads on rayon's global pool.
 //!
-//! Products are bit-identical for every gemm thread count, with either backend: both split work
+//! Products are bit-identical for every gemm thread count, with every backend: each splits work
 //! over threads by whole output tiles and accumulate each tile's dot products in the same k
 //! order (blocks of k chosen from the shape, not the thread count) whichever thread runs it
 //! (checked by the `gemm_threads` integration test, which runs the same step in child processes
-//! with 1, 2 and 4 gemm threads). The two backends do not give the same bits as each other: a
+//! with 1, 2 and 4 gemm threads). The backends do not give the same bits as each other: a
 //! digest depends on the backend, as it depends on the CPU's kernels.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,7 +36,8 @@ use crate::ModelError;
 
 /// The environment variable `matrixmultiply` reads for its thread count (both backends use it).
 pub const GEMM_THREADS_ENV: &str = "MATMUL_NUM_THREADS";
-/// The environment variable that selects the backend: `gemm` (default) or `matrixmultiply`.
+/// The environment variable that selects the backend: `avx512` (the default where the CPU has
+/// AVX-512F), `gemm` (the default elsewhere) or `matrixmultiply`.
 pub const GEMM_BACKEND_ENV: &str = "FTREC_GEMM";
 /// The most threads the gemm backend uses.
 pub const MAX_GEMM_THREADS: usize = 4;
@@ -48,20 +50,40 @@ static FIXED: OnceLock<(Backend, usize)> = OnceLock::new();
 /// A matrix-product implementation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
-    /// The `gemm` crate (runtime dispatch to AVX-512 where the CPU has it).
+    /// ftrec's packed product with an AVX-512F micro-kernel ([`crate::packed`]).
+    Avx512,
+    /// The `gemm` crate (AVX2 with FMA where the CPU has it, picked at run time).
     Gemm,
     /// `matrixmultiply::sgemm`.
     MatrixMultiply,
 }
 
 impl Backend {
-    /// The backend `FTREC_GEMM` names (unset or empty: [`Backend::Gemm`]).
+    /// The default on this CPU: [`Backend::Avx512`] where it has AVX-512F, else
+    /// [`Backend::Gemm`].
+    pub fn default_for_cpu() -> Backend {
+        if crate::packed::available() {
+            Backend::Avx512
+        } else {
+            Backend::Gemm
+        }
+    }
+
+    /// The backend `FTREC_GEMM` names (unset or empty: [`Backend::default_for_cpu`]).
     pub fn from_env() -> Result<Backend, ModelError> {
         match std::env::var(GEMM_BACKEND_ENV) {
-            Ok(s) if s.is_empty() || s == "gemm" => Ok(Backend::Gemm),
+            Ok(s) if s.is_empty() => Ok(Backend::default_for_cpu()),
+            Ok(s) if s == "avx512" => {
+                if crate::packed::available() {
+                    Ok(Backend::Avx512)
+                } else {
+                    Err(ModelError::GemmBackendUnsupported(s))
+                }
+            }
+            Ok(s) if s == "gemm" => Ok(Backend::Gemm),
             Ok(s) if s == "matrixmultiply" => Ok(Backend::MatrixMultiply),
             Ok(s) => Err(ModelError::UnknownGemmBackend(s)),
-            Err(std::env::VarError::NotPresent) => Ok(Backend::Gemm),
+            Err(std::env::VarError::NotPresent) => Ok(Backend::default_for_cpu()),
             Err(std::env::VarError::NotUnicode(s)) => Err(ModelError::UnknownGemmBackend(
                 s.to_string_lossy().into_owned(),
             )),
@@ -70,6 +92,7 @@ impl Backend {
 
     pub fn name(self) -> &'static str {
         match self {
+            Backend::Avx512 => "avx512",
             Backend::Gemm => "gemm",
             Backend::MatrixMultiply => "matrixmultiply",
         }
@@ -121,12 +144,14 @@ pub fn gemm_threads() -> usize {
     }
 }
 
-/// The backend in force (or that the first product will fix; an unknown `FTREC_GEMM` falls
-/// back to [`Backend::Gemm`] here, and [`set_gemm_threads`] is where it is refused).
+/// The backend in force (or that the first product will fix; an `FTREC_GEMM` that cannot be
+/// used falls back to [`Backend::default_for_cpu`] here, and [`set_gemm_threads`] is where it
+/// is refused).
 pub fn gemm_backend() -> Backend {
-    FIXED
-        .get()
-        .map_or_else(|| Backend::from_env().unwrap_or(Backend::Gemm), |f| f.0)
+    FIXED.get().map_or_else(
+        || Backend::from_env().unwrap_or_else(|_| Backend::default_for_cpu()),
+        |f| f.0,
+    )
 }
 
 /// Whether a product has run in this process (after which the thread count is fixed).
@@ -160,6 +185,11 @@ unsafe fn product(
 ) {
     let (backend, threads) = fixed();
     match backend {
+        // SAFETY: `Avx512` is only chosen where the CPU has AVX-512F; the caller checked the
+        // slices.
+        Backend::Avx512 => {
+            crate::packed::product(m, k, n, a, (a_rs, a_cs), b, (b_rs, b_cs), c, threads)
+        }
         Backend::Gemm => gemm::gemm(
             m,
             n,

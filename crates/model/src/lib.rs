@@ -3,7 +3,8 @@
 //!
 //! It owns
 //! - the model's math on one batch: bottom MLP, pairwise dot interaction, top MLP and binary
-//!   cross-entropy, with hand-written forward and backward passes on `matrixmultiply::sgemm`
+//!   cross-entropy, with hand-written forward and backward passes on the matrix products of
+//!   [`gemm`] (an AVX-512 packed product of its own where the CPU has AVX-512F)
 //!   ([`Dlrm`], its shape [`DlrmConfig`], the reusable buffers [`Workspace`]);
 //! - sum pooling of embedding bags and the scatter of pooled gradients back to rows
 //!   ([`pool_sum`], [`pool_sum_tables`], [`scatter_grads`]), shared by every trainer so they
@@ -62,6 +63,7 @@ pub mod error;
 pub mod gemm;
 mod interaction;
 pub mod metrics;
+mod packed;
 mod par;
 
 pub use bag::{check_features, pool_sum, pool_sum_tables, scatter_grads};

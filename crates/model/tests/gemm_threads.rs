@@ -1,7 +1,7 @@
 //! The gemm backend fixes its thread count once per process, so comparing thread counts needs
 //! one process per count: this test re-runs itself as a child with `MATMUL_NUM_THREADS` set to
-//! 1, 2 and 4, for each backend (`FTREC_GEMM`), and checks that a full model step produces the
-//! same bits at every count of one backend.
+//! 1, 2 and 4, for each backend (`FTREC_GEMM`; `avx512` only on a CPU with AVX-512F), and
+//! checks that a full model step produces the same bits at every count of one backend.
 
 use std::process::Command;
 
@@ -16,6 +16,17 @@ const TEST_NAME: &str = "model_step_is_bit_identical_for_every_gemm_thread_count
 
 fn fold(h: u64, v: &[f32]) -> u64 {
     v.iter().fold(h, |h, x| mix64(h ^ x.to_bits() as u64))
+}
+
+fn has_avx512f() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// One model step on shapes big enough for the backend to split every large product.
@@ -60,7 +71,13 @@ fn model_step_is_bit_identical_for_every_gemm_thread_count() {
         return;
     }
     let exe = std::env::current_exe().unwrap();
-    for backend in ["gemm", "matrixmultiply"] {
+    let mut backends = vec!["gemm", "matrixmultiply"];
+    if has_avx512f() {
+        backends.push("avx512");
+    } else {
+        println!("avx512 backend skipped: this CPU has no AVX-512F");
+    }
+    for backend in backends {
         let mut prints = Vec::new();
         for threads in ["1", "2", "4"] {
             let out = Command::new(&exe)

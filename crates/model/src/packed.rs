@@ -1,0 +1,556 @@
+//! A packed single-precision matrix product with an AVX-512F micro-kernel: the default
+//! backend on CPUs that have AVX-512F ([`crate::gemm::Backend::Avx512`]).
+//!
+//! The `gemm` crate's AVX-512 kernels need a nightly compiler and `matrixmultiply` has none
+//! for `f32`, so on a CPU with two 512-bit FMA units both leave half of its peak unused. This
+//! is the classic scheme (Goto's): for each block of `KC` steps of `k`, the block of `B` is
+//! packed into panels of [`NR`] columns, and each thread takes blocks of [`MC`] rows of `A`
+//! and runs the micro-kernel over every pair of an `A` panel of [`MR`] rows and a `B` panel.
+//! The micro-kernel keeps an `MR x NR` tile of `C` in 24 of the 32 vector registers and, for
+//! each step of `k`, loads two vectors of the `B` panel and broadcasts each of the `MR` values
+//! of `A` into a fused multiply-add. A row-major `A` (the forward pass and the input gradient)
+//! is read in place, `MR` rows side by side, since packing it would be a transpose that costs
+//! more than it saves; a column-major one (the weight gradient) is packed. `B` is always
+//! packed: read in place, a panel's rows would lie one row of `B` apart, and at the DLRM's
+//! power-of-two widths they would all fall into a few sets of the first-level cache. Partial
+//! tiles (the matrix's last rows and columns) run the same kernel on zero-padded panels into
+//! a scratch tile, so every element of `C` is computed by the same sequence of operations.
+//!
+//! # Same bits for every thread count
+//! Threads split `C` by whole blocks of [`MC`] rows; an element's sum runs over `k` in order,
+//! one fused multiply-add per step within a `KC` block, the blocks added to `C` one after the
+//! other, `KC` fixed. Which thread runs a block changes nothing, so a product gives the same
+//! bits for every thread count (the `gemm_threads` integration test checks it on a whole step).
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+use std::cell::RefCell;
+
+/// Rows of a micro-tile.
+pub(crate) const MR: usize = 12;
+/// Columns of a micro-tile: two 16-lane vectors.
+pub(crate) const NR: usize = 32;
+/// Steps of `k` per packed block: a `B` panel (`KC x NR`, 32 KiB) stays in the first-level
+/// cache while a thread runs the `A` panels of its block past it.
+const KC: usize = 256;
+/// Rows of `A` per packed block and unit of work of a thread (a multiple of [`MR`]).
+const MC: usize = 96;
+
+/// Whether this CPU runs the micro-kernel.
+pub(crate) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+thread_local! {
+    /// Each thread's packed block of `A`.
+    static A_PACK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The calling thread's packed block of `B`.
+    static B_PACK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Run `f` with this thread's buffer in `key`, or with a fresh one if the thread is already
+/// using it (a product run from inside a job that another product's thread stole).
+fn with_buffer<R>(
+    key: &'static std::thread::LocalKey<RefCell<Vec<f32>>>,
+    f: impl FnOnce(&mut Vec<f32>) -> R,
+) -> R {
+    key.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => f(&mut buf),
+        Err(_) => f(&mut Vec::new()),
+    })
+}
+
+/// A read-only strided matrix: element `(i, p)` at `ptr[i * rs + p * cs]`.
+#[derive(Clone, Copy)]
+struct Strided {
+    ptr: *const f32,
+    rs: usize,
+    cs: usize,
+}
+
+// SAFETY: only ever read, while the caller's borrow of the slice it points into is alive.
+unsafe impl Send for Strided {}
+unsafe impl Sync for Strided {}
+
+/// Make `buf` hold `len` floats, without clearing what it held: packing overwrites every
+/// element but the padding, which it zeroes itself.
+fn fit(buf: &mut Vec<f32>, len: usize) {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+}
+
+/// Pack rows `i0..i0 + rows` and steps `p0..p0 + kc` of `a` into panels of [`MR`] rows:
+/// panel `t` holds, for each step, the values of its `MR` rows one after the other, zeros past
+/// the last row.
+///
+/// # Safety
+/// Every element named must lie inside the matrix `a` points into.
+unsafe fn pack_a(a: Strided, i0: usize, rows: usize, p0: usize, kc: usize, out: &mut Vec<f32>) {
+    let panels = rows.div_ceil(MR);
+    fit(out, panels * MR * kc);
+    for t in 0..panels {
+        let dst = out[t * MR * kc..(t + 1) * MR * kc].as_mut_ptr();
+        let live = (rows - t * MR).min(MR);
+        if live < MR {
+            for p in 0..kc {
+                std::slice::from_raw_parts_mut(dst.add(p * MR + live), MR - live).fill(0.0);
+            }
+        }
+        let first = a.ptr.add((i0 + t * MR) * a.rs + p0 * a.cs);
+        if a.rs == 1 {
+            // Column-major (a transposed operand): a step's rows lie side by side.
+            for p in 0..kc {
+                let (s, d) = (first.add(p * a.cs), dst.add(p * MR));
+                for r in 0..live {
+                    *d.add(r) = *s.add(r);
+                }
+            }
+        } else if a.cs == 1 {
+            // Row-major: read each row's steps in order, a transpose into the panel.
+            let mut rowp = [first; MR];
+            for (r, q) in rowp.iter_mut().enumerate().take(live) {
+                *q = first.add(r * a.rs);
+            }
+            for p in 0..kc {
+                let d = dst.add(p * MR);
+                for (r, q) in rowp.iter().enumerate().take(live) {
+                    *d.add(r) = *q.add(p);
+                }
+            }
+        } else {
+            for r in 0..live {
+                let row = first.add(r * a.rs);
+                for p in 0..kc {
+                    *dst.add(p * MR + r) = *row.add(p * a.cs);
+                }
+            }
+        }
+    }
+}
+
+/// Pack steps `p0..p0 + kc` and every column of `b` (`n` of them) into panels of [`NR`]
+/// columns, zeros past the last column.
+///
+/// # Safety
+/// As [`pack_a`].
+unsafe fn pack_b(b: Strided, p0: usize, kc: usize, n: usize, out: &mut Vec<f32>) {
+    let panels = n.div_ceil(NR);
+    fit(out, panels * NR * kc);
+    for t in 0..panels {
+        let dst = &mut out[t * NR * kc..(t + 1) * NR * kc];
+        let live = (n - t * NR).min(NR);
+        if live < NR {
+            for p in 0..kc {
+                dst[p * NR + live..(p + 1) * NR].fill(0.0);
+            }
+        }
+        let j0 = t * NR;
+        if b.cs == 1 {
+            for p in 0..kc {
+                let src = b.ptr.add((p0 + p) * b.rs + j0);
+                let d = &mut dst[p * NR..p * NR + live];
+                if live == NR {
+                    // A fixed-size copy the compiler turns into two vector moves.
+                    let row = std::ptr::read_unaligned(src as *const [f32; NR]);
+                    d.copy_from_slice(&row);
+                } else {
+                    for (j, x) in d.iter_mut().enumerate() {
+                        *x = *src.add(j);
+                    }
+                }
+            }
+        } else {
+            for j in 0..live {
+                let col = b.ptr.add(p0 * b.rs + (j0 + j) * b.cs);
+                for p in 0..kc {
+                    dst[p * NR + j] = *col.add(p * b.rs);
+                }
+            }
+        }
+    }
+}
+
+/// `C[MR x NR] (+)= A * Bpanel` over `kc` steps (`Bpanel` a panel of [`pack_b`]), `A`'s
+/// element `(r, p)` at
+/// `a[r * lda + p]` (`PACKED` off: rows of a row-major matrix) or at `a[p * MR + r]` (`PACKED`
+/// on: a panel of [`pack_a`]); `c` has row stride `ldc`. Without `accumulate` the tile is
+/// overwritten, with it the sum is added to what `C` holds.
+///
+/// # Safety
+/// The CPU has AVX-512F; `a` and `b` hold the values named, and `c` an `MR x NR` tile at row
+/// stride `ldc`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn tile<const PACKED: bool>(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    let mut b = b;
+    if PACKED {
+        let mut a = a;
+        for _ in 0..kc {
+            let b0 = _mm512_loadu_ps(b);
+            let b1 = _mm512_loadu_ps(b.add(16));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let x = _mm512_set1_ps(*a.add(r));
+                acc[0] = _mm512_fmadd_ps(x, b0, acc[0]);
+                acc[1] = _mm512_fmadd_ps(x, b1, acc[1]);
+            }
+            a = a.add(MR);
+            b = b.add(NR);
+        }
+    } else {
+        let rows: [*const f32; MR] = std::array::from_fn(|r| a.add(r * lda));
+        for p in 0..kc {
+            let b0 = _mm512_loadu_ps(b);
+            let b1 = _mm512_loadu_ps(b.add(16));
+            for (row, acc) in rows.iter().zip(acc.iter_mut()) {
+                let x = _mm512_set1_ps(*row.add(p));
+                acc[0] = _mm512_fmadd_ps(x, b0, acc[0]);
+                acc[1] = _mm512_fmadd_ps(x, b1, acc[1]);
+            }
+            b = b.add(NR);
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        let row = c.add(r * ldc);
+        if accumulate {
+            _mm512_storeu_ps(row, _mm512_add_ps(_mm512_loadu_ps(row), acc[0]));
+            _mm512_storeu_ps(
+                row.add(16),
+                _mm512_add_ps(_mm512_loadu_ps(row.add(16)), acc[1]),
+            );
+        } else {
+            _mm512_storeu_ps(row, acc[0]);
+            _mm512_storeu_ps(row.add(16), acc[1]);
+        }
+    }
+}
+
+/// [`tile`] on a packed `A` panel.
+///
+/// # Safety
+/// As [`tile`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn kernel(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    tile::<true>(kc, a, 0, b, c, ldc, accumulate)
+}
+
+/// [`tile`] on [`MR`] rows of a row-major `A` read in place (row stride `lda`): its packing
+/// would be a transpose, which costs more than the reads it saves.
+///
+/// # Safety
+/// As [`tile`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn kernel_rows(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    tile::<false>(kc, a, lda, b, c, ldc, accumulate)
+}
+
+/// One thread's block: rows `i0..i0 + rows` of `C` (`c` starts at row `i0`), steps
+/// `p0..p0 + kc`, every column, with `B`'s block already packed.
+///
+/// # Safety
+/// The CPU has AVX-512F; `a` covers rows `i0..i0 + rows` and steps `p0..p0 + kc`; `c` holds
+/// `rows * n` floats; `bp` is `pack_b`'s block for the same steps and `n` columns.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block(
+    a: Strided,
+    i0: usize,
+    rows: usize,
+    p0: usize,
+    kc: usize,
+    bp: &[f32],
+    n: usize,
+    c: &mut [f32],
+) {
+    let accumulate = p0 > 0;
+    // A row-major `A` is read in place, all but a last partial panel; any other is packed.
+    let in_place = if a.cs == 1 { rows / MR } else { 0 };
+    with_buffer(&A_PACK, |ap| {
+        let packed_rows = rows - in_place * MR;
+        pack_a(a, i0 + in_place * MR, packed_rows, p0, kc, ap);
+        let ap = &ap[..packed_rows.div_ceil(MR) * MR * kc];
+        let mut scratch = [0.0f32; MR * NR];
+        for (jt, bpanel) in bp.chunks_exact(NR * kc).enumerate() {
+            let j0 = jt * NR;
+            let cols = (n - j0).min(NR);
+            let (bpanel, full_cols) = (bpanel.as_ptr(), cols == NR);
+            for it in 0..in_place {
+                let r0 = it * MR;
+                let arows = a.ptr.add((i0 + r0) * a.rs + p0);
+                let tile = c.as_mut_ptr().add(r0 * n + j0);
+                if full_cols {
+                    kernel_rows(kc, arows, a.rs, bpanel, tile, n, accumulate);
+                } else {
+                    kernel_rows(kc, arows, a.rs, bpanel, scratch.as_mut_ptr(), NR, false);
+                    add_part(&scratch, MR, tile, n, cols, accumulate);
+                }
+            }
+            for (it, apanel) in ap.chunks_exact(MR * kc).enumerate() {
+                let r0 = (in_place + it) * MR;
+                let live = (rows - r0).min(MR);
+                let tile = c.as_mut_ptr().add(r0 * n + j0);
+                if live == MR && full_cols {
+                    kernel(kc, apanel.as_ptr(), bpanel, tile, n, accumulate);
+                } else {
+                    kernel(kc, apanel.as_ptr(), bpanel, scratch.as_mut_ptr(), NR, false);
+                    add_part(&scratch, live, tile, n, cols, accumulate);
+                }
+            }
+        }
+    });
+}
+
+/// Write (or with `accumulate`, add) the first `rows x cols` of a scratch tile into `C`.
+///
+/// # Safety
+/// `tile` starts a `rows x cols` block of `C` at row stride `n`.
+unsafe fn add_part(
+    scratch: &[f32; MR * NR],
+    rows: usize,
+    tile: *mut f32,
+    n: usize,
+    cols: usize,
+    accumulate: bool,
+) {
+    for r in 0..rows {
+        let dst = std::slice::from_raw_parts_mut(tile.add(r * n), cols);
+        let src = &scratch[r * NR..r * NR + cols];
+        if accumulate {
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d += *s;
+            }
+        } else {
+            dst.copy_from_slice(src);
+        }
+    }
+}
+
+/// `C[m x n] = A * B` (see [`crate::gemm`]'s `product` for the strides), on up to `threads`
+/// threads of rayon's global pool.
+///
+/// # Safety
+/// The CPU has AVX-512F ([`available`]); `a` and `b` cover every element their strides
+/// reach for these shapes, and `c` holds `m * n` floats.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn product(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    (a_rs, a_cs): (usize, usize),
+    b: &[f32],
+    (b_rs, b_cs): (usize, usize),
+    c: &mut [f32],
+    threads: usize,
+) {
+    let c = &mut c[..m * n];
+    if k == 0 {
+        c.fill(0.0);
+        return;
+    }
+    if m == 0 || n == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let a = Strided {
+            ptr: a.as_ptr(),
+            rs: a_rs,
+            cs: a_cs,
+        };
+        let b = Strided {
+            ptr: b.as_ptr(),
+            rs: b_rs,
+            cs: b_cs,
+        };
+        with_buffer(&B_PACK, |bp| {
+            let blocks = m.div_ceil(MC);
+            // Another thread pays for itself from about two blocks of work.
+            let parallel = threads > 1 && blocks > 1 && m * n * k >= 1 << 20;
+            let mut p0 = 0;
+            while p0 < k {
+                let kc = (k - p0).min(KC);
+                // `B` is always packed: read in place, a panel's rows would lie a row of `B`
+                // apart, which for the DLRM's power-of-two widths puts them all in a few sets
+                // of the first-level cache (measured: 146 -> 116 GFLOP/s).
+                pack_b(b, p0, kc, n, bp);
+                let bp: &[f32] = &bp[..n.div_ceil(NR) * NR * kc];
+                let run = |bi: usize, cb: &mut [f32]| {
+                    let i0 = bi * MC;
+                    block(a, i0, (m - i0).min(MC), p0, kc, bp, n, cb);
+                };
+                if parallel {
+                    let per = blocks.div_ceil(threads.min(blocks));
+                    rayon::in_place_scope(|s| {
+                        let mut parts = c.chunks_mut(per * MC * n).enumerate();
+                        let head = parts.next();
+                        for (t, part) in parts {
+                            let run = &run;
+                            s.spawn(move |_| {
+                                for (j, cb) in part.chunks_mut(MC * n).enumerate() {
+                                    run(t * per + j, cb);
+                                }
+                            });
+                        }
+                        if let Some((_, part)) = head {
+                            for (j, cb) in part.chunks_mut(MC * n).enumerate() {
+                                run(j, cb);
+                            }
+                        }
+                    });
+                } else {
+                    for (bi, cb) in c.chunks_mut(MC * n).enumerate() {
+                        run(bi, cb);
+                    }
+                }
+                p0 += kc;
+            }
+        });
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (a, a_rs, a_cs, b, b_rs, b_cs, threads);
+        unreachable!("the AVX-512 backend is only chosen on x86-64 CPUs that have AVX-512F");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(
+        m: usize,
+        k: usize,
+        n: usize,
+        a: &[f32],
+        ars: (usize, usize),
+        b: &[f32],
+        brs: (usize, usize),
+    ) -> Vec<f64> {
+        let mut c = vec![0.0f64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k)
+                    .map(|p| {
+                        f64::from(a[i * ars.0 + p * ars.1]) * f64::from(b[p * brs.0 + j * brs.1])
+                    })
+                    .sum();
+            }
+        }
+        c
+    }
+
+    fn run(
+        m: usize,
+        k: usize,
+        n: usize,
+        threads: usize,
+        transpose_a: bool,
+        transpose_b: bool,
+    ) -> Vec<f32> {
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7 % 23) as f32 - 11.0) / 8.0)
+            .collect();
+        let b: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 5 % 19) as f32 - 9.0) / 4.0)
+            .collect();
+        let ars = if transpose_a { (1, m) } else { (k, 1) };
+        let brs = if transpose_b { (1, k) } else { (n, 1) };
+        let mut c = vec![f32::NAN; m * n];
+        // SAFETY: checked by the caller's `available`; the strides stay inside `a` and `b`.
+        unsafe { product(m, k, n, &a, ars, &b, brs, &mut c, threads) };
+        let want = naive(m, k, n, &a, ars, &b, brs);
+        for (i, (x, y)) in c.iter().zip(&want).enumerate() {
+            // Inputs are multiples of 1/32 with small numerators: every product and partial
+            // sum is exact in f32, so any order gives the exact value.
+            assert_eq!(f64::from(*x), *y, "m {m} k {k} n {n}: element {i}");
+        }
+        c
+    }
+
+    #[test]
+    fn every_shape_and_stride_matches_exact_sums() {
+        if !available() {
+            eprintln!("skipped: this CPU has no AVX-512F");
+            return;
+        }
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (12, 256, 32),
+            (13, 257, 33),
+            (97, 300, 16),
+            (200, 13, 512),
+            (2, 600, 1),
+            (193, 64, 367),
+        ] {
+            for (ta, tb) in [(false, false), (false, true), (true, false)] {
+                run(m, k, n, 1, ta, tb);
+            }
+        }
+    }
+
+    #[test]
+    fn threads_give_the_same_bits() {
+        if !available() {
+            eprintln!("skipped: this CPU has no AVX-512F");
+            return;
+        }
+        let (m, k, n) = (400, 700, 77);
+        let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
+        let mut c1 = vec![0.0f32; m * n];
+        let mut c2 = vec![1.0f32; m * n];
+        // SAFETY: as above.
+        unsafe {
+            product(m, k, n, &a, (k, 1), &b, (n, 1), &mut c1, 1);
+            product(m, k, n, &a, (k, 1), &b, (n, 1), &mut c2, 3);
+        }
+        assert!(c1.iter().zip(&c2).all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+
+    #[test]
+    fn empty_k_gives_zeros() {
+        if !available() {
+            eprintln!("skipped: this CPU has no AVX-512F");
+            return;
+        }
+        let mut c = vec![f32::NAN; 6];
+        // SAFETY: nothing is read with k = 0.
+        unsafe { product(2, 0, 3, &[], (0, 1), &[], (3, 1), &mut c, 1) };
+        assert!(c.iter().all(|&x| x == 0.0));
+    }
+}
