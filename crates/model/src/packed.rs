@@ -17,9 +17,11 @@
 //! a scratch tile, so every element of `C` is computed by the same sequence of operations.
 //!
 //! # Same bits for every thread count
-//! Threads split `C` by whole blocks of [`MC`] rows; an element's sum runs over `k` in order,
+//! Threads split `C` by whole tiles: by rows where it has many (the forward pass and the input
+//! gradient, batch rows), else by column panels (a weight gradient, whose `B` is the large
+//! operand: each thread packs its own part of it). An element's sum runs over `k` in order,
 //! one fused multiply-add per step within a `KC` block, the blocks added to `C` one after the
-//! other, `KC` fixed. Which thread runs a block changes nothing, so a product gives the same
+//! other, `KC` fixed. Which thread runs a tile changes nothing, so a product gives the same
 //! bits for every thread count (the `gemm_threads` integration test checks it on a whole step).
 
 #[cfg(target_arch = "x86_64")]
@@ -137,16 +139,23 @@ unsafe fn pack_a(a: Strided, i0: usize, rows: usize, p0: usize, kc: usize, out: 
     }
 }
 
-/// Pack steps `p0..p0 + kc` and every column of `b` (`n` of them) into panels of [`NR`]
-/// columns, zeros past the last column.
+/// Pack steps `p0..p0 + kc` and the columns of panels `lo..hi` of `b` (`n` columns in all)
+/// into panels of [`NR`] columns, zeros past the last column.
 ///
 /// # Safety
 /// As [`pack_a`].
-unsafe fn pack_b(b: Strided, p0: usize, kc: usize, n: usize, out: &mut Vec<f32>) {
-    let panels = n.div_ceil(NR);
-    fit(out, panels * NR * kc);
-    for t in 0..panels {
-        let dst = &mut out[t * NR * kc..(t + 1) * NR * kc];
+#[allow(clippy::too_many_arguments)]
+unsafe fn pack_b(
+    b: Strided,
+    p0: usize,
+    kc: usize,
+    n: usize,
+    (lo, hi): (usize, usize),
+    out: &mut Vec<f32>,
+) {
+    fit(out, (hi - lo) * NR * kc);
+    for t in lo..hi {
+        let dst = &mut out[(t - lo) * NR * kc..(t - lo + 1) * NR * kc];
         let live = (n - t * NR).min(NR);
         if live < NR {
             for p in 0..kc {
@@ -278,12 +287,25 @@ unsafe fn kernel_rows(
     tile::<false>(kc, a, lda, b, c, ldc, accumulate)
 }
 
-/// One thread's block: rows `i0..i0 + rows` of `C` (`c` starts at row `i0`), steps
-/// `p0..p0 + kc`, every column, with `B`'s block already packed.
+/// `C` shared by threads that write disjoint parts of it: row-major, `n` columns.
+#[derive(Clone, Copy)]
+struct Out {
+    ptr: *mut f32,
+    n: usize,
+}
+
+// SAFETY: threads given an `Out` write disjoint tiles, and the caller's exclusive borrow of
+// `C` outlives them.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+/// One thread's block: rows `i0..i0 + rows` of `C`, steps `p0..p0 + kc`, the columns of
+/// panels `lo..lo + bp.len() / (NR * kc)`, with that block of `B` packed in `bp`.
 ///
 /// # Safety
-/// The CPU has AVX-512F; `a` covers rows `i0..i0 + rows` and steps `p0..p0 + kc`; `c` holds
-/// `rows * n` floats; `bp` is `pack_b`'s block for the same steps and `n` columns.
+/// The CPU has AVX-512F; `a` covers rows `i0..i0 + rows` and steps `p0..p0 + kc`; `c` is
+/// `C` (`m x n`, `m >= i0 + rows`), written here by this thread alone in these rows and
+/// columns; `bp` is `pack_b`'s block for the same steps and panels.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn block(
@@ -293,9 +315,10 @@ unsafe fn block(
     p0: usize,
     kc: usize,
     bp: &[f32],
-    n: usize,
-    c: &mut [f32],
+    lo: usize,
+    c: Out,
 ) {
+    let n = c.n;
     let accumulate = p0 > 0;
     // A row-major `A` is read in place, all but a last partial panel; any other is packed.
     let in_place = if a.cs == 1 { rows / MR } else { 0 };
@@ -305,13 +328,13 @@ unsafe fn block(
         let ap = &ap[..packed_rows.div_ceil(MR) * MR * kc];
         let mut scratch = [0.0f32; MR * NR];
         for (jt, bpanel) in bp.chunks_exact(NR * kc).enumerate() {
-            let j0 = jt * NR;
+            let j0 = (lo + jt) * NR;
             let cols = (n - j0).min(NR);
             let (bpanel, full_cols) = (bpanel.as_ptr(), cols == NR);
             for it in 0..in_place {
                 let r0 = it * MR;
                 let arows = a.ptr.add((i0 + r0) * a.rs + p0);
-                let tile = c.as_mut_ptr().add(r0 * n + j0);
+                let tile = c.ptr.add((i0 + r0) * n + j0);
                 if full_cols {
                     kernel_rows(kc, arows, a.rs, bpanel, tile, n, accumulate);
                 } else {
@@ -322,7 +345,7 @@ unsafe fn block(
             for (it, apanel) in ap.chunks_exact(MR * kc).enumerate() {
                 let r0 = (in_place + it) * MR;
                 let live = (rows - r0).min(MR);
-                let tile = c.as_mut_ptr().add(r0 * n + j0);
+                let tile = c.ptr.add((i0 + r0) * n + j0);
                 if live == MR && full_cols {
                     kernel(kc, apanel.as_ptr(), bpanel, tile, n, accumulate);
                 } else {
@@ -397,49 +420,64 @@ pub(crate) unsafe fn product(
             rs: b_rs,
             cs: b_cs,
         };
-        with_buffer(&B_PACK, |bp| {
-            let blocks = m.div_ceil(MC);
-            // Another thread pays for itself from about two blocks of work.
-            let parallel = threads > 1 && blocks > 1 && m * n * k >= 1 << 20;
-            let mut p0 = 0;
-            while p0 < k {
-                let kc = (k - p0).min(KC);
-                // `B` is always packed: read in place, a panel's rows would lie a row of `B`
-                // apart, which for the DLRM's power-of-two widths puts them all in a few sets
-                // of the first-level cache (measured: 146 -> 116 GFLOP/s).
-                pack_b(b, p0, kc, n, bp);
-                let bp: &[f32] = &bp[..n.div_ceil(NR) * NR * kc];
-                let run = |bi: usize, cb: &mut [f32]| {
-                    let i0 = bi * MC;
-                    block(a, i0, (m - i0).min(MC), p0, kc, bp, n, cb);
-                };
-                if parallel {
-                    let per = blocks.div_ceil(threads.min(blocks));
-                    rayon::in_place_scope(|s| {
-                        let mut parts = c.chunks_mut(per * MC * n).enumerate();
-                        let head = parts.next();
-                        for (t, part) in parts {
-                            let run = &run;
-                            s.spawn(move |_| {
-                                for (j, cb) in part.chunks_mut(MC * n).enumerate() {
-                                    run(t * per + j, cb);
-                                }
-                            });
-                        }
-                        if let Some((_, part)) = head {
-                            for (j, cb) in part.chunks_mut(MC * n).enumerate() {
-                                run(j, cb);
-                            }
-                        }
-                    });
-                } else {
-                    for (bi, cb) in c.chunks_mut(MC * n).enumerate() {
-                        run(bi, cb);
+        let out = Out {
+            ptr: c.as_mut_ptr(),
+            n,
+        };
+        let panels = n.div_ceil(NR);
+        // Rows `r0..r1` against panels `lo..hi`, every block of `k` in order; `B` packed
+        // here unless `shared` holds it (panels `0..panels`, packed by the caller for `p0`).
+        let part = |(r0, r1): (usize, usize), (lo, hi): (usize, usize)| {
+            with_buffer(&B_PACK, |bp| {
+                let mut p0 = 0;
+                while p0 < k {
+                    let kc = (k - p0).min(KC);
+                    // `B` is always packed: read in place, a panel's rows would lie a row of
+                    // `B` apart, which at the DLRM's power-of-two widths puts them all in a
+                    // few sets of the first-level cache (measured: 146 -> 116 GFLOP/s).
+                    pack_b(b, p0, kc, n, (lo, hi), bp);
+                    let bp = &bp[..(hi - lo) * NR * kc];
+                    let mut i0 = r0;
+                    while i0 < r1 {
+                        let rows = (r1 - i0).min(MC);
+                        block(a, i0, rows, p0, kc, bp, lo, out);
+                        i0 += rows;
                     }
+                    p0 += kc;
                 }
-                p0 += kc;
-            }
-        });
+            })
+        };
+        let parallel = threads > 1 && m * n * k >= 1 << 20;
+        // Split `C` by rows where it has many (each thread packs all of `B`, which is
+        // small next to `A` there), else by column panels (each thread packs its own part
+        // of `B`, the large operand of a weight gradient). Parts are whole tiles.
+        let by_rows = m.div_ceil(MR) >= 2 * threads && m >= n;
+        let parts: Vec<((usize, usize), (usize, usize))> = if !parallel {
+            vec![((0, m), (0, panels))]
+        } else if by_rows {
+            let per = m.div_ceil(MR).div_ceil(threads) * MR;
+            (0..m)
+                .step_by(per)
+                .map(|r0| ((r0, (r0 + per).min(m)), (0, panels)))
+                .collect()
+        } else {
+            let per = panels.div_ceil(threads.min(panels));
+            (0..panels)
+                .step_by(per)
+                .map(|lo| ((0, m), (lo, (lo + per).min(panels))))
+                .collect()
+        };
+        if parts.len() == 1 {
+            part(parts[0].0, parts[0].1);
+        } else {
+            rayon::in_place_scope(|s| {
+                let part = &part;
+                for &(rows, cols) in &parts[1..] {
+                    s.spawn(move |_| part(rows, cols));
+                }
+                part(parts[0].0, parts[0].1);
+            });
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -529,17 +567,25 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX-512F");
             return;
         }
-        let (m, k, n) = (400, 700, 77);
-        let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
-        let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
-        let mut c1 = vec![0.0f32; m * n];
-        let mut c2 = vec![1.0f32; m * n];
-        // SAFETY: as above.
-        unsafe {
-            product(m, k, n, &a, (k, 1), &b, (n, 1), &mut c1, 1);
-            product(m, k, n, &a, (k, 1), &b, (n, 1), &mut c2, 3);
+        // Split by rows (m >= n) and by column panels (m < n), each operand layout.
+        for (m, k, n) in [(400, 700, 77), (64, 700, 400), (30, 2048, 367)] {
+            let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
+            for (ars, brs) in [((k, 1), (n, 1)), ((1, m), (n, 1)), ((k, 1), (1, k))] {
+                let mut c1 = vec![0.0f32; m * n];
+                // SAFETY: as above.
+                unsafe { product(m, k, n, &a, ars, &b, brs, &mut c1, 1) };
+                for threads in [2, 3] {
+                    let mut c2 = vec![1.0f32; m * n];
+                    // SAFETY: as above.
+                    unsafe { product(m, k, n, &a, ars, &b, brs, &mut c2, threads) };
+                    assert!(
+                        c1.iter().zip(&c2).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "m {m} k {k} n {n} strides {ars:?} {brs:?}: {threads} threads differ"
+                    );
+                }
+            }
         }
-        assert!(c1.iter().zip(&c2).all(|(x, y)| x.to_bits() == y.to_bits()));
     }
 
     #[test]
