@@ -26,7 +26,7 @@
 //!
 //! - DECK delta checkpointing ([`deck`], deck.txt §3–§4): the touched-row [`deck::Tracker`]
 //!   with several consumers, the multi-layer staging pipeline ([`deck::staging`]: copy-out →
-//!   staging directory → store, at most four chunks in memory), the lineage graph
+//!   staging directory → store, at most four chunk sizes in memory), the lineage graph
 //!   ([`deck::Lineage`]), the hierarchical [`deck::Merger`], retention and [`deck::gc`], and
 //!   restore of full + merged + deltas ([`deck::select_chain`], [`deck::restore_chain`]);
 //! - CPR's prioritized partial saves ([`cpr`], cpr.txt §4.2): which rows a partial save

@@ -1,7 +1,7 @@
 //! DECK delta checkpointing (deck.txt §3–§4) on top of the chunk store and formats.
 //!
 //! - [`tracker`]: touched-row ids per table, several consumers, segment-local compaction;
-//! - [`staging`]: copy-out → staging directory → store pipeline, at most four chunks in memory;
+//! - [`staging`]: copy-out → staging directory → store pipeline, at most four chunk sizes in memory;
 //! - [`lineage`]: the graph of full / merged / delta checkpoints, chain resolution, retention;
 //! - [`merge`]: the bounded-memory k-way merge behind merging, full materialisation and
 //!   restore;

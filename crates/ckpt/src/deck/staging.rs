@@ -15,9 +15,15 @@
 //! into a folder named after its process; [`remove_dead_folders`] deletes the folders of
 //! processes that no longer exist (a crashed server's), and a server calls it at start.
 //!
-//! The hand-offs hold at most one chunk each, so at most four chunks are in memory at any time
-//! (one being gathered, one queued, one being staged, one being uploaded) whatever the model
-//! size: the bound DECK keeps. [`MemGauge`] counts them, so tests and benchmarks check it.
+//! The hand-offs are bounded in bytes: the copy-out hands on chunks while at most two chunk
+//! sizes of them wait to be staged or are being staged, and the upload reads back at most one
+//! chunk size of files at once (up to [`PUTS_AT_ONCE`] files, a larger one alone; the next
+//! file waits on disk for room). So at most
+//! four chunk sizes are in memory at any time (one being gathered, two handed on, one being
+//! uploaded) whatever the model size: the bound DECK keeps. A shard of many small tables (a
+//! chunk each) is handed on whole during the copy-out, so the pause does not wait for a file
+//! per table to be staged, and its files are put several at a time. [`MemGauge`] counts the
+//! buffers, so tests and benchmarks check it.
 //! Nothing here commits anything: the coordinator commits a manifest once every server's
 //! [`PendingUpload::wait`] returned, so a crash or a failed put before that leaves the previous
 //! lineage as it was (the partly written files are unreferenced; GC removes them).
@@ -200,10 +206,65 @@ pub struct CopyReport {
     pub bytes: u64,
 }
 
+/// Bytes of chunks handed on by the copy-out and not yet staged. The hand-off is bounded in
+/// bytes, not in chunks: a shard of many small tables (one chunk each) is handed on whole
+/// while the copy-out runs, so the training pause does not wait for a file per table to be
+/// staged, and memory stays within the same number of chunk sizes as before.
+#[derive(Debug)]
+struct Budget {
+    /// Bytes free, and whether the stage has stopped taking chunks.
+    state: std::sync::Mutex<(u64, bool)>,
+    freed: std::sync::Condvar,
+    cap: u64,
+}
+
+impl Budget {
+    fn new(cap: u64) -> Self {
+        Budget {
+            state: std::sync::Mutex::new((cap, false)),
+            freed: std::sync::Condvar::new(),
+            cap,
+        }
+    }
+
+    /// What a chunk of `bytes` holds of the budget: a chunk larger than the whole takes the
+    /// whole (it goes alone).
+    fn share(&self, bytes: u64) -> u64 {
+        bytes.min(self.cap)
+    }
+
+    /// Wait until `bytes` are free and take them; `false` once the stage has stopped.
+    fn take(&self, bytes: u64) -> bool {
+        let want = self.share(bytes);
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        while !st.1 && st.0 < want {
+            st = self.freed.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        if st.1 {
+            return false;
+        }
+        st.0 -= want;
+        true
+    }
+
+    fn give(&self, bytes: u64) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.0 = (st.0 + self.share(bytes)).min(self.cap);
+        self.freed.notify_all();
+    }
+
+    /// The stage takes no more chunks: wake every waiting copy-out.
+    fn close(&self) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).1 = true;
+        self.freed.notify_all();
+    }
+}
+
 /// The copy-out end of a staging pipeline.
 #[derive(Debug)]
 pub struct ChunkSink {
-    tx: mpsc::Sender<Chunk>,
+    tx: mpsc::UnboundedSender<Chunk>,
+    budget: Arc<Budget>,
     progress: Arc<UploadProgress>,
     gauge: Arc<MemGauge>,
     chunk_bytes: usize,
@@ -260,7 +321,7 @@ impl ChunkSink {
     /// Hand a chunk on; its bytes were counted when its buffers were allocated.
     fn send(&self, c: Chunk) -> Result<()> {
         let n = c.bytes();
-        if self.tx.blocking_send(c).is_err() {
+        if !self.budget.take(n) || self.tx.send(c).is_err() {
             self.gauge.sub(n);
             return Err(stopped(&self.progress));
         }
@@ -492,7 +553,9 @@ pub fn start(
         NEXT.fetch_add(1, Ordering::SeqCst)
     ));
     std::fs::create_dir_all(&dir).map_err(|e| CkptError::io(dir.display().to_string(), e))?;
-    let (tx, rx) = mpsc::channel::<Chunk>(1);
+    // One chunk size queued and one being staged, as many chunks as fit.
+    let budget = Arc::new(Budget::new(2 * opts.chunk_bytes as u64));
+    let (tx, rx) = mpsc::unbounded_channel::<Chunk>();
     // Staged files are on disk: the queue holds names, not data.
     let (up_tx, up_rx) = mpsc::unbounded_channel::<std::result::Result<Staged, ShardInfo>>();
     let progress = Arc::new(UploadProgress::default());
@@ -502,12 +565,14 @@ pub fn start(
         let dir = dir.clone();
         let progress = progress.clone();
         let limit = opts.limit_bytes;
+        let budget = budget.clone();
         rt.spawn_blocking(move || {
             // The failure is noted while both channel ends still live: the copy-out and the
             // upload that find them gone must find the cause too, not "ended early".
             let mut rx = rx;
-            let r = stage_loop(&mut rx, &up_tx, &dir, &gauge, &progress, limit)
+            let r = stage_loop(&mut rx, &up_tx, &dir, &gauge, &progress, limit, &budget)
                 .map_err(|e| note_failure(&progress, e));
+            budget.close();
             drop(rx);
             drop(up_tx);
             r
@@ -515,10 +580,11 @@ pub fn start(
     };
     let task = {
         let progress = progress.clone();
+        let chunk_bytes = opts.chunk_bytes as u64;
         rt.spawn(async move {
             // As above: noted before the receiver is dropped.
             let mut up_rx = up_rx;
-            let up = upload_loop(&ckpts, &id, &mut up_rx, &gauge, &progress)
+            let up = upload_loop(&ckpts, &id, &mut up_rx, &gauge, &progress, chunk_bytes)
                 .await
                 .map_err(|e| note_failure(&progress, e));
             drop(up_rx);
@@ -535,6 +601,7 @@ pub fn start(
     Ok((
         ChunkSink {
             tx,
+            budget,
             progress: progress.clone(),
             gauge: sink_gauge,
             chunk_bytes: opts.chunk_bytes,
@@ -545,17 +612,19 @@ pub fn start(
 }
 
 fn stage_loop(
-    rx: &mut mpsc::Receiver<Chunk>,
+    rx: &mut mpsc::UnboundedReceiver<Chunk>,
     up: &mpsc::UnboundedSender<std::result::Result<Staged, ShardInfo>>,
     dir: &Path,
     gauge: &MemGauge,
     progress: &UploadProgress,
     limit_bytes: Option<u64>,
+    budget: &Budget,
 ) -> Result<()> {
     while let Some(chunk) = rx.blocking_recv() {
         let n = chunk.bytes();
         let res = stage_one(chunk, dir, progress);
         gauge.sub(n);
+        budget.give(n);
         match res? {
             Ok(staged) => {
                 if let Some(limit) = limit_bytes {
@@ -724,53 +793,115 @@ fn stage_one(
     }))
 }
 
+/// Files one upload puts into the store at once: a put is mostly waiting (a create, a write,
+/// an fsync, a rename, the folder's fsync), so a shard of many small files goes at the rate
+/// of several of them.
+const PUTS_AT_ONCE: usize = 8;
+
+/// Read a staged file back, check it, put it create-only into the store and remove it from
+/// the staging directory; its key, for clean-up after a failure.
+async fn upload_one(
+    ckpts: &Checkpoints,
+    id: &CheckpointId,
+    staged: &Staged,
+    gauge: &MemGauge,
+) -> Result<crate::key::Key> {
+    let local = staged.local.clone();
+    let data = tokio::task::spawn_blocking(move || std::fs::read(&local))
+        .await
+        .map_err(|e| CkptError::TemporarilyUnavailable {
+            backend: "staging",
+            reason: format!("read task failed: {e}"),
+        })?
+        .map_err(|e| CkptError::io(staged.local.display().to_string(), e))?;
+    let key = ckpts.file_key(id, &staged.info.path)?;
+    crate::format::verify_staged(&staged.local.display().to_string(), &data, &staged.info)?;
+    let n = data.len() as u64;
+    gauge.add(n);
+    let put = ckpts
+        .store()
+        .put(&key, bytes::Bytes::from(data), PutMode::Create)
+        .await;
+    gauge.sub(n);
+    put?;
+    let _ = std::fs::remove_file(&staged.local);
+    Ok(key)
+}
+
+/// Upload the staged files as they come, in order, up to [`PUTS_AT_ONCE`] at a time and at
+/// most `budget` bytes of them read back at once (a file larger than that goes alone). On the
+/// first failure nothing more is started, the running puts end, and every file this upload
+/// wrote is deleted.
 async fn upload_loop(
     ckpts: &Checkpoints,
     id: &CheckpointId,
     rx: &mut mpsc::UnboundedReceiver<std::result::Result<Staged, ShardInfo>>,
     gauge: &MemGauge,
     progress: &UploadProgress,
+    budget: u64,
 ) -> Result<ShardReport> {
+    use futures_util::stream::{FuturesUnordered, StreamExt};
     let mut files = Vec::new();
     let mut written = Vec::new();
-    let result: Result<ShardInfo> = async {
-        loop {
-            match rx.recv().await {
-                None => return Err(stopped(progress)),
-                Some(Err(info)) => return Ok(info),
-                Some(Ok(staged)) => {
-                    let local = staged.local.clone();
-                    let data = tokio::task::spawn_blocking(move || std::fs::read(&local))
-                        .await
-                        .map_err(|e| CkptError::TemporarilyUnavailable {
-                            backend: "staging",
-                            reason: format!("read task failed: {e}"),
-                        })?
-                        .map_err(|e| CkptError::io(staged.local.display().to_string(), e))?;
-                    let key = ckpts.file_key(id, &staged.info.path)?;
-                    crate::format::verify_staged(
-                        &staged.local.display().to_string(),
-                        &data,
-                        &staged.info,
-                    )?;
-                    let n = data.len() as u64;
-                    gauge.add(n);
-                    let put = ckpts
-                        .store()
-                        .put(&key, bytes::Bytes::from(data), PutMode::Create)
-                        .await;
-                    gauge.sub(n);
-                    put?;
-                    written.push(key);
-                    let _ = std::fs::remove_file(&staged.local);
-                    progress.uploaded.fetch_add(1, Ordering::SeqCst);
-                    progress.uploaded_bytes.fetch_add(n, Ordering::SeqCst);
-                    files.push(staged.info);
+    let mut running = FuturesUnordered::new();
+    let (mut held, mut shard, mut failed, mut ended) = (0u64, None, None, false);
+    // A staged file that does not fit beside the running puts waits (on disk) for room.
+    let mut waiting: Option<Staged> = None;
+    let start = |staged: Staged, held: &mut u64| {
+        *held += staged.info.size;
+        async move {
+            let r = upload_one(ckpts, id, &staged, gauge).await;
+            (staged, r)
+        }
+    };
+    while !(ended && running.is_empty()) {
+        let room = !ended && waiting.is_none() && running.len() < PUTS_AT_ONCE;
+        tokio::select! {
+            biased;
+            Some((staged, r)) = running.next(), if !running.is_empty() => {
+                let staged: Staged = staged;
+                held -= staged.info.size;
+                match r {
+                    Ok(key) => {
+                        written.push(key);
+                        progress.uploaded.fetch_add(1, Ordering::SeqCst);
+                        progress.uploaded_bytes.fetch_add(staged.info.size, Ordering::SeqCst);
+                        files.push(staged.info);
+                    }
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                        ended = true;
+                        waiting = None;
+                    }
+                }
+                if let Some(w) = waiting.take_if(|w| running.is_empty() || held + w.info.size <= budget) {
+                    running.push(start(w, &mut held));
                 }
             }
+            next = rx.recv(), if room => match next {
+                // The stage stopped before the shard's end: the running puts' own errors
+                // first, then that.
+                None => ended = true,
+                Some(Err(info)) => {
+                    shard = Some(info);
+                    ended = true;
+                }
+                Some(Ok(staged)) => {
+                    if running.is_empty() || held + staged.info.size <= budget {
+                        running.push(start(staged, &mut held));
+                    } else {
+                        waiting = Some(staged);
+                    }
+                }
+            },
+            else => break,
         }
     }
-    .await;
+    let result: Result<ShardInfo> = match (failed, shard) {
+        (Some(e), _) => Err(e),
+        (None, Some(shard)) => Ok(shard),
+        (None, None) => Err(stopped(progress)),
+    };
     match result {
         Ok(shard) => {
             files.sort_by(|a, b| a.path.cmp(&b.path));
@@ -797,6 +928,36 @@ mod tests {
     use super::*;
     use crate::store::memory::MemoryStore;
     use crate::store::ChunkStore;
+
+    /// The copy-out's hand-off holds chunks up to its byte budget, as many as fit; a chunk
+    /// larger than the budget takes all of it; a copy-out waiting for room wakes with an
+    /// error when the stage stops.
+    #[test]
+    fn the_hand_off_is_bounded_in_bytes_and_a_stopped_stage_wakes_the_copy_out() {
+        let b = Arc::new(Budget::new(100));
+        for _ in 0..10 {
+            assert!(b.take(10), "ten chunks of 10 bytes fit in 100");
+        }
+        for _ in 0..10 {
+            b.give(10);
+        }
+        assert!(
+            b.take(1_000),
+            "a chunk over the budget takes the whole of it once free"
+        );
+        b.give(1_000);
+        assert!(b.take(95));
+        let waiting = {
+            let b = b.clone();
+            std::thread::spawn(move || b.take(10))
+        };
+        b.close();
+        assert!(
+            !waiting.join().unwrap(),
+            "a stopped stage fails the waiting copy-out"
+        );
+        assert!(!b.take(0), "and every later one");
+    }
 
     /// A staged file whose bytes changed on local disk after it was written is caught when it
     /// is read back, and never uploaded.
@@ -829,7 +990,14 @@ mod tests {
         let id = CheckpointId::new("c").unwrap();
         let gauge = MemGauge::new();
         let err = rt
-            .block_on(upload_loop(&ckpts, &id, &mut rx, &gauge, &progress))
+            .block_on(upload_loop(
+                &ckpts,
+                &id,
+                &mut rx,
+                &gauge,
+                &progress,
+                1 << 20,
+            ))
             .unwrap_err();
         assert!(matches!(err, CkptError::ChecksumMismatch { .. }), "{err}");
         assert!(err.to_string().contains("dense-000000.dense"), "{err}");
