@@ -17,7 +17,7 @@
 //!
 //! The hand-offs are bounded in bytes: the copy-out hands on chunks while at most two chunk
 //! sizes of them wait to be staged or are being staged, and the upload reads back at most one
-//! chunk size of files at once (up to [`PUTS_AT_ONCE`] files, a larger one alone; the next
+//! chunk size of files at once (up to 8 files, a larger one alone; the next
 //! file waits on disk for room). So at most four chunk sizes are in memory at any time (one
 //! being gathered, two handed on, one being uploaded) whatever the model size: the bound DECK
 //! keeps. A shard of many small tables (a chunk each) is handed on whole during the copy-out,
