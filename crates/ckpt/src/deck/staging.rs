@@ -78,13 +78,11 @@ impl StagingOptions {
     }
 }
 
-/// Bytes and chunks of staging buffers alive now and at the peak.
+/// Bytes of staging buffers alive now and at the peak (the pipeline's bound is in bytes).
 #[derive(Debug, Default)]
 pub struct MemGauge {
     bytes: AtomicU64,
     peak_bytes: AtomicU64,
-    chunks: AtomicU64,
-    peak_chunks: AtomicU64,
 }
 
 impl MemGauge {
@@ -93,22 +91,12 @@ impl MemGauge {
     }
 
     fn add(&self, bytes: u64) {
-        if bytes == 0 {
-            // The end marker carries no data.
-            return;
-        }
         let b = self.bytes.fetch_add(bytes, Ordering::SeqCst) + bytes;
         self.peak_bytes.fetch_max(b, Ordering::SeqCst);
-        let c = self.chunks.fetch_add(1, Ordering::SeqCst) + 1;
-        self.peak_chunks.fetch_max(c, Ordering::SeqCst);
     }
 
     fn sub(&self, bytes: u64) {
-        if bytes == 0 {
-            return;
-        }
         self.bytes.fetch_sub(bytes, Ordering::SeqCst);
-        self.chunks.fetch_sub(1, Ordering::SeqCst);
     }
 
     pub fn bytes(&self) -> u64 {
@@ -117,13 +105,8 @@ impl MemGauge {
     pub fn peak_bytes(&self) -> u64 {
         self.peak_bytes.load(Ordering::SeqCst)
     }
-    pub fn peak_chunks(&self) -> u64 {
-        self.peak_chunks.load(Ordering::SeqCst)
-    }
     pub fn reset_peak(&self) {
         self.peak_bytes.store(self.bytes(), Ordering::SeqCst);
-        self.peak_chunks
-            .store(self.chunks.load(Ordering::SeqCst), Ordering::SeqCst);
     }
 }
 
