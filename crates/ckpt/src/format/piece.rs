@@ -314,7 +314,7 @@ impl PieceIndex {
                 // The extraction round of a column runs after its piece is committed and is
                 // committed by the next piece: its records carry the previous column's round.
                 ChunkOp::Extracted => {
-                    (c.round == self.column || c.round + 1 == self.column)
+                    (c.round == self.column || c.round.checked_add(1) == Some(self.column))
                         && c.col < c.round
                         && c.col >= 1
                 }
@@ -1009,6 +1009,19 @@ mod tests {
         };
         p.row0 = vec![row0(&old), row0(&rem), row0(&p.chunks[0])];
         p
+    }
+
+    /// An extracted record whose round is the largest `u32` (a damaged or edited index) is
+    /// refused as corrupt, not an overflow.
+    #[test]
+    fn an_extracted_record_of_the_last_round_is_refused_not_overflowed() {
+        let mut p = sample();
+        p.chunks[0].op = ChunkOp::Extracted;
+        p.chunks[0].round = u32::MAX;
+        p.chunks[0].col = 1;
+        let e = p.validate("s1/piece.pidx").unwrap_err();
+        assert!(matches!(e, CkptError::Corrupt { .. }), "{e}");
+        assert!(e.to_string().contains("chunk record 0"), "{e}");
     }
 
     #[test]
