@@ -144,6 +144,37 @@ async fn rebuild_in_ten_lock_ranges_while_training_goes_on() {
     assert_whole(&c, &reference).await;
 }
 
+#[test]
+fn small_batches_pipelined_while_training_goes_on() {
+    // Batches of 3 stripes: while one batch is decoded, the next has taken its lock and sent
+    // its reads. The first batch is held after its decode while steps commit: the next
+    // batch's slots, zeroed at its lock, collect those steps' deltas, and its rows, read
+    // before them, must not overwrite rows the steps decoded on demand and updated.
+    let rt = ec_common::two_thread_runtime();
+    rt.block_on(async {
+        let mut ec = EcConfig::new(CodeKind::Gf256, 2, 1);
+        ec.lock_ranges = 2;
+        ec.rebuild_batch_stripes = Some(3);
+        let mut c = EcCluster::new(5, ec, OptimizerKind::Adagrad);
+        let mut reference = Reference::new(5, OptimizerKind::Adagrad);
+        train(&c, &mut reference, 1..=4).await;
+        c.kill(2);
+        let node = c.replace(2, &[2]);
+        let hold = HoldFirstBatch::install(&node);
+        node.start_rebuild(&lost(&[2]), true).await.unwrap();
+        hold.held.notified().await;
+        train(&c, &mut reference, 5..=7).await;
+        hold.go.notify_one();
+        train(&c, &mut reference, 8..=14).await;
+        c.wait_rebuilt(2).await;
+        let st = node.rebuild_status().unwrap();
+        assert!(st.batches >= 4, "{st:?}");
+        assert!(st.commits_in_lock >= 3, "{st:?}");
+        assert_eq!((st.rows_missing, st.parities_missing), (0, 0), "{st:?}");
+        assert_whole(&c, &reference).await;
+    });
+}
+
 #[tokio::test]
 async fn rows_touched_before_their_range_are_decoded_on_demand() {
     let mut ec = EcConfig::new(CodeKind::Gf256, 3, 2);

@@ -301,48 +301,47 @@ fn batch_from_proto(p: proto::DeltaBatch) -> Result<PackedBatch, PsError> {
     })
 }
 
-fn keys_to_proto(keys: &[MemberKey]) -> proto::ReadMembersRequest {
-    let mut tables = Vec::with_capacity(keys.len());
-    let mut idx = Vec::with_capacity(keys.len());
-    let mut parity = Vec::with_capacity(keys.len());
+/// Bit of a packed member key that marks a parity slot; the bits below hold the index and
+/// the 16 bits above the parity bit the table ([`proto::ReadMembersRequest`]).
+const KEY_PARITY: u64 = 1 << 47;
+const KEY_TABLE_SHIFT: u32 = 48;
+
+/// Pack `keys` one u64 each: one copy to send, where per-key fields cost a varint each.
+fn keys_to_proto(keys: &[MemberKey]) -> Result<proto::ReadMembersRequest, PsError> {
+    let mut out = Vec::with_capacity(keys.len() * 8);
     for k in keys {
-        match *k {
-            MemberKey::Row { table, local } => {
-                tables.push(table.0);
-                idx.push(local);
-                parity.push(false);
-            }
-            MemberKey::Parity { table, slot } => {
-                tables.push(table.0);
-                idx.push(slot);
-                parity.push(true);
-            }
+        let (table, index, flag) = match *k {
+            MemberKey::Row { table, local } => (table, local, 0),
+            MemberKey::Parity { table, slot } => (table, slot, KEY_PARITY),
+        };
+        if table.0 > u32::from(u16::MAX) || index >= KEY_PARITY {
+            return Err(PsError::MalformedRequest(format!(
+                "member key of table {} index {index} does not fit a read request (tables up \
+                 to {}, indices below 2^47)",
+                table.0,
+                u16::MAX
+            )));
         }
+        let packed = (u64::from(table.0) << KEY_TABLE_SHIFT) | flag | index;
+        out.extend_from_slice(&packed.to_le_bytes());
     }
-    proto::ReadMembersRequest {
-        tables,
-        indices: u64s(&idx),
-        parity,
-    }
+    Ok(proto::ReadMembersRequest { keys: out })
 }
 
 fn keys_from_proto(p: proto::ReadMembersRequest) -> Result<Vec<MemberKey>, PsError> {
-    let idx = bytes_to_u64s("member indices", &p.indices)?;
-    if idx.len() != p.tables.len() || idx.len() != p.parity.len() {
-        return Err(PsError::MalformedRequest(
-            "member tables, indices and kinds disagree in length".into(),
-        ));
-    }
-    Ok(idx
+    let packed = bytes_to_u64s("member keys", &p.keys)?;
+    Ok(packed
         .iter()
-        .zip(&p.tables)
-        .zip(&p.parity)
-        .map(|((&i, &t), &par)| {
-            let table = TableId(t);
-            if par {
-                MemberKey::Parity { table, slot: i }
+        .map(|&x| {
+            let table = TableId((x >> KEY_TABLE_SHIFT) as u32);
+            let index = x & (KEY_PARITY - 1);
+            if x & KEY_PARITY != 0 {
+                MemberKey::Parity { table, slot: index }
             } else {
-                MemberKey::Row { table, local: i }
+                MemberKey::Row {
+                    table,
+                    local: index,
+                }
             }
         })
         .collect())
@@ -680,7 +679,7 @@ impl EcGrpcClient {
         let r = self
             .call(
                 "read_members",
-                self.client.clone().read_members(keys_to_proto(keys)),
+                self.client.clone().read_members(keys_to_proto(keys)?),
             )
             .await?;
         Ok(MemberRead {
@@ -1038,6 +1037,7 @@ mod fuzz {
                 slot: 2,
             },
         ])
+        .unwrap()
     }
 
     /// Whatever a decoder accepts is self-consistent.
@@ -1076,7 +1076,36 @@ mod fuzz {
         let b = batch_from_proto(valid_batch()).unwrap();
         assert_eq!(batch_to_proto(&b), valid_batch());
         let k = keys_from_proto(valid_keys()).unwrap();
-        assert_eq!(keys_to_proto(&k), valid_keys());
+        assert_eq!(keys_to_proto(&k).unwrap(), valid_keys());
+    }
+
+    #[test]
+    fn member_keys_that_do_not_fit_a_request_are_refused() {
+        for k in [
+            MemberKey::Row {
+                table: TableId(1 << 16),
+                local: 0,
+            },
+            MemberKey::Parity {
+                table: TableId(0),
+                slot: 1 << 47,
+            },
+        ] {
+            let e = keys_to_proto(&[k]).unwrap_err();
+            assert!(e.to_string().contains("does not fit"), "{e}");
+        }
+        let edge = [
+            MemberKey::Row {
+                table: TableId(u32::from(u16::MAX)),
+                local: (1 << 47) - 1,
+            },
+            MemberKey::Parity {
+                table: TableId(u32::from(u16::MAX)),
+                slot: (1 << 47) - 1,
+            },
+        ];
+        let back = keys_from_proto(keys_to_proto(&edge).unwrap()).unwrap();
+        assert_eq!(back, edge);
     }
 
     proptest! {
@@ -1133,12 +1162,8 @@ mod fuzz {
         }
 
         #[test]
-        fn arbitrary_member_keys(
-            tables in prop::collection::vec(any::<u32>(), 0..5),
-            indices in bytes(48),
-            parity in prop::collection::vec(any::<bool>(), 0..5),
-        ) {
-            every_reader(&proto::ReadMembersRequest { tables, indices, parity }.encode_to_vec());
+        fn arbitrary_member_keys(keys in bytes(48)) {
+            every_reader(&proto::ReadMembersRequest { keys }.encode_to_vec());
         }
     }
 }

@@ -46,6 +46,10 @@ pub struct EcConfig {
     /// rest; 0: the lock ranges wait until the share is raised, while degraded reads still
     /// decode on demand). Changed at run time with [`EcNode::set_rebuild_share`].
     pub rebuild_share_ppm: u32,
+    /// Stripes per rebuild batch; `None`: as many as make about 4 MiB of rows read and
+    /// decoded (the default, clamped to 64..=65,536 stripes). A batch is the unit of a
+    /// rebuild's reads, cut and merge; two are in flight at a time.
+    pub rebuild_batch_stripes: Option<usize>,
 }
 
 impl EcConfig {
@@ -60,6 +64,7 @@ impl EcConfig {
             lock_ranges: 1,
             peer_timeout: DEFAULT_PEER_TIMEOUT,
             rebuild_share_ppm: FULL_SHARE_PPM,
+            rebuild_batch_stripes: None,
         }
     }
 
@@ -95,6 +100,9 @@ impl EcConfig {
         }
         if self.lock_ranges == 0 {
             return bad("a rebuild needs at least one lock range".into());
+        }
+        if self.rebuild_batch_stripes == Some(0) {
+            return bad("a rebuild batch needs at least one stripe".into());
         }
         Ok(())
     }

@@ -12,9 +12,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use ftrec_core::{RowId, ServerId, TableId};
-use ftrec_ec::{
-    degraded_read, Decoder, Location, RecoveryOptions, RecoveryPlan, StripeMember, TaskBatch,
-};
+use ftrec_ec::{degraded_read, Location, RecoveryOptions, RecoveryPlan, StripeMember, TaskBatch};
 
 use super::node::{Driver, EcInner, EcNode, EcState, FULL_SHARE_PPM};
 use super::service::EcService;
@@ -31,6 +29,10 @@ const CUT_ATTEMPTS: u32 = 200;
 const REBUILD_BATCH_BYTES: usize = 4 << 20;
 const MIN_BATCH_STRIPES: usize = 64;
 const MAX_BATCH_STRIPES: usize = 1 << 16;
+
+/// Tasks of one loss pattern decoded by one call: their gathered rows (a few hundred KiB for
+/// the widest rows) stay in cache between the gather, the decode and the scatter.
+const DECODE_GROUP: usize = 512;
 
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
@@ -97,6 +99,24 @@ impl Decoded {
     }
 }
 
+/// The reads of one decode, sent and not yet collected: the survivors' answers arrive in the
+/// background (their tasks are dropped, and the calls abandoned, with this value).
+struct CutReads {
+    /// (server, index among its keys) per read, `None` for an absent position.
+    refs: Vec<Option<(u32, u32)>>,
+    set: tokio::task::JoinSet<(usize, usize, Result<MemberRead, PsError>)>,
+}
+
+/// A rebuild batch whose lock is taken and whose reads are on their way; its tasks are
+/// `batches[which]` of [`EcNode::rebuild_range`].
+struct InFlight<'a> {
+    which: usize,
+    window: LockWindow<'a>,
+    committed: Option<u64>,
+    stamp: u64,
+    reads: CutReads,
+}
+
 /// A rebuild batch between its lock and its merge, counted in [`super::node::EcState::locks_open`]
 /// for as long as it lives (also when the batch's future is dropped half way).
 struct LockWindow<'a>(&'a EcNode);
@@ -140,6 +160,13 @@ impl EcNode {
         batch: &TaskBatch,
         expect: Option<Option<u64>>,
     ) -> Result<Option<Decoded>, PsError> {
+        let reads = self.start_reads(batch)?;
+        self.finish_cut(batch, reads, expect).await
+    }
+
+    /// Send every survivor its part of `batch`'s reads (one message each, in the background):
+    /// [`EcNode::finish_cut`] collects and decodes them.
+    fn start_reads(&self, batch: &TaskBatch) -> Result<CutReads, PsError> {
         let servers = self.inner.layout.servers() as usize;
         let mut keys: Vec<Vec<MemberKey>> = vec![Vec::new(); servers];
         // (server, index among its keys) per read, None for an absent position; each task's
@@ -155,7 +182,6 @@ impl EcNode {
                 }));
             }
         }
-        let w = self.inner.words;
         let mut set = tokio::task::JoinSet::new();
         for (s, k) in keys.into_iter().enumerate() {
             if k.is_empty() {
@@ -164,6 +190,20 @@ impl EcNode {
             let peer = self.peer(ServerId(s as u32))?;
             set.spawn(async move { (s, k.len(), peer.read_members(k).await) });
         }
+        Ok(CutReads { refs, set })
+    }
+
+    /// Collect the reads [`EcNode::start_reads`] sent for `batch` and decode every task, if
+    /// they form one consistent cut (at `expect`, when given); `Ok(None)` otherwise.
+    async fn finish_cut(
+        &self,
+        batch: &TaskBatch,
+        reads: CutReads,
+        expect: Option<Option<u64>>,
+    ) -> Result<Option<Decoded>, PsError> {
+        let servers = self.inner.layout.servers() as usize;
+        let CutReads { refs, mut set } = reads;
+        let w = self.inner.words;
         let mut reads: Vec<Option<MemberRead>> = (0..servers).map(|_| None).collect();
         while let Some(r) = set.join_next().await {
             let (s, asked, r) =
@@ -185,42 +225,73 @@ impl EcNode {
                 return Ok(None);
             }
         }
-        let zeros = vec![0.0f32; w];
         let mut decoded = Decoded::new(w, batch);
-        // A batch has a handful of loss patterns: one decoder each.
-        let mut decoders: Vec<Option<Decoder>> = batch.patterns().iter().map(|_| None).collect();
-        let mut ins: Vec<&[f32]> = Vec::new();
+        // A batch has a handful of loss patterns. The tasks of one pattern are decoded in
+        // groups with one decoder call per group: the codes work word by word, so the decode
+        // of rows laid end to end is their decodes laid end to end. Each read position's rows
+        // are gathered into one buffer (kept small enough to stay in cache), and the outputs
+        // are scattered back to their tasks; a call per row costs more than its decode.
+        let mut by_pattern: Vec<Vec<u32>> = vec![Vec::new(); batch.patterns().len()];
+        let mut read_at = Vec::with_capacity(batch.len());
         let mut at = 0;
         for i in 0..batch.len() {
-            let p = batch.pattern(i);
-            let decoder = match &mut decoders[p] {
-                Some(d) => d,
-                slot => {
-                    let (available, wanted) = &batch.patterns()[p];
-                    slot.insert(self.inner.code.decoder(available, wanted)?)
-                }
-            };
-            let n = batch.reads(i).len();
-            ins.clear();
-            for x in &refs[at..at + n] {
-                ins.push(match *x {
-                    Some((s, j)) => {
-                        let rd = reads[s as usize].as_ref().ok_or_else(|| {
-                            PsError::Internal(format!("no read from server {s} in a decode"))
-                        })?;
-                        let j = j as usize;
-                        &rd.data[j * w..(j + 1) * w]
-                    }
-                    None => &zeros[..],
-                });
+            by_pattern[batch.pattern(i)].push(i as u32);
+            read_at.push(at);
+            at += batch.reads(i).len();
+        }
+        let mut ins_buf: Vec<f32> = Vec::new();
+        let mut outs_buf: Vec<f32> = Vec::new();
+        for (p, tasks) in by_pattern.iter().enumerate() {
+            if tasks.is_empty() {
+                continue;
             }
-            at += n;
-            let out = decoded.task_mut(i);
-            if out.len() == w {
-                decoder.decode(&ins, &mut [out])?;
-            } else {
-                let mut o: Vec<&mut [f32]> = out.chunks_exact_mut(w).collect();
-                decoder.decode(&ins, &mut o)?;
+            let (available, wanted) = &batch.patterns()[p];
+            let decoder = self.inner.code.decoder(available, wanted)?;
+            let (n, outs_n) = (decoder.reads().len(), decoder.wanted().len());
+            for group in tasks.chunks(DECODE_GROUP) {
+                let g = group.len();
+                ins_buf.clear();
+                ins_buf.resize(n * g * w, 0.0);
+                for (gi, &i) in group.iter().enumerate() {
+                    let i = i as usize;
+                    if batch.reads(i).len() != n {
+                        return Err(PsError::Internal(format!(
+                            "decode task {i} reads {} members, its pattern {n}",
+                            batch.reads(i).len()
+                        )));
+                    }
+                    for (j, x) in refs[read_at[i]..read_at[i] + n].iter().enumerate() {
+                        if let Some((s, jj)) = *x {
+                            let rd = reads[s as usize].as_ref().ok_or_else(|| {
+                                PsError::Internal(format!("no read from server {s} in a decode"))
+                            })?;
+                            let jj = jj as usize;
+                            ins_buf[(j * g + gi) * w..(j * g + gi + 1) * w]
+                                .copy_from_slice(&rd.data[jj * w..(jj + 1) * w]);
+                        }
+                        // An absent position reads as zeros, as the buffer holds.
+                    }
+                }
+                outs_buf.clear();
+                outs_buf.resize(outs_n * g * w, 0.0);
+                {
+                    let ins: Vec<&[f32]> = ins_buf.chunks_exact(g * w).collect();
+                    let mut outs: Vec<&mut [f32]> = outs_buf.chunks_exact_mut(g * w).collect();
+                    decoder.decode(&ins, &mut outs)?;
+                }
+                for (gi, &i) in group.iter().enumerate() {
+                    let out = decoded.task_mut(i as usize);
+                    if out.len() != outs_n * w {
+                        return Err(PsError::Internal(format!(
+                            "decode task {i} rebuilds {} words, its pattern {}",
+                            out.len(),
+                            outs_n * w
+                        )));
+                    }
+                    for (o, row) in out.chunks_exact_mut(w).enumerate() {
+                        row.copy_from_slice(&outs_buf[(o * g + gi) * w..(o * g + gi + 1) * w]);
+                    }
+                }
             }
         }
         Ok(Some(decoded))
@@ -663,6 +734,9 @@ impl EcNode {
 
     /// Stripes of one rebuild batch: about [`REBUILD_BATCH_BYTES`] of rows read and decoded.
     fn batch_stripes(&self) -> usize {
+        if let Some(n) = self.inner.cfg.rebuild_batch_stripes {
+            return n.max(1);
+        }
         let row = self.inner.words * std::mem::size_of::<f32>();
         // Per stripe: k rows read and (at most r, mostly one) row decoded.
         let per_stripe = row * (self.inner.layout.k() + 1);
@@ -679,7 +753,6 @@ impl EcNode {
     ) -> Result<(), PsError> {
         let me = self.inner.me;
         let mut cursor = plan.cursor(range)?;
-        let mut batch = TaskBatch::new();
         let stripes = self.batch_stripes();
         // A decode needs one consistent cut per stripe only, so the range is read in
         // batches, each under its own cut: a batch's reads (one message per survivor) fit
@@ -690,8 +763,16 @@ impl EcNode {
         // memory as its shard), each with what is still missing when it starts (training
         // decodes rows on demand meanwhile). Between batches the driver rests as the rebuild
         // share asks, so that the rebuild yields to training.
+        //
+        // Batches are pipelined: the next batch's lock is taken and its reads are sent before
+        // the current one is decoded and merged, so that the survivors' reads overlap the
+        // replacement's decode (the two batches' stripes are disjoint, each has its own cut
+        // and its own stamps, so neither sees the other).
+        let mut batches = [TaskBatch::new(), TaskBatch::new()];
+        let mut pending: Option<InFlight<'_>> = None;
         loop {
-            batch.clear();
+            let next = pending.as_ref().map_or(0, |p| 1 - p.which);
+            batches[next].clear();
             {
                 let st = self.state()?;
                 self.check_generation(&st, generation)?;
@@ -710,67 +791,135 @@ impl EcNode {
                             Location::Absent => false,
                         }
                 };
-                cursor.fill(stripes, wanted, &mut batch);
-            }
-            if batch.is_empty() {
-                return Ok(());
+                cursor.fill(stripes, wanted, &mut batches[next]);
             }
             let rest = Instant::now();
-            self.pace(*busy).await;
-            let t0 = Instant::now();
-            self.rebuild_batch(generation, &batch).await?;
+            let t0 = if batches[next].is_empty() {
+                rest
+            } else {
+                self.pace(*busy).await;
+                Instant::now()
+            };
+            let started = if batches[next].is_empty() {
+                None
+            } else {
+                let (window, committed, stamp) = self.lock_batch(generation, &batches[next])?;
+                let reads = self.start_reads(&batches[next])?;
+                Some(InFlight {
+                    which: next,
+                    window,
+                    committed,
+                    stamp,
+                    reads,
+                })
+            };
+            let done = pending.is_some();
+            if let Some(p) = pending.take() {
+                let which = p.which;
+                self.complete_batch(generation, &batches[which], p).await?;
+            }
             *busy = t0.elapsed();
-            let mut st = self.state()?;
-            st.status.batches += 1;
-            st.status.busy_us += micros(*busy);
-            st.status.rest_us += micros(t0 - rest);
+            {
+                let mut st = self.state()?;
+                st.status.batches += u64::from(done);
+                st.status.busy_us += micros(*busy);
+                st.status.rest_us += micros(t0 - rest);
+            }
+            match started {
+                Some(p) => pending = Some(p),
+                None => return Ok(()),
+            }
         }
     }
 
-    async fn rebuild_batch(&self, generation: u64, tasks: &TaskBatch) -> Result<(), PsError> {
+    /// Take a batch's lock: note the committed step and start collecting the deltas
+    /// committed after it in the batch's missing parity rows, stamped so that only this
+    /// lock's decode is merged into them. Returns the lock's window, the step and the stamp.
+    fn lock_batch(
+        &self,
+        generation: u64,
+        tasks: &TaskBatch,
+    ) -> Result<(LockWindow<'_>, Option<u64>, u64), PsError> {
         let me = self.inner.me;
         let w = self.inner.words;
-        for _ in 0..CUT_ATTEMPTS {
-            // The lock: note the step and start collecting the deltas committed after it in
-            // the missing parity rows of the batch, stamped so that only this lock's decode
-            // is merged into them.
-            let lock = Instant::now();
-            let window = LockWindow::open(self)?;
-            let (committed, stamp) = {
-                let mut st = self.state()?;
-                self.check_generation(&st, generation)?;
-                let st = &mut *st;
-                let m = st.missing.as_mut().ok_or(PsError::Internal(
-                    "rebuild state vanished during a range".into(),
-                ))?;
-                m.next_stamp += 1;
-                let stamp = m.next_stamp;
-                for x in tasks.all_rebuilt() {
-                    if let (true, Location::Parity { slot, .. }) = (x.server == me, x.location) {
-                        let (tt, si) = (slot.table.0 as usize, slot.index as usize);
-                        if m.parities[tt][si] {
-                            st.parity[tt][si * w..(si + 1) * w].fill(0.0);
-                            m.stamps[tt][si] = stamp;
-                        }
-                    }
+        let lock = Instant::now();
+        let window = LockWindow::open(self)?;
+        let mut st = self.state()?;
+        self.check_generation(&st, generation)?;
+        let st = &mut *st;
+        let m = st.missing.as_mut().ok_or(PsError::Internal(
+            "rebuild state vanished during a range".into(),
+        ))?;
+        m.next_stamp += 1;
+        let stamp = m.next_stamp;
+        for x in tasks.all_rebuilt() {
+            if let (true, Location::Parity { slot, .. }) = (x.server == me, x.location) {
+                let (tt, si) = (slot.table.0 as usize, slot.index as usize);
+                if m.parities[tt][si] {
+                    st.parity[tt][si * w..(si + 1) * w].fill(0.0);
+                    m.stamps[tt][si] = stamp;
                 }
-                st.status.lock_us += micros(lock.elapsed());
-                (st.committed, stamp)
-            };
-            let Some(outs) = self.decode_cut(tasks, Some(committed)).await? else {
-                drop(window);
-                let wait = Instant::now();
-                self.pause_before_retry().await?;
-                self.state()?.status.lock_us += micros(wait.elapsed());
-                continue;
-            };
-            self.run_hook(RebuildPoint::Decoded { generation }).await?;
-            self.merge_batch(generation, stamp, tasks, &outs)?;
-            drop(window);
-            self.run_hook(RebuildPoint::Merged { generation }).await?;
+            }
+        }
+        st.status.lock_us += micros(lock.elapsed());
+        Ok((window, st.committed, stamp))
+    }
+
+    /// Finish a batch whose lock is taken and whose reads were sent: decode and merge it,
+    /// or, if its reads do not form the lock's cut, run it again from a new lock.
+    async fn complete_batch(
+        &self,
+        generation: u64,
+        tasks: &TaskBatch,
+        p: InFlight<'_>,
+    ) -> Result<(), PsError> {
+        if self
+            .finish_batch(generation, tasks, p.window, p.committed, p.stamp, p.reads)
+            .await?
+        {
             return Ok(());
         }
+        self.rebuild_batch(generation, tasks).await
+    }
+
+    /// One batch from its lock to its merge, with a new lock for every cut that fails.
+    async fn rebuild_batch(&self, generation: u64, tasks: &TaskBatch) -> Result<(), PsError> {
+        for _ in 0..CUT_ATTEMPTS {
+            let (window, committed, stamp) = self.lock_batch(generation, tasks)?;
+            let reads = self.start_reads(tasks)?;
+            if self
+                .finish_batch(generation, tasks, window, committed, stamp, reads)
+                .await?
+            {
+                return Ok(());
+            }
+        }
         Err(self.no_cut())
+    }
+
+    /// Collect a locked batch's reads, decode and merge it; `Ok(false)`: the reads were not
+    /// the lock's cut (the lock is released and a pause taken before the caller retries).
+    async fn finish_batch(
+        &self,
+        generation: u64,
+        tasks: &TaskBatch,
+        window: LockWindow<'_>,
+        committed: Option<u64>,
+        stamp: u64,
+        reads: CutReads,
+    ) -> Result<bool, PsError> {
+        let Some(outs) = self.finish_cut(tasks, reads, Some(committed)).await? else {
+            drop(window);
+            let wait = Instant::now();
+            self.pause_before_retry().await?;
+            self.state()?.status.lock_us += micros(wait.elapsed());
+            return Ok(false);
+        };
+        self.run_hook(RebuildPoint::Decoded { generation }).await?;
+        self.merge_batch(generation, stamp, tasks, &outs)?;
+        drop(window);
+        self.run_hook(RebuildPoint::Merged { generation }).await?;
+        Ok(true)
     }
 
     /// Install the decoded rows of a batch and merge its decoded parities into the slots its
