@@ -764,10 +764,10 @@ impl EcNode {
         // decodes rows on demand meanwhile). Between batches the driver rests as the rebuild
         // share asks, so that the rebuild yields to training.
         //
-        // Batches are pipelined: the next batch's lock is taken and its reads are sent before
-        // the current one is decoded and merged, so that the survivors' reads overlap the
-        // replacement's decode (the two batches' stripes are disjoint, each has its own cut
-        // and its own stamps, so neither sees the other).
+        // At the full share batches are pipelined: the next batch's lock is taken and its
+        // reads are sent before the current one is decoded and merged, so that the survivors'
+        // reads overlap the replacement's decode (the two batches' stripes are disjoint, each
+        // has its own cut and its own stamps, so neither sees the other).
         let mut batches = [TaskBatch::new(), TaskBatch::new()];
         let mut pending: Option<InFlight<'_>> = None;
         loop {
@@ -813,21 +813,34 @@ impl EcNode {
                     reads,
                 })
             };
-            let done = pending.is_some();
+            let mut done = 0;
             if let Some(p) = pending.take() {
                 let which = p.which;
                 self.complete_batch(generation, &batches[which], p).await?;
+                done += 1;
             }
+            // Below the full share the batch is finished before the rest: its reads would
+            // otherwise run during the rest, outside the busy time the share is kept on.
+            let started = match started {
+                Some(p) if *self.inner.share.borrow() < FULL_SHARE_PPM => {
+                    let which = p.which;
+                    self.complete_batch(generation, &batches[which], p).await?;
+                    done += 1;
+                    None
+                }
+                started => started,
+            };
             *busy = t0.elapsed();
             {
                 let mut st = self.state()?;
-                st.status.batches += u64::from(done);
+                st.status.batches += done;
                 st.status.busy_us += micros(*busy);
                 st.status.rest_us += micros(t0 - rest);
             }
             match started {
                 Some(p) => pending = Some(p),
-                None => return Ok(()),
+                None if batches[next].is_empty() => return Ok(()),
+                None => {}
             }
         }
     }
