@@ -57,6 +57,29 @@ impl HoldFirstBatch {
     }
 }
 
+/// Kill `victim` and rebuild it in the background with its first batch held after its decode:
+/// steps `during` commit while the batch is held, steps `after` once it goes on; returns the
+/// replacement once it is rebuilt.
+async fn rebuild_with_first_batch_held(
+    c: &mut EcCluster,
+    reference: &mut Reference,
+    victim: u32,
+    during: std::ops::RangeInclusive<u64>,
+    after: std::ops::RangeInclusive<u64>,
+) -> EcNode {
+    c.kill(victim);
+    let node = c.replace(victim, &[victim]);
+    let hold = HoldFirstBatch::install(&node);
+    node.start_rebuild(&lost(&[victim]), true).await.unwrap();
+    assert!(node.rebuild_status().unwrap().joined);
+    hold.held.notified().await;
+    train(c, reference, during).await;
+    hold.go.notify_one();
+    train(c, reference, after).await;
+    c.wait_rebuilt(victim).await;
+    node
+}
+
 async fn assert_whole(c: &EcCluster, reference: &Reference) {
     assert_eq!(c.digest(), reference.digest());
     let audit = c.audit().await;
@@ -125,18 +148,9 @@ async fn rebuild_in_ten_lock_ranges_while_training_goes_on() {
     let mut c = EcCluster::new(5, ec, OptimizerKind::Momentum);
     let mut reference = Reference::new(5, OptimizerKind::Momentum);
     train(&c, &mut reference, 1..=4).await;
-    c.kill(3);
-    let node = c.replace(3, &[3]);
-    let hold = HoldFirstBatch::install(&node);
-    node.start_rebuild(&lost(&[3]), true).await.unwrap();
-    assert!(node.rebuild_status().unwrap().joined);
     // Steps commit while the first batch holds its lock: their deltas reach parity slots
     // that were zeroed at the lock and must be merged with the decoded parity.
-    hold.held.notified().await;
-    train(&c, &mut reference, 5..=7).await;
-    hold.go.notify_one();
-    train(&c, &mut reference, 8..=12).await;
-    c.wait_rebuilt(3).await;
+    let node = rebuild_with_first_batch_held(&mut c, &mut reference, 3, 5..=7, 8..=12).await;
     let st = node.rebuild_status().unwrap();
     assert_eq!(st.ranges_total, 10, "{st:?}");
     assert_eq!(st.ranges_done, 10, "{st:?}");
@@ -158,15 +172,7 @@ fn small_batches_pipelined_while_training_goes_on() {
         let mut c = EcCluster::new(5, ec, OptimizerKind::Adagrad);
         let mut reference = Reference::new(5, OptimizerKind::Adagrad);
         train(&c, &mut reference, 1..=4).await;
-        c.kill(2);
-        let node = c.replace(2, &[2]);
-        let hold = HoldFirstBatch::install(&node);
-        node.start_rebuild(&lost(&[2]), true).await.unwrap();
-        hold.held.notified().await;
-        train(&c, &mut reference, 5..=7).await;
-        hold.go.notify_one();
-        train(&c, &mut reference, 8..=14).await;
-        c.wait_rebuilt(2).await;
+        let node = rebuild_with_first_batch_held(&mut c, &mut reference, 2, 5..=7, 8..=14).await;
         let st = node.rebuild_status().unwrap();
         assert!(st.batches >= 4, "{st:?}");
         assert!(st.commits_in_lock >= 3, "{st:?}");
@@ -209,15 +215,7 @@ fn rebuild_on_a_multi_thread_runtime_with_concurrent_steps() {
         let mut c = EcCluster::new(5, ec, OptimizerKind::Adam);
         let mut reference = Reference::new(5, OptimizerKind::Adam);
         train(&c, &mut reference, 1..=3).await;
-        c.kill(0);
-        let node = c.replace(0, &[0]);
-        let hold = HoldFirstBatch::install(&node);
-        node.start_rebuild(&lost(&[0]), true).await.unwrap();
-        hold.held.notified().await;
-        train(&c, &mut reference, 4..=6).await;
-        hold.go.notify_one();
-        train(&c, &mut reference, 7..=15).await;
-        c.wait_rebuilt(0).await;
+        let node = rebuild_with_first_batch_held(&mut c, &mut reference, 0, 4..=6, 7..=15).await;
         let st = node.rebuild_status().unwrap();
         assert!(st.commits_in_lock >= 3);
         // The process metric counts every rebuilt byte (other tests' rebuilds may add theirs).
