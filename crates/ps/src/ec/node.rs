@@ -48,7 +48,7 @@ pub struct EcConfig {
     pub rebuild_share_ppm: u32,
     /// Stripes per rebuild batch; `None`: as many as make about 4 MiB of rows read and
     /// decoded (the default, clamped to 64..=65,536 stripes). A batch is the unit of a
-    /// rebuild's reads, cut and merge; two are in flight at a time.
+    /// rebuild's reads, cut and merge; at the full share two are in flight at a time.
     pub rebuild_batch_stripes: Option<usize>,
 }
 
