@@ -794,24 +794,21 @@ impl EcNode {
                 cursor.fill(stripes, wanted, &mut batches[next]);
             }
             let rest = Instant::now();
-            let t0 = if batches[next].is_empty() {
-                rest
+            let (t0, started) = if batches[next].is_empty() {
+                (rest, None)
             } else {
                 self.pace(*busy).await;
-                Instant::now()
-            };
-            let started = if batches[next].is_empty() {
-                None
-            } else {
+                let t0 = Instant::now();
                 let (window, committed, stamp) = self.lock_batch(generation, &batches[next])?;
                 let reads = self.start_reads(&batches[next])?;
-                Some(InFlight {
+                let p = InFlight {
                     which: next,
                     window,
                     committed,
                     stamp,
                     reads,
-                })
+                };
+                (t0, Some(p))
             };
             let mut done = 0;
             if let Some(p) = pending.take() {
