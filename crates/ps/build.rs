@@ -17,6 +17,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // A rebuild's reads are the bulk of what a replacement receives: their rows stay in
+        // the buffer they arrived in until they are decoded, and a survivor hands its rows
+        // to the encoder as they are.
+        .bytes(".ftrec.ec.v1.ReadMembersReply.data")
         .compile_fds(descriptors)?;
     Ok(())
 }

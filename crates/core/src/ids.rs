@@ -42,12 +42,14 @@ impl ShardMap {
     }
 
     /// The server that owns row `row` of `table`.
+    #[inline]
     pub fn owner(&self, table: TableId, row: RowId) -> ServerId {
         let n = self.servers as u64;
         ServerId(((row % n + table.0 as u64 % n) % n) as u32)
     }
 
     /// Index of `row` among the rows of `table` that its owner holds.
+    #[inline]
     pub fn local_index(&self, _table: TableId, row: RowId) -> u64 {
         row / self.servers as u64
     }

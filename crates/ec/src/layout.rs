@@ -425,22 +425,33 @@ impl StripeLayout {
     pub(crate) fn members_into(&self, stripe: StripeId, out: &mut Vec<StripeMember>) {
         out.clear();
         let rows = self.table_rows[stripe.table.0 as usize];
-        let k = self.k as u64;
+        let (k, n) = (self.k as u64, self.n as u64);
+        // The table's rotation, taken once: a rebuild asks for every affected stripe, and a
+        // division per member showed in its profile.
+        let t = u64::from(stripe.table.0) % n;
         for i in 0..self.k {
             let row = stripe.index * k + i as u64;
-            let server = self.absolute(stripe.table, row % self.n as u64);
+            // One division gives both the owner (row mod n, rotated by the table) and the
+            // local index (`ShardMap::local_index`, row / n).
+            let (local, rem) = (row / n, row % n);
+            let mut server = rem + t;
+            if server >= n {
+                server -= n;
+            }
+            debug_assert_eq!(ServerId(server as u32), self.absolute(stripe.table, rem));
             let location = if row < rows {
+                debug_assert_eq!(local, self.map.local_index(stripe.table, row));
                 Location::Row {
                     table: stripe.table,
                     row,
-                    local: self.map.local_index(stripe.table, row),
+                    local,
                 }
             } else {
                 Location::Absent
             };
             out.push(StripeMember {
                 position: i,
-                server,
+                server: ServerId(server as u32),
                 location,
             });
         }

@@ -336,9 +336,12 @@ pub struct TaskBatch {
     /// The tasks' members to rebuild, laid out as `reads`.
     rebuild: Vec<StripeMember>,
     rebuild_start: Vec<usize>,
+    /// Per pattern: its two lists as bit sets, `None` beyond 64 positions.
+    pattern_keys: Vec<Option<(u64, u64)>>,
     /// Scratch of `push_members`.
     available: Vec<usize>,
     wanted: Vec<usize>,
+    lost_scratch: Vec<bool>,
 }
 
 impl TaskBatch {
@@ -351,6 +354,7 @@ impl TaskBatch {
         self.stripes.clear();
         self.pattern.clear();
         self.patterns.clear();
+        self.pattern_keys.clear();
         self.reads.clear();
         self.read_start.clear();
         self.rebuild.clear();
@@ -429,18 +433,51 @@ impl TaskBatch {
     ) {
         self.available.clear();
         self.wanted.clear();
+        self.lost_scratch.clear();
         for m in members {
-            if m.is_lost(lost) {
+            let l = m.is_lost(lost);
+            self.lost_scratch.push(l);
+            if l {
                 self.wanted.push(m.position);
             } else {
                 self.available.push(m.position);
             }
         }
-        self.push_entry(
-            stripe,
-            decoder_reads(members, lost, k).copied(),
-            members.iter().filter(|m| m.is_lost(lost)).copied(),
-        );
+        let p = self.pattern_index();
+        // As `decoder_reads`: the first k members not lost.
+        self.stripes.push(stripe);
+        self.pattern.push(p as u32);
+        self.read_start.push(self.reads.len());
+        self.rebuild_start.push(self.rebuild.len());
+        let mut taken = 0;
+        for (m, &l) in members.iter().zip(&self.lost_scratch) {
+            if l {
+                self.rebuild.push(*m);
+            } else if taken < k {
+                self.reads.push(*m);
+                taken += 1;
+            }
+        }
+    }
+
+    /// The index of the loss pattern in the `available` and `wanted` scratch, added if new.
+    /// Patterns of up to 64 positions are compared as two bit sets (a range's stripes cycle
+    /// through a few patterns, and a list compare per stripe shows in a rebuild's profile).
+    fn pattern_index(&mut self) -> usize {
+        let key = mask(&self.available).zip(mask(&self.wanted));
+        let found = match key {
+            Some(key) => self.pattern_keys.iter().position(|&k| k == Some(key)),
+            None => self
+                .patterns
+                .iter()
+                .position(|(a, w)| *a == self.available && *w == self.wanted),
+        };
+        found.unwrap_or_else(|| {
+            self.patterns
+                .push((self.available.clone(), self.wanted.clone()));
+            self.pattern_keys.push(key);
+            self.patterns.len() - 1
+        })
     }
 
     /// Append a task whose loss pattern is in the `available` and `wanted` scratch.
@@ -450,18 +487,7 @@ impl TaskBatch {
         reads: impl Iterator<Item = StripeMember>,
         rebuild: impl Iterator<Item = StripeMember>,
     ) {
-        let p = match self
-            .patterns
-            .iter()
-            .position(|(a, w)| *a == self.available && *w == self.wanted)
-        {
-            Some(p) => p,
-            None => {
-                self.patterns
-                    .push((self.available.clone(), self.wanted.clone()));
-                self.patterns.len() - 1
-            }
-        };
+        let p = self.pattern_index();
         self.stripes.push(stripe);
         self.pattern.push(p as u32);
         self.read_start.push(self.reads.len());
@@ -469,6 +495,15 @@ impl TaskBatch {
         self.rebuild_start.push(self.rebuild.len());
         self.rebuild.extend(rebuild);
     }
+}
+
+/// `positions` as a bit set, `None` if one is 64 or more or they are not ascending (two
+/// lists in different orders are different patterns: the decoder's outputs follow `wanted`).
+fn mask(positions: &[usize]) -> Option<u64> {
+    let ascending = positions.windows(2).all(|w| w[0] < w[1]);
+    positions
+        .iter()
+        .try_fold(0u64, |m, &p| (ascending && p < 64).then(|| m | (1 << p)))
 }
 
 /// Task `i`'s entries of `all`, where task `i`'s start at `starts[i]` and each task's follow

@@ -16,8 +16,8 @@ use super::types::{
 };
 use crate::auth::{Auth, AuthChannel};
 use crate::grpc::wire::{
-    bytes_to_f32s, bytes_to_u64s, check_multiple, extend_f32s_le, f32s_to_bytes, from_status,
-    le_bytes_into_f32s, to_status,
+    bytes_to_f32s, bytes_to_u64s, check_multiple, extend_f32s_le, f32s_into_bytes, f32s_to_bytes,
+    from_status, le_bytes_into_f32s, to_status,
 };
 use crate::update::{ApplyReport, DenseBlock, PulledRows, Update};
 use crate::PsError;
@@ -421,7 +421,7 @@ impl EcNodeRpc for EcGrpcHandler {
         Ok(Response::new(proto::ReadMembersReply {
             step: r.step,
             words: r.words as u64,
-            data: f32s_to_bytes(&r.data),
+            data: f32s_into_bytes(r.data),
         }))
     }
 

@@ -200,6 +200,8 @@ pub(crate) struct EcInner {
     pub slot_freed: tokio::sync::Notify,
     /// One-phase transactions apply one at a time per node.
     pub apply_lock: tokio::sync::Mutex<()>,
+    /// Buffers rebuild batches decoded into, kept for the next batches.
+    pub decode_buffers: Mutex<Vec<Vec<f32>>>,
 }
 
 /// One server with ECRec on. Cheap to clone (clones share the node).
@@ -296,6 +298,7 @@ impl EcNode {
                 share: tokio::sync::watch::Sender::new(ec.rebuild_share_ppm.min(FULL_SHARE_PPM)),
                 slot_freed: tokio::sync::Notify::new(),
                 apply_lock: tokio::sync::Mutex::new(()),
+                decode_buffers: Mutex::new(Vec::new()),
             }),
         };
         node.inner

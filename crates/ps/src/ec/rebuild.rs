@@ -57,33 +57,63 @@ fn normalise(lost: &[ServerId], me: Option<ServerId>) -> Vec<ServerId> {
     l
 }
 
-/// The rows a batch of tasks decoded, in one buffer: task `i`'s outputs (one row per member
-/// in its [`TaskBatch::rebuild`], in that order) lie one after the other.
+/// The rows a batch of tasks decoded, in one buffer, written by the decoder in place: the
+/// tasks of one decode group lie together, output after output (row `o` of the group's task
+/// `gi` at `(o * g + gi) * words` from the group's start), so task `i`'s rows are `rows` rows
+/// `stride` words apart from `first[i]`.
 struct Decoded {
     words: usize,
-    /// Where each task's outputs start, in words; one entry more than tasks.
-    starts: Vec<usize>,
+    /// Per task: where its first row starts, in words, and the words between its rows.
+    first: Vec<usize>,
+    stride: Vec<usize>,
+    /// Per task: how many rows it decoded.
+    count: Vec<u32>,
     data: Vec<f32>,
+    /// Words handed out to groups so far.
+    used: usize,
 }
 
 impl Decoded {
-    fn new(words: usize, batch: &TaskBatch) -> Self {
-        let mut starts = Vec::with_capacity(batch.len() + 1);
-        let mut n = 0;
-        starts.push(0);
-        for i in 0..batch.len() {
-            n += batch.rebuild(i).len() * words;
-            starts.push(n);
+    /// Room for `batch`'s decodes in `data`, a buffer of an earlier batch or a new one: the
+    /// decoder writes every word a batch uses, so what the buffer held is never read.
+    fn new(words: usize, batch: &TaskBatch, mut data: Vec<f32>) -> Self {
+        let n: usize = batch.all_rebuilt().len() * words;
+        if data.len() < n {
+            data.resize(n, 0.0);
         }
+        data.truncate(n);
         Decoded {
             words,
-            starts,
-            data: vec![0.0; n],
+            first: vec![0; batch.len()],
+            stride: vec![0; batch.len()],
+            count: vec![0; batch.len()],
+            data,
+            used: 0,
         }
     }
 
-    fn task_mut(&mut self, i: usize) -> &mut [f32] {
-        &mut self.data[self.starts[i]..self.starts[i + 1]]
+    /// The output rows of a decode group of `tasks` with `outs` rows each: `outs` slices of
+    /// `tasks.len()` rows, the decoder's `out` argument.
+    fn group(&mut self, tasks: &[u32], outs: usize) -> Result<Vec<&mut [f32]>, PsError> {
+        let (w, g) = (self.words, tasks.len());
+        let start = self.used;
+        let end = start + outs * g * w;
+        if end > self.data.len() {
+            return Err(PsError::Internal(format!(
+                "a batch's decodes need more than its {} rebuilt words",
+                self.data.len()
+            )));
+        }
+        for (gi, &i) in tasks.iter().enumerate() {
+            let i = i as usize;
+            self.first[i] = start + gi * w;
+            self.stride[i] = g * w;
+            self.count[i] = outs as u32;
+        }
+        self.used = end;
+        Ok(self.data[start..end]
+            .chunks_exact_mut(g * w.max(1))
+            .collect())
     }
 
     /// The one row a task of a degraded read decoded.
@@ -94,15 +124,48 @@ impl Decoded {
     }
 
     /// Task `i`'s decoded rows, in [`TaskBatch::rebuild`] order.
-    fn rows(&self, i: usize) -> std::slice::ChunksExact<'_, f32> {
-        self.data[self.starts[i]..self.starts[i + 1]].chunks_exact(self.words)
+    fn rows(&self, i: usize) -> impl Iterator<Item = &[f32]> + '_ {
+        let (first, stride, w) = (self.first[i], self.stride[i], self.words);
+        (0..self.count[i] as usize).map(move |o| &self.data[first + o * stride..][..w])
+    }
+}
+
+/// A batch's tasks grouped by loss pattern, the order its reads are sent and decoded in.
+struct Groups {
+    /// Task indices, the tasks of one pattern together, in task order within it.
+    order: Vec<u32>,
+    /// Per pattern: its tasks' span in `order`.
+    spans: Vec<std::ops::Range<usize>>,
+}
+
+impl Groups {
+    fn of(batch: &TaskBatch) -> Self {
+        let patterns = batch.patterns().len();
+        let mut counts = vec![0usize; patterns + 1];
+        for i in 0..batch.len() {
+            counts[batch.pattern(i) + 1] += 1;
+        }
+        for p in 0..patterns {
+            counts[p + 1] += counts[p];
+        }
+        let spans = (0..patterns).map(|p| counts[p]..counts[p + 1]).collect();
+        let mut order = vec![0u32; batch.len()];
+        for i in 0..batch.len() {
+            let at = &mut counts[batch.pattern(i)];
+            order[*at] = i as u32;
+            *at += 1;
+        }
+        Groups { order, spans }
     }
 }
 
 /// The reads of one decode, sent and not yet collected: the survivors' answers arrive in the
 /// background (their tasks are dropped, and the calls abandoned, with this value).
 struct CutReads {
-    /// (server, index among its keys) per read, `None` for an absent position.
+    /// The batch's tasks by pattern, the order of `refs`.
+    groups: Groups,
+    /// (server, index among its keys) per read, `None` for an absent position: each task's
+    /// reads one after the other, the tasks in `groups.order`.
     refs: Vec<Option<(u32, u32)>>,
     set: tokio::task::JoinSet<(usize, usize, Result<MemberRead, PsError>)>,
 }
@@ -169,12 +232,16 @@ impl EcNode {
     fn start_reads(&self, batch: &TaskBatch) -> Result<CutReads, PsError> {
         let servers = self.inner.layout.servers() as usize;
         let mut keys: Vec<Vec<MemberKey>> = vec![Vec::new(); servers];
-        // (server, index among its keys) per read, None for an absent position; each task's
-        // reads one after the other.
+        // The tasks of one loss pattern are asked for together: the members of a stripe are
+        // on distinct servers, so a survivor's rows of one read position of a pattern's
+        // tasks lie one after the other in its answer whenever that position is on the same
+        // survivor in all of them (always with one server lost), and are decoded where they
+        // arrived.
+        let groups = Groups::of(batch);
         let mut refs: Vec<Option<(u32, u32)>> =
             Vec::with_capacity(batch.len() * self.inner.layout.k());
-        for i in 0..batch.len() {
-            for m in batch.reads(i) {
+        for &i in &groups.order {
+            for m in batch.reads(i as usize) {
                 refs.push(key_of(m).map(|k| {
                     let v = &mut keys[m.server.0 as usize];
                     v.push(k);
@@ -190,7 +257,7 @@ impl EcNode {
             let peer = self.peer(ServerId(s as u32))?;
             set.spawn(async move { (s, k.len(), peer.read_members(k).await) });
         }
-        Ok(CutReads { refs, set })
+        Ok(CutReads { groups, refs, set })
     }
 
     /// Collect the reads [`EcNode::start_reads`] sent for `batch` and decode every task, if
@@ -202,7 +269,11 @@ impl EcNode {
         expect: Option<Option<u64>>,
     ) -> Result<Option<Decoded>, PsError> {
         let servers = self.inner.layout.servers() as usize;
-        let CutReads { refs, mut set } = reads;
+        let CutReads {
+            groups,
+            refs,
+            mut set,
+        } = reads;
         let w = self.inner.words;
         let mut reads: Vec<Option<MemberRead>> = (0..servers).map(|_| None).collect();
         while let Some(r) = set.join_next().await {
@@ -225,76 +296,106 @@ impl EcNode {
                 return Ok(None);
             }
         }
-        let mut decoded = Decoded::new(w, batch);
+        let rows_of = |s: u32, from: u32, n: usize| -> Result<&[f32], PsError> {
+            let rd = reads[s as usize]
+                .as_ref()
+                .ok_or_else(|| PsError::Internal(format!("no read from server {s} in a decode")))?;
+            let from = from as usize * w;
+            rd.data.get(from..from + n * w).ok_or_else(|| {
+                PsError::Internal(format!("a decode reads past server {s}'s answer"))
+            })
+        };
+        let mut decoded = Decoded::new(w, batch, self.decode_buffer());
         // A batch has a handful of loss patterns. The tasks of one pattern are decoded in
         // groups with one decoder call per group: the codes work word by word, so the decode
-        // of rows laid end to end is their decodes laid end to end. Each read position's rows
-        // are gathered into one buffer (kept small enough to stay in cache), and the outputs
-        // are scattered back to their tasks; a call per row costs more than its decode.
-        let mut by_pattern: Vec<Vec<u32>> = vec![Vec::new(); batch.patterns().len()];
-        let mut read_at = Vec::with_capacity(batch.len());
+        // of rows laid end to end is their decodes laid end to end. A read position whose
+        // rows lie together in a survivor's answer is decoded from there, any other is
+        // gathered (an absent position reads as zeros); the outputs are written where
+        // [`Decoded`] keeps them. Groups stay small enough for the rows to stay in cache.
+        let mut gathered: Vec<f32> = Vec::new();
         let mut at = 0;
-        for i in 0..batch.len() {
-            by_pattern[batch.pattern(i)].push(i as u32);
-            read_at.push(at);
-            at += batch.reads(i).len();
-        }
-        let mut ins_buf: Vec<f32> = Vec::new();
-        let mut outs_buf: Vec<f32> = Vec::new();
-        for (p, tasks) in by_pattern.iter().enumerate() {
-            if tasks.is_empty() {
+        for (p, span) in groups.spans.iter().enumerate() {
+            if span.is_empty() {
                 continue;
             }
             let (available, wanted) = &batch.patterns()[p];
             let decoder = self.inner.code.decoder(available, wanted)?;
             let (n, outs_n) = (decoder.reads().len(), decoder.wanted().len());
-            for group in tasks.chunks(DECODE_GROUP) {
+            for group in groups.order[span.clone()].chunks(DECODE_GROUP) {
                 let g = group.len();
-                ins_buf.clear();
-                ins_buf.resize(n * g * w, 0.0);
-                for (gi, &i) in group.iter().enumerate() {
+                for &i in group {
                     let i = i as usize;
-                    if batch.reads(i).len() != n {
+                    if batch.reads(i).len() != n || batch.rebuild(i).len() != outs_n {
                         return Err(PsError::Internal(format!(
-                            "decode task {i} reads {} members, its pattern {n}",
-                            batch.reads(i).len()
+                            "decode task {i} reads {} members and rebuilds {}, its pattern \
+                             {n} and {outs_n}",
+                            batch.reads(i).len(),
+                            batch.rebuild(i).len()
                         )));
                     }
-                    for (j, x) in refs[read_at[i]..read_at[i] + n].iter().enumerate() {
-                        if let Some((s, jj)) = *x {
-                            let rd = reads[s as usize].as_ref().ok_or_else(|| {
-                                PsError::Internal(format!("no read from server {s} in a decode"))
-                            })?;
-                            let jj = jj as usize;
-                            ins_buf[(j * g + gi) * w..(j * g + gi + 1) * w]
-                                .copy_from_slice(&rd.data[jj * w..(jj + 1) * w]);
+                }
+                let refs = &refs[at..at + g * n];
+                at += g * n;
+                let run = |j: usize| match refs[j] {
+                    Some((s, first)) => (0..g)
+                        .all(|gi| refs[gi * n + j] == Some((s, first + gi as u32)))
+                        .then_some((s, first)),
+                    None => None,
+                };
+                let runs: Vec<Option<(u32, u32)>> = (0..n).map(run).collect();
+                let to_gather = runs.iter().filter(|r| r.is_none()).count();
+                gathered.clear();
+                gathered.resize(to_gather * g * w, 0.0);
+                let mut slot = 0;
+                for (j, r) in runs.iter().enumerate() {
+                    if r.is_some() {
+                        continue;
+                    }
+                    let buf = &mut gathered[slot * g * w..(slot + 1) * g * w];
+                    for (gi, row) in buf.chunks_exact_mut(w).enumerate() {
+                        if let Some((s, jj)) = refs[gi * n + j] {
+                            row.copy_from_slice(rows_of(s, jj, 1)?);
                         }
-                        // An absent position reads as zeros, as the buffer holds.
                     }
+                    slot += 1;
                 }
-                outs_buf.clear();
-                outs_buf.resize(outs_n * g * w, 0.0);
-                {
-                    let ins: Vec<&[f32]> = ins_buf.chunks_exact(g * w).collect();
-                    let mut outs: Vec<&mut [f32]> = outs_buf.chunks_exact_mut(g * w).collect();
-                    decoder.decode(&ins, &mut outs)?;
+                let mut ins: Vec<&[f32]> = Vec::with_capacity(n);
+                let mut slot = 0;
+                for r in &runs {
+                    ins.push(match *r {
+                        Some((s, first)) => rows_of(s, first, g)?,
+                        None => {
+                            slot += 1;
+                            &gathered[(slot - 1) * g * w..slot * g * w]
+                        }
+                    });
                 }
-                for (gi, &i) in group.iter().enumerate() {
-                    let out = decoded.task_mut(i as usize);
-                    if out.len() != outs_n * w {
-                        return Err(PsError::Internal(format!(
-                            "decode task {i} rebuilds {} words, its pattern {}",
-                            out.len(),
-                            outs_n * w
-                        )));
-                    }
-                    for (o, row) in out.chunks_exact_mut(w).enumerate() {
-                        row.copy_from_slice(&outs_buf[(o * g + gi) * w..(o * g + gi + 1) * w]);
-                    }
-                }
+                let mut outs = decoded.group(group, outs_n)?;
+                decoder.decode(&ins, &mut outs)?;
             }
         }
         Ok(Some(decoded))
+    }
+
+    /// A buffer a batch decoded into before, if one is spare (two batches are in flight at
+    /// most: the allocation, zeroing and page faults of a new one each batch show in a
+    /// rebuild's profile).
+    fn decode_buffer(&self) -> Vec<f32> {
+        self.inner
+            .decode_buffers
+            .lock()
+            .ok()
+            .and_then(|mut v| v.pop())
+            .unwrap_or_default()
+    }
+
+    /// Keep `outs`'s buffer for a later batch.
+    fn recycle(&self, outs: Decoded) {
+        if let Ok(mut v) = self.inner.decode_buffers.lock() {
+            if v.len() < 2 {
+                v.push(outs.data);
+            }
+        }
     }
 
     async fn run_hook(&self, point: RebuildPoint) -> Result<(), PsError> {
@@ -726,6 +827,9 @@ impl EcNode {
         }
         st.missing = None;
         st.status.finished = true;
+        if let Ok(mut v) = self.inner.decode_buffers.lock() {
+            *v = Vec::new();
+        }
         ftrec_obs::metrics().ecrec_rebuild_progress_ratio.set(1.0);
         drop(st);
         self.inner.server.set_row_source(None)?;
@@ -928,6 +1032,7 @@ impl EcNode {
         self.run_hook(RebuildPoint::Decoded { generation }).await?;
         self.merge_batch(generation, stamp, tasks, &outs)?;
         drop(window);
+        self.recycle(outs);
         self.run_hook(RebuildPoint::Merged { generation }).await?;
         Ok(true)
     }

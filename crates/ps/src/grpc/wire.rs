@@ -18,10 +18,34 @@ pub(crate) fn f32s_to_bytes(values: &[f32]) -> Vec<u8> {
 /// Append `values` to `out`, little-endian. Written into a sized buffer in fixed chunks, which
 /// the compiler turns into a plain copy on little-endian targets (a push per float does not).
 pub(crate) fn extend_f32s_le(out: &mut Vec<u8>, values: &[f32]) {
+    if cfg!(target_endian = "little") {
+        // The floats' bytes as they are in memory: one copy, no zeroing first.
+        out.extend_from_slice(bytemuck::cast_slice(values));
+        return;
+    }
     let at = out.len();
     out.resize(at + values.len() * 4, 0);
     for (c, v) in out[at..].chunks_exact_mut(4).zip(values) {
         c.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// `values` as the little-endian bytes of a message field, without a copy where the
+/// machine is little-endian (the buffer is handed over as it is).
+pub(crate) fn f32s_into_bytes(values: Vec<f32>) -> bytes::Bytes {
+    if cfg!(target_endian = "little") {
+        bytes::Bytes::from_owner(F32Bytes(values))
+    } else {
+        bytes::Bytes::from(f32s_to_bytes(&values))
+    }
+}
+
+/// Floats seen as their bytes in memory ([`f32s_into_bytes`]).
+struct F32Bytes(Vec<f32>);
+
+impl AsRef<[u8]> for F32Bytes {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
     }
 }
 
@@ -47,6 +71,12 @@ pub(crate) fn check_multiple(what: &str, len: usize, unit: usize) -> Result<(), 
 
 pub(crate) fn bytes_to_f32s(what: &str, bytes: &[u8]) -> Result<Vec<f32>, PsError> {
     check_multiple(what, bytes.len(), 4)?;
+    if cfg!(target_endian = "little") {
+        // Bytes that happen to be aligned for floats are copied once, without zeroing first.
+        if let Ok(floats) = bytemuck::try_cast_slice::<u8, f32>(bytes) {
+            return Ok(floats.to_vec());
+        }
+    }
     let mut out = vec![0.0f32; bytes.len() / 4];
     le_bytes_into_f32s(bytes, &mut out);
     Ok(out)
