@@ -27,9 +27,9 @@ pub const DEFAULT_K: usize = 2;
 pub const DEFAULT_R: usize = 1;
 /// Lock ranges of a rebuild when `--recovery-locks` is not given.
 pub const DEFAULT_LOCK_RANGES: usize = 1;
-/// The share a rebuild starts at, and keeps when the job has no throughput target (a job
-/// record of a version without the pacer): a quarter of the time. The pacer moves it from
-/// there (`--rebuild-min-throughput`); `--rebuild-share` fixes it.
+/// The share a rebuild keeps when the job record has neither a throughput target nor a share
+/// (a record of a version without the pacer): a quarter of the time. A paced rebuild starts
+/// at [`paced_start_share_ppm`]; `--rebuild-share` fixes the share.
 pub const DEFAULT_REBUILD_SHARE_PPM: u32 = ftrec_ps::ec::FULL_SHARE_PPM / 4;
 /// Training throughput the rebuild's pacer keeps when neither `--rebuild-share` nor
 /// `--rebuild-min-throughput` is given: 90% of the throughput before the failure (ECRec §5.3
@@ -38,6 +38,18 @@ pub const DEFAULT_REBUILD_MIN_THROUGHPUT: f64 = 0.9;
 
 pub(crate) fn default_rebuild_share_ppm() -> u32 {
     DEFAULT_REBUILD_SHARE_PPM
+}
+
+/// The share a rebuild paced to keep `target_ppm` of training's throughput starts at: the
+/// time training can spare at that target, `1 - target` (on cores that training keeps busy,
+/// a rebuild takes about its share of the time from training, and more with the survivors'
+/// reads), and at least the pacer's least share. The pacer raises it from there while
+/// training keeps more than the target; a start above it would cost a short rebuild, over
+/// before the pacer's first window, its target.
+pub fn paced_start_share_ppm(target_ppm: u32) -> u32 {
+    let full = ftrec_ps::ec::FULL_SHARE_PPM;
+    let least = (ftrec_strategy::pacer::MIN_SHARE * f64::from(full)).round() as u32;
+    full.saturating_sub(target_ppm).max(least)
 }
 
 /// `--rebuild-share F` (a fraction from 0 to 1) in millionths, or an error naming the flag.
@@ -247,8 +259,11 @@ impl EcFlags {
     }
 
     fn share_ppm(&self) -> Result<u32, ClusterError> {
-        self.rebuild_share
-            .map_or(Ok(DEFAULT_REBUILD_SHARE_PPM), rebuild_share_ppm)
+        match (self.rebuild_share, self.min_throughput_ppm()?) {
+            (Some(share), _) => rebuild_share_ppm(share),
+            (None, Some(target)) => Ok(paced_start_share_ppm(target)),
+            (None, None) => Ok(DEFAULT_REBUILD_SHARE_PPM),
+        }
     }
 
     /// The pacer's target in millionths: `None` with a fixed `--rebuild-share`.
@@ -736,16 +751,19 @@ mod tests {
             } => (rebuild_share_ppm, rebuild_min_throughput_ppm),
             other => panic!("{other:?}"),
         };
-        // Nothing given: paced to the default target, from the default starting share.
-        assert_eq!(
-            pace(EcFlags::default()),
-            (DEFAULT_REBUILD_SHARE_PPM, Some(900_000))
-        );
+        // Nothing given: paced to the default target, from the time training can spare.
+        assert_eq!(pace(EcFlags::default()), (100_000, Some(900_000)));
         let target = EcFlags {
             rebuild_min_throughput: Some(0.8),
             ..EcFlags::default()
         };
-        assert_eq!(pace(target), (DEFAULT_REBUILD_SHARE_PPM, Some(800_000)));
+        assert_eq!(pace(target), (200_000, Some(800_000)));
+        // A target of all the throughput starts at the pacer's least share, not at 0.
+        let all = EcFlags {
+            rebuild_min_throughput: Some(1.0),
+            ..EcFlags::default()
+        };
+        assert_eq!(pace(all), (50_000, Some(1_000_000)));
         let fixed = EcFlags {
             rebuild_share: Some(0.5),
             ..EcFlags::default()

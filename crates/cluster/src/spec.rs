@@ -621,6 +621,9 @@ impl StrategyChoice {
     /// `ecrec` with the exact code over stripes of 2 data rows and 1 parity, dense
     /// replication and 2PC on, one lock range.
     pub fn ecrec_default() -> StrategyChoice {
+        let target = (crate::ecrec::DEFAULT_REBUILD_MIN_THROUGHPUT
+            * f64::from(ftrec_ps::ec::FULL_SHARE_PPM))
+        .round() as u32;
         StrategyChoice::EcRec {
             k: crate::ecrec::DEFAULT_K,
             r: crate::ecrec::DEFAULT_R,
@@ -628,12 +631,8 @@ impl StrategyChoice {
             dense_replication: true,
             two_phase: true,
             lock_ranges: crate::ecrec::DEFAULT_LOCK_RANGES,
-            rebuild_share_ppm: crate::ecrec::DEFAULT_REBUILD_SHARE_PPM,
-            rebuild_min_throughput_ppm: Some(
-                (crate::ecrec::DEFAULT_REBUILD_MIN_THROUGHPUT
-                    * f64::from(ftrec_ps::ec::FULL_SHARE_PPM))
-                .round() as u32,
-            ),
+            rebuild_share_ppm: crate::ecrec::paced_start_share_ppm(target),
+            rebuild_min_throughput_ppm: Some(target),
         }
     }
 

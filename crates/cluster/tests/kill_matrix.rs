@@ -139,7 +139,7 @@ impl Strat {
                 two_phase: true,
                 lock_ranges: 4,
                 // The default pace: the coordinator's pacer sets the share.
-                rebuild_share_ppm: ftrec_cluster::ecrec::DEFAULT_REBUILD_SHARE_PPM,
+                rebuild_share_ppm: ftrec_cluster::ecrec::paced_start_share_ppm(900_000),
                 rebuild_min_throughput_ppm: Some(900_000),
             },
             "cnr-q8" => StrategyChoice::Cnr {

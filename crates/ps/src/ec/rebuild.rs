@@ -12,7 +12,9 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use ftrec_core::{RowId, ServerId, TableId};
-use ftrec_ec::{degraded_read, Location, RecoveryOptions, RecoveryPlan, StripeMember, TaskBatch};
+use ftrec_ec::{
+    degraded_read, Decoder, Location, RecoveryOptions, RecoveryPlan, StripeMember, TaskBatch,
+};
 
 use super::node::{Driver, EcInner, EcNode, EcState, FULL_SHARE_PPM};
 use super::service::EcService;
@@ -130,30 +132,38 @@ impl Decoded {
     }
 }
 
-/// A batch's tasks grouped by loss pattern, the order its reads are sent and decoded in.
+/// A batch's tasks grouped by table and loss pattern, the order its reads are sent and
+/// decoded in: in one table the tasks of one pattern read each position from one survivor
+/// (tables rotate the servers, so two tables' tasks of a pattern may not).
 struct Groups {
-    /// Task indices, the tasks of one pattern together, in task order within it.
+    /// Task indices, the tasks of one group together, in task order within it.
     order: Vec<u32>,
-    /// Per pattern: its tasks' span in `order`.
-    spans: Vec<std::ops::Range<usize>>,
+    /// Per group: its pattern and its tasks' span in `order`.
+    spans: Vec<(usize, std::ops::Range<usize>)>,
 }
 
 impl Groups {
     fn of(batch: &TaskBatch) -> Self {
         let patterns = batch.patterns().len();
-        let mut counts = vec![0usize; patterns + 1];
-        for i in 0..batch.len() {
-            counts[batch.pattern(i) + 1] += 1;
-        }
-        for p in 0..patterns {
-            counts[p + 1] += counts[p];
-        }
-        let spans = (0..patterns).map(|p| counts[p]..counts[p + 1]).collect();
-        let mut order = vec![0u32; batch.len()];
-        for i in 0..batch.len() {
-            let at = &mut counts[batch.pattern(i)];
-            order[*at] = i as u32;
-            *at += 1;
+        let mut order = Vec::with_capacity(batch.len());
+        let mut spans = Vec::new();
+        let mut buckets: Vec<Vec<u32>> = vec![Vec::new(); patterns];
+        let mut i = 0;
+        while i < batch.len() {
+            // The run of tasks of one table (a batch's stripes are in (table, index) order).
+            let table = batch.stripe(i).table;
+            let mut end = i;
+            while end < batch.len() && batch.stripe(end).table == table {
+                buckets[batch.pattern(end)].push(end as u32);
+                end += 1;
+            }
+            for (p, b) in buckets.iter_mut().enumerate() {
+                if !b.is_empty() {
+                    spans.push((p, order.len()..order.len() + b.len()));
+                    order.append(b);
+                }
+            }
+            i = end;
         }
         Groups { order, spans }
     }
@@ -314,12 +324,16 @@ impl EcNode {
         // [`Decoded`] keeps them. Groups stay small enough for the rows to stay in cache.
         let mut gathered: Vec<f32> = Vec::new();
         let mut at = 0;
-        for (p, span) in groups.spans.iter().enumerate() {
-            if span.is_empty() {
-                continue;
-            }
-            let (available, wanted) = &batch.patterns()[p];
-            let decoder = self.inner.code.decoder(available, wanted)?;
+        let mut decoders: Vec<Option<Decoder>> =
+            (0..batch.patterns().len()).map(|_| None).collect();
+        for (p, span) in &groups.spans {
+            let decoder = match &mut decoders[*p] {
+                Some(d) => &*d,
+                slot => {
+                    let (available, wanted) = &batch.patterns()[*p];
+                    &*slot.insert(self.inner.code.decoder(available, wanted)?)
+                }
+            };
             let (n, outs_n) = (decoder.reads().len(), decoder.wanted().len());
             for group in groups.order[span.clone()].chunks(DECODE_GROUP) {
                 let g = group.len();
