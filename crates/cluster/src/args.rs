@@ -131,8 +131,8 @@ pub struct EcRunArgs {
     pub rebuild_share: Option<f64>,
     /// ECRec: the training throughput a rebuild leaves, as a fraction of the throughput
     /// before the failure: the coordinator paces the rebuild's share of the time to keep
-    /// training there and raises it while training keeps more, so that the rebuild finishes
-    /// as fast as that allows [default: 0.9]
+    /// training there (starting at 1 - F) and raises it while training keeps more, so that
+    /// the rebuild finishes as fast as that allows [default: 0.9]
     #[arg(long, value_name = "F")]
     pub rebuild_min_throughput: Option<f64>,
 }
