@@ -89,6 +89,59 @@ impl StripeMember {
     }
 }
 
+/// The members of one table's period stripes (`0..n`) as at the first period: stripe
+/// `q * n + v` of the table has period stripe `v`'s members moved by `q` periods, its data
+/// rows by `q * n * k` (their local indices by `q * k`, their servers the same) and its parity
+/// slots by `q * r` (as [`StripeLayout::members_into`] computes them). A rebuild walks every
+/// affected stripe; this costs it one division a stripe instead of one per member.
+#[derive(Debug, Clone)]
+pub(crate) struct PeriodMembers {
+    table: TableId,
+    rows: u64,
+    n: usize,
+    k: usize,
+    r: usize,
+    /// `k + r` members per period stripe, data positions as rows whatever the table's size
+    /// (a stripe's rows past the table's end are absent, decided per stripe).
+    members: Vec<StripeMember>,
+}
+
+impl PeriodMembers {
+    /// The table these are the members of.
+    pub(crate) fn table(&self) -> TableId {
+        self.table
+    }
+
+    /// [`StripeLayout::members_into`] of stripe `index` of the table.
+    pub(crate) fn members_into(&self, index: u64, out: &mut Vec<StripeMember>) {
+        out.clear();
+        let n = self.n as u64;
+        let (q, v) = (index / n, (index % n) as usize);
+        let w = self.k + self.r;
+        let rows = q * n * self.k as u64;
+        let locals = q * self.k as u64;
+        let slots = q * self.r as u64;
+        for m in &self.members[v * w..(v + 1) * w] {
+            let location = match m.location {
+                Location::Row { table, row, local } if row + rows < self.rows => Location::Row {
+                    table,
+                    row: row + rows,
+                    local: local + locals,
+                },
+                Location::Row { .. } | Location::Absent => Location::Absent,
+                Location::Parity { parity, slot } => Location::Parity {
+                    parity,
+                    slot: ParitySlot {
+                        table: slot.table,
+                        index: slot.index + slots,
+                    },
+                },
+            };
+            out.push(StripeMember { location, ..*m });
+        }
+    }
+}
+
 /// Where a data row's redundancy lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowParities {
@@ -462,6 +515,48 @@ impl StripeLayout {
                 server,
                 location: Location::Parity { parity: j, slot },
             });
+        }
+    }
+
+    /// The members of `table`'s period stripes, from which [`PeriodMembers::members_into`]
+    /// gives any stripe of the table's without a division per member.
+    pub(crate) fn period_members(&self, table: TableId) -> PeriodMembers {
+        let (n, k) = (self.n as u64, self.k as u64);
+        let t = u64::from(table.0) % n;
+        let mut members = Vec::with_capacity(self.n * (self.k + self.r));
+        for v in 0..n {
+            for i in 0..self.k {
+                let row = v * k + i as u64;
+                let mut server = row % n + t;
+                if server >= n {
+                    server -= n;
+                }
+                members.push(StripeMember {
+                    position: i,
+                    server: ServerId(server as u32),
+                    location: Location::Row {
+                        table,
+                        row,
+                        local: self.map.local_index(table, row),
+                    },
+                });
+            }
+            for j in 0..self.r {
+                let (server, slot) = self.parity_holder_unchecked(StripeId { table, index: v }, j);
+                members.push(StripeMember {
+                    position: self.k + j,
+                    server,
+                    location: Location::Parity { parity: j, slot },
+                });
+            }
+        }
+        PeriodMembers {
+            table,
+            rows: self.table_rows[table.0 as usize],
+            n: self.n,
+            k: self.k,
+            r: self.r,
+            members,
         }
     }
 
@@ -845,6 +940,32 @@ fn next_combination(pick: &mut [usize], len: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn period_members_give_every_stripe_s_members() {
+        for (servers, k, r, rows) in [
+            (5, 2, 1, vec![40u64, 7, 3, 1, 0, 123]),
+            (6, 3, 2, vec![40, 7, 3]),
+            (7, 4, 2, vec![100, 9, 8, 29]),
+            (3, 2, 1, vec![1, 2, 5, 6]),
+        ] {
+            let layout = StripeLayout::new(servers, k, r, &rows).unwrap();
+            let (mut want, mut got) = (Vec::new(), Vec::new());
+            for t in 0..rows.len() {
+                let table = TableId(t as u32);
+                let period = layout.period_members(table);
+                assert_eq!(period.table(), table);
+                for index in 0..layout.stripes(table).unwrap() {
+                    layout.members_into(StripeId { table, index }, &mut want);
+                    period.members_into(index, &mut got);
+                    assert_eq!(
+                        got, want,
+                        "{servers} servers, k {k}, r {r}, table {t}, stripe {index}"
+                    );
+                }
+            }
+        }
+    }
 
     /// Parity rows per server over the first `stripes` stripes of table `t`.
     fn counts(layout: &StripeLayout, table: TableId, stripes: u64) -> Vec<u64> {

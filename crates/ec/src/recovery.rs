@@ -16,7 +16,9 @@
 
 use ftrec_core::{RowId, ServerId, TableId};
 
-use crate::layout::{AffectedStripes, Location, StripeId, StripeLayout, StripeMember};
+use crate::layout::{
+    AffectedStripes, Location, PeriodMembers, StripeId, StripeLayout, StripeMember,
+};
 use crate::{Code, CodeKind, EcError};
 
 /// Knobs of a recovery plan.
@@ -210,6 +212,7 @@ impl RecoveryPlan {
         let l = (options.lock_ranges as u64).min(affected);
         let mut ranges: Vec<LockRange> = Vec::with_capacity(l as usize);
         let mut members = Vec::with_capacity(layout.k() + layout.r());
+        let mut period: Option<PeriodMembers> = None;
         for (i, stripe) in layout.affected_stripes(&lost)?.enumerate() {
             // Range of the i-th affected stripe: floor(i * L / A) gives L runs whose sizes
             // differ by at most one.
@@ -225,7 +228,12 @@ impl RecoveryPlan {
                     reads: 0,
                 });
             }
-            layout.members_into(stripe, &mut members);
+            if period.as_ref().is_none_or(|p| p.table() != stripe.table) {
+                period = Some(layout.period_members(stripe.table));
+            }
+            if let Some(p) = &period {
+                p.members_into(stripe.index, &mut members);
+            }
             let r = &mut ranges[range];
             r.last = stripe;
             r.stripes += 1;
@@ -300,6 +308,7 @@ impl RecoveryPlan {
             stripes: self.layout.affected_stripes_from(&self.lost, r.first)?,
             left: r.stripes,
             members: Vec::with_capacity(self.layout.k() + self.layout.r()),
+            period: None,
         })
     }
 
@@ -522,6 +531,8 @@ pub struct RangeCursor<'a> {
     /// Stripes of the range not walked yet.
     left: u64,
     members: Vec<StripeMember>,
+    /// The members of the current table's period stripes.
+    period: Option<PeriodMembers>,
 }
 
 impl RangeCursor<'_> {
@@ -542,7 +553,16 @@ impl RangeCursor<'_> {
                 break;
             };
             self.left -= 1;
-            layout.members_into(stripe, &mut self.members);
+            if self
+                .period
+                .as_ref()
+                .is_none_or(|p| p.table() != stripe.table)
+            {
+                self.period = Some(layout.period_members(stripe.table));
+            }
+            if let Some(p) = &self.period {
+                p.members_into(stripe.index, &mut self.members);
+            }
             if self.members.iter().any(|m| m.is_lost(lost) && keep(m)) {
                 out.push_members(stripe, &self.members, lost, layout.k());
             }
