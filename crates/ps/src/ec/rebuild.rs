@@ -61,8 +61,8 @@ fn normalise(lost: &[ServerId], me: Option<ServerId>) -> Vec<ServerId> {
 
 /// The rows a batch of tasks decoded, in one buffer, written by the decoder in place: the
 /// tasks of one decode group lie together, output after output (row `o` of the group's task
-/// `gi` at `(o * g + gi) * words` from the group's start), so task `i`'s rows are `rows` rows
-/// `stride` words apart from `first[i]`.
+/// `gi` at `(o * g + gi) * words` from the group's start), so task `i`'s rows are `count[i]`
+/// rows `stride[i]` words apart from `first[i]`.
 struct Decoded {
     words: usize,
     /// Per task: where its first row starts, in words, and the words between its rows.
