@@ -7,8 +7,10 @@
 //! takes training's throughput down, one at a small fixed share takes long. The pacer takes
 //! what training leaves: it measures training's batch rate over windows of a few batches
 //! while the rebuild runs, and sets the share so that the rate stays at `target` of the rate
-//! before the failure, raising it while training keeps more than that, so that the rebuild
-//! finishes as soon as the target allows. Below the target it cuts the share, unless the last
+//! before the failure, raising it while training keeps more than that (and has kept the
+//! target on the mean since the rebuild began: the target is about the whole rebuild, so a
+//! window above it after a dip makes up for the dip before the share grows), so that the
+//! rebuild finishes as soon as the target allows. Below the target it cuts the share, unless the last
 //! cut gave training nothing back: then what slows training is the rebuild being under way
 //! (rows decoded on demand, ECRec §3.4's degraded reads), not its work, and the pacer raises
 //! the share instead so that it ends sooner, for as long as training loses nothing by it.
@@ -60,6 +62,10 @@ pub struct RebuildPacer {
     awaiting_first: bool,
     /// The previous window's move and training's ratio in it.
     last: Option<(Move, f64)>,
+    /// Where the round's first window opened, and the batches completed by then: training's
+    /// mean ratio over the rebuild is counted from there.
+    round_start_s: f64,
+    round_start_batches: u64,
 }
 
 impl RebuildPacer {
@@ -85,6 +91,8 @@ impl RebuildPacer {
             started: false,
             awaiting_first: false,
             last: None,
+            round_start_s: 0.0,
+            round_start_batches: 0,
         })
     }
 
@@ -131,6 +139,8 @@ impl RebuildPacer {
                 self.awaiting_first = false;
                 self.window_start_s = now_s;
                 self.window_start_batches = batches;
+                self.round_start_s = now_s;
+                self.round_start_batches = batches;
             }
             return None;
         }
@@ -143,11 +153,14 @@ impl RebuildPacer {
         self.window_start_s = now_s;
         self.window_start_batches = batches;
         let ratio = n as f64 / span / before;
+        let since = now_s - self.round_start_s;
+        let mean = batches.saturating_sub(self.round_start_batches) as f64 / since / before;
         let old = self.share;
         let last = self.last.replace((Move::Hold, ratio));
-        let mv = if ratio >= self.target + HEADROOM {
+        let mv = if ratio >= self.target + HEADROOM && mean >= self.target {
             Move::Raise
         } else if ratio >= self.target {
+            // At the target, or above it while the rebuild's mean is still below: hold.
             Move::Hold
         } else {
             match last {
@@ -288,6 +301,26 @@ mod tests {
         let b = p.on_progress(2.0, B + 33, 20.0).unwrap(); // 85%: better, still below: cut
         assert!(b < a, "{a} {b}");
         assert_eq!(p.on_progress(3.0, B + 51, 20.0), None); // 90%: hold
+    }
+
+    #[test]
+    fn windows_above_the_target_raise_only_once_the_rebuild_s_mean_has_reached_it() {
+        let mut p = pacer();
+        // 60% of before: cut.
+        let cut = p.on_progress(1.0, B + 12, 20.0).unwrap();
+        assert!(cut < 0.25);
+        // 95% and 100% in the next windows, but the mean since the rebuild began is 77.5%,
+        // then 85%: hold until it has made up for the dip.
+        assert_eq!(p.on_progress(2.0, B + 31, 20.0), None);
+        assert_eq!(p.last_move().map(|m| m.0), Some(Move::Hold));
+        assert_eq!(p.on_progress(3.0, B + 51, 20.0), None);
+        assert_eq!(p.on_progress(4.0, B + 71, 20.0), None); // mean 88.75%
+        // Mean 91%: raise.
+        assert_eq!(p.on_progress(5.0, B + 91, 20.0), Some(cut * RAISE));
+        // A restart counts the mean afresh from its first window.
+        p.start(10.0, 500);
+        assert_eq!(p.on_progress(10.5, 501, 20.0), None);
+        assert_eq!(p.on_progress(11.5, 521, 20.0), Some(cut * RAISE * RAISE));
     }
 
     #[test]
