@@ -314,7 +314,8 @@ mod tests {
         assert_eq!(p.on_progress(2.0, B + 31, 20.0), None);
         assert_eq!(p.last_move().map(|m| m.0), Some(Move::Hold));
         assert_eq!(p.on_progress(3.0, B + 51, 20.0), None);
-        assert_eq!(p.on_progress(4.0, B + 71, 20.0), None); // mean 88.75%
+        // Mean 88.75%: still hold.
+        assert_eq!(p.on_progress(4.0, B + 71, 20.0), None);
         // Mean 91%: raise.
         assert_eq!(p.on_progress(5.0, B + 91, 20.0), Some(cut * RAISE));
         // A restart counts the mean afresh from its first window.
