@@ -10,10 +10,11 @@
 //! before the failure, raising it while training keeps more than that (and has kept the
 //! target on the mean since the rebuild began: the target is about the whole rebuild, so a
 //! window above it after a dip makes up for the dip before the share grows), so that the
-//! rebuild finishes as soon as the target allows. Below the target it cuts the share, unless the last
-//! cut gave training nothing back: then what slows training is the rebuild being under way
-//! (rows decoded on demand, ECRec §3.4's degraded reads), not its work, and the pacer raises
-//! the share instead so that it ends sooner, for as long as training loses nothing by it.
+//! rebuild finishes as soon as the target allows. Below the target it cuts the share, unless
+//! the last cut gave training nothing back: then what slows training is the rebuild being
+//! under way (rows decoded on demand, ECRec §3.4's degraded reads), not its work, and the
+//! pacer raises the share instead so that it ends sooner, for as long as training loses
+//! nothing by it.
 //!
 //! Pure: the cluster feeds it batch counts and times, and sends the shares it returns to the
 //! rebuilding servers.
