@@ -478,33 +478,22 @@ impl StripeLayout {
     pub(crate) fn members_into(&self, stripe: StripeId, out: &mut Vec<StripeMember>) {
         out.clear();
         let rows = self.table_rows[stripe.table.0 as usize];
-        let (k, n) = (self.k as u64, self.n as u64);
-        // The table's rotation, taken once: a rebuild asks for every affected stripe, and a
-        // division per member showed in its profile.
-        let t = u64::from(stripe.table.0) % n;
+        let k = self.k as u64;
         for i in 0..self.k {
             let row = stripe.index * k + i as u64;
-            // One division gives both the owner (row mod n, rotated by the table) and the
-            // local index (`ShardMap::local_index`, row / n).
-            let (local, rem) = (row / n, row % n);
-            let mut server = rem + t;
-            if server >= n {
-                server -= n;
-            }
-            debug_assert_eq!(ServerId(server as u32), self.absolute(stripe.table, rem));
+            let server = self.absolute(stripe.table, row % self.n as u64);
             let location = if row < rows {
-                debug_assert_eq!(local, self.map.local_index(stripe.table, row));
                 Location::Row {
                     table: stripe.table,
                     row,
-                    local,
+                    local: self.map.local_index(stripe.table, row),
                 }
             } else {
                 Location::Absent
             };
             out.push(StripeMember {
                 position: i,
-                server: ServerId(server as u32),
+                server,
                 location,
             });
         }
@@ -522,18 +511,13 @@ impl StripeLayout {
     /// gives any stripe of the table's without a division per member.
     pub(crate) fn period_members(&self, table: TableId) -> PeriodMembers {
         let (n, k) = (self.n as u64, self.k as u64);
-        let t = u64::from(table.0) % n;
         let mut members = Vec::with_capacity(self.n * (self.k + self.r));
         for v in 0..n {
             for i in 0..self.k {
                 let row = v * k + i as u64;
-                let mut server = row % n + t;
-                if server >= n {
-                    server -= n;
-                }
                 members.push(StripeMember {
                     position: i,
-                    server: ServerId(server as u32),
+                    server: self.absolute(table, row % n),
                     location: Location::Row {
                         table,
                         row,
