@@ -136,12 +136,29 @@ pub fn calibration(rep: &CompareReport) -> Result<Calibration> {
     Ok(cal)
 }
 
+/// Steps of a suggested calibration: about 22 s of reference training on a 2-core machine
+/// (both presets take ~55 ms a step with 3 servers and 2 workers), twice
+/// [`ftrec_sim::trust::MIN_CALIBRATION_TRAIN_S`], so a faster machine still passes.
+pub const CALIBRATION_STEPS: u64 = 400;
+
+/// The kills of a suggested calibration: two servers, a third and two thirds into the run, so
+/// every strategy measures a recovery (a calibration without failures prices none).
+pub fn calibration_kills(steps: u64) -> String {
+    format!(
+        "server=1@step={},server=2@step={}",
+        steps / 3,
+        2 * steps / 3
+    )
+}
+
 /// The presets one can calibrate on, smallest first, each with a `compare` command whose
-/// reference run trains long enough on a 2-core machine.
+/// reference run trains long enough on a 2-core machine and whose kills give every strategy a
+/// recovery to measure.
 pub fn candidates() -> Result<Vec<Candidate>> {
-    [("small", 60u64), ("kaggle", 30)]
+    ["small", "kaggle"]
         .iter()
-        .map(|&(preset, steps)| {
+        .map(|&preset| {
+            let steps = CALIBRATION_STEPS;
             let cfg = crate::cluster_cmd::run_config(&crate::flags::RunArgs {
                 preset: Some(preset.into()),
                 servers: Some(3),
@@ -153,7 +170,8 @@ pub fn candidates() -> Result<Vec<Candidate>> {
                 model_bytes: crate::compare::model_bytes(&cfg) as f64,
                 command: format!(
                     "ftrec compare --preset {preset} --servers 3 --workers 2 --sync --steps \
-                     {steps} --rounds 3 --out cmp-{preset}"
+                     {steps} --kills {} --rounds 3 --out cmp-{preset}",
+                    calibration_kills(steps)
                 ),
             })
         })
@@ -337,6 +355,22 @@ pub fn run(a: AdviseArgs) -> Result<()> {
         a.model_gb, a.servers, a.workers, a.step_ms, a.mtbf_hours
     );
     let from = format!("the calibration {}", a.calibrate.display());
+    if cal.strategies.iter().all(|c| c.detect_s.is_none()) {
+        // Nothing to price a recovery with: every figure of the advice would be missing one.
+        let all = candidates()?;
+        let c = all
+            .iter()
+            .find(|c| c.preset == rep.preset)
+            .or(all.first())
+            .context("no preset to calibrate on")?;
+        bail!(
+            "{from} measured no failure (its comparison ran without --kills), so it prices no \
+             recovery; calibrate on a comparison with kills: {} then ftrec advise \
+             --calibrate cmp-{} {question}",
+            c.command,
+            c.preset
+        );
+    }
     if !trust.trusted() && !a.extrapolate {
         print!("{}", trust_lines(&trust, &from, &question));
         println!("(--extrapolate ranks the strategies from it anyway, marked as extrapolated.)");

@@ -1597,6 +1597,32 @@ pub fn run(a: CompareArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// What the advisor tells a user to run is a comparison `compare` accepts, with a kill
+    /// inside its steps for every strategy to recover from.
+    #[test]
+    fn the_advisor_s_suggested_calibrations_pass_compare_s_checks() {
+        for c in crate::advise::candidates().unwrap() {
+            let cli = crate::flags::Cli::try_parse_from(c.command.split_whitespace())
+                .unwrap_or_else(|e| panic!("{}: {e}", c.command));
+            let crate::flags::Cmd::Compare(a) = cli.cmd else {
+                panic!("{} is not a compare", c.command);
+            };
+            let cfg = base_config(&a).unwrap();
+            assert_eq!(cfg.preset.name, c.preset, "{}", c.command);
+            let (_, kills) = schedule(&a, &cfg).unwrap();
+            assert!(!kills.is_empty(), "{}", c.command);
+            for k in &kills {
+                assert!(
+                    matches!(k.at, KillAt::Step(s) if s > 0 && s < cfg.steps),
+                    "{k} in {}",
+                    c.command
+                );
+            }
+        }
+    }
 
     #[test]
     fn kills_split_at_commas_except_inside_a_list_of_servers() {

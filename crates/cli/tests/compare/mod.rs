@@ -632,3 +632,54 @@ fn a_small_calibration_predicts_a_held_out_small_comparison_within_the_stated_fa
         assert!(factor <= SMALL_VALIDATION_FACTOR, "{x}: {factor:.2}x");
     }
 }
+
+/// A comparison without kills prices no recovery: `ftrec advise` refuses it up front, in one
+/// line that names the comparison to run instead (with kills inside its steps; that `compare`
+/// accepts it is a unit test of `advise::candidates`).
+#[test]
+fn advise_refuses_a_calibration_without_failures_and_names_one_with_kills() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let dir = tempfile::tempdir().unwrap();
+    let mut rep = read_json(&fixtures.join("compare-small-a/report.json"));
+    for r in rep["runs"].as_array_mut().unwrap() {
+        r["kills"] = serde_json::json!([]);
+        r["report"]["failures"] = serde_json::json!([]);
+    }
+    let cal = dir.path().join("no-kills");
+    std::fs::create_dir(&cal).unwrap();
+    std::fs::write(cal.join("report.json"), rep.to_string()).unwrap();
+    let out = ftrec()
+        .args(["advise", "--calibrate"])
+        .arg(&cal)
+        .args(["--model-gb", "50", "--servers", "16", "--workers", "16"])
+        .args(["--step-ms", "200", "--mtbf-hours", "24", "--extrapolate"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err.trim_end();
+    assert_eq!(line.lines().count(), 1, "{err}");
+    assert!(
+        line.starts_with("ftrec: error:") && line.contains("measured no failure"),
+        "{err}"
+    );
+    let cmd = line
+        .split("kills: ")
+        .nth(1)
+        .and_then(|s| s.split(" then ").next())
+        .unwrap_or_else(|| panic!("no command in {err}"));
+    let args: Vec<&str> = cmd.split_whitespace().collect();
+    assert_eq!(
+        &args[..4],
+        ["ftrec", "compare", "--preset", "small"],
+        "{cmd}"
+    );
+    let kills = args.iter().position(|a| *a == "--kills").expect("--kills");
+    let steps: u64 = args[args.iter().position(|a| *a == "--steps").unwrap() + 1]
+        .parse()
+        .unwrap();
+    for k in args[kills + 1].split(',') {
+        let at: u64 = k.split("@step=").nth(1).unwrap().parse().unwrap();
+        assert!(at > 0 && at < steps, "{cmd}");
+    }
+}
