@@ -46,27 +46,39 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
 /// the same checkpoint service the server processes run, and digest the model.
 fn restored_digest(cfg: &RunConfig, at: RestoreAt) -> (u64, String) {
     let loc = cfg.store_location();
-    block_on(async {
+    let (step, tip) = block_on(async {
         let store = location::open(&loc, &LocationOptions::from_env())
             .await
             .unwrap();
         let ckpts = Checkpoints::new(store);
         let chain = select_chain(&ckpts, &at, false).await.unwrap();
         let tip = chain.last().unwrap().clone();
+        (tip.step, tip.id)
+    });
+    (step, digest_of_state(cfg, &tip).unwrap())
+}
+
+/// Fresh in-process servers restored by the checkpoint service from the state `id` names (a
+/// checkpoint's id, or a delta's that merging replaced), digested.
+fn digest_of_state(cfg: &RunConfig, id: &ftrec_ckpt::CheckpointId) -> Result<String, String> {
+    let loc = cfg.store_location();
+    block_on(async {
         let mut digest = ModelDigest::default();
         let staging = tempfile::tempdir().unwrap();
-        for id in 0..cfg.servers {
-            let server = SharedServer::new(build_server(&cfg.server_spec(id)).unwrap());
+        for server_id in 0..cfg.servers {
+            let server = SharedServer::new(build_server(&cfg.server_spec(server_id)).unwrap());
             let node = CkptNode::new(
                 server.clone(),
                 StagingOptions::new(staging.path()),
                 LocationOptions::from_env(),
             )
             .unwrap();
-            node.restore(loc.clone(), tip.id.clone()).await.unwrap();
+            node.restore(loc.clone(), id.clone())
+                .await
+                .map_err(|e| e.to_string())?;
             digest.merge(&server.read().unwrap().digest());
         }
-        (tip.step, digest.hex())
+        Ok(digest.hex())
     })
 }
 
@@ -130,6 +142,22 @@ fn deck_recovery_after_a_server_kill_gives_the_failure_free_model() {
         "{}",
         l.render()
     );
+    // A recovery names the committed state, which may be a delta merging has replaced and
+    // collected: the servers restore it through the merged checkpoint standing for it.
+    let merged: Vec<_> = l
+        .nodes()
+        .filter(|n| n.kind == CheckpointKind::Merged && !l.nodes().any(|m| m.id == n.tip))
+        .collect();
+    assert!(!merged.is_empty(), "no delta was collected: {}", l.render());
+    for n in merged {
+        assert_eq!(
+            digest_of_state(&cfg, &n.tip),
+            digest_of_state(&cfg, &n.id),
+            "restoring {} (replaced by {})",
+            n.tip,
+            n.id
+        );
+    }
 }
 
 #[test]

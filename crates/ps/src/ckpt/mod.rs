@@ -454,7 +454,26 @@ impl CkptNode {
         id: CheckpointId,
     ) -> Result<RestoreDone, CkptServiceError> {
         let ckpts = self.ckpts(&location).await?;
-        let manifest = ckpts.read_manifest(&id, None).await?;
+        let manifest = match ckpts.read_manifest(&id, None).await {
+            Ok(m) => m,
+            // A delta that merging has since replaced (DECK §3.3): the state it names is
+            // restored through the checkpoint that stands for it now.
+            Err(CkptError::NotFound { .. }) => {
+                let lineage = ftrec_ckpt::deck::Lineage::load(&ckpts).await?;
+                let chain = lineage.resolve(&id)?;
+                let last = chain.last().ok_or_else(|| CkptError::InvalidCheckpoint {
+                    id: id.to_string(),
+                    reason: "its lineage resolves to no checkpoint".into(),
+                })?;
+                ckpts.read_manifest(last, None).await?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let id = if manifest.kind == CheckpointKind::Full {
+            manifest.id.clone()
+        } else {
+            id
+        };
         // A full saved by as many servers as this cluster has is also the base incremental
         // pieces grow from; one saved by a different number is re-sharded below (pieces
         // re-shard in `ftrec_ckpt::incr`'s restore).
