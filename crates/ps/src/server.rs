@@ -932,6 +932,14 @@ impl Server {
         }
     }
 
+    /// Drop every staged contribution and forget the last committed step: the shard's rows
+    /// are about to be replaced by a restore, and the steps after it are trained again.
+    pub fn clear_staged(&mut self) {
+        self.staged.clear();
+        self.staged_bytes = 0;
+        self.last_committed_step = None;
+    }
+
     /// Steps with staged contributions, and the workers that staged each.
     pub fn staged_steps(&self) -> Vec<(u64, Vec<u32>)> {
         self.staged

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 use super::node::EcNode;
+use super::reencode::ReencodeReport;
 use super::service::EcService;
 use super::types::{
     DeltaBatch, DenseRead, MemberKey, MemberRead, PackedBatch, PrepareReport, RebuildStatus, TxnId,
@@ -477,6 +478,25 @@ impl EcNodeRpc for EcGrpcHandler {
     ) -> Result<Response<proto::Empty>, Status> {
         self.node.set_rebuild_share(req.into_inner().ppm);
         Ok(Response::new(proto::Empty {}))
+    }
+
+    async fn reset_for_restore(
+        &self,
+        _req: Request<proto::Empty>,
+    ) -> Result<Response<proto::Empty>, Status> {
+        self.node.reset_for_restore().await.map_err(s)?;
+        Ok(Response::new(proto::Empty {}))
+    }
+
+    async fn reencode(
+        &self,
+        _req: Request<proto::Empty>,
+    ) -> Result<Response<proto::ReencodeReply>, Status> {
+        let r = self.node.reencode().await.map_err(s)?;
+        Ok(Response::new(proto::ReencodeReply {
+            parities: r.parities,
+            replicas: r.replicas,
+        }))
     }
 
     async fn txn_prepare(
@@ -951,6 +971,25 @@ impl EcService for EcGrpcClient {
         )
         .await?;
         Ok(())
+    }
+
+    async fn reset_for_restore(&self) -> Result<(), PsError> {
+        self.call(
+            "reset_for_restore",
+            self.client.clone().reset_for_restore(proto::Empty {}),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn reencode(&self) -> Result<ReencodeReport, PsError> {
+        let r = self
+            .call("reencode", self.client.clone().reencode(proto::Empty {}))
+            .await?;
+        Ok(ReencodeReport {
+            parities: r.parities,
+            replicas: r.replicas,
+        })
     }
 
     async fn rebuild_status(&self) -> Result<RebuildStatus, PsError> {

@@ -105,6 +105,7 @@ mod grpc;
 mod memory;
 mod node;
 mod rebuild;
+mod reencode;
 mod service;
 mod txn;
 mod types;
@@ -114,6 +115,7 @@ pub use memory::NodeMemory;
 pub use node::{
     audit_parities, EcConfig, EcNode, ParityAudit, DEFAULT_PEER_TIMEOUT, FULL_SHARE_PPM,
 };
+pub use reencode::ReencodeReport;
 pub use service::{EcClient, EcService, WeakNode};
 pub use txn::{resolve_txn, run_txn, Resolution, TxnPhase, TxnReport, TXN_LEASE};
 pub use types::{

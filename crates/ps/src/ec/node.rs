@@ -172,6 +172,14 @@ pub(crate) struct EcState {
     pub txn: super::txn::TxnState,
 }
 
+impl EcState {
+    /// Forget every prepared step and every step's staged deltas (a restore).
+    pub(crate) fn clear_steps(&mut self) {
+        self.prepared.clear();
+        self.incoming.clear();
+    }
+}
+
 pub(crate) struct EcInner {
     pub me: ServerId,
     pub server: SharedServer,

@@ -9,6 +9,7 @@ use ftrec_core::{RowId, ServerId, TableId};
 
 use super::grpc::EcGrpcClient;
 use super::node::{downgrade, EcInner, EcNode};
+use super::reencode::ReencodeReport;
 use super::types::{
     DeltaBatch, DenseRead, MemberKey, MemberRead, PackedBatch, PrepareReport, RebuildStatus, TxnId,
     TxnOutcome, TxnStatus,
@@ -77,6 +78,12 @@ pub trait EcService: Send + Sync {
     ) -> impl Future<Output = Result<(), PsError>> + Send;
 
     fn rebuild_status(&self) -> impl Future<Output = Result<RebuildStatus, PsError>> + Send;
+
+    /// Before a restore from a checkpoint: [`EcNode::reset_for_restore`].
+    fn reset_for_restore(&self) -> impl Future<Output = Result<(), PsError>> + Send;
+
+    /// After every node's restore: [`EcNode::reencode`].
+    fn reencode(&self) -> impl Future<Output = Result<ReencodeReport, PsError>> + Send;
 
     /// Share of the time the background rebuild may work, in millionths
     /// ([`super::EcConfig::rebuild_share_ppm`]); takes effect at once.
@@ -221,6 +228,14 @@ impl EcService for EcNode {
         EcNode::rebuild_status(self)
     }
 
+    async fn reset_for_restore(&self) -> Result<(), PsError> {
+        EcNode::reset_for_restore(self).await
+    }
+
+    async fn reencode(&self) -> Result<ReencodeReport, PsError> {
+        EcNode::reencode(self).await
+    }
+
     async fn set_rebuild_share(&self, ppm: u32) -> Result<(), PsError> {
         EcNode::set_rebuild_share(self, ppm);
         Ok(())
@@ -318,6 +333,14 @@ impl EcService for EcClient {
 
     async fn rebuild_status(&self) -> Result<RebuildStatus, PsError> {
         delegate!(self, c => EcService::rebuild_status(c))
+    }
+
+    async fn reset_for_restore(&self) -> Result<(), PsError> {
+        delegate!(self, c => EcService::reset_for_restore(c))
+    }
+
+    async fn reencode(&self) -> Result<ReencodeReport, PsError> {
+        delegate!(self, c => EcService::reencode(c))
     }
 
     async fn set_rebuild_share(&self, ppm: u32) -> Result<(), PsError> {

@@ -91,6 +91,19 @@ const RECENT_COMMITS: usize = 64;
 pub const TXN_LEASE: Duration = Duration::from_secs(30);
 
 impl TxnState {
+    /// Forget every transaction (holder, staged deltas, commits and resolutions remembered)
+    /// but the fences: the model they applied to has been replaced by a restore, and the
+    /// cluster is quiet while it happens.
+    pub(crate) fn clear_for_restore(&mut self) {
+        let fenced = std::mem::take(&mut self.fenced);
+        let counters = std::mem::take(&mut self.counters);
+        *self = TxnState {
+            fenced,
+            counters,
+            ..TxnState::default()
+        };
+    }
+
     /// The transaction that holds the slot (prepared or preparing).
     fn slot(&self) -> Option<TxnId> {
         self.holder.as_ref().map(|(t, _)| *t).or(self.preparing)
