@@ -606,6 +606,7 @@ fn ecrec(
         lock_ranges: 4,
         rebuild_share_ppm,
         rebuild_min_throughput_ppm,
+        backstop_every_steps: None,
     }
 }
 

@@ -254,6 +254,20 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
     let ec = a.ec.flags();
     if strategy == "ecrec" {
         cfg.strategy = ec.strategy()?;
+        if let StrategyChoice::EcRec {
+            backstop_every_steps,
+            ..
+        } = &mut cfg.strategy
+        {
+            // ECRec §4's second layer: a rare full checkpoint to restore when more than r
+            // servers are lost at once.
+            if a.ckpt_every_steps == Some(0) {
+                bail!(
+                    "--ckpt-every-steps 0: an ecrec backstop needs at least 1 step between saves"
+                );
+            }
+            *backstop_every_steps = a.ckpt_every_steps;
+        }
     } else if ec.any() {
         bail!(
             "{} apply to --strategy ecrec only (the strategy is {strategy})",
@@ -269,11 +283,12 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
             cpr.given().join(", ")
         );
     }
-    if !(matches!(strategy, "full" | "cpr") || cfg.strategy.saves_pieces())
+    if !(matches!(strategy, "full" | "cpr" | "ecrec") || cfg.strategy.saves_pieces())
         && a.ckpt_every_steps.is_some()
     {
         bail!(
-            "--ckpt-every-steps applies to --strategy full, cpr, incrcp, incremental or cnr only"
+            "--ckpt-every-steps applies to --strategy full, cpr, ecrec (its backstop), incrcp, \
+             incremental or cnr only"
         );
     }
     cfg.strategy = incr_strategy(cfg.strategy, &a.incr)?;

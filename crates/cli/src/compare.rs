@@ -1643,7 +1643,6 @@ mod tests {
             v(&["server=1@step=4", "2@step=9"])
         );
     }
-    use super::*;
 
     #[test]
     fn base64_matches_known_encodings() {

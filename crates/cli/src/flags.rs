@@ -140,7 +140,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub incr: IncrRunArgs,
     /// Checkpoint interval, in steps (strategies full, cpr, incrcp, incremental, cnr)
-    /// [default: 100].
+    /// [default: 100]; with ecrec, a backstop full checkpoint every N steps, restored when more
+    /// than r servers are lost at once (ECRec §4; without it such a loss ends the run).
     #[arg(long, value_name = "N")]
     pub ckpt_every_steps: Option<u64>,
     /// Port files and default checkpoints (default: a new directory under the temp dir).

@@ -1237,10 +1237,13 @@ impl Coordinator {
         };
         let redone = before.saturating_sub(restored);
         let m = self.workers() as u64;
+        // The failures this recovery ends: those not resumed yet, and with ECRec those whose
+        // rebuild the restore superseded.
+        let ec = self.ec.is_some();
         let open: Vec<usize> = (0..self.failures.len())
             .filter(|&i| {
                 let f = &self.failures[i];
-                f.role == Role::Server && f.resumed_s.is_none()
+                f.role == Role::Server && (f.resumed_s.is_none() || (ec && f.recovered_s.is_none()))
             })
             .collect();
         for &i in &open {
@@ -1266,10 +1269,17 @@ impl Coordinator {
     fn load(&mut self, checkpoint: &Option<CheckpointRef>) -> Result<u64, ClusterError> {
         let addrs = self.server_addrs.clone();
         self.clients = Some(self.rt.block_on(connect_all(&addrs, &self.cfg.auth))?);
-        match checkpoint {
+        if self.ec.is_some() {
+            self.ec_before_restore()?;
+        }
+        let batches = match checkpoint {
             Some(c) => self.store_restore(&c.id),
             None => self.store_reset(),
+        }?;
+        if self.ec.is_some() {
+            self.ec_after_restore()?;
         }
+        Ok(batches)
     }
 
     /// Held-out AUC and logloss of the servers' model.

@@ -304,6 +304,7 @@ impl EcFlags {
             lock_ranges: self.recovery_locks.unwrap_or(DEFAULT_LOCK_RANGES),
             rebuild_share_ppm: self.share_ppm()?,
             rebuild_min_throughput_ppm: self.min_throughput_ppm()?,
+            backstop_every_steps: None,
         })
     }
 }

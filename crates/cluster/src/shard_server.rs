@@ -137,7 +137,14 @@ pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
             let (routes, node) = crate::ecrec::ec_routes(spec, ec)?;
             let watched = node.clone();
             let parts = move || watched.memory_parts().map(Into::into).unwrap_or_default();
-            (routes, None, Box::new(parts), Some(node))
+            // The checkpoint service (ECRec's backstop) reads and loads the node's rows; the
+            // node re-encodes its parities after a load.
+            (
+                routes,
+                Some(node.shared().clone()),
+                Box::new(parts),
+                Some(node),
+            )
         }
         None => {
             let server = SharedServer::new(build_server(spec)?);
@@ -152,7 +159,7 @@ pub fn serve_shard(spec: &ServerSpec) -> Result<(), ClusterError> {
     };
     if let Some(c) = &spec.ckpt {
         let server = shared.ok_or_else(|| {
-            ClusterError::Config("the checkpoint service and ECRec do not run together".into())
+            ClusterError::Config("the checkpoint service has no shard to serve".into())
         })?;
         // DECK's server side: the tracker observes every push from now on, and saves and
         // restores stream this shard to and from the store with bounded memory.

@@ -544,6 +544,11 @@ pub enum StrategyChoice {
         /// follows it (`None`: the share stays `rebuild_share_ppm`).
         #[serde(default)]
         rebuild_min_throughput_ppm: Option<u32>,
+        /// ECRec §4's second layer: a full checkpoint every this many steps (while no rebuild
+        /// runs), restored on every server when more than `r` are lost at once (`None`: such a
+        /// loss ends the run).
+        #[serde(default)]
+        backstop_every_steps: Option<u64>,
     },
     /// DECK: a full base, then delta checkpoints of the touched rows every
     /// `delta_every_steps` steps, written by the servers through local staging while training
@@ -633,6 +638,7 @@ impl StrategyChoice {
             lock_ranges: crate::ecrec::DEFAULT_LOCK_RANGES,
             rebuild_share_ppm: crate::ecrec::paced_start_share_ppm(target),
             rebuild_min_throughput_ppm: Some(target),
+            backstop_every_steps: None,
         }
     }
 
@@ -698,9 +704,16 @@ impl StrategyChoice {
 
     /// Whether the strategy saves checkpoints: then the servers run the checkpoint service and
     /// the run has a store. Every strategy but `none` and `ecrec` (which keeps its redundancy
-    /// in memory) saves.
+    /// in memory) saves; `ecrec` does with a backstop.
     pub fn uses_store(&self) -> bool {
-        !matches!(self, StrategyChoice::None | StrategyChoice::EcRec { .. })
+        match self {
+            StrategyChoice::None => false,
+            StrategyChoice::EcRec {
+                backstop_every_steps,
+                ..
+            } => backstop_every_steps.is_some(),
+            _ => true,
+        }
     }
 
     /// Whether the strategy saves incremental pieces over a full (`incrcp`, `incremental`,

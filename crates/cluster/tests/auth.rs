@@ -334,6 +334,8 @@ fn an_ecrec_run_with_a_token_rebuilds_a_killed_server_and_equals_the_run_without
         lock_ranges: 2,
         rebuild_share_ppm: 1_000_000,
         rebuild_min_throughput_ppm: None,
+
+        backstop_every_steps: None,
     };
     let report = |token: Option<&str>| {
         let dir = tempfile::tempdir().unwrap();

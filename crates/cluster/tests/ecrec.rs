@@ -22,6 +22,7 @@ fn ecrec(k: usize, r: usize, code: CodeKind) -> StrategyChoice {
         lock_ranges: 4,
         rebuild_share_ppm: 1_000_000,
         rebuild_min_throughput_ppm: None,
+        backstop_every_steps: None,
     }
 }
 
@@ -170,6 +171,8 @@ fn a_paced_rebuild_reports_its_bandwidth_and_the_model_is_the_failure_free_one()
         lock_ranges: 4,
         rebuild_share_ppm: 250_000,
         rebuild_min_throughput_ppm: Some(900_000),
+
+        backstop_every_steps: None,
     };
     let report = killed_run(3, 8, paced, &["server=1@step=3"]);
     assert_eq!(report.model_digest, none_digest(3, 8));
@@ -316,6 +319,7 @@ fn without_2pc_and_dense_replication_a_failure_free_run_is_unchanged_too() {
         lock_ranges: 1,
         rebuild_share_ppm: 1_000_000,
         rebuild_min_throughput_ppm: None,
+        backstop_every_steps: None,
     };
     let report = run(&cfg).unwrap();
     assert_no_children_left(&report);
@@ -588,4 +592,133 @@ fn asynchronous_ecrec_without_2pc_keeps_parities_and_replicas_exact() {
     }
     let report = async_run(3, 12, strategy, &[]);
     assert!(!report.ec.unwrap().two_phase);
+}
+
+/// `ecrec` with ECRec §4's second layer: a full checkpoint every 5 steps.
+fn backstopped() -> StrategyChoice {
+    match ecrec(2, 1, CodeKind::Gf256) {
+        StrategyChoice::EcRec {
+            k,
+            r,
+            code,
+            dense_replication,
+            two_phase,
+            lock_ranges,
+            rebuild_share_ppm,
+            rebuild_min_throughput_ppm,
+            ..
+        } => StrategyChoice::EcRec {
+            k,
+            r,
+            code,
+            dense_replication,
+            two_phase,
+            lock_ranges,
+            rebuild_share_ppm,
+            rebuild_min_throughput_ppm,
+            backstop_every_steps: Some(5),
+        },
+        _ => unreachable!(),
+    }
+}
+
+/// Run `strategy` with `kills` to the end (not aborted), every process reaped.
+fn finished_run(sync: bool, steps: u64, strategy: StrategyChoice, kills: &[&str]) -> RunReport {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 3, steps);
+    cfg.sync = sync;
+    cfg.strategy = strategy;
+    cfg.kills = kills.iter().map(|k| k.parse().unwrap()).collect();
+    let report = run(&cfg).unwrap();
+    assert_no_children_left(&report);
+    assert!(report.aborted.is_none(), "{:?}", report.aborted);
+    assert_eq!(report.steps, steps);
+    report
+}
+
+/// Two of three servers lost at once with r = 1: some stripes lost two members, more than the
+/// code decodes. Without a backstop the run ends, saying why; with one (ECRec §4's second
+/// layer) every server loads the newest backstop, the parities and replicas are re-encoded
+/// from the restored rows, the steps since are trained again, and the model is the
+/// failure-free one bit for bit (synchronous), with a clean audit in both modes.
+#[test]
+fn more_losses_than_r_restore_the_backstop_and_end_at_the_failure_free_model() {
+    let steps = 24;
+    let kills = ["server=0@step=12", "server=2@step=12"];
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 3, steps);
+    cfg.strategy = ecrec(2, 1, CodeKind::Gf256);
+    cfg.kills = kills.iter().map(|k| k.parse().unwrap()).collect();
+    let aborted = run(&cfg).unwrap();
+    assert!(
+        aborted
+            .aborted
+            .as_deref()
+            .is_some_and(|a| a.contains("r = 1")),
+        "{:?}",
+        aborted.aborted
+    );
+
+    let report = finished_run(true, steps, backstopped(), &kills);
+    assert_eq!(report.model_digest, none_digest(3, steps));
+    assert_clean_audit(&report);
+    assert_eq!(report.failures.len(), 2, "{:?}", report.failures);
+    for f in &report.failures {
+        // Back to the backstop of step 10: steps 11 and 12 trained again.
+        assert_eq!(f.steps_redone, 2, "{f:?}");
+        assert!(f.recovered_s.is_some(), "{f:?}");
+        assert_eq!(f.servers_restored, vec![0, 1, 2], "{f:?}");
+    }
+    let from: Vec<_> = report
+        .events
+        .iter()
+        .filter(|e| e.kind == EventKind::RecoveryStart)
+        .map(|e| e.detail.clone())
+        .collect();
+    assert!(
+        from.len() == 1 && from[0].contains("-full-") && from[0].contains("step 10"),
+        "{from:?}"
+    );
+    assert!(
+        report
+            .events
+            .iter()
+            .any(|e| e.kind == EventKind::ServerRestored && e.detail.contains("re-encoded")),
+        "{:#?}",
+        report.events
+    );
+    // Backstops at 5, 10 (twice: before and after the loss), 15, 20 and the final 24.
+    assert!(report.checkpoints >= 5, "{}", report.checkpoints);
+
+    let report = finished_run(false, steps, backstopped(), &kills);
+    assert_clean_audit(&report);
+    assert!(report.samples_redone > 0);
+    assert!(report.failures.iter().all(|f| f.recovered_s.is_some()));
+}
+
+/// A second server lost while the first one's replacement rebuilds (r = 1): whether the
+/// rebuild had finished (two rebuilds) or not (a restore from the backstop, the rebuild under
+/// way superseded), the run ends at the failure-free model (synchronous) with a clean audit,
+/// and later backstops reach the replacements too.
+#[test]
+fn a_second_loss_during_a_rebuild_with_a_backstop_ends_at_the_failure_free_model() {
+    let steps = 24;
+    let kills = ["server=0@step=8", "server=1@phase=rebuild"];
+    let report = finished_run(true, steps, backstopped(), &kills);
+    assert_eq!(report.model_digest, none_digest(3, steps));
+    assert_clean_audit(&report);
+    assert!(report.failures.iter().all(|f| f.recovered_s.is_some()));
+    assert_eq!(
+        report.checkpoints_failed, 0,
+        "{:?}",
+        report.checkpoint_failures
+    );
+    let report = finished_run(false, steps, backstopped(), &kills);
+    assert_clean_audit(&report);
+    assert!(report.failures.iter().all(|f| f.recovered_s.is_some()));
+    assert_eq!(
+        report.checkpoints_failed, 0,
+        "{:?}",
+        report.checkpoint_failures
+    );
 }

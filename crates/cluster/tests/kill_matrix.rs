@@ -141,6 +141,7 @@ impl Strat {
                 // The default pace: the coordinator's pacer sets the share.
                 rebuild_share_ppm: ftrec_cluster::ecrec::paced_start_share_ppm(900_000),
                 rebuild_min_throughput_ppm: Some(900_000),
+                backstop_every_steps: None,
             },
             "cnr-q8" => StrategyChoice::Cnr {
                 every_steps: EVERY,

@@ -89,10 +89,18 @@ fn pacer(strategy: &crate::StrategyChoice) -> Result<Option<RebuildPacer>, Clust
 pub(super) fn strategy(cfg: &RunConfig) -> Result<Box<dyn Strategy>, ClusterError> {
     let spec = EcServerSpec::of_strategy(&cfg.strategy)
         .ok_or_else(|| ClusterError::Config("strategy ecrec expected".into()))?;
+    let backstop_every_steps = match &cfg.strategy {
+        crate::StrategyChoice::EcRec {
+            backstop_every_steps,
+            ..
+        } => *backstop_every_steps,
+        _ => None,
+    };
     let machine = EcRec::new(EcRecConfig {
         servers: cfg.servers,
         k: spec.k,
         r: spec.r,
+        backstop_every_steps,
     })
     .map_err(|e| ClusterError::Config(e.to_string()))?;
     Ok(Box::new(machine))
@@ -252,6 +260,56 @@ impl Coordinator {
         Ok(())
     }
 
+    /// ECRec §4's second layer, before every server loads the backstop: every node told the
+    /// current addresses, every rebuild stopped and every node's steps and transactions
+    /// forgotten (their fences stay); the rebuilds under way end as superseded.
+    pub(super) fn ec_before_restore(&mut self) -> Result<(), ClusterError> {
+        self.ec_set_peers()?;
+        let bad = failed(&self.ec_all(|c| async move { c.reset_for_restore().await }));
+        if !bad.is_empty() {
+            return Err(ClusterError::Recovery(format!(
+                "resetting the servers for the restore: {}",
+                describe(&bad)
+            )));
+        }
+        if let Some(ec) = self.ec.as_mut() {
+            for (_, i) in ec.rebuilding.drain(..) {
+                let r = &mut ec.report.rebuilds[i];
+                r.error
+                    .get_or_insert_with(|| "superseded by a restore from the backstop".into());
+            }
+            ec.commit_failed.clear();
+            ec.resolved_batches.clear();
+        }
+        Ok(())
+    }
+
+    /// After every server loaded the backstop: every node encodes the parities it holds from
+    /// the restored rows and copies its dense replicas from their primaries.
+    pub(super) fn ec_after_restore(&mut self) -> Result<(), ClusterError> {
+        let results = self.ec_all(|c| async move { c.reencode().await });
+        let bad = failed(&results);
+        if !bad.is_empty() {
+            return Err(ClusterError::Recovery(format!(
+                "re-encoding the parities after the restore: {}",
+                describe(&bad)
+            )));
+        }
+        let (parities, replicas) = results
+            .iter()
+            .flatten()
+            .fold((0, 0), |(p, r), x| (p + x.parities, r + x.replicas));
+        self.event(
+            EventKind::ServerRestored,
+            None,
+            format!(
+                "parities re-encoded from the restored rows: {parities} parity rows, \
+                 {replicas} dense replicas"
+            ),
+        );
+        Ok(())
+    }
+
     /// Commit step `step`, staged by the workers as `seq`, on every node: 2PC (ECRec §3.5) or
     /// one phase.
     pub(super) fn ec_commit(&mut self, step: u64, seq: u64, order: &[u32]) -> Result<(), Failure> {
@@ -384,7 +442,12 @@ impl Coordinator {
                 }
             }
         }
-        if other.iter().any(|a| matches!(a, Action::Abort { .. })) {
+        // An abort, or a restore from the backstop (it replaces every lost server and
+        // re-encodes): no rebuild.
+        if other
+            .iter()
+            .any(|a| matches!(a, Action::Abort { .. } | Action::RestoreAll { .. }))
+        {
             return self.execute(other);
         }
         let rebuild: Vec<u32> = rebuild.into_iter().collect();
@@ -529,6 +592,8 @@ impl Coordinator {
     fn ec_join(&mut self, servers: &[u32], lost: &[u32]) -> Result<(), ClusterError> {
         let addrs = self.server_addrs.clone();
         self.clients = Some(self.rt.block_on(connect_all(&addrs, &self.cfg.auth))?);
+        // With a backstop, saves go to the replacements' checkpoint services too.
+        self.connect_store_clients()?;
         self.ec_set_peers()?;
         let lost_ids: Vec<ServerId> = lost.iter().map(|&s| ServerId(s)).collect();
         let timeout = self.rpc_timeout();
