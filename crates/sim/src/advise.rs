@@ -50,12 +50,16 @@ pub fn advise(cal: &Calibration, s: &Scenario) -> Result<Advice, SimError> {
         let (p, summary) = if c.mechanism == Mechanism::ErasureCoded {
             // ECRec §4: k trades memory for rebuild time, r the tolerated concurrent losses.
             // Every code that fits is simulated; the best is kept, the others named.
+            // ECRec §4's second layer prices its saves and reloads as `full` measured them.
+            let backstop = cal
+                .get("full")
+                .filter(|f| f.save_eff.is_some() && f.reload_eff.is_some());
             let mut best: Option<(Planned, Summary)> = None;
             let mut tried = Vec::new();
             let mut first_infeasible = None;
             for r in [1u32, 2] {
                 for k in [2u32, 4, 8, 16] {
-                    let p = plan_ec(c, s, k, r)?;
+                    let p = plan_ec(c, s, k, r, backstop)?;
                     if !p.feasible {
                         first_infeasible.get_or_insert(p);
                         continue;
@@ -173,6 +177,13 @@ fn explain(ranking: &[Ranked], s: &Scenario) -> String {
                 why += &format!(
                     " It is approximate: expected PLS {:.4} (CPR Eq. 4).",
                     b.summary.pls
+                );
+            }
+            if b.summary.backstop_restores_per_day > 0.0 {
+                why += &format!(
+                    " It restores its backstop checkpoint {:.3} times a day (more servers lost \
+                     at once than it tolerates).",
+                    b.summary.backstop_restores_per_day
                 );
             }
             if b.summary.unrecoverable_per_day > 0.0 {
@@ -351,10 +362,27 @@ mod tests {
             );
             assert_eq!(r.summary.unrecoverable_per_day, 0.0);
         }
-        // This calibration rebuilds slowly (minutes for a 10 GB shard): a second failure
-        // within the window is common with 100 failures a day, and ECRec with r = 1 alone
-        // then loses everything.
+        // This calibration rebuilds slowly (minutes for a 10 GB shard): more than r failures
+        // within a window come several times a day. ECRec alone then loses everything; with
+        // a backstop priced as `full` saves and reloads (ECRec §4's second layer) it restores
+        // that instead and stays in the ranking with a finite overhead.
         let ec = a.ranking.iter().find(|r| r.strategy == "ecrec").unwrap();
+        assert_eq!(ec.summary.unrecoverable_per_day, 0.0, "{ec:?}");
+        assert!(ec.summary.backstop_restores_per_day > 0.0, "{ec:?}");
+        assert!(
+            ec.summary.overhead.is_finite() && ec.summary.overhead < 10.0,
+            "{ec:?}"
+        );
+        assert!(
+            ec.plan.config.contains("backstop") && ec.plan.config.contains("--ckpt-every-steps"),
+            "{}",
+            ec.plan.config
+        );
+        // Without `full` in the calibration there is nothing to price a backstop with.
+        let alone: Vec<Measured> = ["none", "ecrec"].iter().map(|n| measured(n)).collect();
+        let cal_alone = Calibration::from_runs(machine(), &alone).unwrap();
+        let b = advise(&cal_alone, &scenario()).unwrap();
+        let ec = b.ranking.iter().find(|r| r.strategy == "ecrec").unwrap();
         assert!(ec.summary.unrecoverable_per_day > 0.0, "{ec:?}");
         assert!(a.why.contains(best), "{}", a.why);
         // Full checkpoints save at Young's interval.
@@ -398,7 +426,7 @@ mod tests {
         let ratio = c.rebuild_eff.unwrap() / throttled.rebuild_eff.unwrap();
         assert!((ratio - 10.0).abs() < 1e-9, "{ratio}");
         assert!((c.degraded_share.unwrap() - 0.4).abs() < 1e-12);
-        let p = plan_ec(&c, &scenario(), 2, 1).unwrap();
+        let p = plan_ec(&c, &scenario(), 2, 1, None).unwrap();
         assert!(
             p.config.contains("priced at the unthrottled rate"),
             "{}",

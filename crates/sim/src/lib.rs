@@ -30,7 +30,8 @@
 //!     save: Some(SaveModel { every_work_s: 100.0, pause_s: 2.0, first_pause_s: 2.0 }),
 //!     recovery: RecoveryModel {
 //!         detect_s: 1.0, replace_s: 1.0, reload_s: 2.0, rollback: Rollback::ToLastSave,
-//!         degraded: None, tolerates: None, group: 4, track_pls: false,
+//!         degraded: None, tolerates: None, group: 4, backstop_reload_s: None,
+//!         track_pls: false,
 //!     },
 //! };
 //! let out = simulate(&job, Failures::Trace(vec![]), Stop::Work(1_000.0)).unwrap();

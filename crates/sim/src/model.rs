@@ -484,6 +484,7 @@ pub fn plan(c: &Coefficients, s: &Scenario) -> Result<Planned, SimError> {
         degraded: None,
         tolerates: None,
         group: s.servers,
+        backstop_reload_s: None,
         track_pls: false,
     };
     let mut p = Planned {
@@ -655,14 +656,34 @@ pub fn plan(c: &Coefficients, s: &Scenario) -> Result<Planned, SimError> {
         }
         Mechanism::ErasureCoded => {
             let (k, r) = c.code.unwrap_or((2, 1));
-            return plan_ec(c, s, k, r);
+            return plan_ec(c, s, k, r, None);
         }
     }
     Ok(p)
 }
 
-/// ECRec with `k` data and `r` parity rows per stripe at scenario `s`.
-pub fn plan_ec(c: &Coefficients, s: &Scenario, k: u32, r: u32) -> Result<Planned, SimError> {
+/// `P(X >= r)` for `X` Poisson with mean `mu`.
+fn poisson_at_least(mu: f64, r: u32) -> f64 {
+    let mut term = (-mu).exp();
+    let mut below = 0.0;
+    for i in 0..r {
+        below += term;
+        term *= mu / f64::from(i + 1);
+    }
+    (1.0 - below).max(0.0)
+}
+
+/// ECRec with `k` data and `r` parity rows per stripe at scenario `s`; with `backstop` (the
+/// calibration of `full`, whose saves and reloads a backstop makes), ECRec §4's second layer:
+/// a full checkpoint at Young's interval for the losses beyond `r` (`ftrec run --strategy
+/// ecrec --ckpt-every-steps N`), restored when they come, instead of starting over.
+pub fn plan_ec(
+    c: &Coefficients,
+    s: &Scenario,
+    k: u32,
+    r: u32,
+    backstop: Option<&Coefficients>,
+) -> Result<Planned, SimError> {
     s.validate()?;
     let n = s.servers as f64;
     let shard = s.model_bytes / n;
@@ -689,6 +710,7 @@ pub fn plan_ec(c: &Coefficients, s: &Scenario, k: u32, r: u32) -> Result<Planned
                 tolerates: Some(r),
                 // Stripes rotate over every server: any two servers share stripes.
                 group: s.servers,
+                backstop_reload_s: None,
                 track_pls: false,
             },
         },
@@ -710,6 +732,36 @@ pub fn plan_ec(c: &Coefficients, s: &Scenario, k: u32, r: u32) -> Result<Planned
         storage_bytes: 0.0,
         notes: Vec::new(),
     };
+    if let Some(full) = backstop {
+        // A loss beyond `r`: `r` more servers of the group fail within one rebuild window.
+        // Each of the group's other servers is inside a window a `window / MTBF` share of
+        // the time, so their number is about Poisson with that mean times their count.
+        let others = f64::from(s.servers.saturating_sub(1));
+        let beyond = poisson_at_least(others * window / s.mtbf_server_s, r);
+        let rate = f64::from(s.servers) / s.mtbf_server_s * beyond;
+        let pause = s.model_bytes / (need(full.save_eff, "save throughput", full)? * s.store_bps());
+        let reload = shard / (need(full.reload_eff, "reload", full)? * s.disk_bps.min(s.net_bps));
+        if rate > 0.0 {
+            let every = policy::young_interval(pause, 1.0 / rate);
+            p.job.save = Some(SaveModel {
+                every_work_s: every,
+                pause_s: pause,
+                first_pause_s: pause,
+            });
+            p.job.recovery.backstop_reload_s = Some(reload);
+            p.storage_bytes = s.model_bytes;
+            p.config += &format!(
+                "; a backstop full checkpoint every {} ({:.3} losses beyond r a day expected, \
+                 Young's interval for them; ECRec §4's second layer, `--ckpt-every-steps {}`), \
+                 {} pause, {} to restore",
+                secs(every),
+                rate * 86_400.0,
+                (every / s.step_s).round().max(1.0),
+                secs(pause),
+                secs(reload)
+            );
+        }
+    }
     if k + r > s.servers {
         p.feasible = false;
         p.why_not = Some(format!(
@@ -755,6 +807,7 @@ pub fn replay(
             degraded: None,
             tolerates: None,
             group: held_out.servers,
+            backstop_reload_s: None,
             track_pls: false,
         },
     };

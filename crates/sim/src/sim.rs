@@ -65,6 +65,10 @@ pub struct RecoveryModel {
     /// Servers per redundancy group (servers `i` and `j` share stripes when `i / group ==
     /// j / group`).
     pub group: u32,
+    /// ECRec §4's second layer: a loss beyond `tolerates` rolls the job back to its last save
+    /// (the backstop, `save`) and reloads it in this long, instead of starting over.
+    #[serde(default)]
+    pub backstop_reload_s: Option<f64>,
     /// Partial recovery: count CPR's portion of lost samples (Eq. 3).
     pub track_pls: bool,
 }
@@ -216,6 +220,9 @@ pub struct Outcome {
     pub failures: u64,
     /// Failures the redundancy could not absorb (the job started over).
     pub unrecoverable: u64,
+    /// Failures the redundancy could not absorb that a backstop save recovered.
+    #[serde(default)]
+    pub backstop_restores: u64,
     pub saves: u64,
     /// CPR's portion of lost samples at the end (Eq. 3), under partial recovery.
     pub pls: f64,
@@ -450,7 +457,14 @@ impl Sim<'_> {
             .filter(|&s| group(s) == group(server))
             .count() as u32;
         let fatal = r.tolerates.is_some_and(|tol| concurrent >= tol);
-        let rollback = if fatal { Rollback::Restart } else { r.rollback };
+        let backstop = fatal && r.backstop_reload_s.is_some();
+        let rollback = if backstop {
+            Rollback::ToLastSave
+        } else if fatal {
+            Rollback::Restart
+        } else {
+            r.rollback
+        };
         match rollback {
             Rollback::ToLastSave => {
                 self.out.breakdown.lost += self.work - self.last_save;
@@ -471,7 +485,13 @@ impl Sim<'_> {
         }
         self.next_save = self.last_save + self.m.save.map_or(f64::INFINITY, |s| s.every_work_s);
         let mut reload = r.reload_s;
-        if fatal {
+        if backstop {
+            self.out.backstop_restores += 1;
+            self.windows.clear();
+            self.pending_windows.clear();
+            // Every server loads the backstop; nothing is left to rebuild.
+            reload = r.backstop_reload_s.unwrap_or(0.0);
+        } else if fatal {
             self.out.unrecoverable += 1;
             self.windows.clear();
             self.pending_windows.clear();
@@ -500,6 +520,9 @@ pub struct Summary {
     pub per_day: Breakdown,
     pub failures_per_day: f64,
     pub unrecoverable_per_day: f64,
+    /// Losses beyond the redundancy recovered from a backstop save, per day.
+    #[serde(default)]
+    pub backstop_restores_per_day: f64,
     pub saves_per_day: f64,
     pub pls: f64,
 }
@@ -548,6 +571,8 @@ pub fn simulate_many(
         per_day,
         failures_per_day: outs.iter().map(|o| o.failures as f64).sum::<f64>() / days,
         unrecoverable_per_day: outs.iter().map(|o| o.unrecoverable as f64).sum::<f64>() / days,
+        backstop_restores_per_day: outs.iter().map(|o| o.backstop_restores as f64).sum::<f64>()
+            / days,
         saves_per_day: outs.iter().map(|o| o.saves as f64).sum::<f64>() / days,
         pls: outs.iter().map(|o| o.pls).sum::<f64>() / n,
     })
@@ -583,6 +608,7 @@ mod tests {
                 degraded: None,
                 tolerates: None,
                 group: servers,
+                backstop_reload_s: None,
                 track_pls: false,
             },
         }
@@ -730,6 +756,52 @@ mod tests {
         let p4 = 1.0 - (-window * 3.0 / mtbf_server).exp();
         let got = s.unrecoverable_per_day / s.failures_per_day;
         assert!((got - p4).abs() < 0.15 * p4, "{got} vs {p4}");
+        // With a backstop the same losses are restored from it, none starts the job over.
+        m.recovery.group = servers;
+        m.recovery.backstop_reload_s = Some(1.0);
+        m.save = Some(SaveModel {
+            every_work_s: 3_600.0,
+            pause_s: 0.0,
+            first_pause_s: 0.0,
+        });
+        let s = simulate_many(&m, FailureDist::Exponential, mtbf_server, 4e6, 4, 3).unwrap();
+        assert_eq!(s.unrecoverable_per_day, 0.0);
+        let got = s.backstop_restores_per_day / s.failures_per_day;
+        assert!((got - p).abs() < 0.1 * p, "{got} vs {p}");
+    }
+
+    /// ECRec §4's second layer: a loss beyond what the code tolerates rolls back to the last
+    /// backstop save and reloads it, instead of starting over; losses within the tolerance
+    /// still keep the model.
+    #[test]
+    fn a_loss_beyond_the_tolerance_restores_the_backstop_instead_of_starting_over() {
+        let mut m = full(4, 100.0, 0.0, 0.0, 0.0, 0.0);
+        m.recovery.rollback = Rollback::Keep;
+        m.recovery.degraded = Some(Degraded {
+            window_s: 50.0,
+            share: 1.0,
+        });
+        m.recovery.tolerates = Some(1);
+        // Server 0 at 130 s of work (kept), server 1 inside its window at 160 s: fatal.
+        let trace = vec![
+            TraceFailure {
+                at: TraceAt::Work(130.0),
+                server: 0,
+            },
+            TraceFailure {
+                at: TraceAt::Work(160.0),
+                server: 1,
+            },
+        ];
+        let o = simulate(&m, Failures::Trace(trace.clone()), Stop::Work(1_000.0)).unwrap();
+        assert_eq!((o.unrecoverable, o.backstop_restores), (1, 0));
+        assert!((o.breakdown.lost - 160.0).abs() < 1e-9, "{o:?}");
+        m.recovery.backstop_reload_s = Some(7.0);
+        let o = simulate(&m, Failures::Trace(trace), Stop::Work(1_000.0)).unwrap();
+        assert_eq!((o.unrecoverable, o.backstop_restores), (0, 1));
+        // Back to the save at 100 s of work, reloaded in 7 s.
+        assert!((o.breakdown.lost - 60.0).abs() < 1e-9, "{o:?}");
+        assert!((o.breakdown.load - 7.0).abs() < 1e-9, "{o:?}");
     }
 
     /// The degraded window costs `window * (1 - share)` per failure.
