@@ -596,30 +596,15 @@ fn asynchronous_ecrec_without_2pc_keeps_parities_and_replicas_exact() {
 
 /// `ecrec` with ECRec §4's second layer: a full checkpoint every 5 steps.
 fn backstopped() -> StrategyChoice {
-    match ecrec(2, 1, CodeKind::Gf256) {
-        StrategyChoice::EcRec {
-            k,
-            r,
-            code,
-            dense_replication,
-            two_phase,
-            lock_ranges,
-            rebuild_share_ppm,
-            rebuild_min_throughput_ppm,
-            ..
-        } => StrategyChoice::EcRec {
-            k,
-            r,
-            code,
-            dense_replication,
-            two_phase,
-            lock_ranges,
-            rebuild_share_ppm,
-            rebuild_min_throughput_ppm,
-            backstop_every_steps: Some(5),
-        },
-        _ => unreachable!(),
+    let mut s = ecrec(2, 1, CodeKind::Gf256);
+    if let StrategyChoice::EcRec {
+        backstop_every_steps,
+        ..
+    } = &mut s
+    {
+        *backstop_every_steps = Some(5);
     }
+    s
 }
 
 /// Run `strategy` with `kills` to the end (not aborted), every process reaped.
