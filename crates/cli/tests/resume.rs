@@ -197,6 +197,13 @@ fn a_full_job_killed_as_a_whole_resumes_to_the_uninterrupted_digest() {
     killed_and_resumed(&["--strategy", "full", "--ckpt-every-steps", "5"], 10, 3);
 }
 
+/// ECRec with its backstop (ECRec §4's second layer): the store holds full checkpoints of the
+/// rows, and a resume re-encodes the parities from them.
+#[test]
+fn an_ecrec_job_with_a_backstop_killed_as_a_whole_resumes_to_the_uninterrupted_digest() {
+    killed_and_resumed(&["--strategy", "ecrec", "--ckpt-every-steps", "4"], 12, 3);
+}
+
 #[test]
 fn a_deck_job_killed_as_a_whole_resumes_to_the_uninterrupted_digest() {
     killed_and_resumed(&["--strategy", "deck", "--delta-every-steps", "4"], 12, 3);
