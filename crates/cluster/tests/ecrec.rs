@@ -707,3 +707,30 @@ fn a_second_loss_during_a_rebuild_with_a_backstop_ends_at_the_failure_free_model
         report.checkpoint_failures
     );
 }
+
+/// A server lost while a backstop is written (the save fails, the loss is rebuilt, the next
+/// save point tries again), and a third server lost while the backstop is restored (restored
+/// again): the failure-free model, a clean audit.
+#[test]
+fn kills_during_a_backstop_save_and_during_its_restore_end_at_the_failure_free_model() {
+    let steps = 24;
+    let clean = none_digest(3, steps);
+    for kills in [
+        &["server=1@phase=checkpoint-write"][..],
+        &[
+            "server=0@step=12",
+            "server=2@step=12",
+            "server=1@phase=recovery",
+        ][..],
+    ] {
+        let report = finished_run(true, steps, backstopped(), kills);
+        assert_eq!(report.model_digest, clean, "{kills:?}");
+        assert_clean_audit(&report);
+        assert_eq!(report.failures.len(), kills.len(), "{kills:?}");
+        assert!(
+            report.failures.iter().all(|f| f.recovered_s.is_some()),
+            "{kills:?}: {:?}",
+            report.failures
+        );
+    }
+}
