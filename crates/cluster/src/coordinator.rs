@@ -1205,12 +1205,13 @@ impl Coordinator {
             }
             self.clients = None;
             for id in self.probe_lost() {
-                if !self
-                    .failures
-                    .iter()
-                    .any(|f| f.role == Role::Server && f.id == id && f.resumed_s.is_none())
-                {
-                    // Lost during the recovery itself.
+                if !self.failures.iter().any(|f| {
+                    f.role == Role::Server
+                        && f.id == id
+                        && f.detected_s.is_some()
+                        && f.resumed_s.is_none()
+                }) {
+                    // Lost during the recovery itself (a kill injected then is detected here).
                     self.detected(Role::Server, id, "recovery");
                 }
                 self.replace_server(id).map_err(rec)?;

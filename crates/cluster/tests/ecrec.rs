@@ -727,8 +727,11 @@ fn kills_during_a_backstop_save_and_during_its_restore_end_at_the_failure_free_m
         assert_eq!(report.model_digest, clean, "{kills:?}");
         assert_clean_audit(&report);
         assert_eq!(report.failures.len(), kills.len(), "{kills:?}");
+        // Every phase of every failure is known, the one injected during the restore too.
         assert!(
-            report.failures.iter().all(|f| f.recovered_s.is_some()),
+            report.failures.iter().all(|f| f.detected_s.is_some()
+                && f.resumed_s.is_some()
+                && f.recovered_s.is_some()),
             "{kills:?}: {:?}",
             report.failures
         );
