@@ -1265,24 +1265,6 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Connect to every server and load `checkpoint` (or the initial state); returns the
-    /// restored batch count.
-    fn load(&mut self, checkpoint: &Option<CheckpointRef>) -> Result<u64, ClusterError> {
-        let addrs = self.server_addrs.clone();
-        self.clients = Some(self.rt.block_on(connect_all(&addrs, &self.cfg.auth))?);
-        if self.ec.is_some() {
-            self.ec_before_restore()?;
-        }
-        let batches = match checkpoint {
-            Some(c) => self.store_restore(&c.id),
-            None => self.store_reset(),
-        }?;
-        if self.ec.is_some() {
-            self.ec_after_restore()?;
-        }
-        Ok(batches)
-    }
-
     /// Held-out AUC and logloss of the servers' model.
     fn evaluate(&mut self) -> Result<(Option<f64>, Option<f64>, usize), ClusterError> {
         if self.cfg.eval_samples == 0 {

@@ -252,6 +252,25 @@ impl Coordinator {
             .ok_or_else(|| ClusterError::Protocol("this run has no checkpoint store".into()))
     }
 
+    /// Connect to every server and load `checkpoint` (or the initial state); returns the
+    /// restored batch count.
+    pub(super) fn load(&mut self, checkpoint: &Option<CheckpointRef>) -> Result<u64, ClusterError> {
+        let addrs = self.server_addrs.clone();
+        let clients = crate::worker::connect_all(&addrs, &self.cfg.auth);
+        self.clients = Some(self.rt.block_on(clients)?);
+        if self.ec.is_some() {
+            self.ec_before_restore()?;
+        }
+        let batches = match checkpoint {
+            Some(c) => self.store_restore(&c.id),
+            None => self.store_reset(),
+        }?;
+        if self.ec.is_some() {
+            self.ec_after_restore()?;
+        }
+        Ok(batches)
+    }
+
     /// Connect to every server's checkpoint service (after a start or a replacement).
     pub(super) fn connect_store_clients(&mut self) -> Result<(), ClusterError> {
         if self.store.is_none() {
