@@ -75,14 +75,7 @@ fn none_digest(servers: u32, steps: u64) -> String {
 
 /// Run with `kills`; every kill is recovered without a redone step.
 fn killed_run(servers: u32, steps: u64, strategy: StrategyChoice, kills: &[&str]) -> RunReport {
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(&dir, servers, steps);
-    cfg.strategy = strategy;
-    cfg.kills = kills.iter().map(|k| k.parse().unwrap()).collect();
-    let report = run(&cfg).unwrap();
-    assert_no_children_left(&report);
-    assert!(report.aborted.is_none(), "{:?}", report.aborted);
-    assert_eq!(report.steps, steps);
+    let report = finished_run(true, servers, steps, strategy, kills);
     assert_eq!(report.failures.len(), kills.len(), "{:?}", report.failures);
     for f in &report.failures {
         assert_eq!(f.steps_redone, 0, "{f:?}");
@@ -608,9 +601,15 @@ fn backstopped() -> StrategyChoice {
 }
 
 /// Run `strategy` with `kills` to the end (not aborted), every process reaped.
-fn finished_run(sync: bool, steps: u64, strategy: StrategyChoice, kills: &[&str]) -> RunReport {
+fn finished_run(
+    sync: bool,
+    servers: u32,
+    steps: u64,
+    strategy: StrategyChoice,
+    kills: &[&str],
+) -> RunReport {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(&dir, 3, steps);
+    let mut cfg = config(&dir, servers, steps);
     cfg.sync = sync;
     cfg.strategy = strategy;
     cfg.kills = kills.iter().map(|k| k.parse().unwrap()).collect();
@@ -644,7 +643,7 @@ fn more_losses_than_r_restore_the_backstop_and_end_at_the_failure_free_model() {
         aborted.aborted
     );
 
-    let report = finished_run(true, steps, backstopped(), &kills);
+    let report = finished_run(true, 3, steps, backstopped(), &kills);
     assert_eq!(report.model_digest, none_digest(3, steps));
     assert_clean_audit(&report);
     assert_eq!(report.failures.len(), 2, "{:?}", report.failures);
@@ -682,7 +681,7 @@ fn more_losses_than_r_restore_the_backstop_and_end_at_the_failure_free_model() {
     // Backstops at 5, 10 (twice: before and after the loss), 15, 20 and the final 24.
     assert!(report.checkpoints >= 5, "{}", report.checkpoints);
 
-    let report = finished_run(false, steps, backstopped(), &kills);
+    let report = finished_run(false, 3, steps, backstopped(), &kills);
     assert_clean_audit(&report);
     assert!(report.samples_redone > 0);
     assert!(report.failures.iter().all(|f| f.recovered_s.is_some()));
@@ -696,7 +695,7 @@ fn more_losses_than_r_restore_the_backstop_and_end_at_the_failure_free_model() {
 fn a_second_loss_during_a_rebuild_with_a_backstop_ends_at_the_failure_free_model() {
     let steps = 24;
     let kills = ["server=0@step=8", "server=1@phase=rebuild"];
-    let report = finished_run(true, steps, backstopped(), &kills);
+    let report = finished_run(true, 3, steps, backstopped(), &kills);
     assert_eq!(report.model_digest, none_digest(3, steps));
     assert_clean_audit(&report);
     assert!(report.failures.iter().all(|f| f.recovered_s.is_some()));
@@ -705,7 +704,7 @@ fn a_second_loss_during_a_rebuild_with_a_backstop_ends_at_the_failure_free_model
         "{:?}",
         report.checkpoint_failures
     );
-    let report = finished_run(false, steps, backstopped(), &kills);
+    let report = finished_run(false, 3, steps, backstopped(), &kills);
     assert_clean_audit(&report);
     assert!(report.failures.iter().all(|f| f.recovered_s.is_some()));
     assert_eq!(
@@ -730,7 +729,7 @@ fn kills_during_a_backstop_save_and_during_its_restore_end_at_the_failure_free_m
             "server=1@phase=recovery",
         ][..],
     ] {
-        let report = finished_run(true, steps, backstopped(), kills);
+        let report = finished_run(true, 3, steps, backstopped(), kills);
         assert_eq!(report.model_digest, clean, "{kills:?}");
         assert_clean_audit(&report);
         assert_eq!(report.failures.len(), kills.len(), "{kills:?}");

@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use ftrec_core::{ServerId, TableId};
+use ftrec_core::ServerId;
 use ftrec_ec::Location;
 
 use super::node::EcNode;
@@ -105,8 +105,9 @@ impl EcNode {
                 }
                 rows.insert(server, read.data);
             }
-            let mut encoded: Vec<(TableId, u64, Vec<f32>)> = Vec::with_capacity(chunk.len());
-            for (&(slot, _, j), at) in chunk.iter().zip(&place) {
+            // The chunk's encoded parities, one after the other, written under one lock below.
+            let mut encoded: Vec<f32> = Vec::with_capacity(chunk.len() * words);
+            for (&(_, _, j), at) in chunk.iter().zip(&place) {
                 for (pos, row) in data.iter_mut().enumerate() {
                     match at[pos] {
                         Some((server, i)) => {
@@ -120,13 +121,13 @@ impl EcNode {
                 let mut outs: Vec<&mut [f32]> =
                     parity.iter_mut().map(|v| v.as_mut_slice()).collect();
                 self.inner.code.encode(&ins, &mut outs)?;
-                encoded.push((slot.table, slot.index, parity[j].clone()));
+                encoded.extend_from_slice(&parity[j]);
             }
             let mut st = self.state()?;
-            for (table, index, words_of) in encoded {
-                let p = &mut st.parity[table.0 as usize];
-                let at = index as usize * words;
-                p[at..at + words].copy_from_slice(&words_of);
+            for (&(slot, _, _), words_of) in chunk.iter().zip(encoded.chunks_exact(words)) {
+                let p = &mut st.parity[slot.table.0 as usize];
+                let at = slot.index as usize * words;
+                p[at..at + words].copy_from_slice(words_of);
                 report.parities += 1;
             }
         }
