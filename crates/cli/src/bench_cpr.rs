@@ -69,19 +69,38 @@ pub struct CprBenchArgs {
     /// Skip the accuracy phase.
     #[arg(long)]
     pub no_accuracy: bool,
+    /// Instead of Figure 7's six variants, CPR §6.3's sensitivity: CPR-vanilla and CPR-SSU at
+    /// each of these target PLS values (the paper: 0.02,0.1,0.2), overhead and paired AUC drop.
+    #[arg(
+        long,
+        value_name = "PLS,..",
+        value_delimiter = ',',
+        conflicts_with = "pls_sweep"
+    )]
+    pub sensitivity: Vec<f64>,
+    /// Instead of Figure 7's six variants, CPR §6.5's PLS–accuracy sweep: this many
+    /// synchronous CPR-vanilla runs, each with 1–32 failures of random size (1 to half of the
+    /// servers) at a random interval (expected PLS 0–1), paired with the failure-free run; the
+    /// correlation of PLS with the AUC drop, a table and a plot (`--plot-dir`).
+    #[arg(long, value_name = "RUNS")]
+    pub pls_sweep: Option<usize>,
+    /// Where `--pls-sweep` and `--sensitivity` write their plots (PNG and SVG)
+    /// [default: the current directory].
+    #[arg(long, value_name = "DIR")]
+    pub plot_dir: Option<std::path::PathBuf>,
 }
 
 /// The variants, in the order each round runs them (`cpr` first: it measures `O_save`).
-const VARIANTS: [&str; 6] = ["cpr", "full", "part", "cpr-mfu", "cpr-ssu", "cpr-scar"];
+pub(crate) const VARIANTS: [&str; 6] = ["cpr", "full", "part", "cpr-mfu", "cpr-ssu", "cpr-scar"];
 
 #[derive(Serialize, Clone)]
-struct Failure {
-    step: u64,
-    servers: Vec<u32>,
+pub(crate) struct Failure {
+    pub(crate) step: u64,
+    pub(crate) servers: Vec<u32>,
 }
 
 impl Failure {
-    fn kill_arg(&self) -> String {
+    pub(crate) fn kill_arg(&self) -> String {
         let ids: Vec<String> = self.servers.iter().map(|s| s.to_string()).collect();
         format!("server={}@step={}", ids.join(","), self.step)
     }
@@ -89,7 +108,7 @@ impl Failure {
 
 /// `n` failures at distinct uniformly random steps in `1..steps`, each taking `k` distinct
 /// servers of `servers`, from `seed`.
-fn placement(seed: u64, n: usize, k: u32, servers: u32, steps: u64) -> Vec<Failure> {
+pub(crate) fn placement(seed: u64, n: usize, k: u32, servers: u32, steps: u64) -> Vec<Failure> {
     let mut rng = SplitMix::keyed(seed, 0x63_7072, 0);
     let mut at: Vec<u64> = Vec::new();
     let room = steps.saturating_sub(1) as usize;
@@ -149,26 +168,26 @@ struct SeedResult {
 }
 
 #[derive(Serialize)]
-struct VariantResult {
-    name: String,
+pub(crate) struct VariantResult {
+    pub(crate) name: String,
     /// Mean checkpoint-related overhead of the asynchronous runs, seconds.
-    overhead_s: f64,
-    overhead_ci95_s: f64,
+    pub(crate) overhead_s: f64,
+    pub(crate) overhead_ci95_s: f64,
     /// Its mean split.
     split: Split,
     /// `overhead_s` over the failure-free training time.
-    overhead_share: f64,
-    /// 1 - this variant's mean overhead / `full`'s.
-    overhead_reduction_vs_full: f64,
+    pub(crate) overhead_share: f64,
+    /// 1 - this variant's mean overhead / `full`'s (when `full` ran).
+    overhead_reduction_vs_full: Option<f64>,
     /// PLS, Eq. 3 as the paper writes it: mean over the accuracy placements (the overhead
     /// runs' when there are none).
-    pls: Option<f64>,
+    pub(crate) pls: Option<f64>,
     /// PLS counting what was saved (per row, since the newest save holding it).
-    pls_saved: Option<f64>,
+    pub(crate) pls_saved: Option<f64>,
     /// Mean paired AUC drop against the failure-free (= full recovery's) model, and the
     /// half-width of its 95% interval.
-    auc_drop_mean: Option<f64>,
-    auc_drop_ci95: Option<f64>,
+    pub(crate) auc_drop_mean: Option<f64>,
+    pub(crate) auc_drop_ci95: Option<f64>,
     /// The accuracy placements.
     seeds: Vec<SeedResult>,
     /// Every overhead run: its split.
@@ -180,7 +199,7 @@ struct VariantResult {
 }
 
 #[derive(Serialize)]
-struct CprBench {
+pub(crate) struct CprBench {
     preset: String,
     servers: u32,
     workers: u32,
@@ -200,7 +219,7 @@ struct CprBench {
     paper_save_to_failure_interval: f64,
     /// `cpr*`'s interval (Eq. 4) in seconds and, for the synchronous runs, in steps.
     cpr_interval_s: f64,
-    cpr_every_steps: u64,
+    pub(crate) cpr_every_steps: u64,
     /// `full`'s and `part`'s interval (Young's) in seconds and steps.
     full_interval_s: f64,
     full_every_steps: u64,
@@ -209,10 +228,10 @@ struct CprBench {
     /// Synchronous failure-free AUC, and whether full recovery ended at its digest.
     sync_failure_free_auc: Option<f64>,
     sync_full_matches_failure_free: Option<bool>,
-    variants: Vec<VariantResult>,
+    pub(crate) variants: Vec<VariantResult>,
 }
 
-fn run_one(
+pub(crate) fn run_one(
     base: &RunArgs,
     name: &str,
     args: impl FnOnce(&mut RunArgs),
@@ -224,13 +243,13 @@ fn run_one(
 }
 
 /// How variant `name` is configured on top of `a` (strategy, interval, priority, kills).
-struct Intervals {
-    cpr_time: Option<(f64, f64)>,
-    cpr_steps: u64,
-    full_steps: u64,
+pub(crate) struct Intervals {
+    pub(crate) cpr_time: Option<(f64, f64)>,
+    pub(crate) cpr_steps: u64,
+    pub(crate) full_steps: u64,
 }
 
-fn configure(a: &mut RunArgs, name: &str, iv: &Intervals, kills: &[Failure]) {
+pub(crate) fn configure(a: &mut RunArgs, name: &str, iv: &Intervals, kills: &[Failure]) {
     a.kill = kills.iter().map(Failure::kill_arg).collect();
     match name {
         "full" => {
@@ -257,7 +276,9 @@ fn configure(a: &mut RunArgs, name: &str, iv: &Intervals, kills: &[Failure]) {
     }
 }
 
-fn bench(args: &CprBenchArgs, target_pls: f64) -> Result<CprBench> {
+/// Check the flags every mode shares; the job's base flags (strategy `none`, no target PLS)
+/// and its configuration.
+pub(crate) fn base_of(args: &CprBenchArgs) -> Result<(RunArgs, ftrec_cluster::RunConfig)> {
     let run = &args.run;
     if run.strategy.is_some() || !run.kill.is_empty() || run.cpr.cpr_priority.is_some() {
         bail!("ftrec bench cpr chooses --strategy, --cpr-priority and --kill itself");
@@ -283,29 +304,48 @@ fn bench(args: &CprBenchArgs, target_pls: f64) -> Result<CprBench> {
     if !args.no_accuracy && args.seeds < 2 {
         bail!("--seeds must be at least 2 for an interval (or pass --no-accuracy)");
     }
-    if !(target_pls.is_finite() && target_pls > 0.0 && target_pls <= 1.0) {
-        bail!("--target-pls {target_pls} must be in (0, 1]");
-    }
     let mut base = crate::cluster_cmd::merge(run)?;
     base.cpr.target_pls = None;
     base.strategy = Some("none".into());
     let cfg = crate::cluster_cmd::run_config(&base)?;
     base.strategy = None;
-    let (steps, servers) = (cfg.steps, cfg.servers);
-    if steps < 2 {
+    if cfg.steps < 2 {
         bail!("--steps must be at least 2 to place a failure inside the run");
     }
+    Ok((base, cfg))
+}
+
+pub(crate) fn check_target_pls(target_pls: f64) -> Result<()> {
+    if !(target_pls.is_finite() && target_pls > 0.0 && target_pls <= 1.0) {
+        bail!("target PLS {target_pls} must be in (0, 1]");
+    }
+    Ok(())
+}
+
+/// Figure 7's experiment for `variants` (a subset of [`VARIANTS`] in its order; `part` needs
+/// `full`, whose interval it takes) at `target_pls`.
+pub(crate) fn bench(
+    args: &CprBenchArgs,
+    target_pls: f64,
+    variants: &[&'static str],
+) -> Result<CprBench> {
+    check_target_pls(target_pls)?;
+    let (base, cfg) = base_of(args)?;
+    let (steps, servers) = (cfg.steps, cfg.servers);
     let k = args.fail_servers.unwrap_or(servers.div_ceil(4).max(1));
     if k == 0 || k > servers {
         bail!("--fail-servers {k} must be between 1 and the {servers} servers");
     }
 
     let n_runs = 1
-        + VARIANTS.len() * args.rounds
+        + variants.len() * args.rounds
         + if args.no_accuracy {
             0
         } else {
-            2 + (VARIANTS.len() - 1) * args.seeds
+            1 + variants
+                .iter()
+                .map(|v| if *v == "full" { 1 } else { args.seeds })
+                .sum::<usize>()
         };
     let mut progress = crate::progress::Runs::new("bench cpr", n_runs);
     let none = run_one(
@@ -333,10 +373,10 @@ fn bench(args: &CprBenchArgs, target_pls: f64) -> Result<CprBench> {
     };
 
     // Overhead: asynchronous, every variant each round, `cpr` first.
-    let mut runs: Vec<Vec<RunReport>> = VARIANTS.iter().map(|_| Vec::new()).collect();
+    let mut runs: Vec<Vec<RunReport>> = variants.iter().map(|_| Vec::new()).collect();
     let mut o_save_s = 0.0;
     for round in 0..args.rounds {
-        for (vi, name) in VARIANTS.iter().enumerate() {
+        for (vi, name) in variants.iter().enumerate() {
             if round == 0 && *name == "full" {
                 // Young's interval from the vanilla run's measured save cost.
                 let full_interval_s = (2.0 * o_save_s * t_fail_s).sqrt();
@@ -360,7 +400,7 @@ fn bench(args: &CprBenchArgs, target_pls: f64) -> Result<CprBench> {
     // Accuracy: synchronous, intervals in steps, paired with the failure-free run.
     let mut sync_ff_auc = None;
     let mut full_matches = None;
-    let mut seeds: Vec<Vec<SeedResult>> = VARIANTS.iter().map(|_| Vec::new()).collect();
+    let mut seeds: Vec<Vec<SeedResult>> = variants.iter().map(|_| Vec::new()).collect();
     if !args.no_accuracy {
         let mut sync = base.clone();
         sync.sync = true;
@@ -379,7 +419,7 @@ fn bench(args: &CprBenchArgs, target_pls: f64) -> Result<CprBench> {
         for i in 0..args.seeds {
             let seed = args.kill_seed + 1 + i as u64;
             let kills = placement(seed, args.failures, k, servers, steps);
-            for (vi, name) in VARIANTS.iter().enumerate() {
+            for (vi, name) in variants.iter().enumerate() {
                 // Full recovery is exact in this mode: checked once, then known.
                 if *name == "full" && i > 0 {
                     continue;
@@ -409,13 +449,15 @@ fn bench(args: &CprBenchArgs, target_pls: f64) -> Result<CprBench> {
         }
     }
 
-    let full_mean = mean(
-        &runs[1]
-            .iter()
-            .map(|r| Split::of(r).total())
-            .collect::<Vec<_>>(),
-    );
-    let variants = VARIANTS
+    let full_mean = variants.iter().position(|v| *v == "full").map(|fi| {
+        mean(
+            &runs[fi]
+                .iter()
+                .map(|r| Split::of(r).total())
+                .collect::<Vec<_>>(),
+        )
+    });
+    let variants = variants
         .iter()
         .enumerate()
         .map(|(vi, name)| {
@@ -456,7 +498,7 @@ fn bench(args: &CprBenchArgs, target_pls: f64) -> Result<CprBench> {
                     restore_s: avg(|s| s.restore_s),
                 },
                 overhead_share: overhead_s / none.train_s.max(1e-9),
-                overhead_reduction_vs_full: 1.0 - overhead_s / full_mean.max(1e-9),
+                overhead_reduction_vs_full: full_mean.map(|f| 1.0 - overhead_s / f.max(1e-9)),
                 pls,
                 pls_saved,
                 auc_drop_mean: drops.as_ref().map(|d| mean(d)),
@@ -493,7 +535,7 @@ fn bench(args: &CprBenchArgs, target_pls: f64) -> Result<CprBench> {
     })
 }
 
-fn opt(v: Option<f64>, digits: usize) -> String {
+pub(crate) fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("-".into(), |x| format!("{x:.digits$}"))
 }
 
@@ -502,7 +544,13 @@ pub fn run(args: CprBenchArgs) -> Result<()> {
     let mut args = args;
     args.run.json = None;
     let target_pls = args.run.cpr.target_pls.take().unwrap_or(DEFAULT_TARGET_PLS);
-    let b = bench(&args, target_pls)?;
+    if let Some(n) = args.pls_sweep {
+        return crate::bench_cpr_sweep::pls_sweep(&args, n, json.as_deref());
+    }
+    if !args.sensitivity.is_empty() {
+        return crate::bench_cpr_sweep::sensitivity(&args, json.as_deref());
+    }
+    let b = bench(&args, target_pls, &VARIANTS)?;
     println!(
         "workload: {} preset, {} servers, {} workers, {} steps; failure-free {:.2}s of \
          asynchronous training",
@@ -552,7 +600,7 @@ pub fn run(args: CprBenchArgs) -> Result<()> {
             v.split.restore_s,
             v.overhead_s,
             v.overhead_share * 100.0,
-            -v.overhead_reduction_vs_full * 100.0,
+            v.overhead_reduction_vs_full.map_or(0.0, |r| -r * 100.0),
             opt(v.pls, 4),
             opt(v.pls_saved, 4),
             opt(v.auc_drop_mean, 5),

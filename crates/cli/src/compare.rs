@@ -24,7 +24,7 @@ use crate::flags::OptimizerArgs;
 /// Flags of `ftrec compare`.
 #[derive(Args, Debug, Clone, Default)]
 pub struct CompareArgs {
-    /// Workload preset: tiny, small or kaggle [default: tiny].
+    /// Workload preset: tiny, small, kaggle32 or kaggle [default: tiny].
     #[arg(long)]
     pub preset: Option<String>,
     /// Parameter-server processes [default: 3, enough for ecrec's k = 2, r = 1].

@@ -87,7 +87,7 @@ pub struct RunArgs {
     /// restarted by its orchestrator).
     #[arg(long, conflicts_with = "resume")]
     pub resume_or_start: bool,
-    /// Workload preset: tiny, small or kaggle [default: tiny]; with --data it gives the model
+    /// Workload preset: tiny, small, kaggle32 or kaggle [default: tiny]; with --data it gives the model
     /// shape and the data gives the table sizes.
     #[arg(long)]
     pub preset: Option<String>,
@@ -343,7 +343,7 @@ pub struct DataArgs {
 
 #[derive(Args, Debug)]
 pub struct TrainArgs {
-    /// Workload preset: tiny, small or kaggle. Without --data it also selects the synthetic
+    /// Workload preset: tiny, small, kaggle32 or kaggle. Without --data it also selects the synthetic
     /// data; with --data it selects the model shape (default kaggle).
     #[arg(long)]
     pub preset: Option<String>,

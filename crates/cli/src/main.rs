@@ -6,6 +6,7 @@
 mod advise;
 mod bench;
 mod bench_cpr;
+mod bench_cpr_sweep;
 mod bench_ecrec;
 mod bench_incr;
 mod bench_metrics;

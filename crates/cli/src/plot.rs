@@ -767,3 +767,182 @@ fn quality<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, rep: &CompareRepor
     }
     Ok(())
 }
+
+/// One point of CPR §6.3's sensitivity plot.
+pub struct SensitivityPoint {
+    pub variant: String,
+    pub target_pls: f64,
+    pub overhead_share: f64,
+    pub auc_drop: Option<f64>,
+    pub auc_drop_ci95: Option<f64>,
+}
+
+/// CPR §6.5 (Figure 11): each run's PLS against its AUC drop, and the least-squares line,
+/// into `out/cpr-pls-auc.png` and `.svg`.
+pub fn draw_pls_sweep(
+    points: &[(f64, f64)],
+    fit: Option<crate::bench_cpr_sweep::Correlation>,
+    out: &Path,
+) -> Result<()> {
+    register_fonts()?;
+    both!(out, "cpr-pls-auc", (900, 600), pls_scatter, (points, fit));
+    Ok(())
+}
+
+type SweepData<'a> = (
+    &'a [(f64, f64)],
+    Option<crate::bench_cpr_sweep::Correlation>,
+);
+
+fn pls_scatter<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: SweepData<'_>) -> Res {
+    let (points, fit) = data;
+    root.fill(&WHITE).map_err(err)?;
+    let title = match fit {
+        Some(c) => format!(
+            "PLS and AUC drop (CPR-vanilla): Pearson r = {:.3} over {} runs",
+            c.pearson, c.n
+        ),
+        None => "PLS and AUC drop (CPR-vanilla)".into(),
+    };
+    let area = root.titled(&title, title_style()).map_err(err)?;
+    if points.is_empty() {
+        return no_data(&area, "no run with a PLS and an AUC");
+    }
+    let x_max = points.iter().map(|p| p.0).fold(1e-3f64, f64::max) * 1.08;
+    let (mut lo, mut hi) = (0.0f64, 0.0f64);
+    for p in points {
+        lo = lo.min(p.1);
+        hi = hi.max(p.1);
+    }
+    let pad = ((hi - lo) * 0.08).max(1e-4);
+    let mut chart = ChartBuilder::on(&area)
+        .margin(14)
+        .x_label_area_size(48)
+        .y_label_area_size(90)
+        .build_cartesian_2d(0.0..x_max, (lo - pad)..(hi + pad))
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("PLS (Eq. 3)")
+        .y_desc("AUC drop against the failure-free run")
+        .label_style(style(15))
+        .axis_desc_style(style(17))
+        .y_label_formatter(&|y| format!("{y:.4}"))
+        .draw()
+        .map_err(err)?;
+    let blue = RGBColor(31, 119, 180);
+    chart
+        .draw_series(
+            points
+                .iter()
+                .map(|&(x, y)| Circle::new((x, y), 5, blue.mix(0.8).filled())),
+        )
+        .map_err(err)?;
+    if let Some(c) = fit {
+        chart
+            .draw_series(LineSeries::new(
+                [0.0, x_max].map(|x| (x, c.slope * x + c.intercept)),
+                ShapeStyle::from(&RGBColor(214, 39, 40)).stroke_width(2),
+            ))
+            .map_err(err)?;
+    }
+    Ok(())
+}
+
+/// CPR §6.3 (Figure 9): overhead and AUC drop against the target PLS, one line per variant,
+/// into `out/cpr-sensitivity.png` and `.svg`.
+pub fn draw_cpr_sensitivity(points: &[SensitivityPoint], out: &Path) -> Result<()> {
+    register_fonts()?;
+    both!(out, "cpr-sensitivity", (1200, 520), sensitivity, points);
+    Ok(())
+}
+
+fn sensitivity<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    points: &[SensitivityPoint],
+) -> Res {
+    root.fill(&WHITE).map_err(err)?;
+    let root = root
+        .titled(
+            "CPR's target PLS: overhead and accuracy (mean, 95% interval)",
+            title_style(),
+        )
+        .map_err(err)?;
+    if points.is_empty() {
+        return no_data(&root, "no target PLS measured");
+    }
+    let (left, right) = root.split_horizontally(root.dim_in_pixel().0 / 2);
+    let x_max = points.iter().map(|p| p.target_pls).fold(1e-3f64, f64::max) * 1.1;
+    let mut variants: Vec<&str> = points.iter().map(|p| p.variant.as_str()).collect();
+    variants.dedup();
+    variants.sort_unstable();
+    variants.dedup();
+    let palette = [RGBColor(214, 39, 40), RGBColor(31, 119, 180)];
+    type Pick = fn(&SensitivityPoint) -> Option<(f64, f64)>;
+    let panels: [(&DrawingArea<DB, Shift>, &str, Pick); 2] = [
+        (&left, "overhead (% of training time)", |p| {
+            Some((p.overhead_share * 100.0, 0.0))
+        }),
+        (&right, "AUC drop against full recovery", |p| {
+            p.auc_drop.map(|d| (d, p.auc_drop_ci95.unwrap_or(0.0)))
+        }),
+    ];
+    for (area, desc, pick) in panels {
+        let vals: Vec<(f64, f64)> = points.iter().filter_map(pick).collect();
+        if vals.is_empty() {
+            no_data(area, "not measured")?;
+            continue;
+        }
+        let lo = vals.iter().map(|v| v.0 - v.1).fold(0.0f64, f64::min);
+        let hi = vals.iter().map(|v| v.0 + v.1).fold(0.0f64, f64::max);
+        let pad = ((hi - lo) * 0.1).max(1e-4);
+        let mut chart = ChartBuilder::on(area)
+            .margin(14)
+            .x_label_area_size(48)
+            .y_label_area_size(80)
+            .build_cartesian_2d(0.0..x_max, (lo - pad)..(hi + pad))
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("target PLS")
+            .y_desc(desc)
+            .label_style(style(15))
+            .axis_desc_style(style(16))
+            .draw()
+            .map_err(err)?;
+        for (vi, v) in variants.iter().enumerate() {
+            let c = palette[vi % palette.len()];
+            let mut pts: Vec<(f64, f64, f64)> = points
+                .iter()
+                .filter(|p| p.variant == *v)
+                .filter_map(|p| pick(p).map(|(y, e)| (p.target_pls, y, e)))
+                .collect();
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            chart
+                .draw_series(LineSeries::new(
+                    pts.iter().map(|p| (p.0, p.1)),
+                    ShapeStyle::from(&c).stroke_width(2),
+                ))
+                .map_err(err)?
+                .label(v.to_string())
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 20, y)], ShapeStyle::from(&c).stroke_width(2))
+                });
+            chart
+                .draw_series(
+                    pts.iter().map(|p| {
+                        ErrorBar::new_vertical(p.0, p.1 - p.2, p.1, p.1 + p.2, c.filled(), 8)
+                    }),
+                )
+                .map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(style(15))
+            .draw()
+            .map_err(err)?;
+    }
+    Ok(())
+}

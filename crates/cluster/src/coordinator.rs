@@ -65,8 +65,8 @@ use crate::{
 /// Longest a worker may take for one batch (pull, compute, stage or push) before it counts as
 /// failed.
 const STEP_TIMEOUT: Duration = Duration::from_secs(60);
-/// Recoveries after which a run gives up (a replacement that keeps dying is not a fault the
-/// strategies can fix).
+/// Recoveries beyond the run's injected kills after which it gives up (a replacement that keeps
+/// dying is not a fault the strategies can fix).
 const MAX_RECOVERIES: u32 = 16;
 /// Failed batches in a row, with every server alive, after which a run gives up.
 const MAX_UNEXPLAINED_FAILURES: u32 = 3;
@@ -650,6 +650,22 @@ impl Coordinator {
         let _ = self.hb_targets.send(targets);
     }
 
+    /// Count one recovery attempt; an error once they exceed what the injected kills explain by
+    /// [`MAX_RECOVERIES`]. An injected kill (one per process) explains two: its own recovery
+    /// and the retry of a recovery it interrupted (servers killed at once are found one by
+    /// one: the first one's load fails on the second, which is replaced, and then restored).
+    fn count_recovery(&mut self) -> Result<(), ClusterError> {
+        self.recoveries += 1;
+        let budget = MAX_RECOVERIES + 2 * self.cfg.kills.len() as u32;
+        if self.recoveries > budget {
+            return Err(ClusterError::Recovery(format!(
+                "gave up after {budget} recoveries ({} injected kills)",
+                self.cfg.kills.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// Servers that are lost now: exited, or silent for the heartbeat timeout.
     fn probe_lost(&mut self) -> Vec<u32> {
         let mut lost = Vec::new();
@@ -1197,12 +1213,7 @@ impl Coordinator {
         self.store_quiesce();
         let rec = |e: ClusterError| ClusterError::Recovery(e.to_string());
         let restored = loop {
-            self.recoveries += 1;
-            if self.recoveries > MAX_RECOVERIES {
-                return Err(ClusterError::Recovery(format!(
-                    "gave up after {MAX_RECOVERIES} recoveries"
-                )));
-            }
+            self.count_recovery()?;
             self.clients = None;
             for id in self.probe_lost() {
                 if !self.failures.iter().any(|f| {

@@ -6,7 +6,7 @@
 pub enum CoreError {
     #[error("unknown optimizer {0:?} (expected sgd, momentum, adagrad, rowwise_adagrad or adam)")]
     UnknownOptimizer(String),
-    #[error("unknown preset {0:?} (expected tiny, small or kaggle)")]
+    #[error("unknown preset {0:?} (expected tiny, small, kaggle32 or kaggle)")]
     UnknownPreset(String),
     #[error("table {table} does not exist (the model has {tables} tables)")]
     UnknownTable { table: u32, tables: usize },

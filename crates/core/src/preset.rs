@@ -3,6 +3,10 @@
 //! - `tiny`: 26 small tables, a narrow model; for tests (seconds).
 //! - `small`: the Criteo Kaggle cardinalities capped at 120,000 rows (~1M rows in all), the
 //!   Kaggle model shape.
+//! - `kaggle32`: every Kaggle cardinality divided by 32 (rounded up; 1,055,093 rows), the
+//!   Kaggle model shape: Kaggle's row distribution at `small`'s size, so its 7 largest tables
+//!   hold 99.6% of the rows as in CPR's experiments (cpr.txt §5.1), where `small`'s cap leaves
+//!   them 85.7%.
 //! - `kaggle`: the 26 Criteo Kaggle cardinalities (33,762,577 rows), embedding dim 16, bottom
 //!   MLP 13-512-256-64-16 and top MLP 512-256-1 as CPR trains it (cpr.txt §5.1).
 
@@ -49,12 +53,18 @@ pub struct Preset {
 }
 
 impl Preset {
-    pub const NAMES: [&'static str; 3] = ["tiny", "small", "kaggle"];
+    /// Every preset, smallest first (`kaggle` last: a checkpoint of unknown table sizes is
+    /// matched to the last preset whose model shape fits).
+    pub const NAMES: [&'static str; 4] = ["tiny", "small", "kaggle32", "kaggle"];
+
+    /// The divisor of the Kaggle cardinalities in `kaggle32`.
+    pub const KAGGLE32_DIVISOR: u64 = 32;
 
     pub fn by_name(name: &str) -> Result<Preset, CoreError> {
         match name {
             "tiny" => Ok(Self::tiny()),
             "small" => Ok(Self::small()),
+            "kaggle32" => Ok(Self::kaggle32()),
             "kaggle" => Ok(Self::kaggle()),
             _ => Err(CoreError::UnknownPreset(name.to_string())),
         }
@@ -123,6 +133,27 @@ impl Preset {
         }
     }
 
+    /// Kaggle's row distribution at `small`'s size: every cardinality divided by 32, rounded
+    /// up, and `small`'s training settings.
+    pub fn kaggle32() -> Preset {
+        Preset {
+            name: "kaggle32".into(),
+            table_rows: KAGGLE_TABLE_ROWS
+                .iter()
+                .map(|&r| r.div_ceil(Self::KAGGLE32_DIVISOR))
+                .collect(),
+            ..Self::small()
+        }
+    }
+
+    /// The share of all rows held by the `n` largest tables.
+    pub fn largest_tables_share(&self, n: usize) -> f64 {
+        let mut rows = self.table_rows.clone();
+        rows.sort_unstable_by(|a, b| b.cmp(a));
+        let top: u64 = rows.iter().take(n).sum();
+        top as f64 / self.total_rows().max(1) as f64
+    }
+
     /// Total embedding rows.
     pub fn total_rows(&self) -> u64 {
         self.table_rows.iter().sum()
@@ -183,6 +214,14 @@ mod tests {
             (900_000..1_100_000).contains(&small),
             "small has {small} rows"
         );
+        assert_eq!(Preset::kaggle32().total_rows(), 1_055_093);
+        // CPR §5.1: the 7 largest Kaggle tables hold 99.6% of the rows; `kaggle32` keeps
+        // that, `small`'s cap does not.
+        for p in [Preset::kaggle(), Preset::kaggle32()] {
+            let share = p.largest_tables_share(7);
+            assert!((0.995..0.997).contains(&share), "{}: {share}", p.name);
+        }
+        assert!(Preset::small().largest_tables_share(7) < 0.9);
         assert!(matches!(
             Preset::by_name("huge"),
             Err(CoreError::UnknownPreset(_))

@@ -27,7 +27,7 @@ use ftrec_ps::ec::{audit_parities, EcGrpcClient, EcService, TxnId, TxnPhase};
 use ftrec_ps::PsError;
 use ftrec_strategy::{Action, EcRec, EcRecConfig, Event, RebuildPacer, Strategy};
 
-use super::{Coordinator, Failure, MAX_RECOVERIES};
+use super::{Coordinator, Failure};
 use crate::control::{ToWorker, TxnHold};
 use crate::ecrec::{
     largest_shard_bytes, memory, AuditReport, EcReport, EcServerSpec, RebuildReport,
@@ -470,12 +470,7 @@ impl Coordinator {
                 self.strategy.name()
             )));
         }
-        self.recoveries += 1;
-        if self.recoveries > MAX_RECOVERIES {
-            return Err(ClusterError::Recovery(format!(
-                "gave up after {MAX_RECOVERIES} recoveries"
-            )));
-        }
+        self.count_recovery()?;
         // Every server whose state is not whole yet: a rebuild reads from the others only.
         let mut lost_all: BTreeSet<u32> = servers.iter().copied().collect();
         if let Some(ec) = &self.ec {

@@ -15,7 +15,7 @@ use ftrec_ckpt::CheckpointId;
 use ftrec_ps::ckpt::CkptApi;
 use ftrec_strategy::CheckpointRef;
 
-use super::{Coordinator, MAX_RECOVERIES};
+use super::Coordinator;
 use crate::report::EventKind;
 use crate::worker::connect_all;
 use crate::{ClusterError, Phase, Role};
@@ -54,12 +54,7 @@ impl Coordinator {
         let mut replace: Vec<u32> = servers.to_vec();
         let mut others: Vec<u32> = Vec::new();
         loop {
-            self.recoveries += 1;
-            if self.recoveries > MAX_RECOVERIES {
-                return Err(ClusterError::Recovery(format!(
-                    "gave up after {MAX_RECOVERIES} recoveries"
-                )));
-            }
+            self.count_recovery()?;
             self.clients = None;
             for &s in &replace {
                 if !self
