@@ -84,6 +84,10 @@ pub struct CprBenchArgs {
     /// correlation of PLS with the AUC drop, a table and a plot (`--plot-dir`).
     #[arg(long, value_name = "RUNS")]
     pub pls_sweep: Option<usize>,
+    /// With --pls-sweep: also run CPR-SSU on each run's failures and interval (CPR §6.5,
+    /// Figure 12: its slope against vanilla's).
+    #[arg(long, requires = "pls_sweep")]
+    pub sweep_ssu: bool,
     /// Where `--pls-sweep` and `--sensitivity` write their plots (PNG and SVG)
     /// [default: the current directory].
     #[arg(long, value_name = "DIR")]

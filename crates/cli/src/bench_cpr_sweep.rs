@@ -5,7 +5,8 @@
 //! - `--pls-sweep N`: CPR §6.5 (Figure 11), N synchronous CPR-vanilla runs with 1–32 failures,
 //!   each clearing 1 to half of the servers, at an interval drawn so the expected PLS falls in
 //!   0–1, each paired with the failure-free run: the Pearson correlation of PLS with the AUC
-//!   drop (and its 95% interval, Fisher's z), the least-squares line, a table and a plot.
+//!   drop (and its 95% interval, Fisher's z), the least-squares line, a table and a plot;
+//!   `--sweep-ssu` runs CPR-SSU on the same failures and intervals too (Figure 12's slopes).
 //!
 //! Both are seeded by `--kill-seed`; every run's figures are its own (no selection).
 
@@ -140,6 +141,30 @@ struct SweepRun {
     auc: Option<f64>,
     /// Failure-free AUC minus this run's.
     auc_drop: Option<f64>,
+    /// CPR-SSU on the same failures and interval (`--sweep-ssu`).
+    ssu: Option<SweepOutcome>,
+}
+
+#[derive(Serialize)]
+struct SweepOutcome {
+    pls: Option<f64>,
+    pls_saved: Option<f64>,
+    auc: Option<f64>,
+    auc_drop: Option<f64>,
+}
+
+impl SweepOutcome {
+    fn of(r: &ftrec_cluster::RunReport, failure_free_auc: Option<f64>) -> SweepOutcome {
+        SweepOutcome {
+            pls: r.cpr.as_ref().map(|c| c.pls.total),
+            pls_saved: r.cpr.as_ref().and_then(|c| c.pls.saved_total),
+            auc: r.auc,
+            auc_drop: match (failure_free_auc, r.auc) {
+                (Some(a), Some(b)) => Some(a - b),
+                _ => None,
+            },
+        }
+    }
 }
 
 #[derive(Serialize, Clone, Copy)]
@@ -161,6 +186,8 @@ struct Sweep {
     steps: u64,
     failure_free_auc: Option<f64>,
     correlation: Option<Correlation>,
+    /// CPR-SSU's, with `--sweep-ssu`.
+    correlation_ssu: Option<Correlation>,
     runs: Vec<SweepRun>,
 }
 
@@ -230,7 +257,8 @@ pub(crate) fn pls_sweep(args: &CprBenchArgs, n: usize, json: Option<&Path>) -> R
     let dir = plot_dir(args)?;
     let mut sync = base.clone();
     sync.sync = true;
-    let mut progress = crate::progress::Runs::new("bench cpr --pls-sweep", n + 1);
+    let per_run = if args.sweep_ssu { 2 } else { 1 };
+    let mut progress = crate::progress::Runs::new("bench cpr --pls-sweep", per_run * n + 1);
     let ff = run_one(
         &sync,
         "sync-failure-free",
@@ -264,56 +292,93 @@ pub(crate) fn pls_sweep(args: &CprBenchArgs, n: usize, json: Option<&Path>) -> R
             |a| configure(a, "cpr", &iv, &kills),
             &mut progress,
         )?;
+        let ssu = if args.sweep_ssu {
+            let r = run_one(
+                &sync,
+                &format!("sweep-{i}-ssu"),
+                |a| configure(a, "cpr-ssu", &iv, &kills),
+                &mut progress,
+            )?;
+            Some(SweepOutcome::of(&r, ff.auc))
+        } else {
+            None
+        };
+        let v = SweepOutcome::of(&r, ff.auc);
         runs.push(SweepRun {
             failures: kills,
             fail_servers: k,
             failed_share: share,
             expected_pls,
             every_steps: every,
-            pls: r.cpr.as_ref().map(|c| c.pls.total),
-            pls_saved: r.cpr.as_ref().and_then(|c| c.pls.saved_total),
-            auc: r.auc,
-            auc_drop: match (ff.auc, r.auc) {
-                (Some(a), Some(b)) => Some(a - b),
-                _ => None,
-            },
+            pls: v.pls,
+            pls_saved: v.pls_saved,
+            auc: v.auc,
+            auc_drop: v.auc_drop,
+            ssu,
         });
     }
     let points: Vec<(f64, f64)> = runs
         .iter()
         .filter_map(|r| Some((r.pls?, r.auc_drop?)))
         .collect();
+    let ssu_points: Vec<(f64, f64)> = runs
+        .iter()
+        .filter_map(|r| r.ssu.as_ref().and_then(|s| Some((s.pls?, s.auc_drop?))))
+        .collect();
     let corr = correlation(&points);
+    let corr_ssu = correlation(&ssu_points);
     println!(
-        "{:>4} {:>8} {:>7} {:>9} {:>7} {:>8} {:>9}",
-        "run", "failures", "share", "exp. PLS", "every", "PLS", "AUC drop"
+        "{:>4} {:>8} {:>7} {:>9} {:>7} {:>8} {:>9} {:>8} {:>9}",
+        "run", "failures", "share", "exp. PLS", "every", "PLS", "AUC drop", "SSU PLS", "SSU drop"
     );
     for (i, r) in runs.iter().enumerate() {
         println!(
-            "{:>4} {:>8} {:>6.1}% {:>9.3} {:>7} {:>8} {:>9}",
+            "{:>4} {:>8} {:>6.1}% {:>9.3} {:>7} {:>8} {:>9} {:>8} {:>9}",
             i,
             r.failures.len(),
             r.failed_share * 100.0,
             r.expected_pls,
             r.every_steps,
             opt(r.pls, 4),
-            opt(r.auc_drop, 5)
+            opt(r.auc_drop, 5),
+            opt(r.ssu.as_ref().and_then(|s| s.pls), 4),
+            opt(r.ssu.as_ref().and_then(|s| s.auc_drop), 5)
         );
     }
-    match &corr {
-        Some(c) => println!(
-            "PLS vs AUC drop over {} runs: Pearson r = {:.3}{}; AUC drop = {:.5} * PLS {:+.5}",
-            c.n,
-            c.pearson,
-            c.ci95.map_or(String::new(), |(lo, hi)| format!(
-                " (95% [{lo:.2}, {hi:.2}])"
-            )),
-            c.slope,
-            c.intercept
-        ),
-        None => println!("PLS vs AUC drop: no correlation (fewer than 3 points or no spread)"),
+    for (name, c) in [("cpr", corr), ("cpr-ssu", corr_ssu)] {
+        match c {
+            Some(c) => println!(
+                "{name}: PLS vs AUC drop over {} runs: Pearson r = {:.3}{}; AUC drop = {:.5} * \
+                 PLS {:+.5}",
+                c.n,
+                c.pearson,
+                c.ci95.map_or(String::new(), |(lo, hi)| format!(
+                    " (95% [{lo:.2}, {hi:.2}])"
+                )),
+                c.slope,
+                c.intercept
+            ),
+            None if name == "cpr" => {
+                println!(
+                    "{name}: PLS vs AUC drop: no correlation (fewer than 3 points or no spread)"
+                )
+            }
+            None => {}
+        }
     }
-    crate::plot::draw_pls_sweep(&points, corr, &dir)?;
+    let mut series = vec![crate::plot::SweepSeries {
+        name: "CPR-vanilla",
+        points: &points,
+        fit: corr,
+    }];
+    if args.sweep_ssu {
+        series.push(crate::plot::SweepSeries {
+            name: "CPR-SSU",
+            points: &ssu_points,
+            fit: corr_ssu,
+        });
+    }
+    crate::plot::draw_pls_sweep(&series, &dir)?;
     println!("plot: {}", dir.join("cpr-pls-auc.png").display());
     if let Some(path) = json {
         crate::write_json(
@@ -325,6 +390,7 @@ pub(crate) fn pls_sweep(args: &CprBenchArgs, n: usize, json: Option<&Path>) -> R
                 steps,
                 failure_free_auc: ff.auc,
                 correlation: corr,
+                correlation_ssu: corr_ssu,
                 runs,
             },
         )?;

@@ -432,6 +432,9 @@ pub enum BenchCmd {
     /// counting what was saved) and the paired AUC drop against full recovery from synchronous
     /// runs over --seeds failure placements, mean and 95% interval. --failures failures per
     /// run (default 2, as the paper's emulated 56-hour job) of --fail-servers servers each.
+    /// --sensitivity runs CPR §6.3's target-PLS study instead, --pls-sweep §6.5's PLS–AUC
+    /// correlation; both draw a plot. Preset kaggle32 keeps Kaggle's row distribution (the 7
+    /// largest tables 99.6% of the rows) at a million rows.
     Cpr(crate::bench_cpr::CprBenchArgs),
     /// IncrCP against naive incremental and Check-N-Run (and DECK) on one workload, as IncrCP
     /// §5 measures: every checkpoint written first, then each one's recovery timed warm and

@@ -777,40 +777,44 @@ pub struct SensitivityPoint {
     pub auc_drop_ci95: Option<f64>,
 }
 
-/// CPR §6.5 (Figure 11): each run's PLS against its AUC drop, and the least-squares line,
-/// into `out/cpr-pls-auc.png` and `.svg`.
-pub fn draw_pls_sweep(
-    points: &[(f64, f64)],
-    fit: Option<crate::bench_cpr_sweep::Correlation>,
-    out: &Path,
-) -> Result<()> {
+/// One series of CPR §6.5's scatter: a variant's runs and its least-squares line.
+pub struct SweepSeries<'a> {
+    pub name: &'static str,
+    pub points: &'a [(f64, f64)],
+    pub fit: Option<crate::bench_cpr_sweep::Correlation>,
+}
+
+/// CPR §6.5 (Figures 11 and 12): each run's PLS against its AUC drop and each variant's
+/// least-squares line, into `out/cpr-pls-auc.png` and `.svg`.
+pub fn draw_pls_sweep(series: &[SweepSeries<'_>], out: &Path) -> Result<()> {
     register_fonts()?;
-    both!(out, "cpr-pls-auc", (900, 600), pls_scatter, (points, fit));
+    both!(out, "cpr-pls-auc", (900, 600), pls_scatter, series);
     Ok(())
 }
 
-type SweepData<'a> = (
-    &'a [(f64, f64)],
-    Option<crate::bench_cpr_sweep::Correlation>,
-);
-
-fn pls_scatter<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: SweepData<'_>) -> Res {
-    let (points, fit) = data;
+fn pls_scatter<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    series: &[SweepSeries<'_>],
+) -> Res {
     root.fill(&WHITE).map_err(err)?;
-    let title = match fit {
+    let title = match series.first().and_then(|s| s.fit) {
         Some(c) => format!(
-            "PLS and AUC drop (CPR-vanilla): Pearson r = {:.3} over {} runs",
+            "PLS and AUC drop: CPR-vanilla's Pearson r = {:.3} over {} runs",
             c.pearson, c.n
         ),
-        None => "PLS and AUC drop (CPR-vanilla)".into(),
+        None => "PLS and AUC drop".into(),
     };
     let area = root.titled(&title, title_style()).map_err(err)?;
-    if points.is_empty() {
+    let all: Vec<(f64, f64)> = series
+        .iter()
+        .flat_map(|s| s.points.iter().copied())
+        .collect();
+    if all.is_empty() {
         return no_data(&area, "no run with a PLS and an AUC");
     }
-    let x_max = points.iter().map(|p| p.0).fold(1e-3f64, f64::max) * 1.08;
+    let x_max = all.iter().map(|p| p.0).fold(1e-3f64, f64::max) * 1.08;
     let (mut lo, mut hi) = (0.0f64, 0.0f64);
-    for p in points {
+    for p in &all {
         lo = lo.min(p.1);
         hi = hi.max(p.1);
     }
@@ -830,22 +834,39 @@ fn pls_scatter<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: SweepDat
         .y_label_formatter(&|y| format!("{y:.4}"))
         .draw()
         .map_err(err)?;
-    let blue = RGBColor(31, 119, 180);
-    chart
-        .draw_series(
-            points
-                .iter()
-                .map(|&(x, y)| Circle::new((x, y), 5, blue.mix(0.8).filled())),
-        )
-        .map_err(err)?;
-    if let Some(c) = fit {
+    let palette = [RGBColor(214, 39, 40), RGBColor(31, 119, 180)];
+    for (i, s) in series.iter().enumerate() {
+        let c = palette[i % palette.len()];
+        let label = match s.fit {
+            Some(f) => format!("{} (r = {:.2}, slope {:.4})", s.name, f.pearson, f.slope),
+            None => s.name.to_string(),
+        };
         chart
-            .draw_series(LineSeries::new(
-                [0.0, x_max].map(|x| (x, c.slope * x + c.intercept)),
-                ShapeStyle::from(&RGBColor(214, 39, 40)).stroke_width(2),
-            ))
-            .map_err(err)?;
+            .draw_series(
+                s.points
+                    .iter()
+                    .map(|&(x, y)| Circle::new((x, y), 5, c.mix(0.75).filled())),
+            )
+            .map_err(err)?
+            .label(label)
+            .legend(move |(x, y)| Circle::new((x + 10, y), 5, c.filled()));
+        if let Some(f) = s.fit {
+            chart
+                .draw_series(LineSeries::new(
+                    [0.0, x_max].map(|x| (x, f.slope * x + f.intercept)),
+                    ShapeStyle::from(&c).stroke_width(2),
+                ))
+                .map_err(err)?;
+        }
     }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(style(15))
+        .draw()
+        .map_err(err)?;
     Ok(())
 }
 

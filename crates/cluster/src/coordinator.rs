@@ -65,9 +65,6 @@ use crate::{
 /// Longest a worker may take for one batch (pull, compute, stage or push) before it counts as
 /// failed.
 const STEP_TIMEOUT: Duration = Duration::from_secs(60);
-/// Recoveries beyond the run's injected kills after which it gives up (a replacement that keeps
-/// dying is not a fault the strategies can fix).
-const MAX_RECOVERIES: u32 = 16;
 /// Failed batches in a row, with every server alive, after which a run gives up.
 const MAX_UNEXPLAINED_FAILURES: u32 = 3;
 /// How long a stopping process may take to exit before it is killed.
@@ -638,71 +635,6 @@ impl Coordinator {
         self.ask_one(w, ToWorker::Setup(Box::new(setup)))?;
         self.ask_one(w, self.connect_cmd())?;
         Ok(())
-    }
-
-    fn update_heartbeat(&mut self) {
-        let targets = self
-            .server_addrs
-            .iter()
-            .enumerate()
-            .map(|(i, a)| (self.generation[i], a.clone()))
-            .collect();
-        let _ = self.hb_targets.send(targets);
-    }
-
-    /// Count one recovery attempt; an error once they exceed what the injected kills explain by
-    /// [`MAX_RECOVERIES`]. An injected kill (one per process) explains two: its own recovery
-    /// and the retry of a recovery it interrupted (servers killed at once are found one by
-    /// one: the first one's load fails on the second, which is replaced, and then restored).
-    fn count_recovery(&mut self) -> Result<(), ClusterError> {
-        self.recoveries += 1;
-        let budget = MAX_RECOVERIES + 2 * self.cfg.kills.len() as u32;
-        if self.recoveries > budget {
-            return Err(ClusterError::Recovery(format!(
-                "gave up after {budget} recoveries ({} injected kills)",
-                self.cfg.kills.len()
-            )));
-        }
-        Ok(())
-    }
-
-    /// Servers that are lost now: exited, or silent for the heartbeat timeout.
-    fn probe_lost(&mut self) -> Vec<u32> {
-        let mut lost = Vec::new();
-        for i in 0..self.cfg.servers {
-            let exited = self
-                .procs
-                .get_mut(i as usize)
-                .is_some_and(|p| p.has_exited());
-            if exited || !self.probe(i) {
-                lost.push(i);
-            }
-        }
-        lost
-    }
-
-    /// Losses the heartbeat task reported for the servers' current generations.
-    fn heartbeat_losses(&mut self) -> Vec<u32> {
-        let mut lost = Vec::new();
-        while let Ok((server, generation, _)) = self.lost_rx.try_recv() {
-            if self.generation.get(server as usize) == Some(&generation) && !lost.contains(&server)
-            {
-                lost.push(server);
-            }
-        }
-        lost
-    }
-
-    /// Heartbeat reports confirmed by a probe (one that times out once may be a slow server).
-    fn confirmed_heartbeat_losses(&mut self) -> Vec<u32> {
-        let hb = self.heartbeat_losses();
-        if hb.is_empty() {
-            return hb;
-        }
-        self.probe_lost()
-            .into_iter()
-            .filter(|s| hb.contains(s))
-            .collect()
     }
 
     /// The open failure record of `role` `id`, marked detected now (a new one if the loss

@@ -513,6 +513,39 @@ mod cpr {
         );
     }
 
+    /// CPR §6.5 runs up to 32 failures in one job: twelve failures of two servers each (24
+    /// kills; a pair is found one by one, so up to three recovery attempts each, past the
+    /// budget a run allowed whatever it injected) all end restored, nothing redone.
+    #[test]
+    fn a_run_with_many_failures_of_several_servers_recovers_from_each() {
+        let steps = 30;
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(&dir, steps);
+        cfg.servers = 4;
+        cfg.strategy = cpr(4, None, 4);
+        let pairs = ["0,1", "2,3", "0,2", "1,3", "0,3", "1,2"];
+        cfg.kills = (0..12)
+            .flat_map(|i| {
+                KillSpec::parse_many(&format!("server={}@step={}", pairs[i % 6], 2 + 2 * i))
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(cfg.kills.len(), 24);
+        let report = run(&cfg).unwrap();
+        assert_no_children_left(&report);
+        assert!(report.aborted.is_none(), "{:?}", report.aborted);
+        assert_eq!(report.steps, steps);
+        assert_eq!(report.samples_redone, 0);
+        let f: Vec<_> = report
+            .failures
+            .iter()
+            .filter(|f| f.role == Role::Server)
+            .collect();
+        assert_eq!(f.len(), 24, "{:#?}", report.failures);
+        assert!(f.iter().all(|f| f.recovered_s.is_some()));
+        assert_eq!(report.cpr.as_ref().unwrap().pls.per_failure.len(), 24);
+    }
+
     #[test]
     fn cpr_settings_are_validated() {
         let dir = tempfile::tempdir().unwrap();

@@ -24,7 +24,27 @@ pub(super) struct Fired {
     step: u64,
 }
 
+/// Recoveries beyond the run's injected kills after which it gives up (a replacement that keeps
+/// dying is not a fault the strategies can fix).
+const MAX_RECOVERIES: u32 = 16;
+
 impl Coordinator {
+    /// Count one recovery attempt; an error once they exceed what the injected kills explain by
+    /// [`MAX_RECOVERIES`]. An injected kill (one per process) explains two: its own recovery
+    /// and the retry of a recovery it interrupted (servers killed at once are found one by
+    /// one: the first one's load fails on the second, which is replaced, and then restored).
+    pub(super) fn count_recovery(&mut self) -> Result<(), ClusterError> {
+        self.recoveries += 1;
+        let budget = MAX_RECOVERIES + 2 * self.cfg.kills.len() as u32;
+        if self.recoveries > budget {
+            return Err(ClusterError::Recovery(format!(
+                "gave up after {budget} recoveries ({} injected kills)",
+                self.cfg.kills.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// Fire the kills scheduled for `point`; returns whether any fired.
     fn fire(&mut self, due: impl Fn(&KillAt) -> bool) -> bool {
         self.fire_some(|k| due(&k.at))

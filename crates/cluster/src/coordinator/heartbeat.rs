@@ -1,7 +1,8 @@
 //! The coordinator's heartbeats: every server probed at a fixed interval, a silent one
 //! reported once per generation. The probes carry the coordinator's table of incarnations
 //! ([`ftrec_ps::fence`]), so a server that missed an announcement learns it within one
-//! interval.
+//! interval. Beside it, the coordinator's own view of losses: a probe of every server, and the
+//! heartbeat's reports for the servers' current generations.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -70,6 +71,57 @@ pub(super) async fn heartbeat(
                 }
             }
         }
+    }
+}
+
+impl super::Coordinator {
+    pub(super) fn update_heartbeat(&mut self) {
+        let targets = self
+            .server_addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (self.generation[i], a.clone()))
+            .collect();
+        let _ = self.hb_targets.send(targets);
+    }
+
+    /// Servers that are lost now: exited, or silent for the heartbeat timeout.
+    pub(super) fn probe_lost(&mut self) -> Vec<u32> {
+        let mut lost = Vec::new();
+        for i in 0..self.cfg.servers {
+            let exited = self
+                .procs
+                .get_mut(i as usize)
+                .is_some_and(|p| p.has_exited());
+            if exited || !self.probe(i) {
+                lost.push(i);
+            }
+        }
+        lost
+    }
+
+    /// Losses the heartbeat task reported for the servers' current generations.
+    pub(super) fn heartbeat_losses(&mut self) -> Vec<u32> {
+        let mut lost = Vec::new();
+        while let Ok((server, generation, _)) = self.lost_rx.try_recv() {
+            if self.generation.get(server as usize) == Some(&generation) && !lost.contains(&server)
+            {
+                lost.push(server);
+            }
+        }
+        lost
+    }
+
+    /// Heartbeat reports confirmed by a probe (one that times out once may be a slow server).
+    pub(super) fn confirmed_heartbeat_losses(&mut self) -> Vec<u32> {
+        let hb = self.heartbeat_losses();
+        if hb.is_empty() {
+            return hb;
+        }
+        self.probe_lost()
+            .into_iter()
+            .filter(|s| hb.contains(s))
+            .collect()
     }
 }
 
