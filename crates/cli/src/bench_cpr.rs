@@ -246,6 +246,15 @@ pub(crate) fn run_one(
     crate::bench::bench_run(name, a, |_| {}, progress)
 }
 
+/// The failure-free run of `base` (strategy `none`, no kills): the pairing's reference.
+pub(crate) fn failure_free(
+    base: &RunArgs,
+    name: &str,
+    progress: &mut crate::progress::Runs,
+) -> Result<RunReport> {
+    run_one(base, name, |a| a.strategy = Some("none".into()), progress)
+}
+
 /// How variant `name` is configured on top of `a` (strategy, interval, priority, kills).
 pub(crate) struct Intervals {
     pub(crate) cpr_time: Option<(f64, f64)>,
@@ -352,12 +361,7 @@ pub(crate) fn bench(
                 .sum::<usize>()
         };
     let mut progress = crate::progress::Runs::new("bench cpr", n_runs);
-    let none = run_one(
-        &base,
-        "failure_free",
-        |a| a.strategy = Some("none".into()),
-        &mut progress,
-    )?;
+    let none = failure_free(&base, "failure_free", &mut progress)?;
     let steps_per_s = none.steps as f64 / none.train_s.max(1e-9);
     let t_fail_s = none.train_s / args.failures as f64;
     let schedule = placement(args.kill_seed, args.failures, k, servers, steps);
@@ -413,12 +417,7 @@ pub(crate) fn bench(
             cpr_steps: iv.cpr_steps,
             full_steps: iv.full_steps,
         };
-        let ff = run_one(
-            &sync,
-            "sync-failure-free",
-            |a| a.strategy = Some("none".into()),
-            &mut progress,
-        )?;
+        let ff = failure_free(&sync, "sync-failure-free", &mut progress)?;
         sync_ff_auc = ff.auc;
         for i in 0..args.seeds {
             let seed = args.kill_seed + 1 + i as u64;

@@ -17,8 +17,8 @@ use ftrec_core::rng::SplitMix;
 use serde::Serialize;
 
 use crate::bench_cpr::{
-    base_of, bench, check_target_pls, configure, opt, placement, run_one, CprBench, CprBenchArgs,
-    Failure, Intervals,
+    base_of, bench, check_target_pls, configure, failure_free, opt, placement, run_one, CprBench,
+    CprBenchArgs, Failure, Intervals,
 };
 
 /// The failures of one sweep run: at most this many (CPR §6.5: "1–32 random failures").
@@ -259,12 +259,7 @@ pub(crate) fn pls_sweep(args: &CprBenchArgs, n: usize, json: Option<&Path>) -> R
     sync.sync = true;
     let per_run = if args.sweep_ssu { 2 } else { 1 };
     let mut progress = crate::progress::Runs::new("bench cpr --pls-sweep", per_run * n + 1);
-    let ff = run_one(
-        &sync,
-        "sync-failure-free",
-        |a| a.strategy = Some("none".into()),
-        &mut progress,
-    )?;
+    let ff = failure_free(&sync, "sync-failure-free", &mut progress)?;
     let mut rng = SplitMix::keyed(args.kill_seed, 0x706c_7377, 0);
     let max_failures = SWEEP_MAX_FAILURES.min(steps - 1);
     let mut runs = Vec::with_capacity(n);
