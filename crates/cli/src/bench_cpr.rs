@@ -328,9 +328,10 @@ pub(crate) fn base_of(args: &CprBenchArgs) -> Result<(RunArgs, ftrec_cluster::Ru
     Ok((base, cfg))
 }
 
-pub(crate) fn check_target_pls(target_pls: f64) -> Result<()> {
+/// `flag` names where the value came from.
+pub(crate) fn check_target_pls(target_pls: f64, flag: &str) -> Result<()> {
     if !(target_pls.is_finite() && target_pls > 0.0 && target_pls <= 1.0) {
-        bail!("target PLS {target_pls} must be in (0, 1]");
+        bail!("{flag}: target PLS {target_pls} must be in (0, 1]");
     }
     Ok(())
 }
@@ -342,7 +343,7 @@ pub(crate) fn bench(
     target_pls: f64,
     variants: &[&'static str],
 ) -> Result<CprBench> {
-    check_target_pls(target_pls)?;
+    check_target_pls(target_pls, "--target-pls")?;
     let (base, cfg) = base_of(args)?;
     let (steps, servers) = (cfg.steps, cfg.servers);
     let k = args.fail_servers.unwrap_or(servers.div_ceil(4).max(1));

@@ -48,7 +48,7 @@ struct Sensitivity {
 /// CPR §6.3: CPR-vanilla and CPR-SSU at each target PLS of `--sensitivity`.
 pub(crate) fn sensitivity(args: &CprBenchArgs, json: Option<&Path>) -> Result<()> {
     for &t in &args.sensitivity {
-        check_target_pls(t)?;
+        check_target_pls(t, "--sensitivity")?;
     }
     base_of(args)?;
     let mut rows = Vec::new();
