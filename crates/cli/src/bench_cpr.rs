@@ -246,6 +246,11 @@ pub(crate) fn run_one(
     crate::bench::bench_run(name, a, |_| {}, progress)
 }
 
+/// The failure-free AUC minus a run's, when both were evaluated.
+pub(crate) fn auc_drop(failure_free: Option<f64>, run: Option<f64>) -> Option<f64> {
+    Some(failure_free? - run?)
+}
+
 /// The failure-free run of `base` (strategy `none`, no kills): the pairing's reference.
 pub(crate) fn failure_free(
     base: &RunArgs,
@@ -441,10 +446,7 @@ pub(crate) fn bench(
                     seed,
                     failures: kills.clone(),
                     auc: r.auc,
-                    auc_drop: match (ff.auc, r.auc) {
-                        (Some(a), Some(b)) => Some(a - b),
-                        _ => None,
-                    },
+                    auc_drop: auc_drop(ff.auc, r.auc),
                     pls: r.cpr.as_ref().map(|c| c.pls.total),
                     pls_saved: r.cpr.as_ref().and_then(|c| c.pls.saved_total),
                     model_digest: r.model_digest.clone(),

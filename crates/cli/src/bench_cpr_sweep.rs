@@ -17,8 +17,8 @@ use ftrec_core::rng::SplitMix;
 use serde::Serialize;
 
 use crate::bench_cpr::{
-    base_of, bench, check_target_pls, configure, failure_free, opt, placement, run_one, CprBench,
-    CprBenchArgs, Failure, Intervals,
+    auc_drop, base_of, bench, check_target_pls, configure, failure_free, opt, placement, run_one,
+    CprBench, CprBenchArgs, Failure, Intervals,
 };
 
 /// The failures of one sweep run: at most this many (CPR §6.5: "1–32 random failures").
@@ -159,10 +159,7 @@ impl SweepOutcome {
             pls: r.cpr.as_ref().map(|c| c.pls.total),
             pls_saved: r.cpr.as_ref().and_then(|c| c.pls.saved_total),
             auc: r.auc,
-            auc_drop: match (failure_free_auc, r.auc) {
-                (Some(a), Some(b)) => Some(a - b),
-                _ => None,
-            },
+            auc_drop: auc_drop(failure_free_auc, r.auc),
         }
     }
 }

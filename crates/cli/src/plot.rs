@@ -850,24 +850,38 @@ fn pls_scatter<DB: DrawingBackend>(
             .map_err(err)?
             .label(label)
             .legend(move |(x, y)| Circle::new((x + 10, y), 5, c.filled()));
-        if let Some(f) = s.fit {
+        // The fit over the series' own range of PLS, not beyond it.
+        let (x0, x1) = s
+            .points
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
+                (a.min(p.0), b.max(p.0))
+            });
+        if let (Some(f), true) = (s.fit, x0 < x1) {
             chart
                 .draw_series(LineSeries::new(
-                    [0.0, x_max].map(|x| (x, f.slope * x + f.intercept)),
+                    [x0, x1].map(|x| (x, f.slope * x + f.intercept)),
                     ShapeStyle::from(&c).stroke_width(2),
                 ))
                 .map_err(err)?;
         }
     }
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)
+}
+
+/// The series labels of `chart` at `pos`, on a white box.
+fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    pos: SeriesLabelPosition,
+) -> Res {
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(pos)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .label_font(style(15))
         .draw()
-        .map_err(err)?;
-    Ok(())
+        .map_err(err)
 }
 
 /// CPR §6.3 (Figure 9): overhead and AUC drop against the target PLS, one line per variant,
@@ -900,15 +914,23 @@ fn sensitivity<DB: DrawingBackend>(
     variants.dedup();
     let palette = [RGBColor(214, 39, 40), RGBColor(31, 119, 180)];
     type Pick = fn(&SensitivityPoint) -> Option<(f64, f64)>;
-    let panels: [(&DrawingArea<DB, Shift>, &str, Pick); 2] = [
-        (&left, "overhead (% of training time)", |p| {
-            Some((p.overhead_share * 100.0, 0.0))
-        }),
-        (&right, "AUC drop against full recovery", |p| {
-            p.auc_drop.map(|d| (d, p.auc_drop_ci95.unwrap_or(0.0)))
-        }),
+    // The overhead falls as the target rises and the AUC drop grows: each legend where its
+    // lines are not.
+    let panels: [(&DrawingArea<DB, Shift>, &str, Pick, SeriesLabelPosition); 2] = [
+        (
+            &left,
+            "overhead (% of training time)",
+            |p| Some((p.overhead_share * 100.0, 0.0)),
+            SeriesLabelPosition::UpperRight,
+        ),
+        (
+            &right,
+            "AUC drop against full recovery",
+            |p| p.auc_drop.map(|d| (d, p.auc_drop_ci95.unwrap_or(0.0))),
+            SeriesLabelPosition::UpperLeft,
+        ),
     ];
-    for (area, desc, pick) in panels {
+    for (area, desc, pick, pos) in panels {
         let vals: Vec<(f64, f64)> = points.iter().filter_map(pick).collect();
         if vals.is_empty() {
             no_data(area, "not measured")?;
@@ -957,13 +979,7 @@ fn sensitivity<DB: DrawingBackend>(
                 )
                 .map_err(err)?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .label_font(style(15))
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart, pos)?;
     }
     Ok(())
 }
