@@ -8,7 +8,7 @@
 //! `ftrec_core::SparseGradAccumulator`).
 
 use ftrec_core::prefetch::AHEAD;
-use ftrec_core::{EmbeddingTable, RowId, SparseFeature, SparseGradAccumulator};
+use ftrec_core::{EmbeddingTable, Optimizer, RowId, SparseFeature, SparseGradAccumulator};
 
 use crate::ModelError;
 
@@ -67,24 +67,50 @@ fn pool_with<'a, F, A>(
     features: &[SparseFeature],
     batch: usize,
     dim: usize,
-    mut fetch: F,
-    mut ahead: A,
+    fetch: F,
+    ahead: A,
     pooled: &mut [f32],
 ) -> Result<(), ModelError>
 where
     F: FnMut(usize, RowId) -> Option<&'a [f32]>,
     A: FnMut(usize, RowId),
 {
-    let tables = features.len();
-    check_len("pooled embeddings", batch * tables * dim, pooled.len())?;
+    check_len(
+        "pooled embeddings",
+        batch * features.len() * dim,
+        pooled.len(),
+    )?;
     check_features(features, batch)?;
+    pool_range(features, 0, dim, fetch, ahead, pooled)
+}
+
+/// Pool the samples from `first` on into `out` (whole samples of `tables x dim` floats), table
+/// by table so that one table's rows are read one after the other.
+fn pool_range<'a, F, A>(
+    features: &[SparseFeature],
+    first: usize,
+    dim: usize,
+    mut fetch: F,
+    mut ahead: A,
+    out: &mut [f32],
+) -> Result<(), ModelError>
+where
+    F: FnMut(usize, RowId) -> Option<&'a [f32]>,
+    A: FnMut(usize, RowId),
+{
+    let tables = features.len();
+    if tables == 0 || dim == 0 {
+        return Ok(());
+    }
+    let samples = out.len() / (tables * dim);
     for (t, f) in features.iter().enumerate() {
-        for i in 0..batch {
-            let out = &mut pooled[(i * tables + t) * dim..(i * tables + t + 1) * dim];
+        for j in 0..samples {
+            let i = first + j;
+            let out = &mut out[(j * tables + t) * dim..(j * tables + t + 1) * dim];
             out.fill(0.0);
-            let first = f.offsets[i] as usize;
+            let start = f.offsets[i] as usize;
             for (k, &row) in f.bag(i).iter().enumerate() {
-                if let Some(&next) = f.ids.get(first + k + AHEAD) {
+                if let Some(&next) = f.ids.get(start + k + AHEAD) {
                     ahead(t, next);
                 }
                 let values = fetch(t, row).ok_or(ModelError::RowUnavailable { table: t, row })?;
@@ -106,12 +132,15 @@ where
 }
 
 /// [`pool_sum`] over whole tables (`tables[t]` serves feature `t`); the dim is the tables'.
-/// An id beyond its table is `CoreError::RowOutOfRange`.
+/// An id beyond its table is `CoreError::RowOutOfRange`. The samples are split over up to
+/// `threads` threads; each pooled bag is summed in bag order whichever thread pools it, so the
+/// result is the same for every thread count.
 pub fn pool_sum_tables(
     features: &[SparseFeature],
     batch: usize,
     tables: &[EmbeddingTable],
     pooled: &mut [f32],
+    threads: usize,
 ) -> Result<(), ModelError> {
     check_len("embedding tables", features.len(), tables.len())?;
     let dim = tables.first().map_or(0, |t| t.layout().dim);
@@ -129,14 +158,42 @@ pub fn pool_sum_tables(
     }
     // The ids are random over tables far larger than the caches: each read is a miss that the
     // loop would otherwise wait for in turn, so the row `AHEAD` ids on is requested first.
-    pool_with(
-        features,
+    check_len(
+        "pooled embeddings",
+        batch * features.len() * dim,
+        pooled.len(),
+    )?;
+    check_features(features, batch)?;
+    let sample_floats = features.len() * dim;
+    if sample_floats == 0 {
+        return Ok(());
+    }
+    let ids_per_sample = features.iter().map(|f| f.ids.len()).sum::<usize>() / batch.max(1);
+    let failed = std::sync::Mutex::new(None);
+    crate::par::split1(
+        threads,
         batch,
-        dim,
-        |t, row| Some(tables[t].row(row)),
-        |t, row| tables[t].prefetch_row(row),
+        ids_per_sample.max(1) * dim,
         pooled,
-    )
+        sample_floats,
+        |first, out| {
+            let done = pool_range(
+                features,
+                first,
+                dim,
+                |t, row| Some(tables[t].row(row)),
+                |t, row| tables[t].prefetch_row(row),
+                out,
+            );
+            if let Err(e) = done {
+                *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+            }
+        },
+    );
+    match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// Feed the pooled gradient `[batch x tables x dim]` back to every looked-up row: each id in
@@ -156,13 +213,107 @@ pub fn scatter_grads(
     check_len("pooled gradient", batch * tables * dim, grad_pooled.len())?;
     check_features(features, batch)?;
     for (t, (f, acc)) in features.iter().zip(accs.iter_mut()).enumerate() {
-        for i in 0..batch {
-            let g = &grad_pooled[(i * tables + t) * dim..(i * tables + t + 1) * dim];
-            for &row in f.bag(i) {
-                acc.add(row, g);
-            }
+        scatter_table(f, t, tables, dim, grad_pooled, acc);
+    }
+    Ok(())
+}
+
+/// Table `t`'s part of [`scatter_grads`] (`tables` features in the pooled gradient).
+fn scatter_table(
+    f: &SparseFeature,
+    t: usize,
+    tables: usize,
+    dim: usize,
+    grad_pooled: &[f32],
+    acc: &mut SparseGradAccumulator,
+) {
+    for i in 0..f.offsets.len() - 1 {
+        let g = &grad_pooled[(i * tables + t) * dim..(i * tables + t + 1) * dim];
+        for &row in f.bag(i) {
+            acc.add(row, g);
         }
     }
+}
+
+/// The sparse half of a training step on in-memory tables: clear `accs`, scatter the pooled
+/// gradient into them as [`scatter_grads`] does, then apply `opt` once per touched row, in id
+/// order within a table. Tables are independent, so they are spread over up to `threads`
+/// threads (the largest first, each to the least loaded); the result does not depend on the
+/// thread count.
+pub fn update_tables(
+    features: &[SparseFeature],
+    batch: usize,
+    grad_pooled: &[f32],
+    tables: &mut [EmbeddingTable],
+    accs: &mut [SparseGradAccumulator],
+    opt: &Optimizer,
+    threads: usize,
+) -> Result<(), ModelError> {
+    let n = features.len();
+    check_len("embedding tables", n, tables.len())?;
+    check_len("gradient accumulators", n, accs.len())?;
+    let dim = tables.first().map_or(0, |t| t.layout().dim);
+    if let Some(t) = tables.iter().find(|t| t.layout().dim != dim) {
+        return Err(ModelError::InvalidConfig(format!(
+            "table {} has dim {}, table 0 has dim {dim}",
+            t.id.0,
+            t.layout().dim
+        )));
+    }
+    check_len("pooled gradient", batch * n * dim, grad_pooled.len())?;
+    check_features(features, batch)?;
+    for (f, t) in features.iter().zip(tables.iter()) {
+        if let Some(&row) = f.ids.iter().find(|&&r| r >= t.rows()) {
+            t.check_row(row)?;
+        }
+    }
+    let one = |t: usize, table: &mut EmbeddingTable, acc: &mut SparseGradAccumulator| {
+        acc.clear();
+        scatter_table(&features[t], t, n, dim, grad_pooled, acc);
+        let rows = acc.sorted();
+        for (k, &(row, grad)) in rows.iter().enumerate() {
+            if let Some(&(next, _)) = rows.get(k + AHEAD) {
+                table.prefetch_row(next);
+            }
+            opt.apply(table.row_mut(row), dim, grad);
+        }
+    };
+    let ids: usize = features.iter().map(|f| f.ids.len()).sum();
+    let parts = threads
+        .min(n)
+        .min(ids * dim / crate::par::MIN_WORK_PER_THREAD)
+        .max(1);
+    if parts <= 1 {
+        for (t, (table, acc)) in tables.iter_mut().zip(accs.iter_mut()).enumerate() {
+            one(t, table, acc);
+        }
+        return Ok(());
+    }
+    let mut work: Vec<_> = tables.iter_mut().zip(accs.iter_mut()).enumerate().collect();
+    // Deal the tables with the most ids out first, each to the least loaded part.
+    work.sort_by_key(|(t, _)| std::cmp::Reverse(features[*t].ids.len()));
+    let mut bins: Vec<Vec<_>> = (0..parts).map(|_| Vec::new()).collect();
+    let mut load = vec![0usize; parts];
+    for item in work {
+        let i = (0..parts).min_by_key(|&i| load[i]).unwrap_or(0);
+        load[i] += features[item.0].ids.len();
+        bins[i].push(item);
+    }
+    let one = &one;
+    rayon::in_place_scope(|s| {
+        let mut bins = bins.into_iter();
+        let head = bins.next();
+        for bin in bins {
+            s.spawn(move |_| {
+                for (t, (table, acc)) in bin {
+                    one(t, table, acc);
+                }
+            });
+        }
+        for (t, (table, acc)) in head.into_iter().flatten() {
+            one(t, table, acc);
+        }
+    });
     Ok(())
 }
 
@@ -201,7 +352,7 @@ mod tests {
     fn pooling_sums_bags_and_empty_bags_are_zero() {
         let tables = two_tables();
         let mut pooled = vec![f32::NAN; 2 * 2 * 2];
-        pool_sum_tables(&features(), 2, &tables, &mut pooled).unwrap();
+        pool_sum_tables(&features(), 2, &tables, &mut pooled, 1).unwrap();
         assert_eq!(pooled, [4.0, -4.0, 12.0, -12.0, 1.0, -1.0, 0.0, 0.0]);
     }
 
@@ -223,7 +374,7 @@ mod tests {
         let mut f = features();
         f[1].ids[0] = 4;
         assert!(matches!(
-            pool_sum_tables(&f, 2, &tables, &mut pooled),
+            pool_sum_tables(&f, 2, &tables, &mut pooled, 1),
             Err(ModelError::Core(CoreError::RowOutOfRange {
                 table: 1,
                 row: 4,
@@ -233,15 +384,15 @@ mod tests {
         let mut f = features();
         f[0].offsets[1] = 5;
         assert!(matches!(
-            pool_sum_tables(&f, 2, &tables, &mut pooled),
+            pool_sum_tables(&f, 2, &tables, &mut pooled, 1),
             Err(ModelError::InvalidFeature { table: 0, .. })
         ));
         assert!(matches!(
-            pool_sum_tables(&features(), 3, &tables, &mut [0.0; 12]),
+            pool_sum_tables(&features(), 3, &tables, &mut [0.0; 12], 1),
             Err(ModelError::InvalidFeature { table: 0, .. })
         ));
         assert!(matches!(
-            pool_sum_tables(&features(), 2, &tables, &mut [0.0; 7]),
+            pool_sum_tables(&features(), 2, &tables, &mut [0.0; 7], 1),
             Err(ModelError::ShapeMismatch {
                 expected: 8,
                 got: 7,
@@ -271,6 +422,26 @@ mod tests {
             Err(ModelError::RowTooShort { got: 3, dim: 4, .. })
         ));
         let mut accs = vec![SparseGradAccumulator::new(2)];
+        let opt = Optimizer::new(ftrec_core::OptimizerKind::Sgd, 0.1);
+        let mut tables = two_tables();
+        assert!(matches!(
+            update_tables(&features(), 2, &[0.0; 8], &mut tables, &mut accs, &opt, 2),
+            Err(ModelError::ShapeMismatch {
+                what: "gradient accumulators",
+                ..
+            })
+        ));
+        let mut f = features();
+        f[0].ids[0] = 7;
+        let mut two = vec![SparseGradAccumulator::new(2); 2];
+        assert!(matches!(
+            update_tables(&f, 2, &[0.0; 8], &mut tables, &mut two, &opt, 2),
+            Err(ModelError::Core(CoreError::RowOutOfRange {
+                table: 0,
+                row: 7,
+                ..
+            }))
+        ));
         assert!(matches!(
             scatter_grads(&features(), 2, 2, &[0.0; 8], &mut accs),
             Err(ModelError::ShapeMismatch {
@@ -278,5 +449,98 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// A batch big enough that pooling and the table update are split over threads, with
+    /// hot rows shared by many samples and multi-id bags.
+    fn large() -> (Vec<EmbeddingTable>, Vec<SparseFeature>, Vec<f32>, usize) {
+        let (n, rows, dim, batch) = (6usize, 500u64, 8usize, 1024usize);
+        let layout = RowLayout::new(dim, 1);
+        let tables: Vec<_> = (0..n)
+            .map(|t| EmbeddingTable::new_init(TableId(t as u32), rows, layout, 3, 0.1))
+            .collect();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let features = (0..n)
+            .map(|t| {
+                let mut f = SparseFeature::with_capacity(batch);
+                for _ in 0..batch {
+                    let len = (next() % (t as u64 + 2)) as usize;
+                    let bag: Vec<u64> = (0..len).map(|_| (next() % rows).pow(2) / rows).collect();
+                    f.push_bag(&bag);
+                }
+                f
+            })
+            .collect();
+        let grad = (0..batch * n * dim)
+            .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+            .collect();
+        (tables, features, grad, batch)
+    }
+
+    #[test]
+    fn pooling_and_the_table_update_are_bit_identical_for_every_thread_count() {
+        let opt = Optimizer::new(ftrec_core::OptimizerKind::RowWiseAdagrad, 0.05);
+        let mut results = Vec::new();
+        for threads in [1, 2, 3] {
+            let (mut tables, features, grad, batch) = large();
+            let dim = tables[0].layout().dim;
+            let mut pooled = vec![f32::NAN; batch * tables.len() * dim];
+            pool_sum_tables(&features, batch, &tables, &mut pooled, threads).unwrap();
+            let mut accs = vec![SparseGradAccumulator::new(dim); tables.len()];
+            update_tables(
+                &features,
+                batch,
+                &grad,
+                &mut tables,
+                &mut accs,
+                &opt,
+                threads,
+            )
+            .unwrap();
+            // The sequential reference: pool_sum and scatter_grads, then the optimizer by id.
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let rows: Vec<Vec<u32>> = tables
+                .iter()
+                .map(|t| (0..t.rows()).flat_map(|r| bits(t.row(r))).collect())
+                .collect();
+            results.push((bits(&pooled), rows));
+        }
+        let (mut tables, features, grad, batch) = large();
+        let dim = tables[0].layout().dim;
+        let mut pooled = vec![0.0; batch * tables.len() * dim];
+        pool_sum(
+            &features,
+            batch,
+            dim,
+            |t, r| Some(tables[t].row(r)),
+            &mut pooled,
+        )
+        .unwrap();
+        let mut accs = vec![SparseGradAccumulator::new(dim); tables.len()];
+        scatter_grads(&features, batch, dim, &grad, &mut accs).unwrap();
+        for (table, acc) in tables.iter_mut().zip(&accs) {
+            for (row, g) in acc.sorted() {
+                opt.apply(table.row_mut(row), dim, g);
+            }
+        }
+        assert!(pooled.iter().any(|&v| v != 0.0));
+        for (threads, (p, rows)) in [1, 2, 3].iter().zip(&results) {
+            assert!(
+                p.iter().zip(&pooled).all(|(a, b)| *a == b.to_bits()),
+                "pooled with {threads} threads"
+            );
+            for (t, table) in tables.iter().enumerate() {
+                let want: Vec<u32> = (0..table.rows())
+                    .flat_map(|r| table.row(r).iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+                    .collect();
+                assert_eq!(rows[t], want, "table {t} updated with {threads} threads");
+            }
+        }
     }
 }

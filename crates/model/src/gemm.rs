@@ -125,6 +125,19 @@ pub fn set_gemm_threads(threads: usize) -> Result<usize, ModelError> {
         };
     }
     std::env::set_var(GEMM_THREADS_ENV, want.to_string());
+    // ftrec's own product and the per-sample splits run their first part on the calling
+    // thread, so `want - 1` pool threads complete `want`; an idle extra pool thread would only
+    // wake, find nothing and yield the core back. The `gemm` crate runs a whole product
+    // inside the pool, so it gets `want`. The pool exists once per process: if something
+    // started it already, it stays as it is.
+    let pool = match Backend::from_env()? {
+        Backend::Gemm => want,
+        _ => want.saturating_sub(1).max(1),
+    };
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(pool)
+        .thread_name(|i| format!("ftrec-math-{i}"))
+        .build_global();
     Ok(want)
 }
 

@@ -42,7 +42,7 @@
 //!     })
 //!     .collect();
 //! let mut pooled = vec![0.0; 2 * cfg.tables * cfg.dim];
-//! pool_sum_tables(&features, 2, &tables, &mut pooled)?;
+//! pool_sum_tables(&features, 2, &tables, &mut pooled, 1)?;
 //!
 //! let dense = vec![0.5; 2 * cfg.dense_in];
 //! let mut ws = Workspace::new(1)?;
@@ -66,7 +66,7 @@ pub mod metrics;
 mod packed;
 mod par;
 
-pub use bag::{check_features, pool_sum, pool_sum_tables, scatter_grads};
+pub use bag::{check_features, pool_sum, pool_sum_tables, scatter_grads, update_tables};
 pub use bench::{bench_mlp, MlpBench};
 pub use config::{DlrmConfig, LinearLayer};
 pub use dlrm::{Dlrm, Workspace};

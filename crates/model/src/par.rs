@@ -7,7 +7,7 @@
 //! handing it to another thread runs inline.
 
 /// Elements of work (roughly: floats touched) below which another thread is not worth using.
-const MIN_WORK_PER_THREAD: usize = 24 * 1024;
+pub(crate) const MIN_WORK_PER_THREAD: usize = 24 * 1024;
 
 /// Units per part when `units` units of `unit_cost` work each are split over up to `threads`
 /// threads (`units` itself when the work stays on the calling thread).

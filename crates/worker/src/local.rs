@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use ftrec_core::{Batch, EmbeddingTable, ModelDigest, RowLayout, SparseGradAccumulator, TableId};
 use ftrec_data::{BatchSource, EvalSet, Position};
-use ftrec_model::{metrics, pool_sum_tables, scatter_grads, Dlrm, DlrmConfig, Workspace};
+use ftrec_model::{metrics, pool_sum_tables, update_tables, Dlrm, DlrmConfig, Workspace};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{DataSpec, TrainConfig};
@@ -159,23 +159,28 @@ impl LocalTrainer {
 
         let t0 = Instant::now();
         self.pooled.resize(b * t * d, 0.0);
-        pool_sum_tables(&batch.sparse, b, &self.tables, &mut self.pooled)?;
+        pool_sum_tables(
+            &batch.sparse,
+            b,
+            &self.tables,
+            &mut self.pooled,
+            self.cfg.threads,
+        )?;
         let t1 = Instant::now();
         let loss =
             self.model
                 .forward_backward(&mut self.ws, &batch.dense, &self.pooled, &batch.labels)?;
         let t2 = Instant::now();
 
-        for acc in &mut self.accs {
-            acc.clear();
-        }
-        scatter_grads(&batch.sparse, b, d, self.ws.grad_pooled(), &mut self.accs)?;
-        apply_sparse(
+        update_tables(
+            &batch.sparse,
+            b,
+            self.ws.grad_pooled(),
             &mut self.tables,
-            &self.accs,
+            &mut self.accs,
             &self.cfg.sparse_optimizer,
             self.cfg.threads,
-        );
+        )?;
         let t3 = Instant::now();
         self.model
             .apply_gradients(&self.cfg.dense_optimizer, self.ws.grad_params())?;
@@ -195,7 +200,13 @@ impl LocalTrainer {
         batch.validate(p.dense_features(), &p.table_rows)?;
         let (b, t, d) = (batch.size, p.table_rows.len(), p.dim);
         self.pooled.resize(b * t * d, 0.0);
-        pool_sum_tables(&batch.sparse, b, &self.tables, &mut self.pooled)?;
+        pool_sum_tables(
+            &batch.sparse,
+            b,
+            &self.tables,
+            &mut self.pooled,
+            self.cfg.threads,
+        )?;
         self.model
             .predict(&mut self.ws, &batch.dense, &self.pooled, out)?;
         Ok(())
@@ -225,54 +236,6 @@ impl LocalTrainer {
         self.model.params().digest_into(&mut d);
         d
     }
-}
-
-/// One optimizer update per touched row. Tables are independent, so they are spread over
-/// threads; within a table rows are updated in id order. The result does not depend on the
-/// thread count.
-fn apply_sparse(
-    tables: &mut [EmbeddingTable],
-    accs: &[SparseGradAccumulator],
-    opt: &ftrec_core::Optimizer,
-    threads: usize,
-) {
-    let apply_one = |table: &mut EmbeddingTable, acc: &SparseGradAccumulator| {
-        let dim = table.layout().dim;
-        let rows = acc.sorted();
-        for (k, &(row, grad)) in rows.iter().enumerate() {
-            if let Some(&(ahead, _)) = rows.get(k + ftrec_core::prefetch::AHEAD) {
-                table.prefetch_row(ahead);
-            }
-            opt.apply(table.row_mut(row), dim, grad);
-        }
-    };
-    if threads <= 1 {
-        for (table, acc) in tables.iter_mut().zip(accs) {
-            apply_one(table, acc);
-        }
-        return;
-    }
-    let mut work: Vec<(&mut EmbeddingTable, &SparseGradAccumulator)> =
-        tables.iter_mut().zip(accs).collect();
-    // Balance by touched rows: deal the biggest tables out first.
-    work.sort_by_key(|(_, acc)| std::cmp::Reverse(acc.len()));
-    let mut bins: Vec<Vec<(&mut EmbeddingTable, &SparseGradAccumulator)>> =
-        (0..threads).map(|_| Vec::new()).collect();
-    let mut load = vec![0usize; threads];
-    for item in work {
-        let i = (0..threads).min_by_key(|&i| load[i]).unwrap_or(0);
-        load[i] += item.1.len();
-        bins[i].push(item);
-    }
-    std::thread::scope(|s| {
-        for bin in bins {
-            s.spawn(move || {
-                for (table, acc) in bin {
-                    apply_one(table, acc);
-                }
-            });
-        }
-    });
 }
 
 /// AUC and logloss of predictions against labels.
@@ -408,7 +371,14 @@ pub fn train(
     let (tx, rx) = mpsc::sync_channel::<Prefetched>(2);
     let steps = cfg.steps;
     let batch_size = cfg.batch;
+    let background = cfg.threads >= crate::sys::cores();
     let producer = std::thread::spawn(move || {
+        if background {
+            // The compute threads take every core: the generator yields to them and runs in
+            // the gaps between their parallel sections instead of preempting one of them
+            // mid-section, which stalls the other at the section's end.
+            crate::sys::lowest_priority();
+        }
         for _ in 0..steps {
             let item = source
                 .next_batch(batch_size)

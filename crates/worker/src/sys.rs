@@ -44,6 +44,27 @@ pub fn status<const N: usize>(keys: [&str; N]) -> Option<[u64; N]> {
     Some(out)
 }
 
+/// Logical cores this process may run on (1 when unknown).
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Put the calling thread in the kernel's lowest scheduling class (`SCHED_IDLE` on Linux;
+/// nothing elsewhere): it runs when a core would otherwise idle, and keeps a small share of
+/// the CPU under load, so it is slowed, never starved. Returns whether it took effect.
+pub fn lowest_priority() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: a plain system call on the calling thread (pid 0) with a valid parameter.
+        unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) == 0 }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -60,5 +81,17 @@ mod tests {
             "{before:?} -> {after:?}"
         );
         drop(big);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_lowest_priority_is_the_idle_class_of_the_calling_thread_only() {
+        let policy = || unsafe { libc::sched_getscheduler(0) };
+        let before = policy();
+        let inside = std::thread::spawn(move || (super::lowest_priority(), policy()))
+            .join()
+            .unwrap();
+        assert_eq!(inside, (true, libc::SCHED_IDLE));
+        assert_eq!(policy(), before);
     }
 }
