@@ -252,7 +252,8 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             let mlp_ms = report.timing.mlp_s * 1e3 / report.steps as f64;
             println!(
                 "trainer ({}, batch {}, {} steps): {:.0} samples/s, {:.1} ms/step \
-                 (pool {:.1}, mlp {:.1}, sparse update {:.1}, dense update {:.1}, data wait {:.1} ms/step)",
+                 (pool {:.1}, mlp {:.1}, sparse update {:.1}, dense update {:.1}, data wait {:.1} ms/step; \
+                 the data thread's CPU {:.1} ms/batch)",
                 cfg.preset.name,
                 cfg.batch,
                 report.steps,
@@ -263,6 +264,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                 report.timing.sparse_update_s * 1e3 / report.steps as f64,
                 report.timing.dense_update_s * 1e3 / report.steps as f64,
                 report.timing.data_wait_s * 1e3 / report.steps as f64,
+                report.timing.data_cpu_s * 1e3 / report.steps as f64,
             );
             let out = TrainBench {
                 preset: cfg.preset.name.clone(),

@@ -289,15 +289,25 @@ pub fn update_tables(
         }
         return Ok(());
     }
-    let mut work: Vec<_> = tables.iter_mut().zip(accs.iter_mut()).enumerate().collect();
-    // Deal the tables with the most ids out first, each to the least loaded part.
-    work.sort_by_key(|(t, _)| std::cmp::Reverse(features[*t].ids.len()));
+    let work: Vec<_> = tables.iter_mut().zip(accs.iter_mut()).enumerate().collect();
+    // A table costs a scatter per id and an optimizer step per distinct row, of which it has
+    // at most its row count (a 3-row table scatters 2,048 ids into 3 rows). Deal the costliest
+    // out first, each to the least loaded part.
+    let cost = |t: usize, table: &EmbeddingTable| {
+        let ids = features[t].ids.len();
+        ids + 3 * ids.min(usize::try_from(table.rows()).unwrap_or(usize::MAX))
+    };
+    let mut work: Vec<_> = work
+        .into_iter()
+        .map(|(t, (table, acc))| (cost(t, table), t, table, acc))
+        .collect();
+    work.sort_by_key(|w| std::cmp::Reverse(w.0));
     let mut bins: Vec<Vec<_>> = (0..parts).map(|_| Vec::new()).collect();
     let mut load = vec![0usize; parts];
-    for item in work {
+    for (c, t, table, acc) in work {
         let i = (0..parts).min_by_key(|&i| load[i]).unwrap_or(0);
-        load[i] += features[item.0].ids.len();
-        bins[i].push(item);
+        load[i] += c;
+        bins[i].push((t, (table, acc)));
     }
     let one = &one;
     rayon::in_place_scope(|s| {

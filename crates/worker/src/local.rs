@@ -43,6 +43,10 @@ pub struct StepTiming {
     pub mlp_s: f64,
     pub sparse_update_s: f64,
     pub dense_update_s: f64,
+    /// CPU time the data thread spent making the run's batches, by its own clock (0 where
+    /// the platform has none): work that shares the cores with the steps.
+    #[serde(default)]
+    pub data_cpu_s: f64,
 }
 
 impl LocalTrainer {
@@ -388,7 +392,11 @@ pub fn train(
                 break;
             }
         }
-        (source.position(), source.malformed_skipped())
+        (
+            source.position(),
+            source.malformed_skipped(),
+            crate::sys::thread_cpu_s().unwrap_or(0.0),
+        )
     });
 
     let train_start = Instant::now();
@@ -427,9 +435,10 @@ pub fn train(
     let train_s = train_start.elapsed().as_secs_f64();
     let steps = trainer.step_count();
     drop(rx);
-    let (end_position, malformed_skipped) = producer
+    let (end_position, malformed_skipped, data_cpu_s) = producer
         .join()
         .map_err(|_| WorkerError::Config("the data prefetch thread panicked".into()))?;
+    trainer.timing.data_cpu_s = data_cpu_s;
 
     let evaluation = trainer.evaluate(&eval)?;
     let teacher = Evaluation::of_teacher(&eval)?;

@@ -65,6 +65,25 @@ pub fn lowest_priority() -> bool {
     }
 }
 
+/// CPU time the calling thread has used, in seconds (`None` where there is no per-thread
+/// clock).
+pub fn thread_cpu_s() -> Option<f64> {
+    #[cfg(unix)]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec.
+        let ok = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0;
+        ok.then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -93,5 +112,25 @@ mod tests {
             .unwrap();
         assert_eq!(inside, (true, libc::SCHED_IDLE));
         assert_eq!(policy(), before);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_thread_clock_counts_this_threads_work_only() {
+        let busy = std::thread::spawn(|| {
+            let start = super::thread_cpu_s().unwrap();
+            let mut x = 0u64;
+            for i in 0..50_000_000u64 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+            }
+            super::thread_cpu_s().unwrap() - start
+        });
+        let idle = std::thread::spawn(|| {
+            let start = super::thread_cpu_s().unwrap();
+            std::thread::park_timeout(std::time::Duration::from_millis(50));
+            super::thread_cpu_s().unwrap() - start
+        });
+        let (busy, idle) = (busy.join().unwrap(), idle.join().unwrap());
+        assert!(busy > idle, "busy {busy} s, parked {idle} s");
     }
 }
