@@ -32,6 +32,7 @@ fn the_peer_has_ftrecs_shapes_and_runs_in_pairs() {
         .arg("import ast, sys\nfor p in sys.argv[1:]:\n    ast.parse(open(p).read(), p)")
         .arg(root().join("scripts/peer/compare.py"))
         .arg(root().join("scripts/peer/dlrm.py"))
+        .arg(root().join("scripts/peer/scaling.py"))
         .output()
     else {
         println!("skipped: no python3 on this machine");
@@ -85,4 +86,54 @@ fn the_peer_has_ftrecs_shapes_and_runs_in_pairs() {
         (pair["ratio"].as_f64().unwrap() - ours / theirs).abs() < 1e-9,
         "{report}"
     );
+}
+
+#[test]
+fn the_scaling_script_takes_its_ratios_within_each_round() {
+    let json = tempfile::NamedTempFile::new().unwrap();
+    let exe = env!("CARGO_BIN_EXE_ftrec");
+    let Ok(out) = Command::new("python3")
+        .arg(root().join("scripts/peer/scaling.py"))
+        .args(["--ftrec", exe, "--before", exe, "--preset", "tiny"])
+        .args(["--steps", "3", "--rounds", "2", "--json"])
+        .arg(json.path())
+        .output()
+    else {
+        println!("skipped: no python3 on this machine");
+        return;
+    };
+    assert!(
+        out.status.success(),
+        "scaling.py failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(json.path()).unwrap()).unwrap();
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{report}");
+    for (i, run) in runs.iter().enumerate() {
+        let get = |k: &str| run[k].as_f64().unwrap();
+        let gain = get("ftrec_2") / get("ftrec_1");
+        let over = get("ftrec_2") / get("before_2");
+        assert!(
+            (report["ftrec_scaling"]["rounds"][i].as_f64().unwrap() - gain).abs() < 1e-9,
+            "{report}"
+        );
+        assert!(
+            (report["over_before_2"]["rounds"][i].as_f64().unwrap() - over).abs() < 1e-9,
+            "{report}"
+        );
+    }
+    assert!(report["ftrec_scaling"]["ci95"].as_f64().is_some(), "{report}");
+
+    // Bad input is one line naming the flag, before any run.
+    let out = Command::new("python3")
+        .arg(root().join("scripts/peer/scaling.py"))
+        .args(["--ftrec", exe, "--rounds", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--rounds must be at least 2"), "{err}");
 }
