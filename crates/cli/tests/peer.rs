@@ -125,7 +125,10 @@ fn the_scaling_script_takes_its_ratios_within_each_round() {
             "{report}"
         );
     }
-    assert!(report["ftrec_scaling"]["ci95"].as_f64().is_some(), "{report}");
+    assert!(
+        report["ftrec_scaling"]["ci95"].as_f64().is_some(),
+        "{report}"
+    );
 
     // Bad input is one line naming the flag, before any run.
     let out = Command::new("python3")
