@@ -76,7 +76,7 @@ pub fn thread_cpu_s() -> Option<f64> {
         };
         // SAFETY: `ts` is a valid, writable timespec.
         let ok = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0;
-        ok.then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
+        ok.then_some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
     }
     #[cfg(not(unix))]
     {
