@@ -1266,8 +1266,8 @@ fn memory_table(m: &MemorySection) -> String {
     let opt = |v: Option<f64>| v.map_or("-".to_string(), mib);
     let mut s = format!(
         "memory at {} workers (MiB; {}):\nserver | none peak anon | ecrec peak anon | extra | \
-         bound | rows+state | parity | dense replicas | prepared | heap in use / free kept at \
-         peak | threads\n",
+         bound | rows+state | parity | dense replicas | prepared | staged deltas | waiting \
+         shares (most prepares) | heap in use / free kept at peak | threads\n",
         m.workers, m.method
     );
     for r in &m.servers {
@@ -1276,7 +1276,7 @@ fn memory_table(m: &MemorySection) -> String {
             opt(b.map(|b| f(&b.parts_max) as f64))
         };
         s += &format!(
-            "{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}\n",
+            "{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}\n",
             r.server,
             opt(r.none_peak_anon_bytes.map(|v| v as f64)),
             opt(r.ecrec_peak_anon_bytes.map(|v| v as f64)),
@@ -1286,6 +1286,12 @@ fn memory_table(m: &MemorySection) -> String {
             part(&|p| p.parity_bytes),
             part(&|p| p.dense_replica_bytes),
             part(&|p| p.prepared_bytes),
+            part(&|p| p.staged_bytes),
+            b.map_or("-".into(), |b| format!(
+                "{} ({})",
+                mib(b.parts_max.waiting_bytes as f64),
+                b.parts_max.waiting_prepares
+            )),
             b.map_or("-".into(), |b| format!(
                 "{} / {}",
                 mib(b.heap_at_peak.in_use_bytes as f64),

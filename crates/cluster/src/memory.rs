@@ -40,8 +40,16 @@ pub struct MemoryParts {
     /// and the spare kept for the next prepare).
     pub prepared_bytes: u64,
     /// ECRec, asynchronous training: peers' delta batches staged for transactions not yet
-    /// committed (a count; their bytes are in the allocator's in-use figure).
+    /// committed, and their bytes.
     pub staged_batches: u64,
+    #[serde(default)]
+    pub staged_bytes: u64,
+    /// ECRec, asynchronous training: prepares waiting for the node's transaction slot, and
+    /// the bytes of the workers' shares they hold meanwhile.
+    #[serde(default)]
+    pub waiting_prepares: u64,
+    #[serde(default)]
+    pub waiting_bytes: u64,
     /// ECRec replacement: the record of the rows and parities still to rebuild.
     pub rebuild_bytes: u64,
 }
@@ -53,6 +61,8 @@ impl MemoryParts {
             + self.parity_bytes
             + self.dense_replica_bytes
             + self.prepared_bytes
+            + self.staged_bytes
+            + self.waiting_bytes
             + self.rebuild_bytes
     }
 
@@ -63,6 +73,9 @@ impl MemoryParts {
             dense_replica_bytes: self.dense_replica_bytes.max(o.dense_replica_bytes),
             prepared_bytes: self.prepared_bytes.max(o.prepared_bytes),
             staged_batches: self.staged_batches.max(o.staged_batches),
+            staged_bytes: self.staged_bytes.max(o.staged_bytes),
+            waiting_prepares: self.waiting_prepares.max(o.waiting_prepares),
+            waiting_bytes: self.waiting_bytes.max(o.waiting_bytes),
             rebuild_bytes: self.rebuild_bytes.max(o.rebuild_bytes),
         }
     }
@@ -76,6 +89,9 @@ impl From<ftrec_ps::ec::NodeMemory> for MemoryParts {
             dense_replica_bytes: m.dense_replica_bytes,
             prepared_bytes: m.prepared_bytes,
             staged_batches: m.staged_batches,
+            staged_bytes: m.staged_bytes,
+            waiting_prepares: m.waiting_prepares,
+            waiting_bytes: m.waiting_bytes,
             rebuild_bytes: m.rebuild_bytes,
         }
     }

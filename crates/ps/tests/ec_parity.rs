@@ -267,7 +267,7 @@ fn concurrent_transactions_keep_parities_and_replicas_exact() {
 }
 
 #[tokio::test]
-async fn conflicting_transactions_wait_or_die_by_age() {
+async fn conflicting_transactions_wait_or_die_by_age_and_a_waiter_is_counted_with_its_share() {
     // Wait-die (no deadlock, no starvation): a transaction younger than the one holding a
     // node is refused at once, retryably; an older one waits for the holder to finish.
     let c = EcCluster::new(3, EcConfig::new(CodeKind::Gf256, 2, 1), OptimizerKind::Adam);
@@ -298,13 +298,42 @@ async fn conflicting_transactions_wait_or_die_by_age() {
         !waiting.is_finished(),
         "the older transaction must wait for the holder"
     );
+    // The memory report counts the waiter and the share it holds meanwhile.
+    let share_bytes: u64 = sh[0]
+        .sparse
+        .iter()
+        .map(|g| g.rows.len() as u64 * 8 + g.grads.len() as u64 * 4)
+        .chain(sh[0].dense.iter().map(|g| g.grads.len() as u64 * 4))
+        .sum();
+    let p = c.node(0).memory_parts().unwrap();
+    assert_eq!(p.waiting_prepares, 1, "{p:?}");
+    assert!(
+        p.waiting_bytes >= share_bytes && share_bytes > 0,
+        "{p:?}, share {share_bytes}"
+    );
     for s in 0..3u32 {
         c.node(s).txn_commit(holder).unwrap();
     }
     waiting.await.unwrap().unwrap();
+    let p = c.node(0).memory_parts().unwrap();
+    assert_eq!((p.waiting_prepares, p.waiting_bytes), (0, 0), "{p:?}");
+    // Prepared on node 0, the older transaction's deltas wait staged at its parity holders.
+    let staged = |c: &EcCluster| -> (u64, u64) {
+        (0..3u32)
+            .map(|s| c.node(s).memory_parts().unwrap())
+            .fold((0, 0), |(b, n), p| {
+                (b + p.staged_bytes, n + p.staged_batches)
+            })
+    };
+    let (bytes, batches) = staged(&c);
+    assert!(
+        bytes > 0 && batches > 0,
+        "{bytes} bytes in {batches} batches"
+    );
     for s in 0..3u32 {
         c.node(s).txn_abort(older).unwrap();
     }
+    assert_eq!(staged(&c), (0, 0));
     let audit = c.audit().await;
     assert_eq!((audit.parity_mismatches, audit.replica_mismatches), (0, 0));
 }
@@ -329,8 +358,14 @@ fn the_memory_parts_add_up_to_the_nodes_own_figures() {
     assert!(p.rows_bytes >= model, "{p:?}");
     // Nothing prepared, staged or being rebuilt on a fresh node.
     assert_eq!(
-        (p.prepared_bytes, p.staged_batches, p.rebuild_bytes),
-        (0, 0, 0)
+        (
+            p.prepared_bytes,
+            p.staged_batches,
+            p.staged_bytes,
+            p.waiting_prepares,
+            p.rebuild_bytes
+        ),
+        (0, 0, 0, 0, 0)
     );
     // A replacement records what it still has to rebuild.
     let fresh = EcNode::new_replacement(

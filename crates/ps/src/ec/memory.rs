@@ -5,9 +5,53 @@
 
 use ftrec_core::TableId;
 
-use super::node::EcNode;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::node::{EcNode, StagedIncoming};
 use crate::server::PreparedStep;
+use crate::update::Update;
 use crate::PsError;
+
+/// Prepares waiting for a node's transaction slot, and the bytes of the shares they hold.
+#[derive(Debug, Default)]
+pub(crate) struct Waiting {
+    prepares: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl Waiting {
+    /// Count `share` as waiting until the returned guard drops.
+    pub(crate) fn enter<'a>(&'a self, share: &Update) -> WaitingGuard<'a> {
+        let bytes = update_bytes(share);
+        self.prepares.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        WaitingGuard { of: self, bytes }
+    }
+}
+
+/// Counts a prepare as waiting while it lives.
+pub(crate) struct WaitingGuard<'a> {
+    of: &'a Waiting,
+    bytes: u64,
+}
+
+impl Drop for WaitingGuard<'_> {
+    fn drop(&mut self) {
+        self.of.prepares.fetch_sub(1, Ordering::Relaxed);
+        self.of.bytes.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+/// Heap bytes of an update (capacities).
+fn update_bytes(u: &Update) -> u64 {
+    let sparse: usize = u
+        .sparse
+        .iter()
+        .map(|g| g.rows.capacity() * 8 + g.grads.capacity() * 4)
+        .sum();
+    let dense: usize = u.dense.iter().map(|g| g.grads.capacity() * 4).sum();
+    (sparse + dense) as u64
+}
 
 /// Bytes one [`EcNode`] holds per part (capacities, so buffers kept for reuse count), at one
 /// instant.
@@ -24,8 +68,13 @@ pub struct NodeMemory {
     /// next prepare (its buffers are reused, ECRec §3.5).
     pub prepared_bytes: u64,
     /// Peers' deltas staged for transactions not yet committed: batches (one per transaction
-    /// and sender). Their bytes are not counted here.
+    /// and sender) and their bytes.
     pub staged_batches: u64,
+    pub staged_bytes: u64,
+    /// Workers' shares held by prepares that wait for this node's transaction slot (each
+    /// waits with its decoded update until the holder commits or aborts), and how many.
+    pub waiting_prepares: u64,
+    pub waiting_bytes: u64,
     /// A replacement's record of what it still has to rebuild (per row and parity slot).
     pub rebuild_bytes: u64,
 }
@@ -62,6 +111,13 @@ impl EcNode {
             .map(prepared_capacity)
             .sum();
         let staged_batches = st.txn.incoming.values().map(|s| s.len() as u64).sum();
+        let staged_bytes = st
+            .txn
+            .incoming
+            .values()
+            .flat_map(|s| s.values())
+            .map(StagedIncoming::bytes)
+            .sum();
         let rebuild_bytes = st.missing.as_ref().map_or(0, |m| {
             let flags: usize = m.rows.iter().chain(&m.parities).map(Vec::capacity).sum();
             let stamps: usize = m.stamps.iter().map(|s| s.capacity() * 8).sum();
@@ -79,6 +135,9 @@ impl EcNode {
             dense_replica_bytes,
             prepared_bytes,
             staged_batches,
+            staged_bytes,
+            waiting_prepares: self.inner.waiting.prepares.load(Ordering::Relaxed),
+            waiting_bytes: self.inner.waiting.bytes.load(Ordering::Relaxed),
             rebuild_bytes,
         })
     }

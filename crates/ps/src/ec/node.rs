@@ -128,6 +128,16 @@ pub(crate) struct StagedIncoming {
     grads: Vec<f32>,
 }
 
+impl StagedIncoming {
+    /// Heap bytes it holds (capacities).
+    pub(crate) fn bytes(&self) -> u64 {
+        (self.rows.capacity() * std::mem::size_of::<(u32, u64, u8, u8)>()
+            + self.deltas.capacity() * 4
+            + self.dense.capacity() * std::mem::size_of::<(usize, usize, usize, usize)>()
+            + self.grads.capacity() * 4) as u64
+    }
+}
+
 /// What a replacement still has to rebuild.
 #[derive(Debug, Clone)]
 pub(crate) struct Missing {
@@ -206,6 +216,8 @@ pub(crate) struct EcInner {
     pub share: tokio::sync::watch::Sender<u32>,
     /// Woken whenever the transaction holding the node commits or aborts.
     pub slot_freed: tokio::sync::Notify,
+    /// Prepares waiting for the slot, for the memory report.
+    pub waiting: super::memory::Waiting,
     /// One-phase transactions apply one at a time per node.
     pub apply_lock: tokio::sync::Mutex<()>,
     /// Buffers rebuild batches decoded into, kept for the next batches.
@@ -305,6 +317,7 @@ impl EcNode {
                 driving: tokio::sync::Mutex::new(()),
                 share: tokio::sync::watch::Sender::new(ec.rebuild_share_ppm.min(FULL_SHARE_PPM)),
                 slot_freed: tokio::sync::Notify::new(),
+                waiting: Default::default(),
                 apply_lock: tokio::sync::Mutex::new(()),
                 decode_buffers: Mutex::new(Vec::new()),
             }),

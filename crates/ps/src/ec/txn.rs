@@ -273,7 +273,10 @@ impl EcNode {
         share: Arc<Update>,
     ) -> Result<PrepareReport, PsError> {
         let waited = std::time::Instant::now();
-        self.take_slot(txn).await?;
+        {
+            let _waiting = self.inner.waiting.enter(&share);
+            self.take_slot(txn).await?;
+        }
         let slot_wait_us = waited.elapsed().as_micros() as u64;
         let mut guard = PrepareGuard {
             node: self,
