@@ -58,34 +58,30 @@ pub fn pool_sum<'a, F>(
 where
     F: FnMut(usize, RowId) -> Option<&'a [f32]>,
 {
-    pool_with(features, batch, dim, fetch, |_, _| {}, pooled)
+    check_pooled(features, batch, dim, pooled)?;
+    pool_range(features, 0, dim, fetch, |_, _| {}, pooled)
 }
 
-/// [`pool_sum`], calling `ahead(table, row)` for the id [`AHEAD`] places further on in the
-/// table's ids before each row is read (a prefetch hint; it changes no value).
-fn pool_with<'a, F, A>(
+/// The checks every pooling makes first: `pooled` fits `batch` samples and the features are
+/// CSR lists over them.
+fn check_pooled(
     features: &[SparseFeature],
     batch: usize,
     dim: usize,
-    fetch: F,
-    ahead: A,
-    pooled: &mut [f32],
-) -> Result<(), ModelError>
-where
-    F: FnMut(usize, RowId) -> Option<&'a [f32]>,
-    A: FnMut(usize, RowId),
-{
+    pooled: &[f32],
+) -> Result<(), ModelError> {
     check_len(
         "pooled embeddings",
         batch * features.len() * dim,
         pooled.len(),
     )?;
-    check_features(features, batch)?;
-    pool_range(features, 0, dim, fetch, ahead, pooled)
+    check_features(features, batch)
 }
 
 /// Pool the samples from `first` on into `out` (whole samples of `tables x dim` floats), table
-/// by table so that one table's rows are read one after the other.
+/// by table so that one table's rows are read one after the other. `ahead(table, row)` is
+/// called for the id [`AHEAD`] places further on in the table's ids before each row is read
+/// (a prefetch hint; it changes no value).
 fn pool_range<'a, F, A>(
     features: &[SparseFeature],
     first: usize,
@@ -158,12 +154,7 @@ pub fn pool_sum_tables(
     }
     // The ids are random over tables far larger than the caches: each read is a miss that the
     // loop would otherwise wait for in turn, so the row `AHEAD` ids on is requested first.
-    check_len(
-        "pooled embeddings",
-        batch * features.len() * dim,
-        pooled.len(),
-    )?;
-    check_features(features, batch)?;
+    check_pooled(features, batch, dim, pooled)?;
     let sample_floats = features.len() * dim;
     if sample_floats == 0 {
         return Ok(());

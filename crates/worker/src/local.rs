@@ -155,21 +155,26 @@ impl LocalTrainer {
             + 4 * (dense.values.len() + dense.state.len()) as u64
     }
 
-    /// One training step on `batch`; returns the batch's mean loss.
-    pub fn step(&mut self, batch: &Batch) -> Result<f64, WorkerError> {
+    /// Check `batch` against the preset and pool its bags into `self.pooled`.
+    fn pool(&mut self, batch: &Batch) -> Result<(), WorkerError> {
         let p = &self.cfg.preset;
         batch.validate(p.dense_features(), &p.table_rows)?;
-        let (b, t, d) = (batch.size, p.table_rows.len(), p.dim);
-
-        let t0 = Instant::now();
-        self.pooled.resize(b * t * d, 0.0);
+        self.pooled
+            .resize(batch.size * p.table_rows.len() * p.dim, 0.0);
         pool_sum_tables(
             &batch.sparse,
-            b,
+            batch.size,
             &self.tables,
             &mut self.pooled,
             self.cfg.threads,
         )?;
+        Ok(())
+    }
+
+    /// One training step on `batch`; returns the batch's mean loss.
+    pub fn step(&mut self, batch: &Batch) -> Result<f64, WorkerError> {
+        let t0 = Instant::now();
+        self.pool(batch)?;
         let t1 = Instant::now();
         let loss =
             self.model
@@ -178,7 +183,7 @@ impl LocalTrainer {
 
         update_tables(
             &batch.sparse,
-            b,
+            batch.size,
             self.ws.grad_pooled(),
             &mut self.tables,
             &mut self.accs,
@@ -200,17 +205,7 @@ impl LocalTrainer {
 
     /// Click probabilities for `batch` (no update).
     pub fn predict(&mut self, batch: &Batch, out: &mut Vec<f32>) -> Result<(), WorkerError> {
-        let p = &self.cfg.preset;
-        batch.validate(p.dense_features(), &p.table_rows)?;
-        let (b, t, d) = (batch.size, p.table_rows.len(), p.dim);
-        self.pooled.resize(b * t * d, 0.0);
-        pool_sum_tables(
-            &batch.sparse,
-            b,
-            &self.tables,
-            &mut self.pooled,
-            self.cfg.threads,
-        )?;
+        self.pool(batch)?;
         self.model
             .predict(&mut self.ws, &batch.dense, &self.pooled, out)?;
         Ok(())
