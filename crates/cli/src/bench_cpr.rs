@@ -92,6 +92,10 @@ pub struct CprBenchArgs {
     /// [default: the current directory].
     #[arg(long, value_name = "DIR")]
     pub plot_dir: Option<std::path::PathBuf>,
+    /// Redraw the plots of an earlier `--sensitivity` or `--pls-sweep` run from the file its
+    /// `--json` wrote, into `--plot-dir`, running nothing.
+    #[arg(long, value_name = "JSON", conflicts_with_all = ["pls_sweep", "sensitivity"])]
+    pub replot: Option<std::path::PathBuf>,
 }
 
 /// The variants, in the order each round runs them (`cpr` first: it measures `O_save`).
@@ -546,6 +550,10 @@ pub(crate) fn opt(v: Option<f64>, digits: usize) -> String {
 }
 
 pub fn run(args: CprBenchArgs) -> Result<()> {
+    if let Some(path) = &args.replot {
+        let dir = args.plot_dir.clone().unwrap_or_else(|| ".".into());
+        return crate::bench_cpr_sweep::replot(path, &dir);
+    }
     let json = args.run.json.clone();
     let mut args = args;
     args.run.json = None;

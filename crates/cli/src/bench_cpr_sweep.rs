@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use ftrec_core::rng::SplitMix;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::bench_cpr::{
     auc_drop, base_of, bench, check_target_pls, configure, failure_free, opt, placement, run_one,
@@ -24,7 +24,7 @@ use crate::bench_cpr::{
 /// The failures of one sweep run: at most this many (CPR §6.5: "1–32 random failures").
 const SWEEP_MAX_FAILURES: u64 = 32;
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 struct SensitivityRow {
     target_pls: f64,
     variant: String,
@@ -98,22 +98,7 @@ pub(crate) fn sensitivity(args: &CprBenchArgs, json: Option<&Path>) -> Result<()
             opt(r.auc_drop_ci95, 5)
         );
     }
-    let dir = plot_dir(args)?;
-    let points: Vec<crate::plot::SensitivityPoint> = rows
-        .iter()
-        .map(|r| crate::plot::SensitivityPoint {
-            variant: r.variant.clone(),
-            target_pls: r.target_pls,
-            overhead_share: r.overhead_share,
-            auc_drop: r.auc_drop_mean,
-            auc_drop_ci95: r.auc_drop_ci95,
-        })
-        .collect();
-    crate::plot::draw_cpr_sensitivity(&points, &dir)?;
-    println!(
-        "plot: {}",
-        dir.join("cpr-sensitivity.png").as_path().display()
-    );
+    draw_sensitivity(&rows, &plot_dir(args)?)?;
     if let Some(path) = json {
         crate::write_json(
             path,
@@ -358,20 +343,7 @@ pub(crate) fn pls_sweep(args: &CprBenchArgs, n: usize, json: Option<&Path>) -> R
             None => {}
         }
     }
-    let mut series = vec![crate::plot::SweepSeries {
-        name: "CPR-vanilla",
-        points: &points,
-        fit: corr,
-    }];
-    if args.sweep_ssu {
-        series.push(crate::plot::SweepSeries {
-            name: "CPR-SSU",
-            points: &ssu_points,
-            fit: corr_ssu,
-        });
-    }
-    crate::plot::draw_pls_sweep(&series, &dir)?;
-    println!("plot: {}", dir.join("cpr-pls-auc.png").display());
+    draw_sweep(&points, args.sweep_ssu.then_some(&ssu_points[..]), &dir)?;
     if let Some(path) = json {
         crate::write_json(
             path,
@@ -388,6 +360,98 @@ pub(crate) fn pls_sweep(args: &CprBenchArgs, n: usize, json: Option<&Path>) -> R
         )?;
     }
     Ok(())
+}
+
+/// Figure 9's plot of the sensitivity rows, into `dir`.
+fn draw_sensitivity(rows: &[SensitivityRow], dir: &Path) -> Result<()> {
+    let points: Vec<crate::plot::SensitivityPoint> = rows
+        .iter()
+        .map(|r| crate::plot::SensitivityPoint {
+            variant: r.variant.clone(),
+            target_pls: r.target_pls,
+            overhead_share: r.overhead_share,
+            auc_drop: r.auc_drop_mean,
+            auc_drop_ci95: r.auc_drop_ci95,
+        })
+        .collect();
+    crate::plot::draw_cpr_sensitivity(&points, dir)?;
+    println!("plot: {}", dir.join("cpr-sensitivity.png").display());
+    Ok(())
+}
+
+/// Figures 11 and 12's scatter of `(PLS, AUC drop)` with each variant's least-squares line,
+/// into `dir`; CPR-SSU's series when given.
+fn draw_sweep(points: &[(f64, f64)], ssu: Option<&[(f64, f64)]>, dir: &Path) -> Result<()> {
+    let mut series = vec![crate::plot::SweepSeries {
+        name: "CPR-vanilla",
+        points,
+        fit: correlation(points),
+    }];
+    if let Some(ssu) = ssu {
+        series.push(crate::plot::SweepSeries {
+            name: "CPR-SSU",
+            points: ssu,
+            fit: correlation(ssu),
+        });
+    }
+    crate::plot::draw_pls_sweep(&series, dir)?;
+    println!("plot: {}", dir.join("cpr-pls-auc.png").display());
+    Ok(())
+}
+
+/// What `--replot` reads of a `--pls-sweep` JSON.
+#[derive(Deserialize)]
+struct SavedSweep {
+    runs: Vec<SavedOutcome>,
+}
+
+#[derive(Deserialize)]
+struct SavedOutcome {
+    pls: Option<f64>,
+    auc_drop: Option<f64>,
+    #[serde(default)]
+    ssu: Option<Box<SavedOutcome>>,
+}
+
+/// `--replot`: the plots of an earlier `--sensitivity` or `--pls-sweep` run, from its `--json`
+/// file, into `dir`; nothing is run.
+pub(crate) fn replot(path: &Path, dir: &Path) -> Result<()> {
+    let what = || format!("--replot {}", path.display());
+    let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", what()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: not JSON: {e}", what()))?;
+    let unreadable = |e: serde_json::Error| {
+        anyhow::anyhow!("{}: not the JSON of a bench cpr study: {e}", what())
+    };
+    if v.get("sensitivity").is_some() {
+        #[derive(Deserialize)]
+        struct Saved {
+            sensitivity: Vec<SensitivityRow>,
+        }
+        let saved: Saved = serde_json::from_value(v).map_err(unreadable)?;
+        std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+        return draw_sensitivity(&saved.sensitivity, dir);
+    }
+    if v.get("correlation").is_none() || v.get("runs").is_none() {
+        bail!(
+            "{}: neither the JSON of `bench cpr --sensitivity` nor of `--pls-sweep` (write one \
+             with --json)",
+            what()
+        );
+    }
+    let saved: SavedSweep = serde_json::from_value(v).map_err(unreadable)?;
+    let points: Vec<(f64, f64)> = saved
+        .runs
+        .iter()
+        .filter_map(|r| Some((r.pls?, r.auc_drop?)))
+        .collect();
+    let ssu: Vec<(f64, f64)> = saved
+        .runs
+        .iter()
+        .filter_map(|r| r.ssu.as_ref().and_then(|s| Some((s.pls?, s.auc_drop?))))
+        .collect();
+    std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+    draw_sweep(&points, (!ssu.is_empty()).then_some(&ssu[..]), dir)
 }
 
 #[cfg(test)]
@@ -421,5 +485,66 @@ mod tests {
         // A PLS the run cannot reach is clamped to one interval of the whole run; 0 to 1 step.
         assert_eq!(interval_for(1.0, 1, 0.125, 1000), 1000);
         assert_eq!(interval_for(0.0, 4, 0.5, 1000), 1);
+    }
+
+    #[test]
+    fn replot_redraws_either_study_from_its_json_and_names_a_bad_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs: Vec<serde_json::Value> = (0..6)
+            .map(|i| {
+                let pls = 0.1 * i as f64;
+                serde_json::json!({
+                    "failures": [], "fail_servers": 1, "failed_share": 0.25,
+                    "expected_pls": pls, "every_steps": 10, "pls": pls, "pls_saved": pls,
+                    "auc": 0.7, "auc_drop": 0.02 * pls + 0.001 * (i % 2) as f64,
+                    "ssu": {"pls": pls, "pls_saved": pls, "auc": 0.7, "auc_drop": 0.0005 * i as f64}
+                })
+            })
+            .collect();
+        let sweep = dir.path().join("sweep.json");
+        let body = serde_json::json!({"preset": "tiny", "correlation": null, "runs": runs});
+        std::fs::write(&sweep, body.to_string()).unwrap();
+        let out = dir.path().join("plots");
+        replot(&sweep, &out).unwrap();
+        for f in ["cpr-pls-auc.png", "cpr-pls-auc.svg"] {
+            assert!(std::fs::metadata(out.join(f)).unwrap().len() > 0, "{f}");
+        }
+        let rows: Vec<serde_json::Value> = [
+            ("cpr", 0.02),
+            ("cpr-ssu", 0.02),
+            ("cpr", 0.2),
+            ("cpr-ssu", 0.2),
+        ]
+        .iter()
+        .map(|(v, t)| {
+            serde_json::json!({
+                "target_pls": t, "variant": v, "every_steps": 10, "overhead_s": 1.0,
+                "overhead_ci95_s": 0.0, "overhead_share": 0.05 / t, "pls": t,
+                "pls_saved": t, "auc_drop_mean": 0.001 * t, "auc_drop_ci95": 0.0001
+            })
+        })
+        .collect();
+        let sens = dir.path().join("sens.json");
+        std::fs::write(
+            &sens,
+            serde_json::json!({"sensitivity": rows, "runs": []}).to_string(),
+        )
+        .unwrap();
+        replot(&sens, &out).unwrap();
+        for f in ["cpr-sensitivity.png", "cpr-sensitivity.svg"] {
+            assert!(std::fs::metadata(out.join(f)).unwrap().len() > 0, "{f}");
+        }
+
+        let other = dir.path().join("other.json");
+        std::fs::write(&other, r#"{"steps": 3}"#).unwrap();
+        let e = replot(&other, &out).unwrap_err().to_string();
+        assert!(e.contains("--replot") && e.contains("other.json"), "{e}");
+        let e = replot(&dir.path().join("missing.json"), &out)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing.json"), "{e}");
+        std::fs::write(&other, "not json").unwrap();
+        let e = replot(&other, &out).unwrap_err().to_string();
+        assert!(e.contains("not JSON"), "{e}");
     }
 }
