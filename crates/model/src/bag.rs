@@ -62,6 +62,29 @@ where
     pool_range(features, 0, dim, fetch, |_, _| {}, pooled)
 }
 
+/// Check that `tables` serve `features` (one table a feature, one dim, every id inside its
+/// table: `CoreError::RowOutOfRange` otherwise); returns the dim.
+fn check_tables(
+    features: &[SparseFeature],
+    tables: &[EmbeddingTable],
+) -> Result<usize, ModelError> {
+    check_len("embedding tables", features.len(), tables.len())?;
+    let dim = tables.first().map_or(0, |t| t.layout().dim);
+    if let Some(t) = tables.iter().find(|t| t.layout().dim != dim) {
+        return Err(ModelError::InvalidConfig(format!(
+            "table {} has dim {}, table 0 has dim {dim}",
+            t.id.0,
+            t.layout().dim
+        )));
+    }
+    for (f, t) in features.iter().zip(tables) {
+        if let Some(&row) = f.ids.iter().find(|&&r| r >= t.rows()) {
+            t.check_row(row)?;
+        }
+    }
+    Ok(dim)
+}
+
 /// The checks every pooling makes first: `pooled` fits `batch` samples and the features are
 /// CSR lists over them.
 fn check_pooled(
@@ -138,20 +161,7 @@ pub fn pool_sum_tables(
     pooled: &mut [f32],
     threads: usize,
 ) -> Result<(), ModelError> {
-    check_len("embedding tables", features.len(), tables.len())?;
-    let dim = tables.first().map_or(0, |t| t.layout().dim);
-    if let Some(t) = tables.iter().find(|t| t.layout().dim != dim) {
-        return Err(ModelError::InvalidConfig(format!(
-            "table {} has dim {}, table 0 has dim {dim}",
-            t.id.0,
-            t.layout().dim
-        )));
-    }
-    for (f, t) in features.iter().zip(tables) {
-        if let Some(&row) = f.ids.iter().find(|&&r| r >= t.rows()) {
-            t.check_row(row)?;
-        }
-    }
+    let dim = check_tables(features, tables)?;
     // The ids are random over tables far larger than the caches: each read is a miss that the
     // loop would otherwise wait for in turn, so the row `AHEAD` ids on is requested first.
     check_pooled(features, batch, dim, pooled)?;
@@ -241,23 +251,10 @@ pub fn update_tables(
     threads: usize,
 ) -> Result<(), ModelError> {
     let n = features.len();
-    check_len("embedding tables", n, tables.len())?;
     check_len("gradient accumulators", n, accs.len())?;
-    let dim = tables.first().map_or(0, |t| t.layout().dim);
-    if let Some(t) = tables.iter().find(|t| t.layout().dim != dim) {
-        return Err(ModelError::InvalidConfig(format!(
-            "table {} has dim {}, table 0 has dim {dim}",
-            t.id.0,
-            t.layout().dim
-        )));
-    }
+    let dim = check_tables(features, tables)?;
     check_len("pooled gradient", batch * n * dim, grad_pooled.len())?;
     check_features(features, batch)?;
-    for (f, t) in features.iter().zip(tables.iter()) {
-        if let Some(&row) = f.ids.iter().find(|&&r| r >= t.rows()) {
-            t.check_row(row)?;
-        }
-    }
     let one = |t: usize, table: &mut EmbeddingTable, acc: &mut SparseGradAccumulator| {
         acc.clear();
         scatter_table(&features[t], t, n, dim, grad_pooled, acc);
