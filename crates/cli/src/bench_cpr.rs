@@ -551,8 +551,7 @@ pub(crate) fn opt(v: Option<f64>, digits: usize) -> String {
 
 pub fn run(args: CprBenchArgs) -> Result<()> {
     if let Some(path) = &args.replot {
-        let dir = args.plot_dir.clone().unwrap_or_else(|| ".".into());
-        return crate::bench_cpr_sweep::replot(path, &dir);
+        return crate::bench_cpr_sweep::replot(&args, path);
     }
     let json = args.run.json.clone();
     let mut args = args;

@@ -343,7 +343,11 @@ pub(crate) fn pls_sweep(args: &CprBenchArgs, n: usize, json: Option<&Path>) -> R
             None => {}
         }
     }
-    draw_sweep(&points, args.sweep_ssu.then_some(&ssu_points[..]), &dir)?;
+    draw_sweep(
+        (&points, corr),
+        args.sweep_ssu.then_some((&ssu_points[..], corr_ssu)),
+        &dir,
+    )?;
     if let Some(path) = json {
         crate::write_json(
             path,
@@ -379,19 +383,22 @@ fn draw_sensitivity(rows: &[SensitivityRow], dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Figures 11 and 12's scatter of `(PLS, AUC drop)` with each variant's least-squares line,
-/// into `dir`; CPR-SSU's series when given.
-fn draw_sweep(points: &[(f64, f64)], ssu: Option<&[(f64, f64)]>, dir: &Path) -> Result<()> {
+/// One variant's `(PLS, AUC drop)` points and their [`correlation`].
+type Scatter<'a> = (&'a [(f64, f64)], Option<Correlation>);
+
+/// Figures 11 and 12's scatter with each variant's least-squares line, into `dir`; CPR-SSU's
+/// series when given.
+fn draw_sweep(vanilla: Scatter<'_>, ssu: Option<Scatter<'_>>, dir: &Path) -> Result<()> {
     let mut series = vec![crate::plot::SweepSeries {
         name: "CPR-vanilla",
-        points,
-        fit: correlation(points),
+        points: vanilla.0,
+        fit: vanilla.1,
     }];
-    if let Some(ssu) = ssu {
+    if let Some((points, fit)) = ssu {
         series.push(crate::plot::SweepSeries {
             name: "CPR-SSU",
-            points: ssu,
-            fit: correlation(ssu),
+            points,
+            fit,
         });
     }
     crate::plot::draw_pls_sweep(&series, dir)?;
@@ -414,8 +421,12 @@ struct SavedOutcome {
 }
 
 /// `--replot`: the plots of an earlier `--sensitivity` or `--pls-sweep` run, from its `--json`
-/// file, into `dir`; nothing is run.
-pub(crate) fn replot(path: &Path, dir: &Path) -> Result<()> {
+/// file, into `--plot-dir`; nothing is run.
+pub(crate) fn replot(args: &CprBenchArgs, path: &Path) -> Result<()> {
+    replot_into(path, &plot_dir(args)?)
+}
+
+fn replot_into(path: &Path, dir: &Path) -> Result<()> {
     let what = || format!("--replot {}", path.display());
     let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", what()))?;
     let v: serde_json::Value =
@@ -429,7 +440,6 @@ pub(crate) fn replot(path: &Path, dir: &Path) -> Result<()> {
             sensitivity: Vec<SensitivityRow>,
         }
         let saved: Saved = serde_json::from_value(v).map_err(unreadable)?;
-        std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
         return draw_sensitivity(&saved.sensitivity, dir);
     }
     if v.get("correlation").is_none() || v.get("runs").is_none() {
@@ -450,8 +460,11 @@ pub(crate) fn replot(path: &Path, dir: &Path) -> Result<()> {
         .iter()
         .filter_map(|r| r.ssu.as_ref().and_then(|s| Some((s.pls?, s.auc_drop?))))
         .collect();
-    std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
-    draw_sweep(&points, (!ssu.is_empty()).then_some(&ssu[..]), dir)
+    draw_sweep(
+        (&points, correlation(&points)),
+        (!ssu.is_empty()).then(|| (&ssu[..], correlation(&ssu))),
+        dir,
+    )
 }
 
 #[cfg(test)]
@@ -505,7 +518,8 @@ mod tests {
         let body = serde_json::json!({"preset": "tiny", "correlation": null, "runs": runs});
         std::fs::write(&sweep, body.to_string()).unwrap();
         let out = dir.path().join("plots");
-        replot(&sweep, &out).unwrap();
+        std::fs::create_dir_all(&out).unwrap();
+        replot_into(&sweep, &out).unwrap();
         for f in ["cpr-pls-auc.png", "cpr-pls-auc.svg"] {
             assert!(std::fs::metadata(out.join(f)).unwrap().len() > 0, "{f}");
         }
@@ -530,21 +544,21 @@ mod tests {
             serde_json::json!({"sensitivity": rows, "runs": []}).to_string(),
         )
         .unwrap();
-        replot(&sens, &out).unwrap();
+        replot_into(&sens, &out).unwrap();
         for f in ["cpr-sensitivity.png", "cpr-sensitivity.svg"] {
             assert!(std::fs::metadata(out.join(f)).unwrap().len() > 0, "{f}");
         }
 
         let other = dir.path().join("other.json");
         std::fs::write(&other, r#"{"steps": 3}"#).unwrap();
-        let e = replot(&other, &out).unwrap_err().to_string();
+        let e = replot_into(&other, &out).unwrap_err().to_string();
         assert!(e.contains("--replot") && e.contains("other.json"), "{e}");
-        let e = replot(&dir.path().join("missing.json"), &out)
+        let e = replot_into(&dir.path().join("missing.json"), &out)
             .unwrap_err()
             .to_string();
         assert!(e.contains("missing.json"), "{e}");
         std::fs::write(&other, "not json").unwrap();
-        let e = replot(&other, &out).unwrap_err().to_string();
+        let e = replot_into(&other, &out).unwrap_err().to_string();
         assert!(e.contains("not JSON"), "{e}");
     }
 }
