@@ -211,6 +211,9 @@ pub struct BatchTiming {
     pub txn_commit_s: f64,
     #[serde(default)]
     pub txn_retries: u64,
+    /// Transactions prepared queued (after a refusal: [`ftrec_ps::ec::Admission::Queued`]).
+    #[serde(default)]
+    pub txns_queued: u64,
     /// Of the transactions' time, the part spent waiting for other transactions (refused
     /// attempts and waits for a node's slot).
     #[serde(default)]
@@ -242,6 +245,7 @@ impl BatchTiming {
         self.txn_prepare_s += o.txn_prepare_s;
         self.txn_commit_s += o.txn_commit_s;
         self.txn_retries = self.txn_retries.saturating_add(o.txn_retries);
+        self.txns_queued = self.txns_queued.saturating_add(o.txns_queued);
         self.txn_lock_wait_s += o.txn_lock_wait_s;
         self.txn_commit_failures = self
             .txn_commit_failures

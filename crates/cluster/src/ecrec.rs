@@ -536,6 +536,10 @@ pub struct EcReport {
     /// phase 2 failed on a lost server (committed by the survivors).
     pub txn_retries: u64,
     pub txn_commit_failures: u64,
+    /// Asynchronous: transactions prepared queued (the gate node first, never refused for
+    /// their age: [`ftrec_ps::ec::Admission`]), after a refusal of theirs or their worker's.
+    #[serde(default)]
+    pub txns_queued: u64,
     /// Asynchronous: the share of the transactions' time (both phases) spent waiting for
     /// other transactions (refused attempts, waits for a node's slot).
     #[serde(default)]
@@ -593,7 +597,7 @@ impl EcReport {
         };
         let mut s = format!(
             "  ecrec {} k={} r={} ({}), 2PC {}, dense replication {}: {} {} committed ({} \
-             aborted, {} retried), {:.3} ms per commit, {deltas}; memory x{:.3} (code (k+r)/k \
+             aborted, {} retried, {} queued), {:.3} ms per commit, {deltas}; memory x{:.3} (code (k+r)/k \
              = {:.3})\n",
             self.code,
             self.k,
@@ -613,6 +617,7 @@ impl EcReport {
             },
             self.steps_aborted,
             self.txn_retries,
+            self.txns_queued,
             1e3 * self.per_step_s,
             self.memory.overhead,
             self.memory.code_overhead,

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use ftrec_core::{Batch, Preset, RowId, SparseGradAccumulator, TableId};
 use ftrec_data::{BatchSource, Position, Split, SyntheticSource, TsvConfig, TsvReader};
 use ftrec_model::{pool_sum, scatter_grads, Dlrm, DlrmConfig, Workspace};
-use ftrec_ps::ec::{resolve_txn, run_txn, EcGrpcClient, TxnId, TxnPhase};
+use ftrec_ps::ec::{resolve_txn, run_txn, EcGrpcClient, TxnCursor, TxnId, TxnPhase};
 use ftrec_ps::fence::FenceRole;
 use ftrec_ps::grpc::{GrpcClient, GrpcConfig};
 use ftrec_ps::{PsService, PulledRows, RowRequest, ShardedClient, Update};
@@ -786,8 +786,9 @@ async fn tell_replaced(
 struct EcTxns {
     mode: EcWorker,
     clients: Vec<EcGrpcClient>,
-    /// Sequence number of the last transaction (attempts included).
-    seq: u64,
+    /// Sequence number of the last transaction (attempts included) and how the next ones
+    /// are admitted.
+    cursor: TxnCursor,
 }
 
 impl EcTxns {
@@ -810,7 +811,7 @@ impl EcTxns {
         Ok(EcTxns {
             mode,
             clients,
-            seq: previous.map_or(0, |p| p.seq),
+            cursor: previous.map_or_else(TxnCursor::default, |p| p.cursor),
         })
     }
 }
@@ -859,11 +860,11 @@ fn run_batch<T: Trainer>(
                 (None, Some((ec, hold, at_hold))) => {
                     let shares: Vec<Arc<Update>> =
                         c.split_update(&update).into_iter().map(Arc::new).collect();
-                    ec.seq += 1;
+                    ec.cursor.seq += 1;
                     let txn = TxnId {
                         worker: id,
                         epoch: ec.mode.epoch,
-                        seq: ec.seq,
+                        seq: ec.cursor.seq,
                         priority: index,
                     };
                     txn_seen.set(Some(txn));
@@ -873,7 +874,7 @@ fn run_batch<T: Trainer>(
                         txn,
                         &shares,
                         ec.mode.two_phase,
-                        &mut ec.seq,
+                        &mut ec.cursor,
                         &split,
                         |phase| {
                             let h = TxnHold::of(phase);
@@ -891,6 +892,7 @@ fn run_batch<T: Trainer>(
                     timing.txn_prepare_s = r.prepare_s;
                     timing.txn_commit_s = r.commit_s;
                     timing.txn_retries = u64::from(r.retries);
+                    timing.txns_queued = u64::from(r.queued);
                     timing.txn_lock_wait_s = r.lock_wait_s;
                     if !r.commit_failures.is_empty() {
                         // Phase 2 failed on some server: settle the transaction everywhere
@@ -934,7 +936,10 @@ fn run_batch<T: Trainer>(
     else {
         return Err(err);
     };
-    let txn = TxnId { seq: ec.seq, ..txn };
+    let txn = TxnId {
+        seq: ec.cursor.seq,
+        ..txn
+    };
     let done = rt.block_on(async {
         tokio::time::timeout(setup.rpc_timeout, resolve_txn(&reachable(&ec.clients), txn)).await
     });

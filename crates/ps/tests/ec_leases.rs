@@ -13,7 +13,7 @@ use std::time::Duration;
 use ec_common::{run_txn_until, shares, txn_id, worker_update, EcCluster, PushReference};
 use ftrec_core::OptimizerKind;
 use ftrec_ec::CodeKind;
-use ftrec_ps::ec::{resolve_txn, EcClient, EcConfig, TxnOutcome, TxnPhase};
+use ftrec_ps::ec::{resolve_txn, Admission, EcClient, EcConfig, TxnOutcome, TxnPhase};
 use ftrec_ps::{PsError, Update};
 
 const N: u32 = 4;
@@ -32,7 +32,7 @@ async fn prepare_on(c: &EcCluster, txn: ftrec_ps::ec::TxnId, update: &Update, on
     let sh = shares(update, N);
     for &s in on {
         c.node(s)
-            .txn_prepare(txn, sh[s as usize].clone())
+            .txn_prepare(txn, sh[s as usize].clone(), Admission::WaitDie)
             .await
             .unwrap();
     }
@@ -110,7 +110,7 @@ async fn a_worker_whose_batch_times_out_after_phase_one_resolves_it_before_retry
     let t = txn_id(1, 7, 2);
     // The worker's transaction is dropped once phase 1 succeeded everywhere (its batch
     // timed out there): the hook signals, then never lets phase 2 start.
-    let mut seq = t.seq;
+    let mut seq = ftrec_ps::ec::TxnCursor::at(t.seq);
     let sh = shares(&u, N);
     let ran = run_txn_until(&c.clients(), t, &sh, &[], TxnPhase::Commit, &mut seq).await;
     assert!(ran.is_none(), "phase 2 ran");
@@ -133,7 +133,7 @@ async fn a_batch_timing_out_mid_prepare_leaves_nothing_behind() {
     // The prepare still on its way to node 3 arrives late: refused, the slot stays free.
     let late = c
         .node(3)
-        .txn_prepare(t, Arc::new(ftrec_ps::Update::new()))
+        .txn_prepare(t, Arc::new(ftrec_ps::Update::new()), Admission::WaitDie)
         .await;
     assert!(matches!(late, Err(PsError::NotReady { .. })), "{late:?}");
     c.txn(1, 2, &u).await.unwrap();

@@ -236,10 +236,10 @@ fn concurrent_transactions_keep_parities_and_replicas_exact() {
                             // Batches are handed out in increasing order across workers.
                             let batch = 1 + round * 9 + i * 3 + u64::from(w);
                             let u = ec_common::worker_update(batch, w);
-                            let mut seq = batch * 100;
+                            let mut seq = ftrec_ps::ec::TxnCursor::at(batch * 100);
                             let rep = ftrec_ps::ec::run_txn(
                                 &clients,
-                                ec_common::txn_id(w, seq, batch),
+                                ec_common::txn_id(w, seq.seq, batch),
                                 &ec_common::shares(&u, n),
                                 two_phase,
                                 &mut seq,
@@ -267,6 +267,125 @@ fn concurrent_transactions_keep_parities_and_replicas_exact() {
 }
 
 #[tokio::test]
+async fn a_queued_prepare_waits_for_any_holder_and_wait_die_never_waits_for_a_queued_one() {
+    use ftrec_ps::ec::Admission::{Queued, WaitDie};
+    let c = EcCluster::new(3, EcConfig::new(CodeKind::Gf256, 2, 1), OptimizerKind::Adam);
+    let u = ec_common::worker_update(10, 0);
+    let sh = ec_common::shares(&u, 3);
+    let prepare_all = |t, admission| {
+        let c = &c;
+        let sh = &sh;
+        async move {
+            for s in 0..3u32 {
+                c.node(s)
+                    .txn_prepare(t, sh[s as usize].clone(), admission)
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+    let commit_all = |t| {
+        for s in 0..3u32 {
+            c.node(s).txn_commit(t).unwrap();
+        }
+    };
+    // An older wait-die holder: a younger queued prepare waits for it instead of being
+    // refused.
+    let holder = ec_common::txn_id(0, 1, 10);
+    prepare_all(holder, WaitDie).await;
+    let queued = ec_common::txn_id(1, 1, 20);
+    let node = c.node(0).clone();
+    let share0 = sh[0].clone();
+    let waiting = tokio::spawn(async move { node.txn_prepare(queued, share0, Queued).await });
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        !waiting.is_finished(),
+        "a queued prepare must wait, not be refused"
+    );
+    commit_all(holder);
+    waiting.await.unwrap().unwrap();
+    // Node 0 (the gate) now held queued: an older wait-die prepare is refused there
+    // (retryably) instead of waiting, so nothing waits for a queued transaction but a queued
+    // one at the gate.
+    let older = ec_common::txn_id(2, 1, 5);
+    let e = c
+        .node(0)
+        .txn_prepare(older, sh[0].clone(), WaitDie)
+        .await
+        .unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    assert!(e.to_string().contains("queued"), "{e}");
+    c.node(0).txn_abort(older).unwrap();
+    for s in 1..3u32 {
+        c.node(s)
+            .txn_prepare(queued, sh[s as usize].clone(), Queued)
+            .await
+            .unwrap();
+    }
+    commit_all(queued);
+    // The older one goes through once the slot is free; both updates are in, parities exact.
+    prepare_all(older, WaitDie).await;
+    commit_all(older);
+    c.assert_exact(Some(3), "a queued and two wait-die transactions")
+        .await;
+}
+
+#[tokio::test]
+async fn a_refused_transaction_is_retried_queued_and_so_are_its_workers_next_ones() {
+    use ftrec_ps::ec::{run_txn, Admission, TxnCursor, TxnPhase, QUEUED_AFTER_REFUSAL};
+    let c = EcCluster::new(3, EcConfig::new(CodeKind::Gf256, 2, 1), OptimizerKind::Adam);
+    let sh = ec_common::shares(&ec_common::worker_update(10, 0), 3);
+    let holder = ec_common::txn_id(0, 1, 10);
+    for s in 0..3u32 {
+        c.node(s)
+            .txn_prepare(holder, sh[s as usize].clone(), Admission::WaitDie)
+            .await
+            .unwrap();
+    }
+    // A younger transaction: wait-die refuses its first attempt; the holder commits before
+    // the second, which runs queued.
+    let mut cursor = TxnCursor::at(100);
+    let younger = ec_common::txn_id(1, 100, 20);
+    let mut attempts = 0;
+    let rep = run_txn(&c.clients(), younger, &sh, true, &mut cursor, &[], |p| {
+        if p == TxnPhase::Prepare {
+            attempts += 1;
+            if attempts == 2 {
+                for s in 0..3u32 {
+                    c.node(s).txn_commit(holder).unwrap();
+                }
+            }
+        }
+        async {}
+    })
+    .await
+    .unwrap();
+    assert_eq!((rep.retries, rep.queued), (1, true), "{rep:?}");
+    assert_eq!(cursor.queued_left, QUEUED_AFTER_REFUSAL);
+    // The worker's next transaction starts queued, with nothing in its way.
+    cursor.seq += 1;
+    let next = ec_common::txn_id(1, cursor.seq, 21);
+    let sh2 = ec_common::shares(&ec_common::worker_update(11, 0), 3);
+    let rep = run_txn(
+        &c.clients(),
+        next,
+        &sh2,
+        true,
+        &mut cursor,
+        &[],
+        |_| async {},
+    )
+    .await
+    .unwrap();
+    assert_eq!((rep.retries, rep.queued), (0, true), "{rep:?}");
+    assert_eq!(cursor.queued_left, QUEUED_AFTER_REFUSAL - 1);
+    c.assert_exact(Some(3), "a refused transaction retried queued")
+        .await;
+}
+
+#[tokio::test]
 async fn conflicting_transactions_wait_or_die_by_age_and_a_waiter_is_counted_with_its_share() {
     // Wait-die (no deadlock, no starvation): a transaction younger than the one holding a
     // node is refused at once, retryably; an older one waits for the holder to finish.
@@ -276,21 +395,28 @@ async fn conflicting_transactions_wait_or_die_by_age_and_a_waiter_is_counted_wit
     let sh = ec_common::shares(&u, 3);
     for s in 0..3u32 {
         c.node(s)
-            .txn_prepare(holder, sh[s as usize].clone())
+            .txn_prepare(
+                holder,
+                sh[s as usize].clone(),
+                ftrec_ps::ec::Admission::WaitDie,
+            )
             .await
             .unwrap();
     }
     let younger = ec_common::txn_id(1, 1, 20);
     let e = c
         .node(0)
-        .txn_prepare(younger, sh[0].clone())
+        .txn_prepare(younger, sh[0].clone(), ftrec_ps::ec::Admission::WaitDie)
         .await
         .unwrap_err();
     assert!(e.is_retryable(), "{e}");
     let older = ec_common::txn_id(2, 1, 5);
     let node = c.node(0).clone();
     let share0 = sh[0].clone();
-    let waiting = tokio::spawn(async move { node.txn_prepare(older, share0).await });
+    let waiting = tokio::spawn(async move {
+        node.txn_prepare(older, share0, ftrec_ps::ec::Admission::WaitDie)
+            .await
+    });
     for _ in 0..50 {
         tokio::task::yield_now().await;
     }

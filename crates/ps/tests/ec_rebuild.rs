@@ -514,10 +514,10 @@ async fn txn_with_kill(
 ) -> Result<ftrec_ps::ec::TxnReport, PsError> {
     let clients = c.clients();
     let node = c.node(victim).clone();
-    let mut seq = priority * 1000;
+    let mut seq = ftrec_ps::ec::TxnCursor::at(priority * 1000);
     ftrec_ps::ec::run_txn(
         &clients,
-        ec_common::txn_id(0, seq, priority),
+        ec_common::txn_id(0, seq.seq, priority),
         &ec_common::shares(update, c.n),
         true,
         &mut seq,
@@ -617,7 +617,7 @@ async fn a_lost_worker_s_transactions_are_fenced_and_resolved() {
         let sh = ec_common::shares(&v, 4);
         for s in 0..4u32 {
             c.node(s)
-                .txn_prepare(t, sh[s as usize].clone())
+                .txn_prepare(t, sh[s as usize].clone(), ftrec_ps::ec::Admission::WaitDie)
                 .await
                 .unwrap();
         }
@@ -680,10 +680,10 @@ fn a_replacement_rebuilds_while_workers_push_transactions() {
                 let b = batch + u64::from(w);
                 set.spawn(async move {
                     let u = ec_common::worker_update(b, w);
-                    let mut seq = b * 100;
+                    let mut seq = ftrec_ps::ec::TxnCursor::at(b * 100);
                     ftrec_ps::ec::run_txn(
                         &clients,
-                        ec_common::txn_id(w, seq, b),
+                        ec_common::txn_id(w, seq.seq, b),
                         &ec_common::shares(&u, 5),
                         true,
                         &mut seq,

@@ -13,7 +13,7 @@ use ec_common::{run_txn_until, shares, txn_id, EcCluster, DIM, TABLE_ROWS};
 use ftrec_core::rng::SplitMix;
 use ftrec_core::{OptimizerKind, ServerId, TableId};
 use ftrec_ec::CodeKind;
-use ftrec_ps::ec::{resolve_txn, run_txn, EcClient, EcConfig, TxnPhase};
+use ftrec_ps::ec::{resolve_txn, run_txn, EcClient, EcConfig, TxnCursor, TxnPhase};
 use ftrec_ps::Update;
 
 const N: u32 = 5;
@@ -61,7 +61,7 @@ async fn round(c: &EcCluster, r: u64, mode: Mode) -> u64 {
         let clients = c.clients();
         let committed = committed.clone();
         set.spawn(async move {
-            let mut seq = (r * 100 + u64::from(w)) * 1000;
+            let mut seq = TxnCursor::at((r * 100 + u64::from(w)) * 1000);
             for i in 0..TXNS_PER_ROUND {
                 let index = r * 1000 + i * u64::from(WORKERS) + u64::from(w);
                 let u = update(w, index);
@@ -71,14 +71,16 @@ async fn round(c: &EcCluster, r: u64, mode: Mode) -> u64 {
                     _ => None,
                 };
                 loop {
-                    seq += 1;
-                    let t = txn_id(w, seq, index);
+                    seq.seq += 1;
+                    let t = txn_id(w, seq.seq, index);
                     // Given up once at most: an aborted batch is trained again through.
                     let Some(stop_at) = give_up.take() else {
                         let rep = run_txn(&clients, t, &sh, true, &mut seq, &[], |_| async {})
                             .await
                             .unwrap();
                         assert!(rep.commit_failures.is_empty(), "{rep:?}");
+                        // A refused attempt is retried queued, never refused for age again.
+                        assert!(rep.retries == 0 || rep.queued, "{rep:?}");
                         committed.fetch_add(1, Ordering::SeqCst);
                         break;
                     };
@@ -86,7 +88,7 @@ async fn round(c: &EcCluster, r: u64, mode: Mode) -> u64 {
                     let split = [TxnPhase::PrepareSome, TxnPhase::CommitSome];
                     let finished = run_txn_until(&clients, t, &sh, &split, stop_at, &mut seq).await;
                     // The attempt that was dropped (wait-die retries may have moved it on).
-                    let t = ftrec_ps::ec::TxnId { seq, ..t };
+                    let t = ftrec_ps::ec::TxnId { seq: seq.seq, ..t };
                     if let Some(r) = finished {
                         // A wait-die retry limit or similar: not expected here.
                         let rep = r.unwrap();

@@ -12,8 +12,8 @@ use super::node::EcNode;
 use super::reencode::ReencodeReport;
 use super::service::EcService;
 use super::types::{
-    DeltaBatch, DenseRead, MemberKey, MemberRead, PackedBatch, PrepareReport, RebuildStatus, TxnId,
-    TxnOutcome, TxnStatus,
+    Admission, DeltaBatch, DenseRead, MemberKey, MemberRead, PackedBatch, PrepareReport,
+    RebuildStatus, TxnId, TxnOutcome, TxnStatus,
 };
 use crate::auth::{Auth, AuthChannel};
 use crate::grpc::wire::{
@@ -123,6 +123,7 @@ fn update_to_proto(txn: TxnId, u: &Update) -> proto::TxnUpdate {
         dense_offsets: u.dense.iter().map(|d| d.offset).collect(),
         dense_lens: u.dense.iter().map(|d| d.grads.len() as u32).collect(),
         dense_grads: dense,
+        queued: false,
     }
 }
 
@@ -503,10 +504,16 @@ impl EcNodeRpc for EcGrpcHandler {
         &self,
         req: Request<proto::TxnUpdate>,
     ) -> Result<Response<proto::PrepareReply>, Status> {
-        let (txn, u) = update_from_proto(req.into_inner()).map_err(s)?;
+        let req = req.into_inner();
+        let admission = if req.queued {
+            Admission::Queued
+        } else {
+            Admission::WaitDie
+        };
+        let (txn, u) = update_from_proto(req).map_err(s)?;
         let p = self
             .node
-            .txn_prepare(txn, std::sync::Arc::new(u))
+            .txn_prepare(txn, std::sync::Arc::new(u), admission)
             .await
             .map_err(s)?;
         Ok(Response::new(prepare_reply(p)))
@@ -883,14 +890,14 @@ impl EcService for EcGrpcClient {
         &self,
         txn: TxnId,
         share: std::sync::Arc<Update>,
+        admission: Admission,
     ) -> Result<PrepareReport, PsError> {
+        let req = proto::TxnUpdate {
+            queued: admission == Admission::Queued,
+            ..update_to_proto(txn, &share)
+        };
         let p = self
-            .call(
-                "txn_prepare",
-                self.client
-                    .clone()
-                    .txn_prepare(update_to_proto(txn, &share)),
-            )
+            .call("txn_prepare", self.client.clone().txn_prepare(req))
             .await?;
         Ok(prepare_report(p))
     }
@@ -1175,10 +1182,11 @@ mod fuzz {
             dense_lens in prop::collection::vec(prop_oneof![0u32..8, any::<u32>()], 0..3),
             dense_grads in bytes(40),
             with_txn in any::<bool>(),
+            queued in any::<bool>(),
         ) {
             let p = proto::TxnUpdate {
                 txn: with_txn.then(|| txn_to_proto(txn())),
-                tables, part_rows, rows, grads, dense_offsets, dense_lens, dense_grads,
+                tables, part_rows, rows, grads, dense_offsets, dense_lens, dense_grads, queued,
             };
             every_reader(&p.encode_to_vec());
         }

@@ -117,8 +117,11 @@ pub use node::{
 };
 pub use reencode::ReencodeReport;
 pub use service::{EcClient, EcService, WeakNode};
-pub use txn::{resolve_txn, run_txn, Resolution, TxnPhase, TxnReport, TXN_LEASE};
+pub use txn::{
+    resolve_txn, run_txn, Resolution, TxnCursor, TxnPhase, TxnReport, QUEUED_AFTER_REFUSAL,
+    TXN_LEASE,
+};
 pub use types::{
-    DeltaBatch, DenseDelta, DenseRead, MemberKey, MemberRead, PrepareReport, RebuildHook,
-    RebuildPoint, RebuildStatus, RowDelta, TxnCounters, TxnId, TxnOutcome, TxnStatus,
+    Admission, DeltaBatch, DenseDelta, DenseRead, MemberKey, MemberRead, PrepareReport,
+    RebuildHook, RebuildPoint, RebuildStatus, RowDelta, TxnCounters, TxnId, TxnOutcome, TxnStatus,
 };

@@ -11,8 +11,8 @@ use super::grpc::EcGrpcClient;
 use super::node::{downgrade, EcInner, EcNode};
 use super::reencode::ReencodeReport;
 use super::types::{
-    DeltaBatch, DenseRead, MemberKey, MemberRead, PackedBatch, PrepareReport, RebuildStatus, TxnId,
-    TxnOutcome, TxnStatus,
+    Admission, DeltaBatch, DenseRead, MemberKey, MemberRead, PackedBatch, PrepareReport,
+    RebuildStatus, TxnId, TxnOutcome, TxnStatus,
 };
 use crate::update::{ApplyReport, PulledRows, Update};
 use crate::PsError;
@@ -89,11 +89,13 @@ pub trait EcService: Send + Sync {
     /// ([`super::EcConfig::rebuild_share_ppm`]); takes effect at once.
     fn set_rebuild_share(&self, ppm: u32) -> impl Future<Output = Result<(), PsError>> + Send;
 
-    /// Asynchronous training, phase 1 of `txn` with this node's share of the update.
+    /// Asynchronous training, phase 1 of `txn` with this node's share of the update, taking
+    /// the node's slot as `admission` says.
     fn txn_prepare(
         &self,
         txn: TxnId,
         share: Arc<Update>,
+        admission: Admission,
     ) -> impl Future<Output = Result<PrepareReport, PsError>> + Send;
 
     /// Phase 2 of `txn`.
@@ -241,8 +243,13 @@ impl EcService for EcNode {
         Ok(())
     }
 
-    async fn txn_prepare(&self, txn: TxnId, share: Arc<Update>) -> Result<PrepareReport, PsError> {
-        EcNode::txn_prepare(self, txn, share).await
+    async fn txn_prepare(
+        &self,
+        txn: TxnId,
+        share: Arc<Update>,
+        admission: Admission,
+    ) -> Result<PrepareReport, PsError> {
+        EcNode::txn_prepare(self, txn, share, admission).await
     }
 
     async fn txn_commit(&self, txn: TxnId) -> Result<ApplyReport, PsError> {
@@ -347,8 +354,13 @@ impl EcService for EcClient {
         delegate!(self, c => EcService::set_rebuild_share(c, ppm))
     }
 
-    async fn txn_prepare(&self, txn: TxnId, share: Arc<Update>) -> Result<PrepareReport, PsError> {
-        delegate!(self, c => EcService::txn_prepare(c, txn, share))
+    async fn txn_prepare(
+        &self,
+        txn: TxnId,
+        share: Arc<Update>,
+        admission: Admission,
+    ) -> Result<PrepareReport, PsError> {
+        delegate!(self, c => EcService::txn_prepare(c, txn, share, admission))
     }
 
     async fn txn_commit(&self, txn: TxnId) -> Result<ApplyReport, PsError> {

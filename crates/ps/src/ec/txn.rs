@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 use ftrec_core::ServerId;
 
 use super::node::{EcNode, EcState, StagedIncoming};
-use super::types::{PrepareReport, TxnCounters, TxnId, TxnOutcome, TxnStatus};
+use super::types::{Admission, PrepareReport, TxnCounters, TxnId, TxnOutcome, TxnStatus};
 use crate::server::PreparedStep;
 use crate::update::{ApplyReport, RowRequest, Update};
 use crate::PsError;
@@ -60,6 +60,9 @@ pub(crate) struct TxnState {
     pub holder: Option<(TxnId, PreparedStep)>,
     /// A transaction that took the slot and is computing its prepare.
     pub preparing: Option<TxnId>,
+    /// The transaction that took the slot as [`Admission::Queued`] (the slot's holder is
+    /// queued when it is this one).
+    pub queued: Option<TxnId>,
     /// When the holder finished its prepare here: the start of its lease.
     pub held_since: Option<Instant>,
     /// Deltas and gradients staged by peers, per transaction and sender, and when the first
@@ -214,9 +217,10 @@ impl Drop for PrepareGuard<'_> {
 }
 
 impl EcNode {
-    /// Take this node's transaction slot for `txn`, waiting for an older holder and refusing
-    /// (retryably) when the holder is older than `txn` (wait-die).
-    async fn take_slot(&self, txn: TxnId) -> Result<(), PsError> {
+    /// Take this node's transaction slot for `txn`. Wait-die: wait for a younger holder,
+    /// refuse (retryably) when the holder is older than `txn` or queued. Queued: wait for any
+    /// holder ([`Admission`]).
+    async fn take_slot(&self, txn: TxnId, admission: Admission) -> Result<(), PsError> {
         let me = self.inner.me;
         let wait = async {
             loop {
@@ -229,6 +233,7 @@ impl EcNode {
                     match st.txn.slot() {
                         None => {
                             st.txn.preparing = Some(txn);
+                            st.txn.queued = (admission == Admission::Queued).then_some(txn);
                             return Ok(());
                         }
                         Some(h) if h == txn => {
@@ -237,14 +242,21 @@ impl EcNode {
                                 txn.seq, txn.worker, me.0
                             )))
                         }
-                        Some(h) if txn.older_than(&h) => {}
+                        Some(_) if admission == Admission::Queued => {}
+                        Some(h) if st.txn.queued != Some(h) && txn.older_than(&h) => {}
                         Some(h) => {
                             return Err(PsError::NotReady {
                                 server: me.0,
                                 reason: format!(
-                                    "held by an older transaction (worker {}, batch {}): \
+                                    "held by an {} transaction (worker {}, batch {}): \
                                      abort and retry",
-                                    h.worker, h.priority
+                                    if st.txn.queued == Some(h) {
+                                        "queued"
+                                    } else {
+                                        "older"
+                                    },
+                                    h.worker,
+                                    h.priority
                                 ),
                             })
                         }
@@ -271,11 +283,12 @@ impl EcNode {
         &self,
         txn: TxnId,
         share: Arc<Update>,
+        admission: Admission,
     ) -> Result<PrepareReport, PsError> {
         let waited = std::time::Instant::now();
         {
             let _waiting = self.inner.waiting.enter(&share);
-            self.take_slot(txn).await?;
+            self.take_slot(txn, admission).await?;
         }
         let slot_wait_us = waited.elapsed().as_micros() as u64;
         let mut guard = PrepareGuard {
@@ -665,6 +678,8 @@ pub struct TxnReport {
     pub commit_s: f64,
     /// Phase-1 attempts refused by wait-die or a busy node, aborted and tried again.
     pub retries: u32,
+    /// Whether its phase 1 ran queued ([`Admission::Queued`]) in some attempt.
+    pub queued: bool,
     /// Time spent waiting for other transactions: the phase-1 attempts refused (with the
     /// back-off after them) and, in the attempt that went through, the longest wait for a
     /// node's slot.
@@ -678,11 +693,39 @@ pub struct TxnReport {
 /// Longest a transaction keeps retrying phase 1 after wait-die refusals.
 const TXN_RETRY_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// Transactions a worker prepares queued ([`Admission::Queued`]) after one of its attempts
+/// was refused: contention lasts, so its next transactions skip the wait-die attempt that
+/// would be refused too; then it tries wait-die again (cheaper when the nodes are free: no
+/// gate to pass first).
+pub const QUEUED_AFTER_REFUSAL: u32 = 16;
+
+/// A worker's transactions: the last sequence number it used and how its next ones take
+/// the nodes' slots. Kept across the worker's transactions ([`run_txn`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TxnCursor {
+    /// The last sequence number used (the next transaction takes a higher one).
+    pub seq: u64,
+    /// Transactions still to prepare queued ([`QUEUED_AFTER_REFUSAL`]).
+    pub queued_left: u32,
+}
+
+impl TxnCursor {
+    /// A cursor whose last sequence number is `seq`, admitting by wait-die.
+    pub fn at(seq: u64) -> TxnCursor {
+        TxnCursor {
+            seq,
+            queued_left: 0,
+        }
+    }
+}
+
 /// Run one worker's update as transaction `txn` over every node (`nodes[i]` is server `i`,
 /// `shares[i]` its share, empty where the update touches nothing): 2PC coordinated here
 /// (ECRec §3.5), or one phase without it. A phase-1 refusal that is worth retrying
 /// (wait-die, a busy node) aborts everywhere and tries again under a fresh sequence number
-/// taken from `next_seq`, keeping the priority; any other phase-1 error aborts everywhere and
+/// taken from `cursor`, keeping the priority, queued ([`Admission::Queued`]: the gate node 0
+/// first, then the others), as are the worker's next [`QUEUED_AFTER_REFUSAL`] transactions;
+/// any other phase-1 error aborts everywhere and
 /// is returned (a lost node: the caller retries the update against its replacement). Phase 2
 /// commits on every node it can; the failures are reported, not returned. `at_phase` runs
 /// before each phase is sent, and, for the phases in `split` ([`TxnPhase::PrepareSome`],
@@ -693,7 +736,7 @@ pub async fn run_txn<C, H, HF>(
     mut txn: TxnId,
     shares: &[Arc<Update>],
     two_phase: bool,
-    next_seq: &mut u64,
+    cursor: &mut TxnCursor,
     split: &[TxnPhase],
     mut at_phase: H,
 ) -> Result<TxnReport, PsError>
@@ -727,21 +770,47 @@ where
         return Ok(report);
     }
     let mut wait = std::time::Duration::from_millis(1);
+    let mut queued = cursor.queued_left > 0;
+    cursor.queued_left = cursor.queued_left.saturating_sub(1);
     loop {
         at_phase(TxnPhase::Prepare).await;
         let attempt = Instant::now();
-        let res = in_halves(
-            nodes,
-            shares,
-            split.contains(&TxnPhase::PrepareSome),
-            || at_phase(TxnPhase::PrepareSome),
-            move |c, s| async move { c.txn_prepare(txn, s).await },
-        )
-        .await;
+        let split_prepare = split.contains(&TxnPhase::PrepareSome);
+        let mut gate_wait_us = 0;
+        let res = if queued {
+            report.queued = true;
+            let prepare =
+                move |c: C, s| async move { c.txn_prepare(txn, s, Admission::Queued).await };
+            let mut res = on_range(nodes, shares, 0..1.min(nodes.len()), &prepare).await;
+            if let Some((_, Ok(p))) = res.first() {
+                gate_wait_us = p.slot_wait_us;
+                let rest = in_halves(
+                    nodes,
+                    shares,
+                    1,
+                    split_prepare,
+                    || at_phase(TxnPhase::PrepareSome),
+                    prepare,
+                )
+                .await;
+                res.extend(rest);
+            }
+            res
+        } else {
+            in_halves(
+                nodes,
+                shares,
+                0,
+                split_prepare,
+                || at_phase(TxnPhase::PrepareSome),
+                move |c, s| async move { c.txn_prepare(txn, s, Admission::WaitDie).await },
+            )
+            .await
+        };
         let mut retry = true;
         let mut first: Option<PsError> = None;
         let mut sum = PrepareReport::default();
-        for (_, r) in res {
+        for (i, r) in res {
             match r {
                 Ok(p) => {
                     sum.rows += p.rows;
@@ -750,7 +819,9 @@ where
                     sum.dense_deltas_sent += p.dense_deltas_sent;
                     sum.bytes_sent += p.bytes_sent;
                     sum.rows_decoded += p.rows_decoded;
-                    sum.slot_wait_us = sum.slot_wait_us.max(p.slot_wait_us);
+                    if i > 0 || !queued {
+                        sum.slot_wait_us = sum.slot_wait_us.max(p.slot_wait_us);
+                    }
                 }
                 Err(e) => {
                     retry &= e.is_retryable();
@@ -765,7 +836,8 @@ where
             }
         }
         let Some(e) = first else {
-            report.lock_wait_s += sum.slot_wait_us as f64 * 1e-6;
+            // Queued, the gate's wait came before the others'.
+            report.lock_wait_s += (gate_wait_us + sum.slot_wait_us) as f64 * 1e-6;
             report.prepared = sum;
             break;
         };
@@ -782,11 +854,15 @@ where
             return Err(e);
         }
         report.retries += 1;
-        tokio::time::sleep(wait).await;
         report.lock_wait_s += attempt.elapsed().as_secs_f64();
+        tokio::time::sleep(wait).await;
+        report.lock_wait_s += wait.as_secs_f64();
         wait = (wait * 2).min(std::time::Duration::from_millis(50));
-        *next_seq += 1;
-        txn.seq = *next_seq;
+        // Queued, it is never refused for its age again.
+        queued = true;
+        cursor.queued_left = QUEUED_AFTER_REFUSAL;
+        cursor.seq += 1;
+        txn.seq = cursor.seq;
     }
     report.prepare_s = t0.elapsed().as_secs_f64();
     at_phase(TxnPhase::Commit).await;
@@ -794,6 +870,7 @@ where
     let res = in_halves(
         nodes,
         &vec![Arc::clone(&empty); nodes.len()],
+        0,
         split.contains(&TxnPhase::CommitSome),
         || at_phase(TxnPhase::CommitSome),
         move |c, _| async move { c.txn_commit(txn).await },
@@ -808,11 +885,12 @@ where
     Ok(report)
 }
 
-/// `f(node, share)` on every node at once, or (with `split`) on the first half of the nodes,
-/// then `between`, then on the others; results by node index.
+/// `f(node, share)` on the nodes from `from` on at once, or (with `split`) on those of the
+/// first half of the nodes, then `between`, then on the others; results by node index.
 async fn in_halves<C, T, F, Fut, B, BF>(
     nodes: &[C],
     shares: &[Arc<Update>],
+    from: usize,
     split: bool,
     between: B,
     f: F,
@@ -826,10 +904,10 @@ where
     BF: std::future::Future<Output = ()>,
 {
     if !split {
-        return on_range(nodes, shares, 0..nodes.len(), &f).await;
+        return on_range(nodes, shares, from..nodes.len(), &f).await;
     }
-    let h = TxnPhase::split_at(nodes.len());
-    let mut out = on_range(nodes, shares, 0..h, &f).await;
+    let h = TxnPhase::split_at(nodes.len()).max(from);
+    let mut out = on_range(nodes, shares, from..h, &f).await;
     between().await;
     out.extend(on_range(nodes, shares, h..nodes.len(), &f).await);
     out

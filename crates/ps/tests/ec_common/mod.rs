@@ -365,10 +365,10 @@ impl EcCluster {
         priority: u64,
         update: &Update,
     ) -> Result<TxnReport, PsError> {
-        let mut seq = priority * 1000;
+        let mut seq = ftrec_ps::ec::TxnCursor::at(priority * 1000);
         run_txn(
             &self.clients(),
-            txn_id(worker, seq, priority),
+            txn_id(worker, seq.seq, priority),
             &shares(update, self.n),
             self.ec.two_phase,
             &mut seq,
@@ -398,7 +398,7 @@ pub async fn run_txn_until(
     shares: &[Arc<Update>],
     split: &[TxnPhase],
     stop_at: TxnPhase,
-    seq: &mut u64,
+    seq: &mut ftrec_ps::ec::TxnCursor,
 ) -> Option<Result<TxnReport, PsError>> {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let mut tx = Some(tx);
