@@ -26,10 +26,26 @@ pub struct RawSample {
 
 /// The dense transform: `ln(1 + max(x, 0))`, missing counted as 0 (so it becomes 0.0).
 ///
-/// Computed in f64 and rounded once to f32 so the result does not depend on the caller.
+/// Computed in f64 and rounded once to f32 so the result does not depend on the caller. The
+/// small counts most features have are looked up in a table of the same values.
 #[inline]
 pub fn transform_dense(x: Option<i64>) -> f32 {
-    (x.unwrap_or(0).max(0) as f64).ln_1p() as f32
+    let c = x.unwrap_or(0).max(0);
+    match small_transforms().get(c as usize) {
+        Some(&t) => t,
+        None => transform_count(c),
+    }
+}
+
+/// `ln(1 + c)` rounded to f32, for `c >= 0`.
+fn transform_count(c: i64) -> f32 {
+    (c as f64).ln_1p() as f32
+}
+
+/// [`transform_count`] of the counts below 1024.
+fn small_transforms() -> &'static [f32; 1024] {
+    static TABLE: std::sync::OnceLock<[f32; 1024]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|c| transform_count(c as i64)))
 }
 
 /// The categorical hash: the row of table `table` (0-based, C1 is 0) that raw value `value`
@@ -222,6 +238,20 @@ mod tests {
         assert_eq!(transform_dense(Some(0)), 0.0);
         assert_eq!(transform_dense(Some(1)), std::f64::consts::LN_2 as f32);
         assert_eq!(transform_dense(Some(99)), (100f64).ln() as f32);
+    }
+
+    #[test]
+    fn the_dense_transform_is_ln_1p_rounded_once_in_and_beyond_its_table() {
+        for c in (0..3000i64).chain([i64::MAX, 1 << 40]) {
+            let want = (c as f64).ln_1p() as f32;
+            assert_eq!(
+                transform_dense(Some(c)).to_bits(),
+                want.to_bits(),
+                "count {c}"
+            );
+        }
+        assert_eq!(transform_dense(None), 0.0);
+        assert_eq!(transform_dense(Some(-3)), 0.0);
     }
 
     #[test]

@@ -321,7 +321,23 @@ pub struct Teacher {
     scales: TeacherScales,
     scrambles: Vec<Scramble>,
     dense_w: [f64; NUM_DENSE],
+    /// `dense_terms[j][c]`: feature `j`'s term of the logit at count `c` (a missing or
+    /// negative count is 0), for the small counts most samples have; computed as
+    /// [`Teacher::dense_term`] computes it, so the logit is the same with or without it.
+    dense_terms: DenseTerms,
     bias: f64,
+}
+
+/// Counts whose dense terms the teacher tabulates.
+const TABULATED_COUNTS: usize = 256;
+
+#[derive(Clone)]
+struct DenseTerms(Box<[[f64; TABULATED_COUNTS]; NUM_DENSE]>);
+
+impl std::fmt::Debug for DenseTerms {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DenseTerms({NUM_DENSE} x {TABULATED_COUNTS})")
+    }
 }
 
 impl Teacher {
@@ -332,13 +348,27 @@ impl Teacher {
             let sign = if r.next_u64() & 1 == 0 { 1.0 } else { -1.0 };
             *w = sign * scales.dense * (0.5 + r.next_f64());
         }
+        let mut terms = Box::new([[0.0; TABULATED_COUNTS]; NUM_DENSE]);
+        for (j, row) in terms.iter_mut().enumerate() {
+            for (c, t) in row.iter_mut().enumerate() {
+                *t = Self::dense_term(dense_w[j], j, Some(c as i64));
+            }
+        }
         Teacher {
             seed,
             scales,
             scrambles: (0..NUM_SPARSE).map(|t| Scramble::new(seed, t)).collect(),
             dense_w,
+            dense_terms: DenseTerms(terms),
             bias: 0.0,
         }
+    }
+
+    /// Feature `j`'s term of the logit, weight `w`, at raw count `x`.
+    fn dense_term(w: f64, j: usize, x: Option<i64>) -> f64 {
+        let shape = &DENSE_SHAPES[j];
+        let x = transform_dense(x) as f64;
+        w * ((x - shape.mu) / shape.sigma).tanh()
     }
 
     /// The bias of the logit (solved for the base CTR).
@@ -352,13 +382,27 @@ impl Teacher {
             .recip()
     }
 
+    /// The integer features' part of the logit.
+    fn dense_score(&self, s: &RawSample) -> f64 {
+        let mut z = 0.0;
+        for (j, (&w, terms)) in self
+            .dense_w
+            .iter()
+            .zip(self.dense_terms.0.iter())
+            .enumerate()
+        {
+            let c = s.dense[j].unwrap_or(0).max(0);
+            z += match terms.get(c as usize) {
+                Some(&t) => t,
+                None => Self::dense_term(w, j, s.dense[j]),
+            };
+        }
+        z
+    }
+
     /// The logit without its bias.
     fn score(&self, s: &RawSample) -> f64 {
-        let mut z = 0.0;
-        for (j, (&w, shape)) in self.dense_w.iter().zip(&DENSE_SHAPES).enumerate() {
-            let x = transform_dense(s.dense[j]) as f64;
-            z += w * ((x - shape.mu) / shape.sigma).tanh();
-        }
+        let mut z = self.dense_score(s);
         let mut decay = [0.0; NUM_SPARSE];
         for (t, c) in s.cats.iter().enumerate() {
             if let Some(v) = *c {
@@ -467,8 +511,9 @@ impl SyntheticSource {
             } else if u < shape.missing + shape.negative {
                 Some(-1 - (rng.next_u64() % 3) as i64)
             } else {
-                let count = (shape.mu + shape.sigma * rng.next_normal()).exp().floor();
-                // A count beyond i64 would need sigma-many standard deviations; clamp anyway.
+                // The count is the floor of a positive number: its truncation. One beyond i64
+                // would need sigma-many standard deviations; clamp anyway.
+                let count = (shape.mu + shape.sigma * rng.next_normal()).exp();
                 Some(count.min(i64::MAX as f64) as i64)
             };
         }
@@ -576,6 +621,28 @@ impl BatchSource for SyntheticSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tabulated_dense_terms_give_the_logit_computed_term_by_term() {
+        let src = SyntheticSource::from_preset(&Preset::by_name("small").unwrap(), 3).unwrap();
+        let t = src.teacher();
+        let mut beyond = 0;
+        for i in 0..20_000 {
+            let (s, _) = src.raw_sample(STREAM_TRAIN, i);
+            let mut direct = 0.0;
+            for (j, &w) in t.dense_w.iter().enumerate() {
+                let shape = &DENSE_SHAPES[j];
+                let x = transform_dense(s.dense[j]) as f64;
+                direct += w * ((x - shape.mu) / shape.sigma).tanh();
+                beyond += usize::from(s.dense[j].unwrap_or(0) >= TABULATED_COUNTS as i64);
+            }
+            assert_eq!(t.dense_score(&s).to_bits(), direct.to_bits(), "sample {i}");
+        }
+        assert!(
+            beyond > 0,
+            "no count beyond the table: its fallback went untested"
+        );
+    }
 
     #[test]
     fn scramble_is_a_bijection_with_its_inverse() {

@@ -12,6 +12,9 @@
 //! Acceptance is high (well over 90% for the exponents we use), and the cost does not depend on
 //! `n`.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
 use ftrec_core::rng::SplitMix;
 
 /// Zipf distribution over ranks `1..=n`: `P(k) ∝ k^-s`.
@@ -22,6 +25,36 @@ pub struct Zipf {
     h_x1: f64,
     h_n: f64,
     squeeze: f64,
+    bounds: Bounds,
+}
+
+/// Ranks whose acceptance bound is computed once per exponent (see [`Zipf::sample`]): the
+/// popular ranks, which most draws are.
+const TABULATED_RANKS: usize = 4096;
+
+/// The acceptance bounds `H(k + 1/2) - h(k)` of ranks `1..=TABULATED_RANKS`, shared by every
+/// sampler of one exponent. Each is the value [`Zipf::bound`] would compute, so a draw is
+/// the same with or without the table.
+#[derive(Clone)]
+struct Bounds(Arc<[f64]>);
+
+impl std::fmt::Debug for Bounds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Bounds({} ranks)", self.0.len())
+    }
+}
+
+impl Bounds {
+    /// The table of exponent `z.s`, computed on first use.
+    fn of(z: &Zipf) -> Bounds {
+        static TABLES: OnceLock<Mutex<HashMap<u64, Arc<[f64]>>>> = OnceLock::new();
+        let tables = TABLES.get_or_init(Mutex::default);
+        let mut tables = tables.lock().unwrap_or_else(|e| e.into_inner());
+        let t = tables
+            .entry(z.s.to_bits())
+            .or_insert_with(|| (1..=TABULATED_RANKS).map(|k| z.bound(k as f64)).collect());
+        Bounds(Arc::clone(t))
+    }
 }
 
 /// `(e^y - 1) / y`, continuous at 0.
@@ -54,10 +87,12 @@ impl Zipf {
             h_x1: 0.0,
             h_n: 0.0,
             squeeze: 0.0,
+            bounds: Bounds(Arc::new([])),
         };
         z.h_x1 = z.big_h(1.5) - 1.0;
         z.h_n = z.big_h(n as f64 + 0.5);
         z.squeeze = 2.0 - z.big_h_inv(z.big_h(2.5) - z.h(2.0));
+        z.bounds = Bounds::of(&z);
         Some(z)
     }
 
@@ -86,13 +121,27 @@ impl Zipf {
         (ln1p_over(t) * y).exp()
     }
 
+    /// The acceptance bound of rank `k`: a point at `u >= H(k + 1/2) - h(k)` falls in the top
+    /// `h(k)` of `k`'s slice.
+    fn bound(&self, k: f64) -> f64 {
+        self.big_h(k + 0.5) - self.h(k)
+    }
+
     /// One rank in `1..=n`.
     pub fn sample(&self, rng: &mut SplitMix) -> u64 {
         loop {
             let u = self.h_n + rng.next_f64() * (self.h_x1 - self.h_n);
             let x = self.big_h_inv(u);
-            let k = (x + 0.5).floor().clamp(1.0, self.n as f64);
-            if k - x <= self.squeeze || u >= self.big_h(k + 0.5) - self.h(k) {
+            // `x + 1/2` is positive, so truncation is its floor (without a call to `floor`).
+            let k = ((x + 0.5) as u64 as f64).clamp(1.0, self.n as f64);
+            if k - x <= self.squeeze {
+                return k as u64;
+            }
+            let bound = match self.bounds.0.get(k as usize - 1) {
+                Some(&b) => b,
+                None => self.bound(k),
+            };
+            if u >= bound {
                 return k as u64;
             }
         }
@@ -153,6 +202,41 @@ mod tests {
         let tail = (n as f64).powf(-0.05) / 0.05 - 0.5 * (n as f64).powf(-1.05);
         let p1 = 1.0 / (zeta - tail);
         assert!((top1 - p1).abs() < 0.004, "top-1 mass {top1} vs {p1}");
+    }
+
+    /// The sampler as first written: every bound computed, `floor` called.
+    fn reference_sample(z: &Zipf, rng: &mut SplitMix) -> u64 {
+        loop {
+            let u = z.h_n + rng.next_f64() * (z.h_x1 - z.h_n);
+            let x = z.big_h_inv(u);
+            let k = (x + 0.5).floor().clamp(1.0, z.n as f64);
+            if k - x <= z.squeeze || u >= z.big_h(k + 0.5) - z.h(k) {
+                return k as u64;
+            }
+        }
+    }
+
+    #[test]
+    fn draws_equal_the_reference_sampler_bit_for_bit() {
+        // Ranks in and beyond the table, a table smaller than it, exponents below and above 1.
+        for (n, s) in [(120_000u64, 1.05), (3, 1.05), (5000, 0.6), (1 << 30, 1.2)] {
+            let z = Zipf::new(n, s).unwrap();
+            let (mut a, mut b) = (SplitMix::new(5), SplitMix::new(5));
+            let mut beyond = 0;
+            for _ in 0..200_000 {
+                let k = z.sample(&mut a);
+                assert_eq!(k, reference_sample(&z, &mut b), "n={n} s={s}");
+                beyond += usize::from(k as usize > TABULATED_RANKS);
+            }
+            assert_eq!(
+                a.next_u64(),
+                b.next_u64(),
+                "n={n} s={s}: the streams drifted"
+            );
+            if n > 100_000 {
+                assert!(beyond > 0, "n={n} s={s}: no draw beyond the table");
+            }
+        }
     }
 
     #[test]

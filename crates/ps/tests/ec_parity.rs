@@ -332,27 +332,33 @@ async fn a_queued_prepare_waits_for_any_holder_and_wait_die_never_waits_for_a_qu
         .await;
 }
 
-#[tokio::test]
-async fn a_refused_transaction_is_retried_queued_and_so_are_its_workers_next_ones() {
-    use ftrec_ps::ec::{run_txn, Admission, TxnCursor, TxnPhase, QUEUED_AFTER_REFUSAL};
-    let c = EcCluster::new(3, EcConfig::new(CodeKind::Gf256, 2, 1), OptimizerKind::Adam);
-    let sh = ec_common::shares(&ec_common::worker_update(10, 0), 3);
-    let holder = ec_common::txn_id(0, 1, 10);
-    for s in 0..3u32 {
-        c.node(s)
-            .txn_prepare(holder, sh[s as usize].clone(), Admission::WaitDie)
-            .await
-            .unwrap();
+/// Transaction `i` of worker 1 (batch 20 + i) run through [`ftrec_ps::ec::run_txn`], behind
+/// an older holder (batch `i`) when `contended`: wait-die refuses its first attempt, and the
+/// holder commits before the second.
+async fn run_behind(
+    c: &EcCluster,
+    i: u64,
+    contended: bool,
+    cursor: &mut ftrec_ps::ec::TxnCursor,
+) -> ftrec_ps::ec::TxnReport {
+    use ftrec_ps::ec::{run_txn, Admission, TxnPhase};
+    let sh = ec_common::shares(&ec_common::worker_update(10 + i, 0), 3);
+    let holder = ec_common::txn_id(0, i + 1, i);
+    if contended {
+        for s in 0..3u32 {
+            c.node(s)
+                .txn_prepare(holder, sh[s as usize].clone(), Admission::WaitDie)
+                .await
+                .unwrap();
+        }
     }
-    // A younger transaction: wait-die refuses its first attempt; the holder commits before
-    // the second, which runs queued.
-    let mut cursor = TxnCursor::at(100);
-    let younger = ec_common::txn_id(1, 100, 20);
+    cursor.seq += 1;
+    let t = ec_common::txn_id(1, cursor.seq, 20 + i);
     let mut attempts = 0;
-    let rep = run_txn(&c.clients(), younger, &sh, true, &mut cursor, &[], |p| {
+    run_txn(&c.clients(), t, &sh, true, cursor, &[], |p| {
         if p == TxnPhase::Prepare {
             attempts += 1;
-            if attempts == 2 {
+            if attempts == 2 && contended {
                 for s in 0..3u32 {
                     c.node(s).txn_commit(holder).unwrap();
                 }
@@ -361,27 +367,28 @@ async fn a_refused_transaction_is_retried_queued_and_so_are_its_workers_next_one
         async {}
     })
     .await
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_refused_transaction_is_retried_queued_and_frequent_refusals_queue_the_next_ones() {
+    use ftrec_ps::ec::{TxnCursor, QUEUED_AFTER_REFUSAL};
+    let c = EcCluster::new(3, EcConfig::new(CodeKind::Gf256, 2, 1), OptimizerKind::Adam);
+    let mut cursor = TxnCursor::at(100);
+    // One refusal: the transaction is retried queued, the next ones are not.
+    let rep = run_behind(&c, 0, true, &mut cursor).await;
     assert_eq!((rep.retries, rep.queued), (1, true), "{rep:?}");
-    assert_eq!(cursor.queued_left, QUEUED_AFTER_REFUSAL);
-    // The worker's next transaction starts queued, with nothing in its way.
-    cursor.seq += 1;
-    let next = ec_common::txn_id(1, cursor.seq, 21);
-    let sh2 = ec_common::shares(&ec_common::worker_update(11, 0), 3);
-    let rep = run_txn(
-        &c.clients(),
-        next,
-        &sh2,
-        true,
-        &mut cursor,
-        &[],
-        |_| async {},
-    )
-    .await
-    .unwrap();
+    assert_eq!(cursor.queued_left, 0, "{cursor:?}");
+    let rep = run_behind(&c, 1, false, &mut cursor).await;
+    assert_eq!((rep.retries, rep.queued), (0, false), "{rep:?}");
+    // A second refusal soon after: the worker's next transactions start queued.
+    let rep = run_behind(&c, 2, true, &mut cursor).await;
+    assert_eq!((rep.retries, rep.queued), (1, true), "{rep:?}");
+    assert_eq!(cursor.queued_left, QUEUED_AFTER_REFUSAL, "{cursor:?}");
+    let rep = run_behind(&c, 3, false, &mut cursor).await;
     assert_eq!((rep.retries, rep.queued), (0, true), "{rep:?}");
     assert_eq!(cursor.queued_left, QUEUED_AFTER_REFUSAL - 1);
-    c.assert_exact(Some(3), "a refused transaction retried queued")
+    c.assert_exact(Some(6), "refused transactions retried queued")
         .await;
 }
 

@@ -118,8 +118,8 @@ pub use node::{
 pub use reencode::ReencodeReport;
 pub use service::{EcClient, EcService, WeakNode};
 pub use txn::{
-    resolve_txn, run_txn, Resolution, TxnCursor, TxnPhase, TxnReport, QUEUED_AFTER_REFUSAL,
-    TXN_LEASE,
+    resolve_txn, run_txn, Resolution, TxnCursor, TxnPhase, TxnReport, CONTENDED,
+    QUEUED_AFTER_REFUSAL, TXN_LEASE,
 };
 pub use types::{
     Admission, DeltaBatch, DenseDelta, DenseRead, MemberKey, MemberRead, PrepareReport,

@@ -693,20 +693,31 @@ pub struct TxnReport {
 /// Longest a transaction keeps retrying phase 1 after wait-die refusals.
 const TXN_RETRY_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Transactions a worker prepares queued ([`Admission::Queued`]) after one of its attempts
-/// was refused: contention lasts, so its next transactions skip the wait-die attempt that
-/// would be refused too; then it tries wait-die again (cheaper when the nodes are free: no
-/// gate to pass first).
+/// Transactions a worker prepares queued ([`Admission::Queued`]) once its wait-die attempts
+/// are refused often ([`TxnCursor::refusals`] at least [`CONTENDED`]): contention lasts, so
+/// they skip the wait-die attempt that would be refused too; then it tries wait-die again,
+/// which is cheaper when the nodes are free (no gate to pass first).
 pub const QUEUED_AFTER_REFUSAL: u32 = 16;
+
+/// The weight of the latest wait-die attempt in [`TxnCursor::refusals`].
+const REFUSAL_WEIGHT: f64 = 0.25;
+
+/// The refusal rate from which a worker queues its next transactions: two refusals in a
+/// row, not one now and then (at 2 workers on 5 servers, 1 attempt in 30 is refused, and a
+/// queued transaction's gate costs more than that).
+pub const CONTENDED: f64 = 0.3;
 
 /// A worker's transactions: the last sequence number it used and how its next ones take
 /// the nodes' slots. Kept across the worker's transactions ([`run_txn`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct TxnCursor {
     /// The last sequence number used (the next transaction takes a higher one).
     pub seq: u64,
     /// Transactions still to prepare queued ([`QUEUED_AFTER_REFUSAL`]).
     pub queued_left: u32,
+    /// The recent rate of refused wait-die attempts (a moving average, each attempt weighing
+    /// [`REFUSAL_WEIGHT`]).
+    pub refusals: f64,
 }
 
 impl TxnCursor {
@@ -714,7 +725,16 @@ impl TxnCursor {
     pub fn at(seq: u64) -> TxnCursor {
         TxnCursor {
             seq,
-            queued_left: 0,
+            ..TxnCursor::default()
+        }
+    }
+
+    /// A wait-die attempt was refused (or not).
+    fn note_wait_die(&mut self, refused: bool) {
+        let x = if refused { 1.0 } else { 0.0 };
+        self.refusals += REFUSAL_WEIGHT * (x - self.refusals);
+        if refused && self.refusals >= CONTENDED {
+            self.queued_left = QUEUED_AFTER_REFUSAL;
         }
     }
 }
@@ -724,8 +744,8 @@ impl TxnCursor {
 /// (ECRec §3.5), or one phase without it. A phase-1 refusal that is worth retrying
 /// (wait-die, a busy node) aborts everywhere and tries again under a fresh sequence number
 /// taken from `cursor`, keeping the priority, queued ([`Admission::Queued`]: the gate node 0
-/// first, then the others), as are the worker's next [`QUEUED_AFTER_REFUSAL`] transactions;
-/// any other phase-1 error aborts everywhere and
+/// first, then the others), as are the worker's next [`QUEUED_AFTER_REFUSAL`] transactions
+/// when refusals are frequent ([`CONTENDED`]); any other phase-1 error aborts everywhere and
 /// is returned (a lost node: the caller retries the update against its replacement). Phase 2
 /// commits on every node it can; the failures are reported, not returned. `at_phase` runs
 /// before each phase is sent, and, for the phases in `split` ([`TxnPhase::PrepareSome`],
@@ -839,6 +859,9 @@ where
             // Queued, the gate's wait came before the others'.
             report.lock_wait_s += (gate_wait_us + sum.slot_wait_us) as f64 * 1e-6;
             report.prepared = sum;
+            if !queued {
+                cursor.note_wait_die(false);
+            }
             break;
         };
         // Abort everywhere (a node that refused holds nothing of it; one that is gone
@@ -858,9 +881,11 @@ where
         tokio::time::sleep(wait).await;
         report.lock_wait_s += wait.as_secs_f64();
         wait = (wait * 2).min(std::time::Duration::from_millis(50));
+        if !queued {
+            cursor.note_wait_die(true);
+        }
         // Queued, it is never refused for its age again.
         queued = true;
-        cursor.queued_left = QUEUED_AFTER_REFUSAL;
         cursor.seq += 1;
         txn.seq = cursor.seq;
     }
