@@ -381,14 +381,16 @@ async fn a_refused_transaction_is_retried_queued_and_frequent_refusals_queue_the
     assert_eq!(cursor.queued_left, 0, "{cursor:?}");
     let rep = run_behind(&c, 1, false, &mut cursor).await;
     assert_eq!((rep.retries, rep.queued), (0, false), "{rep:?}");
-    // A second refusal soon after: the worker's next transactions start queued.
+    // Two more refusals in a row: the worker's next transactions start queued.
     let rep = run_behind(&c, 2, true, &mut cursor).await;
     assert_eq!((rep.retries, rep.queued), (1, true), "{rep:?}");
+    assert_eq!(cursor.queued_left, 0, "{cursor:?}");
+    run_behind(&c, 3, true, &mut cursor).await;
     assert_eq!(cursor.queued_left, QUEUED_AFTER_REFUSAL, "{cursor:?}");
-    let rep = run_behind(&c, 3, false, &mut cursor).await;
+    let rep = run_behind(&c, 4, false, &mut cursor).await;
     assert_eq!((rep.retries, rep.queued), (0, true), "{rep:?}");
     assert_eq!(cursor.queued_left, QUEUED_AFTER_REFUSAL - 1);
-    c.assert_exact(Some(6), "refused transactions retried queued")
+    c.assert_exact(Some(8), "refused transactions retried queued")
         .await;
 }
 

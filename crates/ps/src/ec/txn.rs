@@ -702,10 +702,11 @@ pub const QUEUED_AFTER_REFUSAL: u32 = 16;
 /// The weight of the latest wait-die attempt in [`TxnCursor::refusals`].
 const REFUSAL_WEIGHT: f64 = 0.25;
 
-/// The refusal rate from which a worker queues its next transactions: two refusals in a
-/// row, not one now and then (at 2 workers on 5 servers, 1 attempt in 30 is refused, and a
-/// queued transaction's gate costs more than that).
-pub const CONTENDED: f64 = 0.3;
+/// The refusal rate from which a worker queues its next transactions: refusals in a row,
+/// not one now and then. At 2 workers on 5 servers about one wait-die attempt in ten is
+/// refused, and queuing there made commits slower (the gate's prepare comes before the
+/// others'); from 8 workers on most are, and queuing made them faster.
+pub const CONTENDED: f64 = 0.5;
 
 /// A worker's transactions: the last sequence number it used and how its next ones take
 /// the nodes' slots. Kept across the worker's transactions ([`run_txn`]).
