@@ -233,3 +233,58 @@ async fn a_node_whose_lease_expired_on_staged_deltas_only_resolves_them() {
     reference.push(&w);
     assert_exact(&c, &reference, "staged only").await;
 }
+
+#[tokio::test]
+async fn a_gate_reserved_by_a_worker_that_stalls_is_freed_when_its_lease_expires() {
+    // A queued transaction reserved the gate (node 0) and its worker stalled before its
+    // prepares: the reservation holds the slot (a wait-die prepare is refused there), and
+    // the gate's lease on it aborts it everywhere, after which training goes on.
+    let (c, mut reference) = cluster();
+    let t = txn_id(1, 7, 2);
+    let nothing = Arc::new(Update::new());
+    c.node(0)
+        .txn_prepare(t, nothing.clone(), Admission::Reserve)
+        .await
+        .unwrap();
+    let other = txn_id(2, 1, 1);
+    let e = c
+        .node(0)
+        .txn_prepare(
+            other,
+            shares(&worker_update(4, 0), N)[0].clone(),
+            Admission::WaitDie,
+        )
+        .await
+        .unwrap_err();
+    assert!(e.is_retryable() && e.to_string().contains("queued"), "{e}");
+    c.node(0).txn_abort(other).unwrap();
+    // A reservation carries no share.
+    let e = c
+        .node(1)
+        .txn_prepare(
+            t,
+            shares(&worker_update(2, 1), N)[1].clone(),
+            Admission::Reserve,
+        )
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("carries none"), "{e}");
+    let resolved = c.node(0).resolve_expired(Duration::ZERO).await.unwrap();
+    assert_eq!(resolved, vec![(t, false)]);
+    assert_eq!(c.node(0).txn_counters().unwrap().resolved_aborted, 1);
+    // The worker wakes and prepares: refused, the transaction was resolved.
+    let e = c
+        .node(0)
+        .txn_prepare(
+            t,
+            shares(&worker_update(2, 1), N)[0].clone(),
+            Admission::Queued,
+        )
+        .await
+        .unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    let w = worker_update(3, 0);
+    c.txn(0, 3, &w).await.unwrap();
+    reference.push(&w);
+    assert_exact(&c, &reference, "a stalled reservation").await;
+}

@@ -123,7 +123,7 @@ fn update_to_proto(txn: TxnId, u: &Update) -> proto::TxnUpdate {
         dense_offsets: u.dense.iter().map(|d| d.offset).collect(),
         dense_lens: u.dense.iter().map(|d| d.grads.len() as u32).collect(),
         dense_grads: dense,
-        queued: false,
+        admission: proto::Admission::WaitDie as i32,
     }
 }
 
@@ -505,10 +505,16 @@ impl EcNodeRpc for EcGrpcHandler {
         req: Request<proto::TxnUpdate>,
     ) -> Result<Response<proto::PrepareReply>, Status> {
         let req = req.into_inner();
-        let admission = if req.queued {
-            Admission::Queued
-        } else {
-            Admission::WaitDie
+        let admission = match proto::Admission::try_from(req.admission) {
+            Ok(proto::Admission::WaitDie) => Admission::WaitDie,
+            Ok(proto::Admission::Queued) => Admission::Queued,
+            Ok(proto::Admission::Reserve) => Admission::Reserve,
+            Err(_) => {
+                return Err(s(PsError::MalformedRequest(format!(
+                    "unknown admission {} of a prepare (0 wait-die, 1 queued, 2 reserve)",
+                    req.admission
+                ))))
+            }
         };
         let (txn, u) = update_from_proto(req).map_err(s)?;
         let p = self
@@ -892,8 +898,13 @@ impl EcService for EcGrpcClient {
         share: std::sync::Arc<Update>,
         admission: Admission,
     ) -> Result<PrepareReport, PsError> {
+        let admission = match admission {
+            Admission::WaitDie => proto::Admission::WaitDie,
+            Admission::Queued => proto::Admission::Queued,
+            Admission::Reserve => proto::Admission::Reserve,
+        };
         let req = proto::TxnUpdate {
-            queued: admission == Admission::Queued,
+            admission: admission as i32,
             ..update_to_proto(txn, &share)
         };
         let p = self
@@ -1182,11 +1193,11 @@ mod fuzz {
             dense_lens in prop::collection::vec(prop_oneof![0u32..8, any::<u32>()], 0..3),
             dense_grads in bytes(40),
             with_txn in any::<bool>(),
-            queued in any::<bool>(),
+            admission in -1i32..4,
         ) {
             let p = proto::TxnUpdate {
                 txn: with_txn.then(|| txn_to_proto(txn())),
-                tables, part_rows, rows, grads, dense_offsets, dense_lens, dense_grads, queued,
+                tables, part_rows, rows, grads, dense_offsets, dense_lens, dense_grads, admission,
             };
             every_reader(&p.encode_to_vec());
         }

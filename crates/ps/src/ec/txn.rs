@@ -60,9 +60,12 @@ pub(crate) struct TxnState {
     pub holder: Option<(TxnId, PreparedStep)>,
     /// A transaction that took the slot and is computing its prepare.
     pub preparing: Option<TxnId>,
-    /// The transaction that took the slot as [`Admission::Queued`] (the slot's holder is
-    /// queued when it is this one).
+    /// The transaction that took the slot as [`Admission::Queued`] or reserved it (the
+    /// slot's holder is queued when it is this one).
     pub queued: Option<TxnId>,
+    /// The transaction that reserved the slot ([`Admission::Reserve`]) and has not prepared
+    /// here yet (it is the slot's `preparing` meanwhile; `held_since` starts its lease).
+    pub reserved: Option<TxnId>,
     /// When the holder finished its prepare here: the start of its lease.
     pub held_since: Option<Instant>,
     /// Deltas and gradients staged by peers, per transaction and sender, and when the first
@@ -218,8 +221,8 @@ impl Drop for PrepareGuard<'_> {
 
 impl EcNode {
     /// Take this node's transaction slot for `txn`. Wait-die: wait for a younger holder,
-    /// refuse (retryably) when the holder is older than `txn` or queued. Queued: wait for any
-    /// holder ([`Admission`]).
+    /// refuse (retryably) when the holder is older than `txn` or queued. Queued or reserve:
+    /// wait for any holder; queued, take the slot `txn` reserved ([`Admission`]).
     async fn take_slot(&self, txn: TxnId, admission: Admission) -> Result<(), PsError> {
         let me = self.inner.me;
         let wait = async {
@@ -233,16 +236,20 @@ impl EcNode {
                     match st.txn.slot() {
                         None => {
                             st.txn.preparing = Some(txn);
-                            st.txn.queued = (admission == Admission::Queued).then_some(txn);
+                            st.txn.queued = (admission != Admission::WaitDie).then_some(txn);
                             return Ok(());
                         }
                         Some(h) if h == txn => {
+                            if admission == Admission::Queued && st.txn.reserved == Some(txn) {
+                                st.txn.reserved = None;
+                                return Ok(());
+                            }
                             return Err(PsError::MalformedRequest(format!(
                                 "transaction {} of worker {} is already prepared on server {}",
                                 txn.seq, txn.worker, me.0
-                            )))
+                            )));
                         }
-                        Some(_) if admission == Admission::Queued => {}
+                        Some(_) if admission != Admission::WaitDie => {}
                         Some(h) if st.txn.queued != Some(h) && txn.older_than(&h) => {}
                         Some(h) => {
                             return Err(PsError::NotReady {
@@ -285,12 +292,30 @@ impl EcNode {
         share: Arc<Update>,
         admission: Admission,
     ) -> Result<PrepareReport, PsError> {
+        if admission == Admission::Reserve && !share.is_empty() {
+            return Err(PsError::MalformedRequest(format!(
+                "transaction {} of worker {} reserves server {} with a share: a reservation \
+                 carries none (the share comes with the queued prepare)",
+                txn.seq, txn.worker, self.inner.me.0
+            )));
+        }
         let waited = std::time::Instant::now();
         {
             let _waiting = self.inner.waiting.enter(&share);
             self.take_slot(txn, admission).await?;
         }
         let slot_wait_us = waited.elapsed().as_micros() as u64;
+        if admission == Admission::Reserve {
+            // Kept for the queued prepare (no await since the slot was taken: the request
+            // cannot be dropped in between).
+            let mut st = self.state()?;
+            st.txn.reserved = Some(txn);
+            st.txn.held_since = Some(Instant::now());
+            return Ok(PrepareReport {
+                slot_wait_us,
+                ..PrepareReport::default()
+            });
+        }
         let mut guard = PrepareGuard {
             node: self,
             txn,
@@ -395,6 +420,10 @@ impl EcNode {
         }
         if st.txn.preparing == Some(txn) {
             st.txn.preparing = None;
+        }
+        if st.txn.reserved == Some(txn) {
+            st.txn.reserved = None;
+            st.txn.held_since = None;
         }
         st.txn.unstage(&txn);
     }
@@ -506,11 +535,13 @@ impl EcNode {
         let expired: Vec<TxnId> = {
             let mut st = self.state()?;
             let old = |since: &Instant| since.elapsed() >= lease;
+            // A prepared holder, or a reservation its queued prepare never took up.
             let mut v: Vec<TxnId> = st
                 .txn
                 .holder
                 .as_ref()
                 .map(|(t, _)| *t)
+                .or(st.txn.reserved)
                 .filter(|_| st.txn.held_since.as_ref().is_some_and(old))
                 .into_iter()
                 .collect();
@@ -800,28 +831,29 @@ where
         let mut gate_wait_us = 0;
         let res = if queued {
             report.queued = true;
-            let prepare =
-                move |c: C, s| async move { c.txn_prepare(txn, s, Admission::Queued).await };
-            let mut res = on_range(nodes, shares, 0..1.min(nodes.len()), &prepare).await;
-            if let Some((_, Ok(p))) = res.first() {
-                gate_wait_us = p.slot_wait_us;
-                let rest = in_halves(
-                    nodes,
-                    shares,
-                    1,
-                    split_prepare,
-                    || at_phase(TxnPhase::PrepareSome),
-                    prepare,
-                )
-                .await;
-                res.extend(rest);
+            // Reserve the gate, then prepare everywhere (the gate included).
+            let nothing = vec![Arc::clone(&empty); nodes.len()];
+            let reserve =
+                move |c: C, s| async move { c.txn_prepare(txn, s, Admission::Reserve).await };
+            let gate = on_range(nodes, &nothing, 0..1.min(nodes.len()), &reserve).await;
+            match gate.first() {
+                Some((_, Ok(p))) => {
+                    gate_wait_us = p.slot_wait_us;
+                    in_halves(
+                        nodes,
+                        shares,
+                        split_prepare,
+                        || at_phase(TxnPhase::PrepareSome),
+                        move |c, s| async move { c.txn_prepare(txn, s, Admission::Queued).await },
+                    )
+                    .await
+                }
+                _ => gate,
             }
-            res
         } else {
             in_halves(
                 nodes,
                 shares,
-                0,
                 split_prepare,
                 || at_phase(TxnPhase::PrepareSome),
                 move |c, s| async move { c.txn_prepare(txn, s, Admission::WaitDie).await },
@@ -831,7 +863,7 @@ where
         let mut retry = true;
         let mut first: Option<PsError> = None;
         let mut sum = PrepareReport::default();
-        for (i, r) in res {
+        for (_, r) in res {
             match r {
                 Ok(p) => {
                     sum.rows += p.rows;
@@ -840,9 +872,7 @@ where
                     sum.dense_deltas_sent += p.dense_deltas_sent;
                     sum.bytes_sent += p.bytes_sent;
                     sum.rows_decoded += p.rows_decoded;
-                    if i > 0 || !queued {
-                        sum.slot_wait_us = sum.slot_wait_us.max(p.slot_wait_us);
-                    }
+                    sum.slot_wait_us = sum.slot_wait_us.max(p.slot_wait_us);
                 }
                 Err(e) => {
                     retry &= e.is_retryable();
@@ -857,7 +887,7 @@ where
             }
         }
         let Some(e) = first else {
-            // Queued, the gate's wait came before the others'.
+            // Queued, the wait for the gate came before the others'.
             report.lock_wait_s += (gate_wait_us + sum.slot_wait_us) as f64 * 1e-6;
             report.prepared = sum;
             if !queued {
@@ -896,7 +926,6 @@ where
     let res = in_halves(
         nodes,
         &vec![Arc::clone(&empty); nodes.len()],
-        0,
         split.contains(&TxnPhase::CommitSome),
         || at_phase(TxnPhase::CommitSome),
         move |c, _| async move { c.txn_commit(txn).await },
@@ -911,12 +940,11 @@ where
     Ok(report)
 }
 
-/// `f(node, share)` on the nodes from `from` on at once, or (with `split`) on those of the
-/// first half of the nodes, then `between`, then on the others; results by node index.
+/// `f(node, share)` on every node at once, or (with `split`) on the first half of the nodes,
+/// then `between`, then on the others; results by node index.
 async fn in_halves<C, T, F, Fut, B, BF>(
     nodes: &[C],
     shares: &[Arc<Update>],
-    from: usize,
     split: bool,
     between: B,
     f: F,
@@ -930,10 +958,10 @@ where
     BF: std::future::Future<Output = ()>,
 {
     if !split {
-        return on_range(nodes, shares, from..nodes.len(), &f).await;
+        return on_range(nodes, shares, 0..nodes.len(), &f).await;
     }
-    let h = TxnPhase::split_at(nodes.len()).max(from);
-    let mut out = on_range(nodes, shares, from..h, &f).await;
+    let h = TxnPhase::split_at(nodes.len());
+    let mut out = on_range(nodes, shares, 0..h, &f).await;
     between().await;
     out.extend(on_range(nodes, shares, h..nodes.len(), &f).await);
     out

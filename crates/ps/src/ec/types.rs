@@ -125,9 +125,10 @@ impl TxnId {
 /// Every transaction takes part on every node, so under contention *wait-die* refuses most
 /// attempts, and each refused attempt has already computed and propagated its prepare on the
 /// nodes that let it in (at 15 workers on 5 servers, nine attempts per commit). A queued
-/// prepare is never refused for its age: its worker takes the gate node's slot first (node
-/// 0, [`Admission::Queued`] there), then the others' at once, waiting wherever the slot is
-/// held. A wait-die prepare that meets a queued holder is refused whatever its age. No wait
+/// prepare is never refused for its age: its worker first reserves the gate node's slot
+/// (node 0, [`Admission::Reserve`]: no share, nothing computed), then prepares everywhere at
+/// once ([`Admission::Queued`]), waiting wherever the slot is held. A wait-die prepare that
+/// meets a queued or reserved holder is refused whatever its age. No wait
 /// cycle can form: only a queued transaction waits for a queued one, and only at the gate,
 /// where it holds nothing yet; a queued transaction waits past the gate only while it holds
 /// the gate, so at most one does at a time.
@@ -136,8 +137,13 @@ pub enum Admission {
     /// Wait for an older holder, be refused by a younger one (the default).
     #[default]
     WaitDie,
-    /// Wait for any holder (only after holding the gate node's slot, or at the gate).
+    /// Wait for any holder (only after reserving the gate node's slot); at the gate, take
+    /// the slot this transaction reserved there.
     Queued,
+    /// At the gate only: wait for any holder, then keep the slot for this transaction's
+    /// queued prepare, computing nothing (the share must be empty). The reservation holds
+    /// the slot under the lease like a prepared transaction.
+    Reserve,
 }
 
 /// What a node holds of one transaction once a resolver blocked it there
