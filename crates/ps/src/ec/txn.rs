@@ -13,6 +13,9 @@
 //! phase 2: the survivors commit, and hold the lost node's differences for the transaction,
 //! so its rebuild includes it.
 //!
+//! A prepare takes the node's slot by wait-die, or queued after refusals (the gate node 0
+//! reserved first): see [`Admission`].
+//!
 //! Since every transaction holds every node between its prepare and its commit, all nodes
 //! commit transactions in the same order (the strict two-phase locking argument: a node
 //! prepares a transaction only after the previous holder committed there, which it did only
