@@ -832,36 +832,36 @@ where
         let attempt = Instant::now();
         let split_prepare = split.contains(&TxnPhase::PrepareSome);
         let mut gate_wait_us = 0;
-        let res = if queued {
+        // Queued, reserve the gate first; then prepare everywhere (the gate included).
+        let mut gate_refused = None;
+        if queued {
             report.queued = true;
-            // Reserve the gate, then prepare everywhere (the gate included).
             let nothing = vec![Arc::clone(&empty); nodes.len()];
             let reserve =
                 move |c: C, s| async move { c.txn_prepare(txn, s, Admission::Reserve).await };
             let gate = on_range(nodes, &nothing, 0..1.min(nodes.len()), &reserve).await;
             match gate.first() {
-                Some((_, Ok(p))) => {
-                    gate_wait_us = p.slot_wait_us;
-                    in_halves(
-                        nodes,
-                        shares,
-                        split_prepare,
-                        || at_phase(TxnPhase::PrepareSome),
-                        move |c, s| async move { c.txn_prepare(txn, s, Admission::Queued).await },
-                    )
-                    .await
-                }
-                _ => gate,
+                Some((_, Ok(p))) => gate_wait_us = p.slot_wait_us,
+                _ => gate_refused = Some(gate),
             }
+        }
+        let admission = if queued {
+            Admission::Queued
         } else {
-            in_halves(
-                nodes,
-                shares,
-                split_prepare,
-                || at_phase(TxnPhase::PrepareSome),
-                move |c, s| async move { c.txn_prepare(txn, s, Admission::WaitDie).await },
-            )
-            .await
+            Admission::WaitDie
+        };
+        let res = match gate_refused {
+            Some(gate) => gate,
+            None => {
+                in_halves(
+                    nodes,
+                    shares,
+                    split_prepare,
+                    || at_phase(TxnPhase::PrepareSome),
+                    move |c, s| async move { c.txn_prepare(txn, s, admission).await },
+                )
+                .await
+            }
         };
         let mut retry = true;
         let mut first: Option<PsError> = None;
