@@ -738,8 +738,8 @@ const REFUSAL_WEIGHT: f64 = 0.25;
 
 /// The refusal rate from which a worker queues its next transactions: refusals in a row,
 /// not one now and then. At 2 workers on 5 servers about one wait-die attempt in ten is
-/// refused, and queuing there made commits slower (the gate's prepare comes before the
-/// others'); from 8 workers on most are, and queuing made them faster.
+/// refused, and queuing there made commits slower (the gate's reservation comes before the
+/// prepares); from 8 workers on most are, and queuing made them faster.
 pub const CONTENDED: f64 = 0.5;
 
 /// A worker's transactions: the last sequence number it used and how its next ones take
@@ -778,11 +778,12 @@ impl TxnCursor {
 /// `shares[i]` its share, empty where the update touches nothing): 2PC coordinated here
 /// (ECRec §3.5), or one phase without it. A phase-1 refusal that is worth retrying
 /// (wait-die, a busy node) aborts everywhere and tries again under a fresh sequence number
-/// taken from `cursor`, keeping the priority, queued ([`Admission::Queued`]: the gate node 0
-/// first, then the others), as are the worker's next [`QUEUED_AFTER_REFUSAL`] transactions
-/// when refusals are frequent ([`CONTENDED`]); any other phase-1 error aborts everywhere and
-/// is returned (a lost node: the caller retries the update against its replacement). Phase 2
-/// commits on every node it can; the failures are reported, not returned. `at_phase` runs
+/// taken from `cursor`, keeping the priority, queued ([`Admission`]: the gate node 0 reserved
+/// first, then the prepares everywhere), as are the worker's next [`QUEUED_AFTER_REFUSAL`]
+/// transactions when refusals are frequent ([`CONTENDED`]); any other phase-1 error aborts
+/// everywhere and is returned (a lost node: the caller retries the update against its
+/// replacement). Phase 2 commits on every node it can; the failures are reported, not
+/// returned. `at_phase` runs
 /// before each phase is sent, and, for the phases in `split` ([`TxnPhase::PrepareSome`],
 /// [`TxnPhase::CommitSome`]), between the phase's two halves, which are then sent one after
 /// the other (fault injection: a node lost while a phase reached some nodes only).
