@@ -751,7 +751,7 @@ pub struct TxnCursor {
     /// Transactions still to prepare queued ([`QUEUED_AFTER_REFUSAL`]).
     pub queued_left: u32,
     /// The recent rate of refused wait-die attempts (a moving average, each attempt weighing
-    /// [`REFUSAL_WEIGHT`]).
+    /// a quarter).
     pub refusals: f64,
 }
 
