@@ -134,7 +134,8 @@ impl TxnId {
 /// the gate, so at most one does at a time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum Admission {
-    /// Wait for an older holder, be refused by a younger one (the default).
+    /// Wait for a younger holder; be refused by an older one, or by a queued or reserved
+    /// one whatever its age (the default).
     #[default]
     WaitDie,
     /// Wait for any holder (only after reserving the gate node's slot); at the gate, take
