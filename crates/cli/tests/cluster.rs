@@ -1,6 +1,7 @@
 //! `ftrec run`, `ftrec coordinator`, `ftrec server` and `ftrec worker` end to end: real
 //! processes of this binary, real SIGKILLs, job files, the JSON report, and clear errors.
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 
 mod common;
@@ -306,15 +307,6 @@ fn a_coordinator_with_an_unreachable_server_address_gives_one_error_line() {
     );
 }
 
-/// A free loopback port (bind and drop; another process could take it, which is unlikely in
-/// the short window of a test).
-fn free_addr() -> std::net::SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
 /// The job of `every_role_started_by_hand_trains_the_same_model_as_the_launcher`.
 const BY_HAND_JOB: &[&str] = &[
     "--preset",
@@ -363,33 +355,34 @@ fn every_role_started_by_hand_trains_the_same_model_as_the_launcher() {
         addrs.push(std::fs::read_to_string(&port).unwrap().trim().to_string());
         servers.push(child);
     }
-    let control = free_addr();
     let json = dir.path().join("coord.json");
+    // Port 0: a port picked by the test and bound later could be taken in between.
     let mut coord = ftrec()
         .arg("coordinator")
         .args(BY_HAND_JOB)
         .args(["--server-addr", &addrs[0], "--server-addr", &addrs[1]])
-        .args(["--control-listen", &control.to_string(), "--json"])
+        .args(["--control-listen", "127.0.0.1:0", "--json"])
         .arg(&json)
         .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let mut lines = BufReader::new(coord.stderr.take().unwrap()).lines();
+    let control = format!("127.0.0.1:{}", common::control_port(&mut lines));
+    // Drain the rest so the coordinator never blocks on a full pipe.
+    let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
     let mut workers = Vec::new();
     for id in 0..2 {
         workers.push(
             ftrec()
-                .args([
-                    "worker",
-                    "--coordinator",
-                    &control.to_string(),
-                    "--id",
-                    &id.to_string(),
-                ])
+                .args(["worker", "--coordinator", &control, "--id", &id.to_string()])
                 .spawn()
                 .unwrap(),
         );
     }
-    assert!(coord.wait().unwrap().success());
+    let status = coord.wait().unwrap();
+    let rest = rest.join().unwrap();
+    assert!(status.success(), "{rest:?}");
     // The coordinator told its workers to stop.
     for mut w in workers {
         assert!(w.wait().unwrap().success());

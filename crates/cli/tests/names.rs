@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, ChildStderr, Command, Stdio};
 
-use common::{ftrec, one_error_line, read_json, succeed};
+use common::{control_port, ftrec, one_error_line, read_json, succeed};
 
 /// The job: synchronous, full checkpoints every 2 steps, server 1 killed after step 5.
 const JOB: &[&str] = &[
@@ -35,25 +35,17 @@ const JOB: &[&str] = &[
     "2",
 ];
 
-/// A free port on loopback (bind and drop).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn with_hosts(mut cmd: Command, hosts: &Path) -> Command {
     cmd.env("FTREC_HOSTS", hosts);
     cmd
 }
 
-/// `ftrec server` `id` of 2 listening on `listen` (a name) until its stdin closes, once it
-/// serves (it has written its port file).
-fn server(id: u32, listen: &str, hosts: &Path, dir: &Path) -> Child {
+/// `ftrec server` `id` of 2 listening on `listen` (a name; port 0 takes a free one) until its
+/// stdin closes, once it serves: the process and the port it bound (from its port file).
+fn server(id: u32, listen: &str, hosts: &Path, dir: &Path) -> (Child, u16) {
     let port_file = dir.join(format!("s{id}.port"));
     let _ = std::fs::remove_file(&port_file);
+    let log = dir.join(format!("s{id}.log"));
     let mut child = with_hosts(ftrec(), hosts)
         .args(["server", "--id", &id.to_string(), "--servers", "2"])
         .args(["--preset", "tiny", "--seed", "3", "--until", "stdin"])
@@ -63,14 +55,21 @@ fn server(id: u32, listen: &str, hosts: &Path, dir: &Path) -> Child {
         .arg(&port_file)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    while !port_file.exists() {
-        assert!(child.try_wait().unwrap().is_none(), "server {id} exited");
+    loop {
+        // The port file is written atomically: once it exists it holds the whole address.
+        if let Ok(text) = std::fs::read_to_string(&port_file) {
+            let addr: std::net::SocketAddr = text.trim().parse().unwrap();
+            return (child, addr.port());
+        }
+        if child.try_wait().unwrap().is_some() {
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            panic!("server {id} exited before it served: {log}");
+        }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    child
 }
 
 /// Read `lines` until one contains `needle` (the coordinator says what it waits for).
@@ -95,9 +94,10 @@ fn every_role_by_name_survives_a_server_that_comes_back_at_another_address() {
     let dir = tempfile::tempdir().unwrap();
     let hosts = dir.path().join("hosts");
     std::fs::write(&hosts, "127.0.0.1 ps-0 ps-1 coord\n").unwrap();
-    let (p0, p1, pc) = (free_port(), free_port(), free_port());
-    let s0 = server(0, &format!("ps-0:{p0}"), &hosts, dir.path());
-    let s1 = server(1, &format!("ps-1:{p1}"), &hosts, dir.path());
+    // Every first listener takes a free port of its own (a port picked by the test and bound
+    // later could be taken in between by any connection on this machine).
+    let (s0, p0) = server(0, "ps-0:0", &hosts, dir.path());
+    let (s1, p1) = server(1, "ps-1:0", &hosts, dir.path());
     let json = dir.path().join("coord.json");
     let mut coord = with_hosts(ftrec(), &hosts)
         .arg("coordinator")
@@ -106,7 +106,7 @@ fn every_role_by_name_survives_a_server_that_comes_back_at_another_address() {
         .arg(dir.path().join("store"))
         .args(["--server-addr", &format!("ps-0:{p0}")])
         .args(["--server-addr", &format!("ps-1:{p1}")])
-        .args(["--control-listen", &format!("coord:{pc}")])
+        .args(["--control-listen", "coord:0"])
         .arg("--json")
         .arg(&json)
         .stdout(Stdio::null())
@@ -114,6 +114,7 @@ fn every_role_by_name_survives_a_server_that_comes_back_at_another_address() {
         .spawn()
         .unwrap();
     let mut lines = stderr_lines(&mut coord);
+    let pc = control_port(&mut lines);
     let workers: Vec<Child> = (0..2)
         .map(|w| {
             with_hosts(ftrec(), &hosts)
@@ -132,7 +133,8 @@ fn every_role_by_name_survives_a_server_that_comes_back_at_another_address() {
     // Its replacement serves the same name at another address.
     std::fs::write(&hosts, "127.0.0.1 ps-0 coord\n127.0.0.2 ps-1\n").unwrap();
     wait_for_line(&mut lines, "come back at");
-    let s1 = server(1, &format!("ps-1:{p1}"), &hosts, dir.path());
+    // The same port on another loopback address: free, since only the old one bound it.
+    let (s1, _) = server(1, &format!("ps-1:{p1}"), &hosts, dir.path());
 
     // Drain the rest so the coordinator never blocks on a full pipe.
     let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());

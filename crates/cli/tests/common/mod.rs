@@ -43,6 +43,23 @@ pub fn one_error_line(out: &Output) -> String {
     errors[0].to_string()
 }
 
+/// The control port a coordinator bound (asked for port 0), read from the line of its stderr
+/// that tells workers started by hand where to connect; the lines before it are consumed.
+pub fn control_port(lines: &mut impl Iterator<Item = std::io::Result<String>>) -> u16 {
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(rest) = line.split("--coordinator HOST:").nth(1) {
+            let port = rest.split_whitespace().next().unwrap_or("");
+            return port
+                .parse()
+                .unwrap_or_else(|_| panic!("no control port in {line:?}"));
+        }
+        seen.push(line);
+    }
+    panic!("the coordinator ended without a control port: {seen:#?}");
+}
+
 /// `samples` lines of the tiny preset's synthetic stream as Kaggle-layout TSV, written by
 /// `ftrec data synth` into `dir`; returns the file.
 pub fn synth_tsv(dir: &Path, samples: u32) -> std::path::PathBuf {
