@@ -6,7 +6,7 @@
 
 use std::str::FromStr;
 
-use tracing_subscriber::filter::{filter_fn, LevelFilter};
+use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
@@ -65,10 +65,7 @@ pub fn init_logs(format: LogFormat) {
                     .with_target(false)
                     .with_level(false)
                     .with_ansi(false)
-                    .with_filter(LevelFilter::INFO)
-                    .with_filter(filter_fn(|m| {
-                        m.target() != EVENT_TARGET && m.target() != PROGRESS_TARGET
-                    })),
+                    .with_filter(text_filter()),
             )
             .try_init(),
         LogFormat::Json => registry
@@ -84,6 +81,16 @@ pub fn init_logs(format: LogFormat) {
     };
 }
 
+/// Info and above, without the records JSON logs alone carry. A filter on metadata alone
+/// (levels and targets), so the decision is cached per call site and the level hint lets
+/// every debug and trace record (the gRPC stack has one per frame) stop at the macro.
+fn text_filter() -> Targets {
+    Targets::new()
+        .with_default(LevelFilter::INFO)
+        .with_target(EVENT_TARGET, LevelFilter::OFF)
+        .with_target(PROGRESS_TARGET, LevelFilter::OFF)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,5 +101,23 @@ mod tests {
         assert_eq!("text".parse::<LogFormat>().unwrap(), LogFormat::Text);
         let e = "yaml".parse::<LogFormat>().unwrap_err().to_string();
         assert!(e.contains("--log-format") && e.contains("json"), "{e}");
+    }
+
+    #[test]
+    fn text_logs_keep_info_and_leave_events_progress_and_debug_to_others() {
+        use tracing::Level;
+        let f = text_filter();
+        assert!(f.would_enable("ftrec_cluster::coordinator", &Level::INFO));
+        assert!(f.would_enable("h2::codec", &Level::WARN));
+        assert!(!f.would_enable("h2::codec", &Level::DEBUG));
+        assert!(!f.would_enable("h2::codec", &Level::TRACE));
+        assert!(!f.would_enable(EVENT_TARGET, &Level::INFO));
+        assert!(!f.would_enable(PROGRESS_TARGET, &Level::INFO));
+        // No record below info can pass, so the macros stop there.
+        use tracing_subscriber::layer::Filter;
+        assert_eq!(
+            Filter::<tracing_subscriber::Registry>::max_level_hint(&f),
+            Some(LevelFilter::INFO)
+        );
     }
 }
