@@ -253,7 +253,9 @@ fn sample(report: &Mutex<ServerMemory>, parts: &dyn Fn() -> MemoryParts) {
     r.vm_hwm_bytes = r.vm_hwm_bytes.max(hwm);
     r.peak_threads = r.peak_threads.max(threads);
     r.parts_max = r.parts_max.max(p);
-    if anon >= r.peak_anon_bytes {
+    // The allocator's books (a walk of its free lists) only at a new peak, not at every
+    // sample that equals it.
+    if anon > r.peak_anon_bytes || r.samples == 1 {
         r.peak_anon_bytes = anon;
         r.parts_at_peak = p;
         r.heap_at_peak = heap();

@@ -63,6 +63,7 @@ pub mod ec;
 pub mod error;
 pub mod fence;
 pub mod grpc;
+mod join;
 pub mod net;
 pub mod observer;
 pub mod server;

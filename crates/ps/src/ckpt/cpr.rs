@@ -35,7 +35,7 @@ use ftrec_ckpt::snapshot::RowIds;
 use ftrec_ckpt::{CheckpointId, CheckpointKind, Checkpoints, DataPosition, Manifest};
 use ftrec_core::{RowId, ShardMap, TableId};
 
-use super::{futures_util_join, lock_err, CkptApi, CkptNode, CkptServiceError, Save, SaveStarted};
+use super::{join_all, lock_err, CkptApi, CkptNode, CkptServiceError, Save, SaveStarted};
 use crate::observer::{PushObserver, RowImages, UpdateOrigin};
 use crate::server::dense_block_range;
 use crate::Server;
@@ -329,7 +329,7 @@ pub async fn save_cluster_prioritized<C: CkptApi>(
         data_position,
         meta,
     } = plan;
-    let started = futures_util_join(
+    let started = join_all(
         clients
             .iter()
             .map(|c| c.save_prioritized(location.to_string(), id.clone(), step)),
@@ -343,7 +343,7 @@ pub async fn save_cluster_prioritized<C: CkptApi>(
             Err(e) => first_err = first_err.or(Some(e)),
         }
     }
-    let reports = futures_util_join(clients.iter().map(|c| c.wait(id.clone()))).await;
+    let reports = join_all(clients.iter().map(|c| c.wait(id.clone()))).await;
     if let Some(e) = first_err {
         return Err(e);
     }

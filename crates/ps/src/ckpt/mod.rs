@@ -43,6 +43,8 @@ use ftrec_ckpt::{CheckpointId, CheckpointKind, Checkpoints, CkptError, DataPosit
 use ftrec_core::prefetch::AHEAD;
 use ftrec_core::{RowId, RowLayout, ServerId, ShardMap, TableId};
 
+pub(crate) use crate::join::join_all;
+
 use crate::observer::{PushObserver, RowImages, UpdateOrigin};
 use crate::server::dense_block_range;
 use crate::update::DenseBlock;
@@ -815,7 +817,7 @@ pub async fn save_cluster<C: CkptApi>(
         )
         .into());
     }
-    let started = futures_util_join(
+    let started = join_all(
         clients
             .iter()
             .map(|c| c.save(location.to_string(), id.clone(), kind, step)),
@@ -855,7 +857,7 @@ pub async fn save_piece_cluster<C: CkptApi>(
     ckpts: &Checkpoints,
     plan: PiecePlan,
 ) -> Result<(Manifest, Vec<SaveStarted>), CkptServiceError> {
-    let started = futures_util_join(
+    let started = join_all(
         clients
             .iter()
             .map(|c| c.save_piece(location.to_string(), plan.id.clone(), plan.step, plan.spec)),
@@ -893,7 +895,7 @@ async fn commit_saved<C: CkptApi>(
             Err(e) => first_err = first_err.or(Some(e)),
         }
     }
-    let reports = futures_util_join(clients.iter().map(|c| c.wait(id.clone()))).await;
+    let reports = join_all(clients.iter().map(|c| c.wait(id.clone()))).await;
     if let Some(e) = first_err {
         return Err(e);
     }
@@ -909,7 +911,7 @@ pub async fn restore_cluster<C: CkptApi>(
     location: &str,
     id: &CheckpointId,
 ) -> Result<Vec<RestoreDone>, CkptServiceError> {
-    futures_util_join(
+    join_all(
         clients
             .iter()
             .map(|c| c.restore(location.to_string(), id.clone())),
@@ -917,34 +919,4 @@ pub async fn restore_cluster<C: CkptApi>(
     .await
     .into_iter()
     .collect()
-}
-
-/// Run futures concurrently on the current task and collect their outputs in order.
-async fn futures_util_join<F: Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let futs: Vec<_> = futs.map(Box::pin).collect();
-    let mut outs: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
-    let mut futs: Vec<_> = futs.into_iter().map(Some).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (i, f) in futs.iter_mut().enumerate() {
-            if let Some(fut) = f {
-                match fut.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => {
-                        outs[i] = Some(v);
-                        *f = None;
-                    }
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    outs.into_iter()
-        .map(|o| o.expect("every future finished"))
-        .collect()
 }

@@ -654,31 +654,23 @@ impl EcNode {
                 }
             }
         }
-        let mut set = tokio::task::JoinSet::new();
-        let mut first_err = None;
+        let mut sends = Vec::new();
         for (s, b) in batches.into_iter().enumerate() {
-            let Some(b) = b else { continue };
-            let peer = self.peer(ServerId(s as u32))?;
-            if let EcClient::InProcess(_) = peer {
-                // A call into the peer's memory: running it here is cheaper than handing it
-                // to another thread and waiting for that thread to be scheduled.
-                if let Err(e) = peer.stage_packed(b).await {
-                    first_err.get_or_insert(e);
-                }
-            } else {
-                set.spawn(async move { peer.stage_packed(b).await });
+            if let Some(b) = b {
+                sends.push((self.peer(ServerId(s as u32))?, b));
             }
         }
-        while let Some(r) = set.join_next().await {
-            let r = r.map_err(|e| PsError::Internal(format!("delta send task failed: {e}")));
-            if let Err(e) = r.and_then(|x| x) {
-                first_err.get_or_insert(e);
-            }
-        }
-        if let Some(e) = first_err {
-            return Err(e);
-        }
-        Ok(())
+        // The sends run together on this task (a task spawned per peer would only add a
+        // hand-off to another thread and back for each), in-process ones included: a call
+        // into the peer's memory finishes at its first poll.
+        crate::join::join_all(
+            sends
+                .into_iter()
+                .map(|(peer, b)| async move { peer.stage_packed(b).await }),
+        )
+        .await
+        .into_iter()
+        .collect()
     }
 
     /// Phase 1 of step `step` (ECRec §3.5): see the module docs.
