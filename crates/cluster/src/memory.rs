@@ -255,7 +255,7 @@ fn sample(report: &Mutex<ServerMemory>, parts: &dyn Fn() -> MemoryParts) {
     r.parts_max = r.parts_max.max(p);
     // The allocator's books (a walk of its free lists) only at a new peak, not at every
     // sample that equals it.
-    if anon > r.peak_anon_bytes || r.samples == 1 {
+    if anon > r.peak_anon_bytes {
         r.peak_anon_bytes = anon;
         r.parts_at_peak = p;
         r.heap_at_peak = heap();
