@@ -21,6 +21,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // the buffer they arrived in until they are decoded, and a survivor hands its rows
         // to the encoder as they are.
         .bytes(".ftrec.ec.v1.ReadMembersReply.data")
+        // The transactions' shares and the peers' delta batches: their gradients and deltas
+        // are read from the buffer they arrived in (decoded once, into floats), and a batch's
+        // floats are sent from the buffer they were computed in.
+        .bytes(".ftrec.ec.v1.TxnUpdate")
+        .bytes(".ftrec.ec.v1.DeltaBatch")
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -60,18 +60,19 @@ pub struct EcGrpcHandler {
     node: EcNode,
 }
 
-fn batch_to_proto(b: &PackedBatch) -> proto::DeltaBatch {
+/// A batch on the wire; its deltas and gradients leave in the buffers they were computed in.
+fn batch_to_proto(b: PackedBatch) -> proto::DeltaBatch {
     let rows: Vec<u64> = b.rows.iter().map(|&(_, r)| r).collect();
     proto::DeltaBatch {
         step: b.step,
         from: b.from.0,
         apply_now: b.apply_now,
         row_tables: b.rows.iter().map(|&(t, _)| t.0).collect(),
-        rows: u64s(&rows),
-        row_deltas: f32s_to_bytes(&b.deltas),
-        dense_blocks: u64s(&b.dense_blocks),
-        dense_lens: b.dense_lens.clone(),
-        dense_grads: f32s_to_bytes(&b.dense_grads),
+        rows: u64s(&rows).into(),
+        row_deltas: f32s_into_bytes(b.deltas),
+        dense_blocks: u64s(&b.dense_blocks).into(),
+        dense_lens: b.dense_lens,
+        dense_grads: f32s_into_bytes(b.dense_grads),
         txn: b.txn.map(txn_to_proto),
     }
 }
@@ -118,11 +119,11 @@ fn update_to_proto(txn: TxnId, u: &Update) -> proto::TxnUpdate {
         txn: Some(txn_to_proto(txn)),
         tables: u.sparse.iter().map(|p| p.table.0).collect(),
         part_rows: u.sparse.iter().map(|p| p.rows.len() as u32).collect(),
-        rows: u64s(&rows),
-        grads,
+        rows: u64s(&rows).into(),
+        grads: grads.into(),
         dense_offsets: u.dense.iter().map(|d| d.offset).collect(),
         dense_lens: u.dense.iter().map(|d| d.grads.len() as u32).collect(),
-        dense_grads: dense,
+        dense_grads: dense.into(),
         admission: proto::Admission::WaitDie as i32,
     }
 }
@@ -696,7 +697,7 @@ impl EcGrpcClient {
     pub(crate) async fn stage_packed(&self, batch: PackedBatch) -> Result<(), PsError> {
         self.call(
             "stage_deltas",
-            self.client.clone().stage_deltas(batch_to_proto(&batch)),
+            self.client.clone().stage_deltas(batch_to_proto(batch)),
         )
         .await?;
         Ok(())
@@ -1074,11 +1075,11 @@ mod fuzz {
             from: 1,
             apply_now: false,
             row_tables: vec![0, 1],
-            rows: u64s(&[4, 8]),
-            row_deltas: f32s_to_bytes(&[0.5; 6]),
-            dense_blocks: u64s(&[2]),
+            rows: u64s(&[4, 8]).into(),
+            row_deltas: f32s_to_bytes(&[0.5; 6]).into(),
+            dense_blocks: u64s(&[2]).into(),
             dense_lens: vec![3],
-            dense_grads: f32s_to_bytes(&[1.0; 3]),
+            dense_grads: f32s_to_bytes(&[1.0; 3]).into(),
             txn: Some(txn_to_proto(txn())),
         }
     }
@@ -1131,7 +1132,7 @@ mod fuzz {
         assert_eq!(t, txn());
         assert_eq!(update_to_proto(t, &u), valid_update());
         let b = batch_from_proto(valid_batch()).unwrap();
-        assert_eq!(batch_to_proto(&b), valid_batch());
+        assert_eq!(batch_to_proto(b), valid_batch());
         let k = keys_from_proto(valid_keys()).unwrap();
         assert_eq!(keys_to_proto(&k).unwrap(), valid_keys());
     }
@@ -1197,7 +1198,8 @@ mod fuzz {
         ) {
             let p = proto::TxnUpdate {
                 txn: with_txn.then(|| txn_to_proto(txn())),
-                tables, part_rows, rows, grads, dense_offsets, dense_lens, dense_grads, admission,
+                tables, part_rows, rows: rows.into(), grads: grads.into(), dense_offsets,
+                dense_lens, dense_grads: dense_grads.into(), admission,
             };
             every_reader(&p.encode_to_vec());
         }
@@ -1213,8 +1215,9 @@ mod fuzz {
             step in huge(),
         ) {
             let p = proto::DeltaBatch {
-                step, from: 0, apply_now: true, row_tables, rows, row_deltas, dense_blocks,
-                dense_lens, dense_grads, txn: None,
+                step, from: 0, apply_now: true, row_tables, rows: rows.into(),
+                row_deltas: row_deltas.into(), dense_blocks: dense_blocks.into(), dense_lens,
+                dense_grads: dense_grads.into(), txn: None,
             };
             every_reader(&p.encode_to_vec());
         }
