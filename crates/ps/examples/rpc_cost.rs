@@ -3,9 +3,10 @@
 //! and the server's process spent, per call.
 //!
 //! ```sh
-//! target/release/ftrec server --id 0 --servers 1 --preset small --port-file p.port &
-//! cargo run --release -p ftrec-ps --example rpc_cost -- $(cat p.port) $! 20000
-//! kill $!
+//! target/release/ftrec server --id 0 --servers 1 --preset small --port-file p.port & pid=$!
+//! while [ ! -s p.port ]; do sleep 0.1; done
+//! cargo run --release -p ftrec-ps --example rpc_cost -- "$(cat p.port)" "$pid" 20000
+//! kill "$pid"
 //! ```
 
 use ftrec_ps::grpc::{GrpcClient, GrpcConfig};
