@@ -95,6 +95,28 @@ fn txn_from_proto(t: proto::Txn) -> TxnId {
     }
 }
 
+impl From<Admission> for proto::Admission {
+    fn from(a: Admission) -> Self {
+        match a {
+            Admission::WaitDie => proto::Admission::WaitDie,
+            Admission::Queued => proto::Admission::Queued,
+            Admission::Reserve => proto::Admission::Reserve,
+        }
+    }
+}
+
+/// A prepare's admission off the wire; an unknown value names the three.
+fn admission_from_proto(v: i32) -> Result<Admission, PsError> {
+    match proto::Admission::try_from(v) {
+        Ok(proto::Admission::WaitDie) => Ok(Admission::WaitDie),
+        Ok(proto::Admission::Queued) => Ok(Admission::Queued),
+        Ok(proto::Admission::Reserve) => Ok(Admission::Reserve),
+        Err(_) => Err(PsError::MalformedRequest(format!(
+            "unknown admission {v} of a prepare (0 wait-die, 1 queued, 2 reserve)"
+        ))),
+    }
+}
+
 fn need_txn(t: Option<proto::Txn>) -> Result<TxnId, PsError> {
     t.map(txn_from_proto)
         .ok_or_else(|| PsError::MalformedRequest("the request names no transaction".into()))
@@ -506,17 +528,7 @@ impl EcNodeRpc for EcGrpcHandler {
         req: Request<proto::TxnUpdate>,
     ) -> Result<Response<proto::PrepareReply>, Status> {
         let req = req.into_inner();
-        let admission = match proto::Admission::try_from(req.admission) {
-            Ok(proto::Admission::WaitDie) => Admission::WaitDie,
-            Ok(proto::Admission::Queued) => Admission::Queued,
-            Ok(proto::Admission::Reserve) => Admission::Reserve,
-            Err(_) => {
-                return Err(s(PsError::MalformedRequest(format!(
-                    "unknown admission {} of a prepare (0 wait-die, 1 queued, 2 reserve)",
-                    req.admission
-                ))))
-            }
-        };
+        let admission = admission_from_proto(req.admission).map_err(s)?;
         let (txn, u) = update_from_proto(req).map_err(s)?;
         let p = self
             .node
@@ -899,13 +911,8 @@ impl EcService for EcGrpcClient {
         share: std::sync::Arc<Update>,
         admission: Admission,
     ) -> Result<PrepareReport, PsError> {
-        let admission = match admission {
-            Admission::WaitDie => proto::Admission::WaitDie,
-            Admission::Queued => proto::Admission::Queued,
-            Admission::Reserve => proto::Admission::Reserve,
-        };
         let req = proto::TxnUpdate {
-            admission: admission as i32,
+            admission: proto::Admission::from(admission) as i32,
             ..update_to_proto(txn, &share)
         };
         let p = self
@@ -1135,6 +1142,24 @@ mod fuzz {
         assert_eq!(batch_to_proto(b), valid_batch());
         let k = keys_from_proto(valid_keys()).unwrap();
         assert_eq!(keys_to_proto(&k).unwrap(), valid_keys());
+    }
+
+    #[test]
+    fn admissions_round_trip_and_an_unknown_one_names_the_three() {
+        for a in [Admission::WaitDie, Admission::Queued, Admission::Reserve] {
+            assert_eq!(
+                admission_from_proto(proto::Admission::from(a) as i32).unwrap(),
+                a
+            );
+        }
+        for v in [-1, 3, 99] {
+            let e = admission_from_proto(v).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("unknown admission {v}"))
+                    && e.contains("0 wait-die, 1 queued, 2 reserve"),
+                "{e}"
+            );
+        }
     }
 
     #[test]
