@@ -66,6 +66,31 @@ impl Batch {
         }
     }
 
+    /// Append `other`'s samples after this batch's (the same tables and dense width): the
+    /// batch two readers would have made of the two ranges in a row.
+    pub fn append(&mut self, other: &Batch) -> Result<(), CoreError> {
+        if other.sparse.len() != self.sparse.len() {
+            return Err(CoreError::InvalidBatch(format!(
+                "appending a batch of {} categorical features to one of {}",
+                other.sparse.len(),
+                self.sparse.len()
+            )));
+        }
+        self.size += other.size;
+        self.labels.extend_from_slice(&other.labels);
+        self.dense.extend_from_slice(&other.dense);
+        for (f, o) in self.sparse.iter_mut().zip(&other.sparse) {
+            if f.offsets.is_empty() {
+                f.offsets.push(0);
+            }
+            let base = f.ids.len() as u32;
+            f.ids.extend_from_slice(&o.ids);
+            f.offsets
+                .extend(o.offsets.iter().skip(1).map(|&end| base + end));
+        }
+        Ok(())
+    }
+
     /// Check internal consistency and that every id is below its table's row count.
     pub fn validate(&self, dense_dim: usize, table_rows: &[u64]) -> Result<(), CoreError> {
         let bad = |m: String| Err(CoreError::InvalidBatch(m));
@@ -118,6 +143,39 @@ impl Batch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Samples `first..` of a made-up stream, one bag each from `bags`.
+    fn batch(bags: &[&[u64]], first: usize) -> Batch {
+        let mut b = Batch::with_capacity(bags.len(), 1, 2);
+        for (i, bag) in bags.iter().enumerate() {
+            b.size += 1;
+            b.labels.push(((first + i) % 2) as f32);
+            b.dense.push((first + i) as f32);
+            b.sparse[0].push_bag(bag);
+            b.sparse[1].push_bag(&bag[bag.len().min(1)..]);
+        }
+        b
+    }
+
+    #[test]
+    fn appending_gives_the_batch_of_both_ranges() {
+        let bags: [&[u64]; 5] = [&[1], &[], &[2, 3], &[4], &[5, 6, 7]];
+        let whole = batch(&bags, 0);
+        let mut front = batch(&bags[..2], 0);
+        front.append(&batch(&bags[2..], 2)).unwrap();
+        assert_eq!(front, whole);
+        assert!(front.validate(1, &[8, 8]).is_ok());
+        let mut empty = Batch {
+            sparse: vec![SparseFeature::default(); 2],
+            ..Batch::default()
+        };
+        empty.append(&whole).unwrap();
+        assert_eq!(empty, whole);
+        assert!(matches!(
+            empty.append(&Batch::with_capacity(1, 1, 3)),
+            Err(CoreError::InvalidBatch(_))
+        ));
+    }
 
     #[test]
     fn validate_catches_out_of_range_ids_and_bad_shapes() {

@@ -7,6 +7,8 @@
 //!   ([`LocalTrainer::from_state`]), which is how a checkpoint is evaluated;
 //! - [`train`]: a whole run (train, evaluate, report) driven by a [`TrainConfig`], returning a
 //!   [`TrainReport`];
+//! - [`feed`]: how [`train`] gets its batches while it trains (made in chunks by whichever
+//!   thread has time, for synthetic data);
 //! - [`sys`]: process measurements (peak resident memory).
 //!
 //! It never starts processes or opens sockets.
@@ -19,6 +21,7 @@
 //! ```
 
 pub mod config;
+pub mod feed;
 pub mod local;
 pub mod sys;
 

@@ -10,7 +10,6 @@
 //! Batches are produced by a prefetch thread (the order is the source's, so prefetching changes
 //! timing only).
 
-use std::sync::mpsc;
 use std::time::Instant;
 
 use ftrec_core::{Batch, EmbeddingTable, ModelDigest, RowLayout, SparseGradAccumulator, TableId};
@@ -19,6 +18,7 @@ use ftrec_model::{metrics, pool_sum_tables, update_tables, Dlrm, DlrmConfig, Wor
 use serde::{Deserialize, Serialize};
 
 use crate::config::{DataSpec, TrainConfig};
+use crate::feed::Feed;
 use crate::WorkerError;
 
 /// Embedding tables + dense model + reusable buffers.
@@ -321,14 +321,16 @@ pub struct TrainReport {
 /// Build the configured data source.
 pub fn open_source(cfg: &TrainConfig) -> Result<Box<dyn BatchSource>, WorkerError> {
     Ok(match &cfg.data {
-        DataSpec::Synthetic => Box::new(ftrec_data::SyntheticSource::new(
-            ftrec_data::SynthConfig::from_preset(&cfg.preset, cfg.seed),
-        )?),
+        DataSpec::Synthetic => Box::new(synthetic_source(cfg)?),
         DataSpec::Tsv(tsv) => Box::new(ftrec_data::TsvReader::open(tsv.clone())?),
     })
 }
 
-type Prefetched = Result<Option<(Batch, Position)>, ftrec_data::DataError>;
+fn synthetic_source(cfg: &TrainConfig) -> Result<ftrec_data::SyntheticSource, WorkerError> {
+    Ok(ftrec_data::SyntheticSource::new(
+        ftrec_data::SynthConfig::from_preset(&cfg.preset, cfg.seed),
+    )?)
+}
 
 /// Train for `cfg.steps` steps or until the data ends (finite epochs), whichever comes first;
 /// evaluate on the held-out split, report. `on_step` sees every step's progress. The last
@@ -339,8 +341,23 @@ pub fn train(
 ) -> Result<TrainReport, WorkerError> {
     let start = Instant::now();
     cfg.validate()?;
-    let mut source = open_source(cfg)?;
-    let eval = source.eval_set(cfg.eval_samples, cfg.batch.min(8192))?;
+    // When the compute threads take every core, batches are made in the gaps they leave
+    // (`crate::feed`); synthetic ones also by the compute threads when a step would wait.
+    let background = cfg.threads >= crate::sys::cores();
+    let eval_batch = cfg.batch.min(8192);
+    let (eval, mut feed) = match &cfg.data {
+        DataSpec::Synthetic => {
+            let source = synthetic_source(cfg)?;
+            let eval = source.eval_set(cfg.eval_samples, eval_batch)?;
+            let feed = Feed::chunked(source, cfg.batch, cfg.steps, cfg.threads, background);
+            (eval, feed)
+        }
+        DataSpec::Tsv(_) => {
+            let source = open_source(cfg)?;
+            let eval = source.eval_set(cfg.eval_samples, eval_batch)?;
+            (eval, Feed::thread(source, cfg.batch, cfg.steps, background))
+        }
+    };
     if eval.samples() == 0 {
         return Err(WorkerError::NoEvalData(match &cfg.data {
             DataSpec::Tsv(t) => format!(
@@ -366,33 +383,7 @@ pub fn train(
     }
     let mut trainer = LocalTrainer::new(cfg)?;
 
-    // The prefetch thread owns the source and hands batches over in order.
-    let (tx, rx) = mpsc::sync_channel::<Prefetched>(2);
     let steps = cfg.steps;
-    let batch_size = cfg.batch;
-    let background = cfg.threads >= crate::sys::cores();
-    let producer = std::thread::spawn(move || {
-        if background {
-            // The compute threads take every core: the generator yields to them and runs in
-            // the gaps between their parallel sections instead of preempting one of them
-            // mid-section, which stalls the other at the section's end.
-            crate::sys::lowest_priority();
-        }
-        for _ in 0..steps {
-            let item = source
-                .next_batch(batch_size)
-                .map(|b| b.map(|b| (b, source.position())));
-            let stop = !matches!(item, Ok(Some(_)));
-            if tx.send(item).is_err() || stop {
-                break;
-            }
-        }
-        (
-            source.position(),
-            source.malformed_skipped(),
-            crate::sys::thread_cpu_s().unwrap_or(0.0),
-        )
-    });
 
     let train_start = Instant::now();
     let mut samples = 0u64;
@@ -400,7 +391,7 @@ pub fn train(
     let mut last_position = None;
     for step in 0..steps {
         let wait = Instant::now();
-        let next = rx.recv().unwrap_or(Ok(None))?;
+        let next = feed.next_batch()?;
         trainer.timing.data_wait_s += wait.elapsed().as_secs_f64();
         let Some((batch, position)) = next else {
             // The data ended before `steps` (finite epochs): the run is over, and the report
@@ -429,11 +420,8 @@ pub fn train(
     }
     let train_s = train_start.elapsed().as_secs_f64();
     let steps = trainer.step_count();
-    drop(rx);
-    let (end_position, malformed_skipped, data_cpu_s) = producer
-        .join()
-        .map_err(|_| WorkerError::Config("the data prefetch thread panicked".into()))?;
-    trainer.timing.data_cpu_s = data_cpu_s;
+    let fed = feed.finish()?;
+    trainer.timing.data_cpu_s = fed.cpu_s;
 
     let evaluation = trainer.evaluate(&eval)?;
     let teacher = Evaluation::of_teacher(&eval)?;
@@ -452,8 +440,8 @@ pub fn train(
         model_digest: trainer.digest().hex(),
         model_bytes: trainer.model_bytes(),
         peak_rss_bytes: crate::sys::peak_rss_bytes(),
-        malformed_skipped: malformed_skipped + eval.malformed_skipped,
-        position: last_position.unwrap_or(end_position),
+        malformed_skipped: fed.malformed_skipped + eval.malformed_skipped,
+        position: last_position.unwrap_or(fed.position),
         timing: trainer.timing,
         config: cfg.clone(),
     })
