@@ -375,10 +375,11 @@ impl Dlrm {
                     kernels::matvec_bias_act(&x[first * l.input..], w, bias[0], relu, y)
                 });
             } else {
-                gemm::a_bt(b, l.input, l.output, x, w, y);
-                par::split1(threads, b, l.output, y, l.output, |_, rows| {
-                    kernels::bias_act(rows, bias, relu)
-                });
+                if !gemm::a_bt_bias_act(b, l.input, l.output, x, w, y, bias, relu) {
+                    par::split1(threads, b, l.output, y, l.output, |_, rows| {
+                        kernels::bias_act(rows, bias, relu)
+                    });
+                }
             }
             if li + 1 == nb {
                 let z0 = &rest[0][..b * dim];

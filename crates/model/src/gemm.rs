@@ -255,6 +255,35 @@ pub(crate) fn a_bt(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [
     unsafe { product(m, k, n, a, (k, 1), b, (1, k), c) }
 }
 
+/// [`a_bt`], then `C[i][j] = act(C[i][j] + bias[j])` (ReLU if `relu`) fused into the product
+/// where the backend can (the AVX-512 one: each block of rows while it is in cache); returns
+/// whether it did, so the caller runs the separate pass otherwise. The same bits either way.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn a_bt_bias_act(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+    bias: &[f32],
+    relu: bool,
+) -> bool {
+    assert!(a.len() >= m * k && b.len() >= n * k && c.len() >= m * n && bias.len() >= n);
+    let (backend, threads) = fixed();
+    if backend != Backend::Avx512 {
+        a_bt(m, k, n, a, b, c);
+        return false;
+    }
+    let then = crate::packed::BiasAct { bias, relu };
+    // SAFETY: `Avx512` is only chosen where the CPU has AVX-512F; the lengths above cover
+    // every element the strides reach; `c` is exclusive.
+    unsafe {
+        crate::packed::product_then(m, k, n, a, (k, 1), b, (1, k), c, threads, Some(then));
+    }
+    true
+}
+
 /// `C[m x n] = A[m x k] * B[k x n]` (a linear layer's input gradient: `A` is the output
 /// gradient, `B` the weight `[out x in]`).
 pub(crate) fn a_b(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
