@@ -16,6 +16,10 @@ use crate::{ClusterError, KillAt, KillSpec, Phase, Role};
 
 /// How long a fenced server that was woken gets to exit by itself.
 const ZOMBIE_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How often the coordinator tells a woken, fenced server again while it waits for it to
+/// exit: a server just woken on a loaded machine may miss the first word (its call times out),
+/// and no heartbeat runs while the coordinator waits.
+const ZOMBIE_TELL_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// When a kill fired.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -236,12 +240,25 @@ impl Coordinator {
         unsafe {
             libc::kill(p.pid() as i32, libc::SIGCONT);
         }
-        // Any request tells it: the coordinator's table names its newer epoch.
-        self.announce_fences(&[]);
+        // Any request tells it: the coordinator's table names its newer epoch. Told again
+        // until it exits or the wait is over.
+        let deadline = std::time::Instant::now() + ZOMBIE_EXIT_WAIT;
+        let exited = loop {
+            self.announce_fences(&[]);
+            let Some(p) = self.procs.get_mut(s as usize) else {
+                return "gone".into();
+            };
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match p.wait_exit(left.min(ZOMBIE_TELL_EVERY)) {
+                Some(st) => break Some(st),
+                None if left <= ZOMBIE_TELL_EVERY => break None,
+                None => {}
+            }
+        };
         let Some(p) = self.procs.get_mut(s as usize) else {
             return "gone".into();
         };
-        match p.wait_exit(ZOMBIE_EXIT_WAIT) {
+        match exited {
             Some(st) if st.code() == Some(i32::from(ftrec_ps::fence::FENCED_EXIT)) => {
                 "woken, it learned it was replaced and exited by itself (status 3)".into()
             }
