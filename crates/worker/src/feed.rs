@@ -233,13 +233,7 @@ impl Shared {
         if slot.made == slot.total {
             let chunks = std::mem::take(&mut slot.chunks);
             drop(st);
-            let mut chunks = chunks.into_iter().flatten();
-            let mut batch = chunks.next().expect("a batch has at least one chunk");
-            for c in chunks {
-                batch
-                    .append(&c)
-                    .expect("chunks of one source have the same tables");
-            }
+            let batch = put_together(chunks.into_iter().flatten().collect());
             st = self.state.lock().unwrap_or_else(|p| p.into_inner());
             let i = (c.batch - st.taken) as usize;
             st.slots[i].ready = Some(batch);
@@ -291,6 +285,21 @@ impl Shared {
             }
         }
     }
+}
+
+/// One batch of `chunks` in order, allocated once at its full size.
+fn put_together(chunks: Vec<Batch>) -> Batch {
+    let samples = chunks.iter().map(|c| c.size).sum();
+    let (dense, tables) = chunks
+        .first()
+        .map_or((0, 0), |c| (c.dense.len() / c.size.max(1), c.sparse.len()));
+    let mut batch = Batch::with_capacity(samples, dense, tables);
+    for c in &chunks {
+        batch
+            .append(c)
+            .expect("chunks of one source have the same tables");
+    }
+    batch
 }
 
 impl Chunked {
