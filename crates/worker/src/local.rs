@@ -7,8 +7,9 @@
 //! [`TrainConfig`] and the final [`ftrec_core::ModelDigest`] is the oracle the distributed and
 //! fault-tolerant runs are compared with.
 //!
-//! Batches are produced by a prefetch thread (the order is the source's, so prefetching changes
-//! timing only).
+//! Batches come from a [`crate::feed::Feed`] (a prefetch thread, or synthetic batches made in
+//! chunks by whichever thread has time); the order is the source's, so the feed changes timing
+//! only.
 
 use std::time::Instant;
 
@@ -384,7 +385,6 @@ pub fn train(
     let mut trainer = LocalTrainer::new(cfg)?;
 
     let steps = cfg.steps;
-
     let train_start = Instant::now();
     let mut samples = 0u64;
     let mut window = std::collections::VecDeque::with_capacity(LOSS_WINDOW);
