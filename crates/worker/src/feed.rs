@@ -1,6 +1,6 @@
 //! How the single-process trainer gets its batches while it trains.
 //!
-//! Two feeds, one interface ([`Feed::next`], [`Feed::finish`]):
+//! Two feeds, one interface ([`Feed::next_batch`], [`Feed::finish`]):
 //! - [`Feed::thread`]: a prefetch thread owns the source and hands whole batches over a
 //!   channel (a TSV reader, which can only go forward).
 //! - [`Feed::chunked`]: synthetic batches cut into chunks of [`CHUNK`] samples, made by
