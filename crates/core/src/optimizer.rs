@@ -146,15 +146,32 @@ impl Optimizer {
         let dim = w.len();
         assert_eq!(grad.len(), dim, "gradient length");
         assert_eq!(state.len(), self.state_words(dim), "state length");
-        let lr = self.lr;
+        update(self, w, state, grad);
+    }
+
+    /// The number of updates an Adam row has received (0 for other optimizers).
+    pub fn adam_step(&self, row: &[f32], dim: usize) -> u32 {
         match self.kind {
+            OptimizerKind::Adam => row[dim + 2 * dim].to_bits(),
+            _ => 0,
+        }
+    }
+}
+
+crate::simd_kernel! {
+    /// The body of [`Optimizer::apply_split`] (lengths checked there), compiled for AVX-512F,
+    /// AVX2 and the baseline: element-wise, so every copy gives the same bits.
+    fn update(opt: &Optimizer, w: &mut [f32], state: &mut [f32], grad: &[f32]) {
+        let dim = w.len();
+        let lr = opt.lr;
+        match opt.kind {
             OptimizerKind::Sgd => {
                 for (w, g) in w.iter_mut().zip(grad) {
                     *w -= lr * g;
                 }
             }
             OptimizerKind::Momentum => {
-                let mu = self.momentum;
+                let mu = opt.momentum;
                 for ((w, v), g) in w.iter_mut().zip(state.iter_mut()).zip(grad) {
                     *v = mu * *v + g;
                     *w -= lr * *v;
@@ -163,13 +180,13 @@ impl Optimizer {
             OptimizerKind::Adagrad => {
                 for ((w, a), g) in w.iter_mut().zip(state.iter_mut()).zip(grad) {
                     *a += g * g;
-                    *w -= lr * g / (a.sqrt() + self.eps);
+                    *w -= lr * g / (a.sqrt() + opt.eps);
                 }
             }
             OptimizerKind::RowWiseAdagrad => {
                 let mean_sq = grad.iter().map(|g| g * g).sum::<f32>() / dim as f32;
                 state[0] += mean_sq;
-                let scale = lr / (state[0].sqrt() + self.eps);
+                let scale = lr / (state[0].sqrt() + opt.eps);
                 for (w, g) in w.iter_mut().zip(grad) {
                     *w -= scale * g;
                 }
@@ -179,7 +196,7 @@ impl Optimizer {
                 let (v, step) = rest.split_at_mut(dim);
                 let t = step[0].to_bits().wrapping_add(1);
                 step[0] = f32::from_bits(t);
-                let (b1, b2) = (self.beta1, self.beta2);
+                let (b1, b2) = (opt.beta1, opt.beta2);
                 let c1 = 1.0 - b1.powi(t as i32);
                 let c2 = 1.0 - b2.powi(t as i32);
                 let step_size = lr * c2.sqrt() / c1;
@@ -187,17 +204,9 @@ impl Optimizer {
                     let g = grad[i];
                     m[i] = b1 * m[i] + (1.0 - b1) * g;
                     v[i] = b2 * v[i] + (1.0 - b2) * g * g;
-                    w[i] -= step_size * m[i] / (v[i].sqrt() + self.eps * c2.sqrt());
+                    w[i] -= step_size * m[i] / (v[i].sqrt() + opt.eps * c2.sqrt());
                 }
             }
-        }
-    }
-
-    /// The number of updates an Adam row has received (0 for other optimizers).
-    pub fn adam_step(&self, row: &[f32], dim: usize) -> u32 {
-        match self.kind {
-            OptimizerKind::Adam => row[dim + 2 * dim].to_bits(),
-            _ => 0,
         }
     }
 }
