@@ -518,7 +518,7 @@ fn bias_grad(
 }
 
 /// The per-chunk loops, kept out of line so that profiles name them.
-mod kernels {
+pub(crate) mod kernels {
     use super::BIAS_BLOCK;
     use crate::interaction;
 

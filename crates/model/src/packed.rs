@@ -357,34 +357,6 @@ unsafe fn block(
     });
 }
 
-/// `row += bias`, then ReLU if `relu` (see [`BiasAct`]).
-fn bias_act_row(row: &mut [f32], bias: &[f32], relu: bool) {
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn v4(row: &mut [f32], bias: &[f32], relu: bool) {
-        plain(row, bias, relu)
-    }
-    #[inline(always)]
-    fn plain(row: &mut [f32], bias: &[f32], relu: bool) {
-        if relu {
-            for (v, b) in row.iter_mut().zip(bias) {
-                let t = *v + b;
-                *v = if t > 0.0 { t } else { 0.0 };
-            }
-        } else {
-            for (v, b) in row.iter_mut().zip(bias) {
-                *v += b;
-            }
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    if available() {
-        // SAFETY: the CPU has AVX-512F.
-        return unsafe { v4(row, bias, relu) };
-    }
-    plain(row, bias, relu)
-}
-
 /// Write (or with `accumulate`, add) the first `rows x cols` of a scratch tile into `C`.
 ///
 /// # Safety
@@ -431,8 +403,8 @@ pub(crate) unsafe fn product(
     product_then(m, k, n, a, a_strides, b, b_strides, c, threads, None)
 }
 
-/// A bias added to every row of a product's `C`, then ReLU if asked: the same operations, in
-/// the same order, as a separate pass over `C` (`t = c + bias; c = t > 0 ? t : 0`).
+/// A bias added to every row of a product's `C`, then ReLU if asked: the model's own
+/// element-wise kernel (`t = c + bias; c = t > 0 ? t : 0`), run on each block of rows.
 #[derive(Clone, Copy)]
 pub(crate) struct BiasAct<'a> {
     pub bias: &'a [f32],
@@ -468,9 +440,7 @@ pub(crate) unsafe fn product_then(
     if k == 0 {
         c.fill(0.0);
         if let Some(t) = then {
-            for row in c.chunks_exact_mut(n) {
-                bias_act_row(row, &t.bias[..n], t.relu);
-            }
+            crate::dlrm::kernels::bias_act(c, &t.bias[..n], t.relu);
         }
         return;
     }
@@ -520,7 +490,7 @@ pub(crate) unsafe fn product_then(
                                     out.ptr.add(r * n + c0),
                                     c1 - c0,
                                 );
-                                bias_act_row(row, &t.bias[c0..c1], t.relu);
+                                crate::dlrm::kernels::bias_act(row, &t.bias[c0..c1], t.relu);
                             }
                         }
                         i0 += rows;
