@@ -63,13 +63,15 @@ pub enum ModelError {
     /// `FTREC_GEMM` names no known matrix-product backend.
     #[error(
         "FTREC_GEMM={0} is not a gemm backend: use `avx512` (the default where the CPU has \
-         AVX-512F), `gemm` (the default elsewhere) or `matrixmultiply`, or unset it"
+         AVX-512F), `avx2` (its bits on a CPU with AVX2 and FMA), `gemm` (the default \
+         elsewhere) or `matrixmultiply`, or unset it"
     )]
     UnknownGemmBackend(String),
     /// `FTREC_GEMM` names a backend this CPU cannot run.
     #[error(
-        "FTREC_GEMM={0} needs a CPU with AVX-512F, which this one lacks: use `gemm` or \
-         `matrixmultiply`, or unset it"
+        "FTREC_GEMM={0} needs a CPU with {needs}, which this one lacks: use `gemm` or \
+         `matrixmultiply`, or unset it",
+        needs = if .0 == "avx2" { "AVX2 and FMA" } else { "AVX-512F" }
     )]
     GemmBackendUnsupported(String),
     /// A thread count of zero.

@@ -10,9 +10,12 @@
 //! trainer against PyTorch"). Elsewhere the default is the `gemm` crate (the faer project's),
 //! which picks AVX2 with FMA at run time and does not pack the operands of the small products
 //! of the DLRM's narrow layers. `FTREC_GEMM` selects one by name: `avx512` (refused on a CPU
-//! without AVX-512F), `gemm`, or `matrixmultiply` (always packing, AVX2 kernels). The backend
-//! is read once, at the first product or at [`set_gemm_threads`], which refuses a name it does
-//! not know.
+//! without AVX-512F), `avx2` (the packed product with an AVX2 micro-kernel that gives the
+//! `avx512` bits, so a model trained on a CPU without AVX-512 has the digest of one trained
+//! with it; refused without AVX2 and FMA; on an AVX2 CPU about 10% slower than `gemm` on the
+//! DLRM's MLP, hence not the default there), `gemm`, or `matrixmultiply` (always packing, AVX2
+//! kernels). The backend is read once, at the first product or at [`set_gemm_threads`], which
+//! refuses a name it does not know.
 //!
 //! # Gemm threads
 //! The thread count is `MATMUL_NUM_THREADS` (the variable `matrixmultiply` reads), fixed at the
@@ -37,7 +40,8 @@ use crate::ModelError;
 /// The environment variable `matrixmultiply` reads for its thread count (both backends use it).
 pub const GEMM_THREADS_ENV: &str = "MATMUL_NUM_THREADS";
 /// The environment variable that selects the backend: `avx512` (the default where the CPU has
-/// AVX-512F), `gemm` (the default elsewhere) or `matrixmultiply`.
+/// AVX-512F), `avx2` (the same bits with AVX2 and FMA), `gemm` (the default elsewhere) or
+/// `matrixmultiply`.
 pub const GEMM_BACKEND_ENV: &str = "FTREC_GEMM";
 /// The most threads the gemm backend uses.
 pub const MAX_GEMM_THREADS: usize = 4;
@@ -52,6 +56,9 @@ static FIXED: OnceLock<(Backend, usize)> = OnceLock::new();
 pub enum Backend {
     /// ftrec's packed product with an AVX-512F micro-kernel ([`crate::packed`]).
     Avx512,
+    /// ftrec's packed product with an AVX2 and FMA micro-kernel: the same bits as
+    /// [`Backend::Avx512`] ([`crate::packed`]).
+    Avx2,
     /// The `gemm` crate (AVX2 with FMA where the CPU has it, picked at run time).
     Gemm,
     /// `matrixmultiply::sgemm`.
@@ -62,7 +69,7 @@ impl Backend {
     /// The default on this CPU: [`Backend::Avx512`] where it has AVX-512F, else
     /// [`Backend::Gemm`].
     pub fn default_for_cpu() -> Backend {
-        if crate::packed::available() {
+        if crate::packed::Isa::Avx512.available() {
             Backend::Avx512
         } else {
             Backend::Gemm
@@ -73,11 +80,15 @@ impl Backend {
     pub fn from_env() -> Result<Backend, ModelError> {
         match std::env::var(GEMM_BACKEND_ENV) {
             Ok(s) if s.is_empty() => Ok(Backend::default_for_cpu()),
-            Ok(s) if s == "avx512" => {
-                if crate::packed::available() {
-                    Ok(Backend::Avx512)
+            Ok(s) if s == "avx512" || s == "avx2" => {
+                let b = if s == "avx512" {
+                    Backend::Avx512
                 } else {
-                    Err(ModelError::GemmBackendUnsupported(s))
+                    Backend::Avx2
+                };
+                match b.isa() {
+                    Some(isa) if isa.available() => Ok(b),
+                    _ => Err(ModelError::GemmBackendUnsupported(s)),
                 }
             }
             Ok(s) if s == "gemm" => Ok(Backend::Gemm),
@@ -90,9 +101,19 @@ impl Backend {
         }
     }
 
+    /// The micro-kernel of a packed backend.
+    pub(crate) fn isa(self) -> Option<crate::packed::Isa> {
+        match self {
+            Backend::Avx512 => Some(crate::packed::Isa::Avx512),
+            Backend::Avx2 => Some(crate::packed::Isa::Avx2),
+            Backend::Gemm | Backend::MatrixMultiply => None,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Backend::Avx512 => "avx512",
+            Backend::Avx2 => "avx2",
             Backend::Gemm => "gemm",
             Backend::MatrixMultiply => "matrixmultiply",
         }
@@ -198,10 +219,11 @@ unsafe fn product(
 ) {
     let (backend, threads) = fixed();
     match backend {
-        // SAFETY: `Avx512` is only chosen where the CPU has AVX-512F; the caller checked the
-        // slices.
-        Backend::Avx512 => {
-            crate::packed::product(m, k, n, a, (a_rs, a_cs), b, (b_rs, b_cs), c, threads)
+        // SAFETY: a packed backend is only chosen where the CPU runs its kernel; the caller
+        // checked the slices.
+        Backend::Avx512 | Backend::Avx2 => {
+            let isa = backend.isa().expect("a packed backend");
+            crate::packed::product(isa, m, k, n, a, (a_rs, a_cs), b, (b_rs, b_cs), c, threads)
         }
         Backend::Gemm => gemm::gemm(
             m,
@@ -256,7 +278,7 @@ pub(crate) fn a_bt(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [
 }
 
 /// [`a_bt`], then `C[i][j] = act(C[i][j] + bias[j])` (ReLU if `relu`) fused into the product
-/// where the backend can (the AVX-512 one: each block of rows while it is in cache); returns
+/// where the backend can (the packed ones: each block of rows while it is in cache); returns
 /// whether it did, so the caller runs the separate pass otherwise. The same bits either way.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn a_bt_bias_act(
@@ -271,15 +293,15 @@ pub(crate) fn a_bt_bias_act(
 ) -> bool {
     assert!(a.len() >= m * k && b.len() >= n * k && c.len() >= m * n && bias.len() >= n);
     let (backend, threads) = fixed();
-    if backend != Backend::Avx512 {
+    let Some(isa) = backend.isa() else {
         a_bt(m, k, n, a, b, c);
         return false;
-    }
+    };
     let then = crate::packed::BiasAct { bias, relu };
-    // SAFETY: `Avx512` is only chosen where the CPU has AVX-512F; the lengths above cover
-    // every element the strides reach; `c` is exclusive.
+    // SAFETY: a packed backend is only chosen where the CPU runs its kernel; the lengths
+    // above cover every element the strides reach; `c` is exclusive.
     unsafe {
-        crate::packed::product_then(m, k, n, a, (k, 1), b, (1, k), c, threads, Some(then));
+        crate::packed::product_then(isa, m, k, n, a, (k, 1), b, (1, k), c, threads, Some(then));
     }
     true
 }

@@ -1,20 +1,25 @@
-//! A packed single-precision matrix product with an AVX-512F micro-kernel: the default
-//! backend on CPUs that have AVX-512F ([`crate::gemm::Backend::Avx512`]).
+//! A packed single-precision matrix product with ftrec's own micro-kernels: the default
+//! backend on CPUs that have AVX-512F ([`crate::gemm::Backend::Avx512`]) or AVX2 with FMA
+//! ([`crate::gemm::Backend::Avx2`]).
 //!
 //! The `gemm` crate's AVX-512 kernels need a nightly compiler and `matrixmultiply` has none
 //! for `f32`, so on a CPU with two 512-bit FMA units both leave half of its peak unused. This
 //! is the classic scheme (Goto's): for each block of `KC` steps of `k`, the block of `B` is
 //! packed into panels of [`NR`] columns, and each thread takes blocks of [`MC`] rows of `A`
 //! and runs the micro-kernel over every pair of an `A` panel of [`MR`] rows and a `B` panel.
-//! The micro-kernel keeps an `MR x NR` tile of `C` in 24 of the 32 vector registers and, for
-//! each step of `k`, loads two vectors of the `B` panel and broadcasts each of the `MR` values
-//! of `A` into a fused multiply-add. A row-major `A` (the forward pass and the input gradient)
-//! is read in place, `MR` rows side by side, since packing it would be a transpose that costs
-//! more than it saves; a column-major one (the weight gradient) is packed. `B` is always
-//! packed: read in place, a panel's rows would lie one row of `B` apart, and at the DLRM's
-//! power-of-two widths they would all fall into a few sets of the first-level cache. Partial
-//! tiles (the matrix's last rows and columns) run the same kernel on zero-padded panels into
-//! a scratch tile, so every element of `C` is computed by the same sequence of operations.
+//! The AVX-512 micro-kernel keeps an `MR x NR` tile of `C` in 24 of the 32 vector registers
+//! and, for each step of `k`, loads two vectors of the `B` panel and broadcasts each of the
+//! `MR` values of `A` into a fused multiply-add. The AVX2 one has 16 registers of 8 lanes: it
+//! runs the same tile as four quarters of 6 x 16 (12 accumulators, two `B` vectors and the
+//! broadcast), each over every step of `k` of the block, the two quarters that read the same
+//! half of the `B` panel one after the other. A row-major `A` (the forward pass and the input
+//! gradient) is read in place, `MR` rows side by side, since packing it would be a transpose
+//! that costs more than it saves; a column-major one (the weight gradient) is packed. `B` is
+//! always packed: read in place, a panel's rows would lie one row of `B` apart, and at the
+//! DLRM's power-of-two widths they would all fall into a few sets of the first-level cache.
+//! Partial tiles (the matrix's last rows and columns) run the same kernel on zero-padded
+//! panels into a scratch tile, so every element of `C` is computed by the same sequence of
+//! operations.
 //!
 //! # Same bits for every thread count
 //! Threads split `C` by whole tiles: by rows where it has many (the forward pass and the input
@@ -23,6 +28,13 @@
 //! one fused multiply-add per step within a `KC` block, the blocks added to `C` one after the
 //! other, `KC` fixed. Which thread runs a tile changes nothing, so a product gives the same
 //! bits for every thread count (the `gemm_threads` integration test checks it on a whole step).
+//!
+//! # Same bits for both kernels
+//! Both kernels compute an element of a block of `k` as the same chain of fused multiply-adds
+//! from zero, in the order of `k`, and add it to `C` the same way; a fused multiply-add rounds
+//! once whatever the vector width. So the AVX2 kernel gives the AVX-512 kernel's bits, and a
+//! model trained on one CPU has the digest of the other (the tests compare both with a scalar
+//! chain of `f32::mul_add`).
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -39,15 +51,33 @@ const KC: usize = 256;
 /// Rows of `A` per packed block and unit of work of a thread (a multiple of [`MR`]).
 const MC: usize = 96;
 
-/// Whether this CPU runs the micro-kernel.
-pub(crate) fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+/// The instruction set a micro-kernel is written for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// AVX-512F: an `MR x NR` tile in 24 of the 32 registers of 16 lanes.
+    Avx512,
+    /// AVX2 with FMA: the same tile as four quarters of 6 x 16.
+    Avx2,
+}
+
+impl Isa {
+    /// Whether this CPU runs the kernel.
+    pub(crate) fn available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            match self {
+                Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+                Isa::Avx2 => {
+                    std::arch::is_x86_feature_detected!("avx2")
+                        && std::arch::is_x86_feature_detected!("fma")
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = self;
+            false
+        }
     }
 }
 
@@ -140,12 +170,16 @@ unsafe fn pack_a(a: Strided, i0: usize, rows: usize, p0: usize, kc: usize, out: 
 }
 
 /// Pack steps `p0..p0 + kc` and the columns of panels `lo..hi` of `b` (`n` columns in all)
-/// into panels of [`NR`] columns, zeros past the last column.
+/// into panels of [`NR`] columns, zeros past the last column. For the AVX-512 kernel a panel
+/// holds, step after step, its `NR` values; for the AVX2 one it holds every step of its first
+/// [`QC`] columns, then every step of the others, so that each quarter of the tile reads its
+/// half of the panel in order.
 ///
 /// # Safety
 /// As [`pack_a`].
 #[allow(clippy::too_many_arguments)]
 unsafe fn pack_b(
+    isa: Isa,
     b: Strided,
     p0: usize,
     kc: usize,
@@ -153,27 +187,40 @@ unsafe fn pack_b(
     (lo, hi): (usize, usize),
     out: &mut Vec<f32>,
 ) {
+    let halves = isa == Isa::Avx2;
+    // Where step `p` of column `j` of a panel goes.
+    let at = |p: usize, j: usize| {
+        if halves {
+            (j / QC) * kc * QC + p * QC + j % QC
+        } else {
+            p * NR + j
+        }
+    };
     fit(out, (hi - lo) * NR * kc);
     for t in lo..hi {
         let dst = &mut out[(t - lo) * NR * kc..(t - lo + 1) * NR * kc];
         let live = (n - t * NR).min(NR);
-        if live < NR {
-            for p in 0..kc {
-                dst[p * NR + live..(p + 1) * NR].fill(0.0);
+        for p in 0..kc {
+            for j in live..NR {
+                dst[at(p, j)] = 0.0;
             }
         }
         let j0 = t * NR;
         if b.cs == 1 {
             for p in 0..kc {
                 let src = b.ptr.add((p0 + p) * b.rs + j0);
-                let d = &mut dst[p * NR..p * NR + live];
                 if live == NR {
-                    // A fixed-size copy the compiler turns into two vector moves.
+                    // A fixed-size copy the compiler turns into vector moves.
                     let row = std::ptr::read_unaligned(src as *const [f32; NR]);
-                    d.copy_from_slice(&row);
+                    if halves {
+                        dst[p * QC..(p + 1) * QC].copy_from_slice(&row[..QC]);
+                        dst[(kc + p) * QC..(kc + p + 1) * QC].copy_from_slice(&row[QC..]);
+                    } else {
+                        dst[p * NR..(p + 1) * NR].copy_from_slice(&row);
+                    }
                 } else {
-                    for (j, x) in d.iter_mut().enumerate() {
-                        *x = *src.add(j);
+                    for j in 0..live {
+                        dst[at(p, j)] = *src.add(j);
                     }
                 }
             }
@@ -181,7 +228,7 @@ unsafe fn pack_b(
             for j in 0..live {
                 let col = b.ptr.add(p0 * b.rs + (j0 + j) * b.cs);
                 for p in 0..kc {
-                    dst[p * NR + j] = *col.add(p * b.rs);
+                    dst[at(p, j)] = *col.add(p * b.rs);
                 }
             }
         }
@@ -287,6 +334,155 @@ unsafe fn kernel_rows(
     tile::<false>(kc, a, lda, b, c, ldc, accumulate)
 }
 
+/// Rows of a quarter of the AVX2 tile.
+const QR: usize = 6;
+/// Columns of a quarter of the AVX2 tile: two 8-lane vectors.
+const QC: usize = 16;
+
+/// [`tile`] with AVX2 and FMA on a `B` panel packed for it ([`pack_b`]): the `MR x NR` tile as
+/// four `QR x QC` quarters, each a chain of
+/// fused multiply-adds over the `kc` steps from zero, like [`tile`]'s (so the same bits).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; otherwise as [`tile`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn tile_avx2<const PACKED: bool>(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    // The two quarters that read the same half of the `B` panel (every step of its first
+    // `QC` columns, then of the others: see `pack_b`) run one after the other.
+    for (r0, j0) in [(0, 0), (QR, 0), (0, QC), (QR, QC)] {
+        let mut acc = [[_mm256_setzero_ps(); 2]; QR];
+        let mut bq = b.add(j0 / QC * kc * QC);
+        if PACKED {
+            let mut aq = a.add(r0);
+            for _ in 0..kc {
+                let b0 = _mm256_loadu_ps(bq);
+                let b1 = _mm256_loadu_ps(bq.add(8));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let x = _mm256_broadcast_ss(&*aq.add(r));
+                    acc[0] = _mm256_fmadd_ps(x, b0, acc[0]);
+                    acc[1] = _mm256_fmadd_ps(x, b1, acc[1]);
+                }
+                aq = aq.add(MR);
+                bq = bq.add(QC);
+            }
+        } else {
+            let rows: [*const f32; QR] = std::array::from_fn(|r| a.add((r0 + r) * lda));
+            for p in 0..kc {
+                let b0 = _mm256_loadu_ps(bq);
+                let b1 = _mm256_loadu_ps(bq.add(8));
+                for (row, acc) in rows.iter().zip(acc.iter_mut()) {
+                    let x = _mm256_broadcast_ss(&*row.add(p));
+                    acc[0] = _mm256_fmadd_ps(x, b0, acc[0]);
+                    acc[1] = _mm256_fmadd_ps(x, b1, acc[1]);
+                }
+                bq = bq.add(QC);
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let row = c.add((r0 + r) * ldc + j0);
+            if accumulate {
+                _mm256_storeu_ps(row, _mm256_add_ps(_mm256_loadu_ps(row), acc[0]));
+                _mm256_storeu_ps(
+                    row.add(8),
+                    _mm256_add_ps(_mm256_loadu_ps(row.add(8)), acc[1]),
+                );
+            } else {
+                _mm256_storeu_ps(row, acc[0]);
+                _mm256_storeu_ps(row.add(8), acc[1]);
+            }
+        }
+    }
+}
+
+/// [`kernel`] with AVX2 and FMA.
+///
+/// # Safety
+/// As [`tile_avx2`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn kernel_avx2(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    tile_avx2::<true>(kc, a, 0, b, c, ldc, accumulate)
+}
+
+/// [`kernel_rows`] with AVX2 and FMA.
+///
+/// # Safety
+/// As [`tile_avx2`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn kernel_rows_avx2(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    tile_avx2::<false>(kc, a, lda, b, c, ldc, accumulate)
+}
+
+/// The micro-kernel of `isa` on a packed `A` panel ([`kernel`], [`kernel_avx2`]).
+///
+/// # Safety
+/// The CPU runs `isa`; otherwise as [`tile`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn run_kernel(
+    isa: Isa,
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    match isa {
+        Isa::Avx512 => kernel(kc, a, b, c, ldc, accumulate),
+        Isa::Avx2 => kernel_avx2(kc, a, b, c, ldc, accumulate),
+    }
+}
+
+/// The micro-kernel of `isa` on rows of `A` read in place ([`kernel_rows`],
+/// [`kernel_rows_avx2`]).
+///
+/// # Safety
+/// As [`run_kernel`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_kernel_rows(
+    isa: Isa,
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    match isa {
+        Isa::Avx512 => kernel_rows(kc, a, lda, b, c, ldc, accumulate),
+        Isa::Avx2 => kernel_rows_avx2(kc, a, lda, b, c, ldc, accumulate),
+    }
+}
+
 /// `C` shared by threads that write disjoint parts of it: row-major, `n` columns.
 #[derive(Clone, Copy)]
 struct Out {
@@ -303,12 +499,13 @@ unsafe impl Sync for Out {}
 /// panels `lo..lo + bp.len() / (NR * kc)`, with that block of `B` packed in `bp`.
 ///
 /// # Safety
-/// The CPU has AVX-512F; `a` covers rows `i0..i0 + rows` and steps `p0..p0 + kc`; `c` is
-/// `C` (`m x n`, `m >= i0 + rows`), written here by this thread alone in these rows and
-/// columns; `bp` is `pack_b`'s block for the same steps and panels.
+/// The CPU runs `isa`; `a` covers rows `i0..i0 + rows` and steps `p0..p0 + kc`; `c` is `C`
+/// (`m x n`, `m >= i0 + rows`), written here by this thread alone in these rows and columns;
+/// `bp` is `pack_b`'s block for the same steps and panels.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn block(
+    isa: Isa,
     a: Strided,
     i0: usize,
     rows: usize,
@@ -336,9 +533,18 @@ unsafe fn block(
                 let arows = a.ptr.add((i0 + r0) * a.rs + p0);
                 let tile = c.ptr.add((i0 + r0) * n + j0);
                 if full_cols {
-                    kernel_rows(kc, arows, a.rs, bpanel, tile, n, accumulate);
+                    run_kernel_rows(isa, kc, arows, a.rs, bpanel, tile, n, accumulate);
                 } else {
-                    kernel_rows(kc, arows, a.rs, bpanel, scratch.as_mut_ptr(), NR, false);
+                    run_kernel_rows(
+                        isa,
+                        kc,
+                        arows,
+                        a.rs,
+                        bpanel,
+                        scratch.as_mut_ptr(),
+                        NR,
+                        false,
+                    );
                     add_part(&scratch, MR, tile, n, cols, accumulate);
                 }
             }
@@ -347,9 +553,17 @@ unsafe fn block(
                 let live = (rows - r0).min(MR);
                 let tile = c.ptr.add((i0 + r0) * n + j0);
                 if live == MR && full_cols {
-                    kernel(kc, apanel.as_ptr(), bpanel, tile, n, accumulate);
+                    run_kernel(isa, kc, apanel.as_ptr(), bpanel, tile, n, accumulate);
                 } else {
-                    kernel(kc, apanel.as_ptr(), bpanel, scratch.as_mut_ptr(), NR, false);
+                    run_kernel(
+                        isa,
+                        kc,
+                        apanel.as_ptr(),
+                        bpanel,
+                        scratch.as_mut_ptr(),
+                        NR,
+                        false,
+                    );
                     add_part(&scratch, live, tile, n, cols, accumulate);
                 }
             }
@@ -383,13 +597,14 @@ unsafe fn add_part(
 }
 
 /// `C[m x n] = A * B` (see [`crate::gemm`]'s `product` for the strides), on up to `threads`
-/// threads of rayon's global pool.
+/// threads of rayon's global pool, with the micro-kernel of `isa`.
 ///
 /// # Safety
-/// The CPU has AVX-512F ([`available`]); `a` and `b` cover every element their strides
+/// The CPU runs `isa` ([`Isa::available`]); `a` and `b` cover every element their strides
 /// reach for these shapes, and `c` holds `m * n` floats.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn product(
+    isa: Isa,
     m: usize,
     k: usize,
     n: usize,
@@ -400,7 +615,7 @@ pub(crate) unsafe fn product(
     c: &mut [f32],
     threads: usize,
 ) {
-    product_then(m, k, n, a, a_strides, b, b_strides, c, threads, None)
+    product_then(isa, m, k, n, a, a_strides, b, b_strides, c, threads, None)
 }
 
 /// A bias added to every row of a product's `C`, then ReLU if asked: the model's own
@@ -418,6 +633,7 @@ pub(crate) struct BiasAct<'a> {
 /// As [`product`]; `then`'s bias holds `n` values.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn product_then(
+    isa: Isa,
     m: usize,
     k: usize,
     n: usize,
@@ -476,13 +692,13 @@ pub(crate) unsafe fn product_then(
                     // `B` is always packed: read in place, a panel's rows would lie a row of
                     // `B` apart, which at the DLRM's power-of-two widths puts them all in a
                     // few sets of the first-level cache (measured: 146 -> 116 GFLOP/s).
-                    pack_b(b, p0, kc, n, (lo, hi), bp);
+                    pack_b(isa, b, p0, kc, n, (lo, hi), bp);
                     let bp = &bp[..(hi - lo) * NR * kc];
                     let last = p0 + kc == k;
                     let mut i0 = r0;
                     while i0 < r1 {
                         let rows = (r1 - i0).min(MC);
-                        block(a, i0, rows, p0, kc, bp, lo, out);
+                        block(isa, a, i0, rows, p0, kc, bp, lo, out);
                         if let (true, Some(t)) = (last, then) {
                             let (c0, c1) = (lo * NR, (hi * NR).min(n));
                             for r in i0..i0 + rows {
@@ -535,8 +751,8 @@ pub(crate) unsafe fn product_then(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (a, a_rs, a_cs, b, b_rs, b_cs, threads);
-        unreachable!("the AVX-512 backend is only chosen on x86-64 CPUs that have AVX-512F");
+        let _ = (isa, a, a_rs, a_cs, b, b_rs, b_cs, threads);
+        unreachable!("the packed backends are only chosen on x86-64 CPUs that run their kernel");
     }
 }
 
@@ -566,7 +782,20 @@ mod tests {
         c
     }
 
+    /// The kernels this CPU runs (a line says so when it runs none).
+    fn isas() -> Vec<Isa> {
+        let v: Vec<Isa> = [Isa::Avx512, Isa::Avx2]
+            .into_iter()
+            .filter(|i| i.available())
+            .collect();
+        if v.is_empty() {
+            eprintln!("skipped: this CPU has neither AVX-512F nor AVX2 with FMA");
+        }
+        v
+    }
+
     fn run(
+        isa: Isa,
         m: usize,
         k: usize,
         n: usize,
@@ -584,22 +813,24 @@ mod tests {
         let brs = if transpose_b { (1, k) } else { (n, 1) };
         let mut c = vec![f32::NAN; m * n];
         // SAFETY: checked by the caller's `available`; the strides stay inside `a` and `b`.
-        unsafe { product(m, k, n, &a, ars, &b, brs, &mut c, threads) };
+        unsafe { product(isa, m, k, n, &a, ars, &b, brs, &mut c, threads) };
         let want = naive(m, k, n, &a, ars, &b, brs);
         for (i, (x, y)) in c.iter().zip(&want).enumerate() {
             // Inputs are multiples of 1/32 with small numerators: every product and partial
             // sum is exact in f32, so any order gives the exact value.
-            assert_eq!(f64::from(*x), *y, "m {m} k {k} n {n}: element {i}");
+            assert_eq!(f64::from(*x), *y, "{isa:?} m {m} k {k} n {n}: element {i}");
         }
         c
     }
 
     #[test]
     fn every_shape_and_stride_matches_exact_sums() {
-        if !available() {
-            eprintln!("skipped: this CPU has no AVX-512F");
-            return;
+        for isa in isas() {
+            every_shape(isa);
         }
+    }
+
+    fn every_shape(isa: Isa) {
         for &(m, k, n) in &[
             (1, 1, 1),
             (12, 256, 32),
@@ -610,17 +841,19 @@ mod tests {
             (193, 64, 367),
         ] {
             for (ta, tb) in [(false, false), (false, true), (true, false)] {
-                run(m, k, n, 1, ta, tb);
+                run(isa, m, k, n, 1, ta, tb);
             }
         }
     }
 
     #[test]
     fn threads_give_the_same_bits() {
-        if !available() {
-            eprintln!("skipped: this CPU has no AVX-512F");
-            return;
+        for isa in isas() {
+            same_bits_for_threads(isa);
         }
+    }
+
+    fn same_bits_for_threads(isa: Isa) {
         // Split by rows (m >= n) and by column panels (m < n), each operand layout.
         for (m, k, n) in [(400, 700, 77), (64, 700, 400), (30, 2048, 367)] {
             let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
@@ -628,14 +861,14 @@ mod tests {
             for (ars, brs) in [((k, 1), (n, 1)), ((1, m), (n, 1)), ((k, 1), (1, k))] {
                 let mut c1 = vec![0.0f32; m * n];
                 // SAFETY: as above.
-                unsafe { product(m, k, n, &a, ars, &b, brs, &mut c1, 1) };
+                unsafe { product(isa, m, k, n, &a, ars, &b, brs, &mut c1, 1) };
                 for threads in [2, 3] {
                     let mut c2 = vec![1.0f32; m * n];
                     // SAFETY: as above.
-                    unsafe { product(m, k, n, &a, ars, &b, brs, &mut c2, threads) };
+                    unsafe { product(isa, m, k, n, &a, ars, &b, brs, &mut c2, threads) };
                     assert!(
                         c1.iter().zip(&c2).all(|(x, y)| x.to_bits() == y.to_bits()),
-                        "m {m} k {k} n {n} strides {ars:?} {brs:?}: {threads} threads differ"
+                        "{isa:?} m {m} k {k} n {n} strides {ars:?} {brs:?}: {threads} threads differ"
                     );
                 }
             }
@@ -644,10 +877,12 @@ mod tests {
 
     #[test]
     fn a_fused_bias_and_relu_gives_the_separate_pass_bits() {
-        if !available() {
-            eprintln!("skipped: this CPU has no AVX-512F");
-            return;
+        for isa in isas() {
+            fused_bias_act(isa);
         }
+    }
+
+    fn fused_bias_act(isa: Isa) {
         // Partial tiles, more than one block of k, a split by rows and one by column panels,
         // and no k at all.
         for (m, k, n) in [
@@ -664,7 +899,7 @@ mod tests {
             for relu in [false, true] {
                 let mut want = vec![0.0f32; m * n];
                 // SAFETY: as above.
-                unsafe { product(m, k, n, &a, ars, &b, brs, &mut want, 1) };
+                unsafe { product(isa, m, k, n, &a, ars, &b, brs, &mut want, 1) };
                 for v in want.chunks_exact_mut(n) {
                     for (x, bb) in v.iter_mut().zip(&bias) {
                         let t = *x + bb;
@@ -679,10 +914,10 @@ mod tests {
                     let mut c = vec![f32::NAN; m * n];
                     let then = Some(BiasAct { bias: &bias, relu });
                     // SAFETY: as above; `bias` holds `n` values.
-                    unsafe { product_then(m, k, n, &a, ars, &b, brs, &mut c, threads, then) };
+                    unsafe { product_then(isa, m, k, n, &a, ars, &b, brs, &mut c, threads, then) };
                     assert!(
                         c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
-                        "m {m} k {k} n {n} relu {relu}: {threads} threads differ from the passes"
+                        "{isa:?} m {m} k {k} n {n} relu {relu}: {threads} threads differ from the passes"
                     );
                 }
             }
@@ -691,13 +926,65 @@ mod tests {
 
     #[test]
     fn empty_k_gives_zeros() {
-        if !available() {
-            eprintln!("skipped: this CPU has no AVX-512F");
-            return;
+        for isa in isas() {
+            let mut c = vec![f32::NAN; 6];
+            // SAFETY: nothing is read with k = 0.
+            unsafe { product(isa, 2, 0, 3, &[], (0, 1), &[], (3, 1), &mut c, 1) };
+            assert!(c.iter().all(|&x| x == 0.0), "{isa:?}");
         }
-        let mut c = vec![f32::NAN; 6];
-        // SAFETY: nothing is read with k = 0.
-        unsafe { product(2, 0, 3, &[], (0, 1), &[], (3, 1), &mut c, 1) };
-        assert!(c.iter().all(|&x| x == 0.0));
+    }
+
+    /// What both kernels compute, one scalar at a time: per block of [`KC`] steps a chain
+    /// of fused multiply-adds from zero in the order of `k`, added to `C` block after block.
+    fn fused_chain(
+        m: usize,
+        k: usize,
+        n: usize,
+        a: &[f32],
+        (ars, acs): (usize, usize),
+        b: &[f32],
+        (brs, bcs): (usize, usize),
+    ) -> Vec<f32> {
+        let mut c = vec![0.0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let mut p0 = 0;
+                while p0 < k {
+                    let mut acc = 0.0f32;
+                    for p in p0..(p0 + KC).min(k) {
+                        acc = a[i * ars + p * acs].mul_add(b[p * brs + j * bcs], acc);
+                    }
+                    c[i * n + j] = if p0 == 0 { acc } else { c[i * n + j] + acc };
+                    p0 += KC;
+                }
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn both_kernels_give_the_bits_of_one_fused_chain() {
+        // Inputs whose products round, partial tiles, several blocks of k, every layout and
+        // both splits: equal bits to the scalar chain means equal bits to each other, so a
+        // model's digest does not depend on which of the two kernels trained it.
+        for isa in isas() {
+            for (m, k, n) in [(13, 600, 33), (97, 300, 77), (30, 520, 367), (64, 700, 400)] {
+                let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+                let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos() * 1.7).collect();
+                for (ars, brs) in [((k, 1), (n, 1)), ((1, m), (n, 1)), ((k, 1), (1, k))] {
+                    let want = fused_chain(m, k, n, &a, ars, &b, brs);
+                    for threads in [1, 2] {
+                        let mut c = vec![f32::NAN; m * n];
+                        // SAFETY: as above.
+                        unsafe { product(isa, m, k, n, &a, ars, &b, brs, &mut c, threads) };
+                        let same = c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
+                        assert!(
+                            same,
+                            "{isa:?} m {m} k {k} n {n} strides {ars:?} {brs:?}, {threads} threads"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! The gemm backend fixes its thread count once per process, so comparing thread counts needs
 //! one process per count: this test re-runs itself as a child with `MATMUL_NUM_THREADS` set to
-//! 1, 2 and 4, for each backend (`FTREC_GEMM`; `avx512` only on a CPU with AVX-512F), and
-//! checks that a full model step produces the same bits at every count of one backend.
+//! 1, 2 and 4, for each backend (`FTREC_GEMM`; `avx512` only on a CPU with AVX-512F, `avx2`
+//! only on one with AVX2 and FMA), and checks that a full model step produces the same bits
+//! at every count of one backend, and the same bits with the two packed kernels.
 
 use std::process::Command;
 
@@ -22,6 +23,17 @@ fn has_avx512f() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -77,6 +89,12 @@ fn model_step_is_bit_identical_for_every_gemm_thread_count() {
     } else {
         println!("avx512 backend skipped: this CPU has no AVX-512F");
     }
+    if has_avx2_fma() {
+        backends.push("avx2");
+    } else {
+        println!("avx2 backend skipped: this CPU has no AVX2 with FMA");
+    }
+    let mut packed = Vec::new();
     for backend in backends {
         let mut prints = Vec::new();
         for threads in ["1", "2", "4"] {
@@ -107,7 +125,15 @@ fn model_step_is_bit_identical_for_every_gemm_thread_count() {
             prints.iter().all(|(_, p)| *p == prints[0].1),
             "{backend}: fingerprints differ across gemm thread counts: {prints:?}"
         );
+        if backend.starts_with("avx") {
+            packed.push((backend, prints[0].1.clone()));
+        }
     }
+    // The two packed kernels compute the same chains of fused multiply-adds.
+    assert!(
+        packed.iter().all(|(_, p)| *p == packed[0].1),
+        "the packed kernels give different steps: {packed:?}"
+    );
 }
 
 const BAD_BACKEND_CHILD: &str = "FTREC_MODEL_BAD_BACKEND_CHILD";
