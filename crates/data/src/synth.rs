@@ -473,6 +473,11 @@ impl SyntheticSource {
         &self.cfg
     }
 
+    /// The index of the sample the next batch starts at (its [`BatchSource::position`]).
+    pub fn next_sample(&self) -> u64 {
+        self.next
+    }
+
     pub fn teacher(&self) -> &Teacher {
         &self.teacher
     }

@@ -310,10 +310,7 @@ impl Chunked {
         threads: usize,
         background: bool,
     ) -> Chunked {
-        let first = match source.position() {
-            Position::Synthetic { sample } => sample,
-            _ => 0,
-        };
+        let first = source.next_sample();
         let stream_end = source.config().samples.unwrap_or(u64::MAX);
         let end = first
             .saturating_add((batch as u64).saturating_mul(batches))

@@ -346,17 +346,21 @@ pub fn train(
     // (`crate::feed`); synthetic ones also by the compute threads when a step would wait.
     let background = cfg.threads >= crate::sys::cores();
     let eval_batch = cfg.batch.min(8192);
-    let (eval, mut feed) = match &cfg.data {
+    // The held-out set is read and checked before the feed starts making batches.
+    let (eval, start_feed): (_, Box<dyn FnOnce() -> Feed>) = match &cfg.data {
         DataSpec::Synthetic => {
             let source = synthetic_source(cfg)?;
             let eval = source.eval_set(cfg.eval_samples, eval_batch)?;
-            let feed = Feed::chunked(source, cfg.batch, cfg.steps, cfg.threads, background);
-            (eval, feed)
+            let (batch, steps, threads) = (cfg.batch, cfg.steps, cfg.threads);
+            let start = move || Feed::chunked(source, batch, steps, threads, background);
+            (eval, Box::new(start))
         }
         DataSpec::Tsv(_) => {
             let source = open_source(cfg)?;
             let eval = source.eval_set(cfg.eval_samples, eval_batch)?;
-            (eval, Feed::thread(source, cfg.batch, cfg.steps, background))
+            let (batch, steps) = (cfg.batch, cfg.steps);
+            let start = move || Feed::thread(source, batch, steps, background);
+            (eval, Box::new(start))
         }
     };
     if eval.samples() == 0 {
@@ -383,6 +387,7 @@ pub fn train(
         )));
     }
     let mut trainer = LocalTrainer::new(cfg)?;
+    let mut feed = start_feed();
 
     let steps = cfg.steps;
     let train_start = Instant::now();
