@@ -340,8 +340,8 @@ const QR: usize = 6;
 const QC: usize = 16;
 
 /// [`tile`] with AVX2 and FMA on a `B` panel packed for it ([`pack_b`]): the `MR x NR` tile as
-/// four `QR x QC` quarters, each a chain of
-/// fused multiply-adds over the `kc` steps from zero, like [`tile`]'s (so the same bits).
+/// four `QR x QC` quarters, each a chain of fused multiply-adds over the `kc` steps from zero,
+/// like [`tile`]'s (so the same bits).
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; otherwise as [`tile`].
