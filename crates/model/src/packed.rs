@@ -1,6 +1,6 @@
 //! A packed single-precision matrix product with ftrec's own micro-kernels: the default
-//! backend on CPUs that have AVX-512F ([`crate::gemm::Backend::Avx512`]) or AVX2 with FMA
-//! ([`crate::gemm::Backend::Avx2`]).
+//! backend on CPUs that have AVX-512F ([`crate::gemm::Backend::Avx512`]), and on request the
+//! same bits on CPUs with AVX2 and FMA ([`crate::gemm::Backend::Avx2`]).
 //!
 //! The `gemm` crate's AVX-512 kernels need a nightly compiler and `matrixmultiply` has none
 //! for `f32`, so on a CPU with two 512-bit FMA units both leave half of its peak unused. This
