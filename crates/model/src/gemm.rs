@@ -5,7 +5,7 @@
 //!
 //! # Backends
 //! On a CPU with AVX-512F the default is ftrec's own packed product with an AVX-512 micro-kernel
-//! ([`crate::packed`]): neither crate below has an AVX-512 `f32` kernel on a stable compiler,
+//! (`crates/model/src/packed.rs`): neither crate below has an AVX-512 `f32` kernel on a stable compiler,
 //! and on a CPU with two 512-bit FMA units that is half its peak (`docs/BENCHMARKS.md`, "The
 //! trainer against PyTorch"). Elsewhere the default is the `gemm` crate (the faer project's),
 //! which picks AVX2 with FMA at run time and does not pack the operands of the small products
@@ -54,10 +54,10 @@ static FIXED: OnceLock<(Backend, usize)> = OnceLock::new();
 /// A matrix-product implementation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
-    /// ftrec's packed product with an AVX-512F micro-kernel ([`crate::packed`]).
+    /// ftrec's packed product with an AVX-512F micro-kernel (`crates/model/src/packed.rs`).
     Avx512,
     /// ftrec's packed product with an AVX2 and FMA micro-kernel: the same bits as
-    /// [`Backend::Avx512`] ([`crate::packed`]).
+    /// [`Backend::Avx512`] (`crates/model/src/packed.rs`).
     Avx2,
     /// The `gemm` crate (AVX2 with FMA where the CPU has it, picked at run time).
     Gemm,
