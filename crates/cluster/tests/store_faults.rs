@@ -195,13 +195,15 @@ fn a_save_that_outlives_its_wait_is_dropped_after_its_uploads_end() {
         StrategyChoice::Full { every_steps: 3 },
         steps,
     );
-    cfg.save_timeout_s = Some(0.2);
-    // Each server's first two data files take 600 ms each: the first save misses its wait.
-    let r = run_with_faults(&cfg, "put:delay=600:1-2:-a0/s");
+    // The wait is ten times what a save of this model takes on a loaded machine, so only the
+    // save whose files are held misses it: each server's first two data files take 4 s each,
+    // twice the wait, so the first save misses its wait whatever the machine's speed.
+    cfg.save_timeout_s = Some(2.0);
+    let r = run_with_faults(&cfg, "put:delay=4000:1-2:-a0/s");
     assert!(
         r.checkpoint_failures
             .iter()
-            .any(|f| f.contains("did not end within")),
+            .any(|f| f.contains("did not end within 2s")),
         "{:?}",
         r.checkpoint_failures
     );

@@ -596,7 +596,7 @@ impl Coordinator {
                 Ok(Err(e)) => return Err(format!("the upload task failed: {e}")),
                 Err(_) => {
                     return Err(format!(
-                        "the uploads did not end within {:.0}s (--save-timeout-s); the save is dropped once they end",
+                        "the uploads did not end within {}s (--save-timeout-s); the save is dropped once they end",
                         wait.as_secs_f64()
                     ))
                 }
