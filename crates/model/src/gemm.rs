@@ -66,38 +66,46 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// Every backend, in the order `FTREC_GEMM`'s documentation names them.
+    pub const ALL: [Backend; 4] = [
+        Backend::Avx512,
+        Backend::Avx2,
+        Backend::Gemm,
+        Backend::MatrixMultiply,
+    ];
+
     /// The default on this CPU: [`Backend::Avx512`] where it has AVX-512F, else
     /// [`Backend::Gemm`].
     pub fn default_for_cpu() -> Backend {
-        if crate::packed::Isa::Avx512.available() {
+        if Backend::Avx512.runs_here() {
             Backend::Avx512
         } else {
             Backend::Gemm
         }
     }
 
+    /// Whether this CPU runs the backend: the packed ones need their instruction sets
+    /// (AVX-512F; AVX2 and FMA), the crates run everywhere.
+    pub fn runs_here(self) -> bool {
+        self.isa().is_none_or(|isa| isa.available())
+    }
+
     /// The backend `FTREC_GEMM` names (unset or empty: [`Backend::default_for_cpu`]).
     pub fn from_env() -> Result<Backend, ModelError> {
-        match std::env::var(GEMM_BACKEND_ENV) {
-            Ok(s) if s.is_empty() => Ok(Backend::default_for_cpu()),
-            Ok(s) if s == "avx512" || s == "avx2" => {
-                let b = if s == "avx512" {
-                    Backend::Avx512
-                } else {
-                    Backend::Avx2
-                };
-                match b.isa() {
-                    Some(isa) if isa.available() => Ok(b),
-                    _ => Err(ModelError::GemmBackendUnsupported(s)),
-                }
+        let name = match std::env::var(GEMM_BACKEND_ENV) {
+            Ok(s) if s.is_empty() => return Ok(Backend::default_for_cpu()),
+            Ok(s) => s,
+            Err(std::env::VarError::NotPresent) => return Ok(Backend::default_for_cpu()),
+            Err(std::env::VarError::NotUnicode(s)) => {
+                return Err(ModelError::UnknownGemmBackend(
+                    s.to_string_lossy().into_owned(),
+                ))
             }
-            Ok(s) if s == "gemm" => Ok(Backend::Gemm),
-            Ok(s) if s == "matrixmultiply" => Ok(Backend::MatrixMultiply),
-            Ok(s) => Err(ModelError::UnknownGemmBackend(s)),
-            Err(std::env::VarError::NotPresent) => Ok(Backend::default_for_cpu()),
-            Err(std::env::VarError::NotUnicode(s)) => Err(ModelError::UnknownGemmBackend(
-                s.to_string_lossy().into_owned(),
-            )),
+        };
+        match Backend::ALL.into_iter().find(|b| b.name() == name) {
+            Some(b) if b.runs_here() => Ok(b),
+            Some(_) => Err(ModelError::GemmBackendUnsupported(name)),
+            None => Err(ModelError::UnknownGemmBackend(name)),
         }
     }
 

@@ -9,7 +9,8 @@ use std::process::Command;
 use ftrec_core::rng::{mix64, SplitMix};
 use ftrec_core::{Optimizer, OptimizerKind};
 use ftrec_model::{
-    gemm_backend, gemm_threads, set_gemm_threads, Dlrm, DlrmConfig, ModelError, Workspace,
+    gemm_backend, gemm_threads, set_gemm_threads, Dlrm, DlrmConfig, GemmBackend, ModelError,
+    Workspace,
 };
 
 const CHILD_ENV: &str = "FTREC_MODEL_GEMM_CHILD";
@@ -17,28 +18,6 @@ const TEST_NAME: &str = "model_step_is_bit_identical_for_every_gemm_thread_count
 
 fn fold(h: u64, v: &[f32]) -> u64 {
     v.iter().fold(h, |h, x| mix64(h ^ x.to_bits() as u64))
-}
-
-fn has_avx512f() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-fn has_avx2_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
 }
 
 /// One model step on shapes big enough for the backend to split every large product.
@@ -83,16 +62,16 @@ fn model_step_is_bit_identical_for_every_gemm_thread_count() {
         return;
     }
     let exe = std::env::current_exe().unwrap();
-    let mut backends = vec!["gemm", "matrixmultiply"];
-    if has_avx512f() {
-        backends.push("avx512");
-    } else {
-        println!("avx512 backend skipped: this CPU has no AVX-512F");
-    }
-    if has_avx2_fma() {
-        backends.push("avx2");
-    } else {
-        println!("avx2 backend skipped: this CPU has no AVX2 with FMA");
+    let mut backends = Vec::new();
+    for b in GemmBackend::ALL {
+        if b.runs_here() {
+            backends.push(b.name());
+        } else {
+            println!(
+                "{} backend skipped: this CPU lacks its instructions",
+                b.name()
+            );
+        }
     }
     let mut packed = Vec::new();
     for backend in backends {
