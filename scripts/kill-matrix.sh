@@ -4,7 +4,7 @@
 # SIGKILL, checked against the failure-free digest (crates/cluster/tests/kill_matrix.rs); its
 # pause column of the coordinator row from the frozen-job test (crates/cli/tests/frozen.rs).
 # Writes the table to docs/kill-matrix.md (or $KILL_MATRIX_OUT) and exits non-zero if a cell
-# failed. The test profile (opt-level 2, as `cargo test` builds); a few minutes on two cores.
+# failed. The test profile (as `cargo test` builds); a few minutes on two cores.
 #
 #   scripts/kill-matrix.sh                 # every strategy
 #   scripts/kill-matrix.sh deck,ecrec      # only these rows (the table holds only them)

@@ -3,7 +3,8 @@
 # installed into a virtual environment, target/py-venv ($FTREC_PY_VENV), made on first use and
 # reused after: maturin 1.x, numpy, safetensors and pytest from PyPI, then `pip install ./python`
 # (a release build of the ftrec-py crate alone; FTREC_PY_PROFILE=dev builds it with the dev profile,
-# sharing the dependencies a `cargo test` build compiled). Use it as target/py-venv/bin/python.
+# mostly unoptimized and quick to build, sharing what a `cargo test` build compiled where the
+# features agree). Use it as target/py-venv/bin/python.
 #
 #   scripts/python.sh          build and install
 #   scripts/python.sh --test   also run python/tests with pytest; the tests make stores with the
@@ -20,7 +21,7 @@ for a in "$@"; do
     case "$a" in
         --test) run_tests=true ;;
         -h | --help)
-            sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+            sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
             exit 0
             ;;
         *)

@@ -64,8 +64,9 @@ fn the_python_package_reads_every_strategys_store_as_the_binary_does() {
         .arg(root().join("scripts/python.sh"))
         .arg("--test")
         .env("FTREC_BIN", env!("CARGO_BIN_EXE_ftrec"))
-        // The dev profile: the dependencies this test build compiled unoptimized are reused,
-        // where a release build would compile all of them again (minutes on two cores).
+        // The dev profile, which this test's own build inherits: the dependencies and crates
+        // it compiled are reused where their features agree, and the rest is mostly
+        // unoptimized, about a minute to build where a release build takes many.
         .env("FTREC_PY_PROFILE", "dev")
         .output()
         .expect("running scripts/python.sh");

@@ -756,7 +756,7 @@ fn kill_matrix_full() {
     md.push_str("# Kill matrix\n\n");
     md.push_str(&format!(
         "Written by `scripts/kill-matrix.sh` (`cargo test -p ftrec-cluster --test kill_matrix \
-         kill_matrix_full -- --ignored`; the test profile, opt-level 2). Every cell is one synchronous run of \
+         kill_matrix_full -- --ignored`; the test profile). Every cell is one synchronous run of \
          the `tiny` preset ({STEPS} steps, 2 workers, 2 servers, 4 for ecrec with k = 2, r = 2; \
          saves every {EVERY} steps) with the cell's SIGKILLs; the kills of each cell are in \
          `crates/cluster/tests/kill_matrix.rs` (`matrix`). A cell passes when every kill fired \
