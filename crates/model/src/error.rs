@@ -69,11 +69,14 @@ pub enum ModelError {
     UnknownGemmBackend(String),
     /// `FTREC_GEMM` names a backend this CPU cannot run.
     #[error(
-        "FTREC_GEMM={0} needs a CPU with {needs}, which this one lacks: use `gemm` or \
-         `matrixmultiply`, or unset it",
-        needs = if .0 == "avx2" { "AVX2 and FMA" } else { "AVX-512F" }
+        "FTREC_GEMM={name} needs a CPU with {needs}, which this one lacks: use `gemm` or \
+         `matrixmultiply`, or unset it"
     )]
-    GemmBackendUnsupported(String),
+    GemmBackendUnsupported {
+        name: &'static str,
+        /// The instructions its micro-kernel needs.
+        needs: &'static str,
+    },
     /// A thread count of zero.
     #[error("thread count must be at least 1, got {0}")]
     InvalidThreads(usize),

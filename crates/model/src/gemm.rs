@@ -102,10 +102,15 @@ impl Backend {
                 ))
             }
         };
-        match Backend::ALL.into_iter().find(|b| b.name() == name) {
-            Some(b) if b.runs_here() => Ok(b),
-            Some(_) => Err(ModelError::GemmBackendUnsupported(name)),
-            None => Err(ModelError::UnknownGemmBackend(name)),
+        let Some(backend) = Backend::ALL.into_iter().find(|b| b.name() == name) else {
+            return Err(ModelError::UnknownGemmBackend(name));
+        };
+        match backend.isa() {
+            Some(isa) if !isa.available() => Err(ModelError::GemmBackendUnsupported {
+                name: backend.name(),
+                needs: isa.needs(),
+            }),
+            _ => Ok(backend),
         }
     }
 

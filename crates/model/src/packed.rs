@@ -61,7 +61,15 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
-    /// Whether this CPU runs the kernel.
+    /// The instructions the kernel needs, as an error message names them.
+    pub(crate) fn needs(self) -> &'static str {
+        match self {
+            Isa::Avx512 => "AVX-512F",
+            Isa::Avx2 => "AVX2 and FMA",
+        }
+    }
+
+    /// Whether this CPU runs the kernel (has what [`Isa::needs`] names).
     pub(crate) fn available(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {

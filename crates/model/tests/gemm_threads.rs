@@ -2,7 +2,9 @@
 //! one process per count: this test re-runs itself as a child with `MATMUL_NUM_THREADS` set to
 //! 1, 2 and 4, for each backend (`FTREC_GEMM`; `avx512` only on a CPU with AVX-512F, `avx2`
 //! only on one with AVX2 and FMA), and checks that a full model step produces the same bits
-//! at every count of one backend, and the same bits with the two packed kernels.
+//! at every count of one backend, and the same bits with the two packed kernels. Also in a
+//! child: a backend `FTREC_GEMM` names that is unknown, or that this CPU cannot run, is refused
+//! before the first product.
 
 use std::process::Command;
 
@@ -117,29 +119,79 @@ fn model_step_is_bit_identical_for_every_gemm_thread_count() {
 
 const BAD_BACKEND_CHILD: &str = "FTREC_MODEL_BAD_BACKEND_CHILD";
 
+/// In a child run of `test`: the first product's setting under the parent's `FTREC_GEMM`,
+/// printed (`REFUSED <error>` or `ACCEPTED`); returns whether this is that child.
+fn child_prints_the_setting() -> bool {
+    if std::env::var(BAD_BACKEND_CHILD).is_err() {
+        return false;
+    }
+    match set_gemm_threads(1) {
+        Err(e) => println!("REFUSED {e:?}: {e}"),
+        Ok(_) => println!("ACCEPTED"),
+    }
+    true
+}
+
+/// Runs `test` again in a child process with `FTREC_GEMM=backend`; its stdout.
+fn setting_in_a_child(test: &str, backend: &str) -> String {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture"])
+        .env(BAD_BACKEND_CHILD, "1")
+        .env("FTREC_GEMM", backend)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// An unknown `FTREC_GEMM` is refused by name before any product runs.
 #[test]
 fn an_unknown_gemm_backend_is_refused_before_the_first_product() {
-    if std::env::var(BAD_BACKEND_CHILD).is_ok() {
-        match set_gemm_threads(1) {
-            Err(ModelError::UnknownGemmBackend(name)) if name == "mkl" => println!("REFUSED"),
-            other => println!("NOT REFUSED {other:?}"),
-        }
+    if child_prints_the_setting() {
         return;
     }
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "an_unknown_gemm_backend_is_refused_before_the_first_product",
-            "--nocapture",
-        ])
-        .env(BAD_BACKEND_CHILD, "1")
-        .env("FTREC_GEMM", "mkl")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = setting_in_a_child(
+        "an_unknown_gemm_backend_is_refused_before_the_first_product",
+        "mkl",
+    );
     assert!(
-        stdout.contains("REFUSED") && !stdout.contains("NOT REFUSED"),
+        stdout.contains(&format!(
+            "REFUSED {:?}",
+            ModelError::UnknownGemmBackend("mkl".into())
+        )),
         "{stdout}"
     );
+}
+
+/// A packed backend this CPU cannot run is refused before any product runs, and the message
+/// names the instructions its kernel needs.
+#[test]
+fn a_backend_this_cpu_cannot_run_is_refused_naming_what_it_needs() {
+    if child_prints_the_setting() {
+        return;
+    }
+    let missing: Vec<GemmBackend> = GemmBackend::ALL
+        .into_iter()
+        .filter(|b| !b.runs_here())
+        .collect();
+    if missing.is_empty() {
+        println!("skipped: this CPU runs every gemm backend");
+        return;
+    }
+    for backend in missing {
+        let needs = match backend {
+            GemmBackend::Avx512 => "AVX-512F",
+            GemmBackend::Avx2 => "AVX2 and FMA",
+            other => panic!("{other:?} runs everywhere, yet this CPU is said not to run it"),
+        };
+        let stdout = setting_in_a_child(
+            "a_backend_this_cpu_cannot_run_is_refused_naming_what_it_needs",
+            backend.name(),
+        );
+        let expected = format!("FTREC_GEMM={} needs a CPU with {needs},", backend.name());
+        assert!(
+            stdout.contains("REFUSED GemmBackendUnsupported") && stdout.contains(&expected),
+            "FTREC_GEMM={}: {stdout}",
+            backend.name()
+        );
+    }
 }
