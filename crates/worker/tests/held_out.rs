@@ -2,23 +2,19 @@
 
 use std::path::Path;
 
-use ftrec_data::{DataPath, Layout, TsvConfig};
+use ftrec_data::{DataPath, Layout, RawSample, TsvConfig};
 use ftrec_worker::{train, DataSpec, TrainConfig, WorkerError};
 
 /// `lines` Kaggle-layout lines, labels from `label(i)`.
-fn write(path: &Path, lines: usize, label: impl Fn(usize) -> u8) {
-    let mut text = String::new();
+fn write(path: &Path, lines: usize, label: impl Fn(usize) -> bool) {
+    let mut text = Vec::new();
     for i in 0..lines {
-        let ints: Vec<String> = (0..13).map(|j| ((i + j) % 7).to_string()).collect();
-        let cats: Vec<String> = (0..26)
-            .map(|j| format!("{:08x}", (i * 31 + j) % 5))
-            .collect();
-        text.push_str(&format!(
-            "{}\t{}\t{}\n",
-            label(i),
-            ints.join("\t"),
-            cats.join("\t")
-        ));
+        RawSample {
+            label: label(i),
+            dense: std::array::from_fn(|j| Some(((i + j) % 7) as i64)),
+            cats: std::array::from_fn(|j| Some(((i * 31 + j) % 5) as u32)),
+        }
+        .write_tsv_line(&mut text);
     }
     std::fs::write(path, text).unwrap();
 }
@@ -51,7 +47,7 @@ fn a_held_out_set_of_one_label_is_refused_before_training() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("one_label.tsv");
     // No click in the data, so none in its held-out lines either.
-    write(&path, 400, |_| 0);
+    write(&path, 400, |_| false);
     let e = refusal(&config(&path));
     assert!(
         e.contains("same label") && e.contains("--holdout-every"),
@@ -63,7 +59,7 @@ fn a_held_out_set_of_one_label_is_refused_before_training() {
 fn data_without_held_out_lines_is_refused_before_training() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("short.tsv");
-    write(&path, 5, |i| (i % 2) as u8);
+    write(&path, 5, |i| i % 2 == 1);
     let e = refusal(&config(&path));
     assert!(e.contains("no held-out lines"), "{e}");
 }
