@@ -333,6 +333,39 @@ fn synthetic_source(cfg: &TrainConfig) -> Result<ftrec_data::SyntheticSource, Wo
     )?)
 }
 
+/// Where `train`'s batches come from: synthetic ones are made by the compute threads too
+/// (`Feed::chunked`), lines of a file by a prefetch thread (`Feed::thread`).
+enum Source {
+    Synthetic(Box<ftrec_data::SyntheticSource>),
+    Tsv(Box<dyn BatchSource>),
+}
+
+impl Source {
+    fn open(cfg: &TrainConfig) -> Result<Source, WorkerError> {
+        Ok(match &cfg.data {
+            DataSpec::Synthetic => Source::Synthetic(Box::new(synthetic_source(cfg)?)),
+            DataSpec::Tsv(_) => Source::Tsv(open_source(cfg)?),
+        })
+    }
+
+    fn eval_set(&self, max_samples: usize, batch: usize) -> Result<EvalSet, WorkerError> {
+        Ok(match self {
+            Source::Synthetic(s) => s.eval_set(max_samples, batch)?,
+            Source::Tsv(s) => s.eval_set(max_samples, batch)?,
+        })
+    }
+
+    /// Starts making `cfg.steps` batches of `cfg.batch` samples.
+    fn start_feed(self, cfg: &TrainConfig, background: bool) -> Feed {
+        match self {
+            Source::Synthetic(s) => {
+                Feed::chunked(*s, cfg.batch, cfg.steps, cfg.threads, background)
+            }
+            Source::Tsv(s) => Feed::thread(s, cfg.batch, cfg.steps, background),
+        }
+    }
+}
+
 /// Train for `cfg.steps` steps or until the data ends (finite epochs), whichever comes first;
 /// evaluate on the held-out split, report. `on_step` sees every step's progress. The last
 /// batch of finite data may be short.
@@ -347,22 +380,8 @@ pub fn train(
     let background = cfg.threads >= crate::sys::cores();
     let eval_batch = cfg.batch.min(8192);
     // The held-out set is read and checked before the feed starts making batches.
-    let (eval, start_feed): (_, Box<dyn FnOnce() -> Feed>) = match &cfg.data {
-        DataSpec::Synthetic => {
-            let source = synthetic_source(cfg)?;
-            let eval = source.eval_set(cfg.eval_samples, eval_batch)?;
-            let (batch, steps, threads) = (cfg.batch, cfg.steps, cfg.threads);
-            let start = move || Feed::chunked(source, batch, steps, threads, background);
-            (eval, Box::new(start))
-        }
-        DataSpec::Tsv(_) => {
-            let source = open_source(cfg)?;
-            let eval = source.eval_set(cfg.eval_samples, eval_batch)?;
-            let (batch, steps) = (cfg.batch, cfg.steps);
-            let start = move || Feed::thread(source, batch, steps, background);
-            (eval, Box::new(start))
-        }
-    };
+    let source = Source::open(cfg)?;
+    let eval = source.eval_set(cfg.eval_samples, eval_batch)?;
     if eval.samples() == 0 {
         return Err(WorkerError::NoEvalData(match &cfg.data {
             DataSpec::Tsv(t) => format!(
@@ -387,7 +406,7 @@ pub fn train(
         )));
     }
     let mut trainer = LocalTrainer::new(cfg)?;
-    let mut feed = start_feed();
+    let mut feed = source.start_feed(cfg, background);
 
     let steps = cfg.steps;
     let train_start = Instant::now();
