@@ -119,7 +119,7 @@ fn model_step_is_bit_identical_for_every_gemm_thread_count() {
 
 const BAD_BACKEND_CHILD: &str = "FTREC_MODEL_BAD_BACKEND_CHILD";
 
-/// In a child run of `test`: the first product's setting under the parent's `FTREC_GEMM`,
+/// In a child run ([`setting_in_a_child`]): the first product's setting under the parent's `FTREC_GEMM`,
 /// printed (`REFUSED <error>` or `ACCEPTED`); returns whether this is that child.
 fn child_prints_the_setting() -> bool {
     if std::env::var(BAD_BACKEND_CHILD).is_err() {
