@@ -109,9 +109,10 @@ impl Compute {
         self.pull_and_pool(client, batch).await?;
         let t1 = std::time::Instant::now();
         timing.pull_s += (t1 - t0).as_secs_f64();
-        let loss =
-            self.model
-                .forward_backward(&mut self.ws, &batch.dense, &self.pooled, &batch.labels)?;
+        let (model, ws, pooled) = (&self.model, &mut self.ws, &self.pooled);
+        let loss = ftrec_model::on_pool(|| {
+            model.forward_backward(ws, &batch.dense, pooled, &batch.labels)
+        })?;
         let update = sparse_update(batch, self.dim, self.ws.grad_pooled(), &mut self.accs)?;
         let update = update.with_dense(0, self.ws.grad_params().to_vec());
         timing.compute_s += t1.elapsed().as_secs_f64();
@@ -126,8 +127,8 @@ impl Compute {
         out: &mut Vec<f32>,
     ) -> Result<(), ClusterError> {
         self.pull_and_pool(client, batch).await?;
-        self.model
-            .predict(&mut self.ws, &batch.dense, &self.pooled, out)?;
+        let (model, ws, pooled) = (&self.model, &mut self.ws, &self.pooled);
+        ftrec_model::on_pool(|| model.predict(ws, &batch.dense, pooled, out))?;
         Ok(())
     }
 }

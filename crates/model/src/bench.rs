@@ -114,21 +114,25 @@ pub fn bench_mlp(
     let mut ws: Workspace = model.workspace(batch, threads)?;
 
     // Warm up, then alternate the two measurements so that both see the same machine (other
-    // load, clock changes) and their ratio stays meaningful on a shared box.
-    for _ in 0..2 {
-        gemm::a_b(m, k, n, &a, &b, &mut c);
-        model.forward_backward(&mut ws, &dense, &pooled, &labels)?;
-    }
-    let mut sgemm_times = Vec::with_capacity(iters);
-    let mut step_times = Vec::with_capacity(iters);
-    for _ in 0..iters {
-        let t = Instant::now();
-        gemm::a_b(m, k, n, &a, &b, &mut c);
-        sgemm_times.push(t.elapsed().as_secs_f64());
-        let t = Instant::now();
-        model.forward_backward(&mut ws, &dense, &pooled, &labels)?;
-        step_times.push(t.elapsed().as_secs_f64());
-    }
+    // load, clock changes) and their ratio stays meaningful on a shared box. Both run where a
+    // training step runs (`on_pool`).
+    let (sgemm_times, step_times) = crate::par::on_pool(|| {
+        for _ in 0..2 {
+            gemm::a_b(m, k, n, &a, &b, &mut c);
+            model.forward_backward(&mut ws, &dense, &pooled, &labels)?;
+        }
+        let mut sgemm_times = Vec::with_capacity(iters);
+        let mut step_times = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            let t = Instant::now();
+            gemm::a_b(m, k, n, &a, &b, &mut c);
+            sgemm_times.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            model.forward_backward(&mut ws, &dense, &pooled, &labels)?;
+            step_times.push(t.elapsed().as_secs_f64());
+        }
+        Ok::<_, ModelError>((sgemm_times, step_times))
+    })?;
     let (sgemm_s, _) = median_and_min(sgemm_times);
     let sgemm_gflops = 2.0 * (m * k * n) as f64 / sgemm_s / 1e9;
     let (step_s, step_min_s) = median_and_min(step_times);

@@ -73,3 +73,4 @@ pub use dlrm::{Dlrm, Workspace};
 pub use error::ModelError;
 pub use gemm::{gemm_backend, gemm_threads, set_gemm_threads, Backend as GemmBackend};
 pub use metrics::{auc, logloss};
+pub use par::on_pool;

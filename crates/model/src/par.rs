@@ -82,6 +82,27 @@ pub(crate) fn split2<F>(
     });
 }
 
+/// Run `f` on a thread of the math pool when the pool alone has as many threads as the
+/// products use, two or more (inline otherwise, and when the caller is already on the pool),
+/// so that the parallel sections and the products `f` runs are shared by the pool's threads,
+/// the one running `f` among them.
+///
+/// Why: with the `gemm` backend the pool has as many threads as the products use (that crate
+/// runs a whole product inside the pool), so a caller outside it is one thread too many: a
+/// section's first part runs on the caller while a pool thread with nothing to do spins beside
+/// it for the same cores, and every product puts the caller to sleep and wakes it again
+/// (`docs/BENCHMARKS.md`, "The step on the math pool"). With ftrec's own product the pool has
+/// one thread fewer than the products use and the caller completes them, so `f` stays on the
+/// caller. Which thread runs what changes no result: every split is by units whose arithmetic
+/// does not depend on the thread.
+pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    let pool = rayon::current_num_threads();
+    if rayon::current_thread_index().is_some() || pool < 2 || pool < crate::gemm::gemm_threads() {
+        return f();
+    }
+    rayon::scope(|_| f())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,6 +130,20 @@ mod tests {
             assert!(c.iter().enumerate().all(|(i, &v)| v == i as f32));
             assert!(b.chunks(2).enumerate().all(|(i, p)| p[0] == -(i as f32)));
         }
+    }
+
+    #[test]
+    fn on_pool_runs_on_a_pool_thread_when_the_pool_has_several() {
+        let pool = rayon::current_num_threads();
+        let several = pool >= 2 && pool >= crate::gemm::gemm_threads();
+        let (outer, inner) = on_pool(|| {
+            let here = rayon::current_thread_index();
+            // Already on the pool (or inline): the nested call stays on this thread.
+            (here, on_pool(rayon::current_thread_index))
+        });
+        assert_eq!(outer.is_some(), several, "pool of {pool}");
+        assert_eq!(inner, outer);
+        assert_eq!(on_pool(|| 7), 7);
     }
 
     #[test]

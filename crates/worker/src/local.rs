@@ -172,8 +172,13 @@ impl LocalTrainer {
         Ok(())
     }
 
-    /// One training step on `batch`; returns the batch's mean loss.
+    /// One training step on `batch`; returns the batch's mean loss. It runs on the math pool
+    /// ([`ftrec_model::on_pool`]).
     pub fn step(&mut self, batch: &Batch) -> Result<f64, WorkerError> {
+        ftrec_model::on_pool(|| self.step_here(batch))
+    }
+
+    fn step_here(&mut self, batch: &Batch) -> Result<f64, WorkerError> {
         let t0 = Instant::now();
         self.pool(batch)?;
         let t1 = Instant::now();
@@ -204,12 +209,14 @@ impl LocalTrainer {
         Ok(loss)
     }
 
-    /// Click probabilities for `batch` (no update).
+    /// Click probabilities for `batch` (no update), on the math pool like a step.
     pub fn predict(&mut self, batch: &Batch, out: &mut Vec<f32>) -> Result<(), WorkerError> {
-        self.pool(batch)?;
-        self.model
-            .predict(&mut self.ws, &batch.dense, &self.pooled, out)?;
-        Ok(())
+        ftrec_model::on_pool(|| {
+            self.pool(batch)?;
+            self.model
+                .predict(&mut self.ws, &batch.dense, &self.pooled, out)?;
+            Ok(())
+        })
     }
 
     /// AUC and logloss over a held-out set.
