@@ -162,8 +162,9 @@ pub fn set_gemm_threads(threads: usize) -> Result<usize, ModelError> {
     // ftrec's own product and the per-sample splits run their first part on the calling
     // thread, so `want - 1` pool threads complete `want`; an idle extra pool thread would only
     // wake, find nothing and yield the core back. The `gemm` crate runs a whole product
-    // inside the pool, so it gets `want`. The pool exists once per process: if something
-    // started it already, it stays as it is.
+    // inside the pool, so it gets `want`, and a training step then runs on the pool itself
+    // (`par::on_pool`) rather than as one thread more beside it. The pool exists once per
+    // process: if something started it already, it stays as it is.
     let pool = match Backend::from_env()? {
         Backend::Gemm => want,
         _ => want.saturating_sub(1).max(1),
