@@ -350,3 +350,40 @@ fn certs_writes_the_three_files_of_mutual_tls_once() {
         "{line}"
     );
 }
+
+/// The suite's own guard: a command that leaves a process holding its output is a hang, and
+/// the test fails naming what each process of its group was doing, instead of the suite
+/// waiting for ever; the group is killed.
+#[test]
+fn a_command_whose_child_holds_its_output_fails_as_a_hang_naming_the_processes() {
+    let running = common::hang::spawn_grouped(
+        std::process::Command::new("sh").args(["-c", "sleep 1000 & echo started >&2; exit 0"]),
+    );
+    let pgid = running.id();
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        running.wait_output_within("sh", std::time::Duration::from_secs(2))
+    }));
+    let msg = match caught {
+        Ok(out) => panic!("not taken for a hang: {out:?}"),
+        Err(p) => p
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_else(|| "a panic without a message".into()),
+    };
+    assert!(msg.starts_with("hang: sh was still running"), "{msg}");
+    assert!(msg.contains("still holds its output"), "{msg}");
+    assert!(
+        msg.contains("(sleep)") && msg.contains("sleep 1000"),
+        "{msg}"
+    );
+    assert!(msg.contains("started"), "{msg}");
+    // The kill is delivered, and the orphan reaped, a moment after it is sent: polled, with a
+    // bound that only stops a hang. SAFETY: kill(2) with signal 0 only asks whether the group
+    // still has a process.
+    let gone = || unsafe { libc::kill(-(pgid as libc::pid_t), 0) } != 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !gone() {
+        assert!(std::time::Instant::now() < deadline, "the group was left");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}

@@ -13,12 +13,10 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{ftrec, read_json, succeed};
+use common::{ftrec, hang, read_json, succeed};
 
 /// Steps of every job here; the freeze comes after step 7 (saves every 3 steps).
 const STEPS: u64 = 24;
@@ -114,30 +112,23 @@ fn frozen_and_taken_over(strategy: &[&str], exact: bool) {
     let s = store.to_str().unwrap();
     // A process group of its own: its servers, workers and merger join it, and the wake-up
     // reaches them all at once, as a host's does.
-    let mut first = ftrec()
-        .args(&args)
-        .args([
-            "--store",
-            s,
-            "--lease-ttl-s",
-            "2",
-            "--kill",
-            "stop:job@step=7",
-        ])
-        .arg("--work-dir")
-        .arg(dir.path().join("first"))
-        .process_group(0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut first = hang::spawn_grouped(
+        ftrec()
+            .args(&args)
+            .args([
+                "--store",
+                s,
+                "--lease-ttl-s",
+                "2",
+                "--kill",
+                "stop:job@step=7",
+            ])
+            .arg("--work-dir")
+            .arg(dir.path().join("first")),
+    );
     let pgid = first.id();
     wait_for("frozen coordinator", || {
-        assert!(
-            first.try_wait().unwrap().is_none(),
-            "the job ended unfrozen"
-        );
+        assert!(first.try_wait().is_none(), "the job ended unfrozen");
         state(pgid) == Some('T')
     });
     wait_for("expired lease", || {
@@ -167,7 +158,7 @@ fn frozen_and_taken_over(strategy: &[&str], exact: bool) {
         unsafe { libc::kill(-(pgid as libc::pid_t), libc::SIGCONT) },
         0
     );
-    let out = first.wait_with_output().unwrap();
+    let out = first.wait_output("the woken job");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{stderr}");
     // The coordinator says it in one line; a process of the job that woke in the middle of

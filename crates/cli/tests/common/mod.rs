@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod hang;
 pub mod netns;
 
 use std::io::{Read, Write};
@@ -15,9 +16,10 @@ pub fn ftrec() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ftrec"))
 }
 
-/// Run `cmd` and require success (its stderr is the failure message).
+/// Run `cmd` and require success (its stderr is the failure message); a hang fails the test
+/// with what its processes were doing ([`hang`]).
 pub fn succeed(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap();
+    let out = hang::output(cmd);
     assert!(
         out.status.success(),
         "{}",
