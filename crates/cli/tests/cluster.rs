@@ -5,6 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 
 mod common;
+use common::hang::BoundedOutput;
 mod compare;
 use common::{ftrec, one_error_line, read_json, succeed};
 
@@ -98,7 +99,7 @@ fn strategy_none_with_a_kill_exits_non_zero_with_one_error_line() {
     let out = ftrec()
         .args(run_args(dir.path()))
         .args(["--strategy", "none", "--kill", "server=1@step=3"])
-        .output()
+        .bounded_output()
         .unwrap();
     let line = one_error_line(&out);
     assert!(line.contains("server 1"), "{line}");
@@ -141,7 +142,7 @@ fn bad_run_flags_give_one_clear_error_line() {
         let out = ftrec()
             .args(run_args(dir.path()))
             .args(&extra)
-            .output()
+            .bounded_output()
             .unwrap();
         assert!(!out.status.success(), "{extra:?} succeeded");
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -247,7 +248,7 @@ fn a_job_file_runs_the_same_job_as_the_flags() {
         .args(["run", "--config"])
         .arg(&job)
         .args(["--strategy", "nonsense"])
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(one_error_line(&out).contains("nonsense"));
 }
@@ -267,7 +268,7 @@ fn a_malformed_job_file_gives_one_error_line_naming_the_file_and_the_line() {
         let out = ftrec()
             .args(["run", "--config"])
             .arg(&job)
-            .output()
+            .bounded_output()
             .unwrap();
         let line = one_error_line(&out);
         assert!(line.contains(needle), "{text:?}: {line}");
@@ -275,7 +276,7 @@ fn a_malformed_job_file_gives_one_error_line_naming_the_file_and_the_line() {
     let out = ftrec()
         .args(["run", "--config"])
         .arg(dir.path().join("missing.toml"))
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(one_error_line(&out).contains("missing.toml"));
 }
@@ -298,7 +299,7 @@ fn a_coordinator_with_an_unreachable_server_address_gives_one_error_line() {
         ])
         .arg(addr.to_string())
         .args(["--heartbeat-timeout-ms", "300", "--start-timeout-s", "1"])
-        .output()
+        .bounded_output()
         .unwrap();
     let line = one_error_line(&out);
     assert!(
@@ -539,7 +540,7 @@ fn ckpt_commands_understand_an_incrcp_store() {
     let v = ftrec()
         .args(["ckpt", "verify"])
         .arg(&store)
-        .output()
+        .bounded_output()
         .unwrap();
     assert_eq!(v.status.code(), Some(1));
     let stdout = String::from_utf8_lossy(&v.stdout);

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::Stdio;
 
 mod common;
+use common::hang::BoundedOutput;
 use common::{ftrec, one_error_line, read_json, succeed};
 
 fn tiny_run(dir: &Path, steps: u64) -> std::process::Command {
@@ -55,7 +56,7 @@ fn read_only_store_commands_on_a_path_that_is_not_a_store_fail_naming_it() {
             vec!["ckpt", "export", s, "--out", out_file.to_str().unwrap()],
         ];
         for args in commands {
-            let out = ftrec().args(&args).output().unwrap();
+            let out = ftrec().args(&args).bounded_output().unwrap();
             let line = one_error_line(&out);
             assert!(line.contains(s) && line.contains(why), "{args:?}: {line}");
             assert!(!missing.exists(), "{args:?} created {s}");
@@ -91,7 +92,7 @@ fn sockets_off_loopback_need_a_token_or_insecure() {
             .args(extra)
             .env_remove("FTREC_AUTH_TOKEN")
             .stdin(Stdio::null())
-            .output()
+            .bounded_output()
             .unwrap()
     };
     let line = one_error_line(&server(&[]));
@@ -121,7 +122,7 @@ fn sockets_off_loopback_need_a_token_or_insecure() {
     let out = tiny_run(dir.path(), 2)
         .args(["--control-listen", "0.0.0.0:0"])
         .env_remove("FTREC_AUTH_TOKEN")
-        .output()
+        .bounded_output()
         .unwrap();
     let line = one_error_line(&out);
     assert!(line.contains("--control-listen 0.0.0.0:0"), "{line}");
@@ -140,7 +141,7 @@ fn sockets_off_loopback_need_a_token_or_insecure() {
             "0.0.0.0:0",
         ])
         .env_remove("FTREC_AUTH_TOKEN")
-        .output()
+        .bounded_output()
         .unwrap();
     let line = one_error_line(&out);
     assert!(line.contains("--control-listen 0.0.0.0:0"), "{line}");
@@ -187,7 +188,7 @@ fn every_kill_ends_fired_or_not_fired_in_the_report_and_on_stderr() {
     let line = one_error_line(
         &tiny_run(dir.path(), 6)
             .args(["--kill", "job@step=6"])
-            .output()
+            .bounded_output()
             .unwrap(),
     );
     assert!(
@@ -205,7 +206,7 @@ fn a_job_killed_as_a_whole_at_a_step_resumes_and_trains_the_rest() {
         .arg("--store")
         .arg(&store)
         .args(["--kill", "job@step=7"])
-        .output()
+        .bounded_output()
         .unwrap();
     assert_eq!(
         out.status.signal(),
@@ -306,7 +307,7 @@ fn compare_refuses_a_whole_job_kill_before_any_run() {
     let out = ftrec()
         .args(["compare", "--kills", "server=0@step=2,job@step=3", "--out"])
         .arg(dir.path().join("cmp"))
-        .output()
+        .bounded_output()
         .unwrap();
     let line = one_error_line(&out);
     assert!(
@@ -330,7 +331,7 @@ fn certs_writes_the_three_files_of_mutual_tls_once() {
                 "--dir",
             ])
             .arg(dir.path())
-            .output()
+            .bounded_output()
             .unwrap()
     };
     let out = certs();

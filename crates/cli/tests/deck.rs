@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::Output;
 
 mod common;
+use common::hang::BoundedOutput;
 use common::{ftrec, one_error_line, read_json, succeed};
 
 fn stdout(out: &Output) -> String {
@@ -130,7 +131,7 @@ fn deck_flags_with_another_strategy_or_bad_values_are_refused() {
             .args(["run", "--preset", "tiny", "--steps", "4", "--work-dir"])
             .arg(dir.path())
             .args(&args)
-            .output()
+            .bounded_output()
             .unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
@@ -167,7 +168,7 @@ fn deck_with_servers_started_without_a_checkpoint_service_is_refused_by_name() {
         .args(["--steps", "4", "--strategy", "deck", "--server-addr", &addr])
         .args(["--control-listen", "127.0.0.1:0", "--work-dir"])
         .arg(dir.path())
-        .output()
+        .bounded_output()
         .unwrap();
     drop(server.stdin.take());
     assert!(server.wait().unwrap().success());
@@ -319,7 +320,7 @@ mod cpr {
                 .args(["run", "--preset", "tiny", "--steps", "4", "--work-dir"])
                 .arg(dir.path())
                 .args(&args)
-                .output()
+                .bounded_output()
                 .unwrap();
             assert_eq!(out.status.code(), Some(2), "{args:?}");
             let line = one_error_line(&out);

@@ -5,6 +5,7 @@
 use std::path::Path;
 
 mod common;
+use common::hang::BoundedOutput;
 use common::{ftrec, one_error_line, read_json, succeed};
 
 /// A three-server synchronous tiny run in `dir`.
@@ -118,7 +119,7 @@ fn bad_ecrec_settings_give_one_clear_error_line() {
             &ftrec()
                 .args(run_args(dir.path()))
                 .args(&extra)
-                .output()
+                .bounded_output()
                 .unwrap(),
         );
         for n in needles {
@@ -193,7 +194,7 @@ fn bad_bench_ecrec_shares_give_one_clear_error_line() {
             &ftrec()
                 .args(["bench", "ecrec", "--preset", "tiny", "--servers", "3"])
                 .args(&extra)
-                .output()
+                .bounded_output()
                 .unwrap(),
         );
         assert!(line.contains(needle), "{extra:?}: no {needle:?} in {line}");

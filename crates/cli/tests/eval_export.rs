@@ -12,6 +12,7 @@
 use std::path::Path;
 
 mod common;
+use common::hang::BoundedOutput;
 use common::{ftrec, one_error_line, read_json, succeed};
 
 use ftrec_ckpt::snapshot::{self, DenseTarget, RowIds, ShardTarget, SnapshotOptions, TableTarget};
@@ -272,7 +273,7 @@ fn eval_on_tsv_data_uses_its_holdout_lines() {
         .arg(&store)
         .arg("--data")
         .arg(&tsv)
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(one_error_line(&out).contains("--rows-per-table"));
 }
@@ -333,7 +334,7 @@ fn eval_of_a_tsv_run_s_store_needs_no_flags() {
         .arg("--ckpt")
         .arg(&store)
         .args(["--rows-per-table", "300"])
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(one_error_line(&out).contains("--rows-per-table applies to --data only"));
 }
@@ -648,7 +649,7 @@ fn export_writes_every_tensor_bit_for_bit_with_documented_names_and_shapes() {
         .arg(&store)
         .args(["--optimizer-state", "--out"])
         .arg(&plain)
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(one_error_line(&refused).contains("--force"));
     assert_eq!(std::fs::read(&plain).unwrap(), before);
@@ -756,7 +757,7 @@ fn bad_stores_steps_and_shapes_give_one_clear_error_line() {
         ),
     ];
     for (args, needle) in cases {
-        let out = ftrec().args(&args).output().unwrap();
+        let out = ftrec().args(&args).bounded_output().unwrap();
         let line = one_error_line(&out);
         assert!(line.contains(needle), "{args:?}: {line}");
     }
@@ -768,7 +769,7 @@ fn bad_stores_steps_and_shapes_give_one_clear_error_line() {
         .arg("eval")
         .arg("--ckpt")
         .arg(&empty)
-        .output()
+        .bounded_output()
         .unwrap();
     let line = one_error_line(&out);
     assert!(line.contains("is not a checkpoint store"), "{line}");
@@ -822,7 +823,7 @@ fn eval_of_a_job_that_evaluated_nothing_uses_the_preset_default_and_checks_flags
         .arg("eval")
         .arg("--ckpt")
         .arg(&store)
-        .output()
+        .bounded_output()
         .unwrap();
     let line = one_error_line(&restore_fails);
     assert!(line.contains("restoring"), "{line}");
@@ -861,7 +862,7 @@ fn eval_of_a_job_that_evaluated_nothing_uses_the_preset_default_and_checks_flags
             "--dense-optimizer",
         ),
     ] {
-        let out = ftrec().args(&args).output().unwrap();
+        let out = ftrec().args(&args).bounded_output().unwrap();
         let line = one_error_line(&out);
         assert!(line.contains(flag), "{args:?}: {line}");
         assert!(!line.contains("restoring"), "{args:?}: {line}");

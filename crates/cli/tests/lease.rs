@@ -5,6 +5,7 @@
 //! past its lease and taken over is fenced when it wakes.
 
 mod common;
+use common::hang::BoundedOutput;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -71,12 +72,15 @@ fn a_live_job_keeps_its_store_and_a_resume_takes_over_once_it_is_gone() {
         .arg("run")
         .args(JOB)
         .args(["--store", s])
-        .output()
+        .bounded_output()
         .unwrap();
     let line = one_error_line(&second);
     assert!(line.contains("is held by"), "{line}");
     assert!(line.contains(&format!(":{}", first.id())), "{line}");
-    let resume = ftrec().args(["run", "--resume", s]).output().unwrap();
+    let resume = ftrec()
+        .args(["run", "--resume", s])
+        .bounded_output()
+        .unwrap();
     let line = one_error_line(&resume);
     assert!(line.contains("is held by"), "{line}");
     // The job dies; its lease is free at once (its holder is gone on this host).
@@ -92,7 +96,7 @@ fn a_live_job_keeps_its_store_and_a_resume_takes_over_once_it_is_gone() {
         .arg("run")
         .args(JOB)
         .args(["--store", s])
-        .output()
+        .bounded_output()
         .unwrap();
     let line = one_error_line(&fresh);
     assert!(line.contains("--resume"), "{line}");

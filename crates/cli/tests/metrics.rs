@@ -11,6 +11,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 mod common;
+use common::hang::BoundedOutput;
 use common::{ftrec, http_get, metric, one_error_line, read_json, succeed};
 
 /// A GET of `path`: status code and body.
@@ -191,7 +192,7 @@ fn bad_observability_flags_are_one_line_before_any_work() {
     let out = ftrec()
         .args(run)
         .args(["--metrics-listen", &taken])
-        .output()
+        .bounded_output()
         .unwrap();
     let line = one_error_line(&out);
     assert!(
@@ -201,14 +202,14 @@ fn bad_observability_flags_are_one_line_before_any_work() {
     let out = ftrec()
         .args(run)
         .args(["--metrics-listen", "127.0.0.1:0", "--metrics-linger-s=-1"])
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(one_error_line(&out).contains("--metrics-linger-s"));
     for (flags, names) in [
         (&["--log-format", "yaml"][..], "--log-format"),
         (&["--metrics-linger-s", "5"][..], "--metrics-listen"),
     ] {
-        let out = ftrec().args(run).args(flags).output().unwrap();
+        let out = ftrec().args(run).args(flags).bounded_output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && stderr.contains(names), "{stderr}");
     }
@@ -222,7 +223,7 @@ fn bad_observability_flags_are_one_line_before_any_work() {
             "--preset",
             "tiny",
         ])
-        .output()
+        .bounded_output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -5,6 +5,7 @@
 //! model's digest.
 
 mod common;
+use common::hang::BoundedOutput;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -212,7 +213,7 @@ fn an_address_flag_that_is_no_host_and_port_names_the_flag() {
         ),
         (vec!["run", "--control-listen", "7100"], "--control-listen"),
     ] {
-        let out = ftrec().args(&args).output().unwrap();
+        let out = ftrec().args(&args).bounded_output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         // The flag parser's one error line.
         let err = String::from_utf8_lossy(&out.stderr);
@@ -227,7 +228,7 @@ fn an_address_flag_that_is_no_host_and_port_names_the_flag() {
         .args(["coordinator", "--servers", "1", "--steps", "2"])
         .args(["--server-addr", "no-such-host.invalid:7000"])
         .args(["--start-timeout-s", "1"])
-        .output()
+        .bounded_output()
         .unwrap();
     let line = one_error_line(&out);
     assert!(line.contains("no-such-host.invalid"), "{line}");

@@ -13,6 +13,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
+use common::hang::BoundedOutput;
 use common::{ftrec, read_json, succeed};
 use ftrec_ckpt::deck::Lineage;
 use ftrec_ckpt::location::{self, LocationOptions};
@@ -351,7 +352,7 @@ fn fail_line(args: &[&str], store: &Path) -> String {
         .args(["run", "--resume"])
         .arg(store)
         .args(args)
-        .output()
+        .bounded_output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{args:?}");
     // One error line (after the run's header lines, when the job got that far).
@@ -503,7 +504,7 @@ fn the_same_command_starts_a_job_and_resumes_it_after_a_kill() {
     let out = ftrec()
         .args(&args)
         .arg("--resume-or-start")
-        .output()
+        .bounded_output()
         .unwrap();
     let line = common::one_error_line(&out);
     assert!(line.contains("--resume-or-start needs --store"), "{line}");

@@ -3,6 +3,7 @@
 //! and bad combinations are one clear error line.
 
 mod common;
+use common::hang::BoundedOutput;
 
 use std::path::{Path, PathBuf};
 
@@ -152,7 +153,7 @@ fn error_of(args: &[&str]) -> String {
     if args[0] == "coordinator" {
         cmd.args(["--servers", "1", "--server-addr", "127.0.0.1:9"]);
     }
-    one_error_line(&cmd.output().unwrap())
+    one_error_line(&cmd.bounded_output().unwrap())
 }
 
 #[test]

@@ -228,3 +228,16 @@ fn backtraces(pid: u32) -> String {
         .map_or(kept.len(), |(i, _)| i);
     format!("  backtraces:\n{}\n", &kept[..end])
 }
+
+/// `.bounded_output()` where a test would write `.output()`: the same result, never a hang.
+pub trait BoundedOutput {
+    /// [`output`] of this command; `Ok` always (a hang fails the test), so that call sites
+    /// read as with [`Command::output`].
+    fn bounded_output(&mut self) -> std::io::Result<Output>;
+}
+
+impl BoundedOutput for Command {
+    fn bounded_output(&mut self) -> std::io::Result<Output> {
+        Ok(output(self))
+    }
+}

@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use super::common::hang::BoundedOutput;
 use super::common::{ftrec, read_json, succeed, synth_tsv};
 
 /// `ftrec compare` on the tiny preset into `out`, synchronous, 3 servers and 2 workers.
@@ -329,7 +330,7 @@ fn bad_compare_and_advise_input_gives_one_clear_error_line() {
             .args(&args)
             .arg("--out")
             .arg(dir.path().join("x"))
-            .output()
+            .bounded_output()
             .unwrap();
         assert!(!out.status.success(), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
@@ -344,7 +345,7 @@ fn bad_compare_and_advise_input_gives_one_clear_error_line() {
         .arg(dir.path().join("missing"))
         .args(["--model-gb", "1", "--servers", "2", "--workers", "2"])
         .args(["--step-ms", "100", "--mtbf-hours", "1"])
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -653,7 +654,7 @@ fn advise_refuses_a_calibration_without_failures_and_names_one_with_kills() {
         .arg(&cal)
         .args(["--model-gb", "50", "--servers", "16", "--workers", "16"])
         .args(["--step-ms", "200", "--mtbf-hours", "24", "--extrapolate"])
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
