@@ -10,7 +10,13 @@
 //!
 //! A swap (compare and replace) holds an exclusive `flock` on `<root>/.swap.lock` while it
 //! reads, compares and renames, so swaps from any process on this machine are serialized; the
-//! lock dies with its holder.
+//! lock dies with its holder. A holder that is paused (SIGSTOP, a debugger) keeps it, and its
+//! swap must finish before any other may start (letting another in would let the paused one's
+//! stale comparison land when it wakes): a swap waits for the lock at most
+//! [`SWAP_LOCK_WAIT`], then fails (the store unavailable) naming the holder's pid and whether
+//! it is stopped, instead of waiting for ever. A process that pauses itself on purpose
+//! first closes its own swaps ([`pause_swaps`]); [`swap_lock_holder`] tells whether another
+//! process holds the lock, so that whoever pauses it can do so outside a swap.
 //!
 //! Blocking file-system calls run on tokio's blocking pool, so a caller must be inside a tokio
 //! runtime.
@@ -25,7 +31,8 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, RwLockWriteGuard};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -44,6 +51,62 @@ pub struct LocalStore {
 struct Inner {
     root: PathBuf,
     tmp_counter: AtomicU64,
+    /// How long a swap waits for the swap lock ([`SWAP_LOCK_WAIT`] unless set).
+    swap_wait: Duration,
+}
+
+/// How long a swap waits for another process's swap to release the lock before it fails. A
+/// swap holds it for a read, a compare and a rename with two fsyncs: milliseconds even on a
+/// loaded machine, so this is only ever reached when the holder is paused or hung.
+pub const SWAP_LOCK_WAIT: Duration = Duration::from_secs(30);
+
+/// The swaps of this process (each holds it shared from before it takes the swap lock until
+/// after it releases it); [`pause_swaps`] holds it exclusively.
+static SWAPS: RwLock<()> = RwLock::new(());
+
+/// Held by a process that is about to pause itself: no swap of this process holds the swap
+/// lock while it lives ([`pause_swaps`]).
+pub struct SwapsPaused(#[allow(dead_code)] RwLockWriteGuard<'static, ()>);
+
+/// Wait until no swap of this process is in flight, and keep new ones from starting until the
+/// returned guard is dropped: a process that stops itself (`SIGSTOP` to its own pid) while
+/// holding it cannot stop inside a swap and block every other writer of its stores.
+pub fn pause_swaps() -> SwapsPaused {
+    SwapsPaused(SWAPS.write().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// The pid of the process holding the swap lock of the store at `root`, if one does and the
+/// kernel says which (`/proc/locks`, Linux); `None` otherwise.
+pub fn swap_lock_holder(root: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let ino = fs::metadata(root.join(".swap.lock")).ok()?.ino();
+    let locks = fs::read_to_string("/proc/locks").ok()?;
+    // `1: FLOCK  ADVISORY  WRITE 28865 fe:00:10017711 0 EOF`; a waiter's line has `->` after
+    // the number.
+    locks.lines().find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 6 || f[1] != "FLOCK" {
+            return None;
+        }
+        let file_ino: u64 = f[5].rsplit(':').next()?.parse().ok()?;
+        (file_ino == ino).then(|| f[4].parse().ok()).flatten()
+    })
+}
+
+/// `pid 123 (stopped)`: the holder of a swap lock as a swap's error names it.
+fn describe_holder(root: &Path) -> String {
+    let Some(pid) = swap_lock_holder(root) else {
+        return "another process".into();
+    };
+    let state = fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')')?.1.trim_start().chars().next());
+    match state {
+        Some('T') | Some('t') => {
+            format!("process {pid}, which is stopped (wake it with SIGCONT or end it)")
+        }
+        _ => format!("process {pid}"),
+    }
 }
 
 /// Failures inside the local backend, before they are mapped to [`CkptError`].
@@ -97,8 +160,20 @@ impl LocalStore {
             inner: Arc::new(Inner {
                 root,
                 tmp_counter: AtomicU64::new(0),
+                swap_wait: SWAP_LOCK_WAIT,
             }),
         })
+    }
+
+    /// The same store, whose swaps wait at most `wait` for the swap lock.
+    pub fn with_swap_wait(self, wait: Duration) -> Self {
+        LocalStore {
+            inner: Arc::new(Inner {
+                root: self.inner.root.clone(),
+                tmp_counter: AtomicU64::new(self.inner.tmp_counter.load(Ordering::Relaxed)),
+                swap_wait: wait,
+            }),
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -280,7 +355,32 @@ fn swap_blocking(
         .truncate(false)
         .write(true)
         .open(inner.root.join(".swap.lock"))?;
-    lock.lock()?;
+    let _in_flight = SWAPS.read().unwrap_or_else(|p| p.into_inner());
+    let deadline = Instant::now() + inner.swap_wait;
+    let mut pause = Duration::from_micros(200);
+    loop {
+        match lock.try_lock() {
+            Ok(()) => break,
+            Err(fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(20));
+            }
+            Err(fs::TryLockError::WouldBlock) => {
+                // Not worth a retry: the wait was the retry.
+                return Ok(Err(CkptError::Unavailable {
+                    backend: "local",
+                    reason: format!(
+                        "the swap lock {} has been held for {:.0}s by {}: no other writer can \
+                         change {key} until it lets go",
+                        inner.root.join(".swap.lock").display(),
+                        inner.swap_wait.as_secs_f64(),
+                        describe_holder(&inner.root),
+                    ),
+                }));
+            }
+            Err(fs::TryLockError::Error(e)) => return Err(e.into()),
+        }
+    }
     let have = match open_object(path) {
         Ok(mut f) => {
             let mut buf = Vec::new();
@@ -477,6 +577,53 @@ impl ChunkStore for LocalStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A swap lock held elsewhere (here: a second open file description of this process, as
+    /// a paused process would hold it) makes a swap fail after its bound, naming the lock and
+    /// its holder, and changes nothing; once it is let go, the same swap goes through.
+    #[tokio::test]
+    async fn a_swap_waits_a_bounded_time_for_a_held_lock_and_names_its_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::new(dir.path())
+            .unwrap()
+            .with_swap_wait(Duration::from_millis(50));
+        let key = Key::new("LEASE").unwrap();
+        store
+            .put(&key, Bytes::from_static(b"old"), PutMode::Create)
+            .await
+            .unwrap();
+        assert_eq!(swap_lock_holder(dir.path()), None);
+        let held = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.path().join(".swap.lock"))
+            .unwrap();
+        held.lock().unwrap();
+        assert_eq!(swap_lock_holder(dir.path()), Some(std::process::id()));
+        let swap = || {
+            store.swap(
+                &key,
+                Some(Bytes::from_static(b"old")),
+                Bytes::from_static(b"new"),
+            )
+        };
+        match swap().await {
+            Err(e @ CkptError::Unavailable { .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains(".swap.lock"), "{msg}");
+                assert!(
+                    msg.contains(&format!("process {}", std::process::id())),
+                    "{msg}"
+                );
+            }
+            other => panic!("expected a bounded wait, got {other:?}"),
+        }
+        assert_eq!(&store.get(&key).await.unwrap()[..], b"old");
+        held.unlock().unwrap();
+        swap().await.unwrap();
+        assert_eq!(&store.get(&key).await.unwrap()[..], b"new");
+    }
 
     #[tokio::test]
     async fn writes_leave_no_temp_files_and_stay_inside_root() {
