@@ -45,14 +45,14 @@ use crate::key::Key;
 #[derive(Debug, Clone)]
 pub struct LocalStore {
     inner: Arc<Inner>,
+    /// How long a swap waits for the swap lock ([`SWAP_LOCK_WAIT`] unless set).
+    swap_wait: Duration,
 }
 
 #[derive(Debug)]
 struct Inner {
     root: PathBuf,
     tmp_counter: AtomicU64,
-    /// How long a swap waits for the swap lock ([`SWAP_LOCK_WAIT`] unless set).
-    swap_wait: Duration,
 }
 
 /// How long a swap waits for another process's swap to release the lock before it fails. A
@@ -93,7 +93,8 @@ pub fn swap_lock_holder(root: &Path) -> Option<u32> {
     })
 }
 
-/// `pid 123 (stopped)`: the holder of a swap lock as a swap's error names it.
+/// The holder of the swap lock of the store at `root` as a swap's error names it: `process
+/// 123`, and whether it is stopped.
 fn describe_holder(root: &Path) -> String {
     let Some(pid) = swap_lock_holder(root) else {
         return "another process".into();
@@ -160,19 +161,16 @@ impl LocalStore {
             inner: Arc::new(Inner {
                 root,
                 tmp_counter: AtomicU64::new(0),
-                swap_wait: SWAP_LOCK_WAIT,
             }),
+            swap_wait: SWAP_LOCK_WAIT,
         })
     }
 
     /// The same store, whose swaps wait at most `wait` for the swap lock.
     pub fn with_swap_wait(self, wait: Duration) -> Self {
         LocalStore {
-            inner: Arc::new(Inner {
-                root: self.inner.root.clone(),
-                tmp_counter: AtomicU64::new(self.inner.tmp_counter.load(Ordering::Relaxed)),
-                swap_wait: wait,
-            }),
+            swap_wait: wait,
+            ..self
         }
     }
 
@@ -342,13 +340,15 @@ fn put_blocking(inner: &Inner, path: &Path, data: &[u8], mode: PutMode) -> LResu
     Ok(())
 }
 
-/// Compare `path`'s content with `expected` and replace it, under the store's swap lock.
+/// Compare `path`'s content with `expected` and replace it, under the store's swap lock
+/// (waited for at most `wait`).
 fn swap_blocking(
     inner: &Inner,
     path: &Path,
     key: &Key,
     expected: Option<&[u8]>,
     data: &[u8],
+    wait: Duration,
 ) -> LResult<Result<()>> {
     let lock = OpenOptions::new()
         .create(true)
@@ -356,7 +356,7 @@ fn swap_blocking(
         .write(true)
         .open(inner.root.join(".swap.lock"))?;
     let _in_flight = SWAPS.read().unwrap_or_else(|p| p.into_inner());
-    let deadline = Instant::now() + inner.swap_wait;
+    let deadline = Instant::now() + wait;
     let mut pause = Duration::from_micros(200);
     loop {
         match lock.try_lock() {
@@ -373,7 +373,7 @@ fn swap_blocking(
                         "the swap lock {} has been held for {:.0}s by {}: no other writer can \
                          change {key} until it lets go",
                         inner.root.join(".swap.lock").display(),
-                        inner.swap_wait.as_secs_f64(),
+                        wait.as_secs_f64(),
                         describe_holder(&inner.root),
                     ),
                 }));
@@ -488,7 +488,8 @@ impl ChunkStore for LocalStore {
         let inner = self.inner.clone();
         let path = self.path_of(key);
         let k = key.clone();
-        run_blocking(move || swap_blocking(&inner, &path, &k, expected.as_deref(), &data))
+        let wait = self.swap_wait;
+        run_blocking(move || swap_blocking(&inner, &path, &k, expected.as_deref(), &data, wait))
             .await
             .map_err(|e| e.into_error(key.as_str()))?
     }
