@@ -93,16 +93,21 @@ pub fn swap_lock_holder(root: &Path) -> Option<u32> {
     })
 }
 
+/// The state letter of process `pid` from `/proc/PID/stat` (`T` stopped, `Z` a zombie, ...);
+/// `None` once it is gone (or off Linux).
+pub fn process_state(pid: u32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) S ...`: the command name may hold spaces and parentheses.
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
 /// The holder of the swap lock of the store at `root` as a swap's error names it: `process
 /// 123`, and whether it is stopped.
 fn describe_holder(root: &Path) -> String {
     let Some(pid) = swap_lock_holder(root) else {
         return "another process".into();
     };
-    let state = fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(')')?.1.trim_start().chars().next());
-    match state {
+    match process_state(pid) {
         Some('T') | Some('t') => {
             format!("process {pid}, which is stopped (wake it with SIGCONT or end it)")
         }

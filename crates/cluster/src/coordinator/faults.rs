@@ -456,13 +456,7 @@ fn stop_outside_swaps(pid: u32, root: Option<&std::path::Path>) {
 fn wait_stopped(pid: u32) -> bool {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while std::time::Instant::now() < deadline {
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            return false;
-        };
-        match stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.trim_start().chars().next())
-        {
+        match ftrec_ckpt::store::local::process_state(pid) {
             Some('T') => return true,
             Some('Z') | Some('X') | None => return false,
             Some(_) => std::thread::sleep(std::time::Duration::from_micros(200)),
