@@ -182,11 +182,13 @@ fn spawn_server(
 #[test]
 fn a_server_exits_when_its_stdin_closes_and_publishes_its_address() {
     let dir = tempfile::tempdir().unwrap();
+    let dog = common::hang::watchdog("the server that exits when its stdin closes");
     let (mut child, addr) = spawn_server(
         dir.path(),
         &["--until", "stdin"],
         std::process::Stdio::piped(),
     );
+    dog.watch(&child);
     assert!(std::net::TcpStream::connect(addr).is_ok());
     drop(child.stdin.take());
     let status = child.wait().unwrap();
@@ -196,7 +198,9 @@ fn a_server_exits_when_its_stdin_closes_and_publishes_its_address() {
 #[test]
 fn a_server_started_by_hand_ignores_stdin_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
+    let dog = common::hang::watchdog("the server stopped by SIGTERM");
     let (mut child, addr) = spawn_server(dir.path(), &[], std::process::Stdio::null());
+    dog.watch(&child);
     // Standard input is at end of file from the start, and the server still serves.
     assert!(std::net::TcpStream::connect(addr).is_ok());
     assert!(
@@ -330,11 +334,12 @@ const BY_HAND_JOB: &[&str] = &[
 #[test]
 fn every_role_started_by_hand_trains_the_same_model_as_the_launcher() {
     let dir = tempfile::tempdir().unwrap();
+    let dog = common::hang::watchdog("the job whose roles were started by hand");
     let mut servers = Vec::new();
     let mut addrs = Vec::new();
     for id in 0..2 {
         let port = dir.path().join(format!("s{id}.port"));
-        let child = ftrec()
+        let mut child = ftrec()
             .args([
                 "server",
                 "--id",
@@ -350,7 +355,12 @@ fn every_role_started_by_hand_trains_the_same_model_as_the_launcher() {
             .stdout(std::process::Stdio::null())
             .spawn()
             .unwrap();
+        dog.watch(&child);
         while !port.exists() {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "server {id} exited early"
+            );
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         addrs.push(std::fs::read_to_string(&port).unwrap().trim().to_string());
@@ -368,18 +378,19 @@ fn every_role_started_by_hand_trains_the_same_model_as_the_launcher() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    dog.watch(&coord);
     let mut lines = BufReader::new(coord.stderr.take().unwrap()).lines();
     let control = format!("127.0.0.1:{}", common::control_port(&mut lines));
     // Drain the rest so the coordinator never blocks on a full pipe.
     let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
     let mut workers = Vec::new();
     for id in 0..2 {
-        workers.push(
-            ftrec()
-                .args(["worker", "--coordinator", &control, "--id", &id.to_string()])
-                .spawn()
-                .unwrap(),
-        );
+        let worker = ftrec()
+            .args(["worker", "--coordinator", &control, "--id", &id.to_string()])
+            .spawn()
+            .unwrap();
+        dog.watch(&worker);
+        workers.push(worker);
     }
     let status = coord.wait().unwrap();
     let rest = rest.join().unwrap();

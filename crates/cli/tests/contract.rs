@@ -388,3 +388,65 @@ fn a_command_whose_child_holds_its_output_fails_as_a_hang_naming_the_processes()
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
+
+/// A test that drives processes itself (waits for them, reads their output as it comes) and
+/// blocks on one that never ends fails with what the process and everything it started were
+/// doing, instead of the suite waiting for ever; they are killed, which ends the wait.
+#[test]
+fn a_test_blocked_on_a_process_it_drives_fails_as_a_hang_naming_it_and_its_children() {
+    let dog = common::hang::watchdog_within("the blocked test", std::time::Duration::from_secs(2));
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", "sleep 1001 & echo started; wait"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    dog.watch(&child);
+    // The shell has started its child once it says so.
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line, "started\n");
+    // Blocks until the watchdog kills the shell: it never ends by itself.
+    let status = child.wait().unwrap();
+    assert!(!status.success(), "{status}");
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(dog)));
+    let msg = match caught {
+        Ok(()) => panic!("not taken for a hang"),
+        Err(p) => p
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_else(|| "a panic without a message".into()),
+    };
+    assert!(
+        msg.starts_with("hang: the blocked test was still running"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("(sh)") && msg.contains("sleep 1001 &"),
+        "{msg}"
+    );
+    assert!(msg.contains("(sleep)"), "{msg}");
+}
+
+/// A watchdog dropped in time does nothing to the processes it watched (nor fails the test).
+#[test]
+fn a_watchdog_dropped_in_time_leaves_its_processes_alone() {
+    let dog = common::hang::watchdog("the quick test");
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", "read line; exit 3"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    dog.watch(&child);
+    drop(dog);
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the watched process was ended"
+    );
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"go\n").unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(3));
+}

@@ -151,7 +151,13 @@ fn deck_with_servers_started_without_a_checkpoint_service_is_refused_by_name() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    let dog = common::hang::watchdog("the server without a checkpoint service");
+    dog.watch(&server);
     while !port.exists() {
+        assert!(
+            server.try_wait().unwrap().is_none(),
+            "the server exited early"
+        );
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let addr = std::fs::read_to_string(&port).unwrap().trim().to_string();

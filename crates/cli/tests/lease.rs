@@ -66,7 +66,9 @@ fn a_live_job_keeps_its_store_and_a_resume_takes_over_once_it_is_gone() {
     let store = dir.path().join("store");
     let s = store.to_str().unwrap();
     // A job that commits at step 100 and trains on to step 600.
+    let dog = common::hang::watchdog("the live job");
     let mut first = start_and_commit(&store, &[], Stdio::null());
+    dog.watch(&first);
     assert_eq!(lease(&store)["generation"], 1);
     let second = ftrec()
         .arg("run")
@@ -119,8 +121,16 @@ fn a_coordinator_paused_past_its_lease_is_fenced_when_it_wakes() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     let s = store.to_str().unwrap();
+    let dog = common::hang::watchdog("the paused coordinator");
     let first = start_and_commit(&store, &["--lease-ttl-s", "2"], Stdio::piped());
-    signal(first.id(), "-STOP");
+    dog.watch(&first);
+    // Paused outside a swap of the store: paused inside one (its lease renewal), it would keep
+    // the store's lock, and the resume would fail naming it (a paused writer blocks the others
+    // of a local store; the swap's own test covers that).
+    assert!(ftrec_ckpt::store::local::stop_outside_swaps(
+        first.id(),
+        Some(&store)
+    ));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     // Its lease runs out (a condition on the store's record; the bound only stops a hang).
     loop {

@@ -91,6 +91,8 @@ fn a_scrape_after_a_run_counts_its_steps_saves_and_recovery() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let dog = common::hang::watchdog("the scraped run");
+    dog.watch(&child);
     let rx = lines(&mut child);
     let mut seen = Vec::new();
     let at = wait_for(&rx, "metrics at http://", &mut seen);

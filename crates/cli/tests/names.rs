@@ -97,8 +97,11 @@ fn every_role_by_name_survives_a_server_that_comes_back_at_another_address() {
     std::fs::write(&hosts, "127.0.0.1 ps-0 ps-1 coord\n").unwrap();
     // Every first listener takes a free port of its own (a port picked by the test and bound
     // later could be taken in between by any connection on this machine).
+    let dog = common::hang::watchdog("the job whose server comes back at another address");
     let (s0, p0) = server(0, "ps-0:0", &hosts, dir.path());
+    dog.watch(&s0);
     let (s1, p1) = server(1, "ps-1:0", &hosts, dir.path());
+    dog.watch(&s1);
     let json = dir.path().join("coord.json");
     let mut coord = with_hosts(ftrec(), &hosts)
         .arg("coordinator")
@@ -114,6 +117,7 @@ fn every_role_by_name_survives_a_server_that_comes_back_at_another_address() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    dog.watch(&coord);
     let mut lines = stderr_lines(&mut coord);
     let pc = control_port(&mut lines);
     let workers: Vec<Child> = (0..2)
@@ -125,6 +129,9 @@ fn every_role_by_name_survives_a_server_that_comes_back_at_another_address() {
                 .unwrap()
         })
         .collect();
+    for w in &workers {
+        dog.watch(w);
+    }
 
     // After step 5 the coordinator waits for server 1's loss: kill it there.
     wait_for_line(&mut lines, "kill it now");
@@ -136,6 +143,7 @@ fn every_role_by_name_survives_a_server_that_comes_back_at_another_address() {
     wait_for_line(&mut lines, "come back at");
     // The same port on another loopback address: free, since only the old one bound it.
     let (s1, _) = server(1, &format!("ps-1:{p1}"), &hosts, dir.path());
+    dog.watch(&s1);
 
     // Drain the rest so the coordinator never blocks on a full pipe.
     let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());

@@ -101,6 +101,49 @@ pub fn process_state(pid: u32) -> Option<char> {
     stat.rsplit_once(')')?.1.trim_start().chars().next()
 }
 
+/// Attempts at stopping a child outside a swap before it is left stopped wherever it is.
+pub const STOP_ATTEMPTS: u32 = 1000;
+
+/// SIGSTOP process `pid` (a child of the caller, so that its pid cannot be reused meanwhile)
+/// at a moment it does not hold the swap lock of the local store at `root` (none to check
+/// without one): stopped inside a swap, it is woken, given a moment to finish it, and stopped
+/// again. What anyone who pauses a writer of a local store should use, so that the pause
+/// never leaves every other writer waiting for the lock. `false` when it is left stopped
+/// holding the lock after [`STOP_ATTEMPTS`] tries (it swapped each time it was stopped).
+pub fn stop_outside_swaps(pid: u32, root: Option<&Path>) -> bool {
+    for _ in 0..STOP_ATTEMPTS {
+        // SAFETY: kill(2) with SIGSTOP on a child of the caller it has not reaped (so the
+        // pid is not reused).
+        unsafe {
+            libc::kill(pid as i32, libc::SIGSTOP);
+        }
+        let Some(root) = root else { return true };
+        if !wait_stopped(pid) || swap_lock_holder(root) != Some(pid) {
+            return true;
+        }
+        // SAFETY: as above, with SIGCONT.
+        unsafe {
+            libc::kill(pid as i32, libc::SIGCONT);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    false
+}
+
+/// Wait until process `pid` is stopped (its state `T`); `false` if it is gone or does not
+/// stop within a few seconds.
+fn wait_stopped(pid: u32) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        match process_state(pid) {
+            Some('T') => return true,
+            Some('Z') | Some('X') | None => return false,
+            Some(_) => std::thread::sleep(Duration::from_micros(200)),
+        }
+    }
+    false
+}
+
 /// The holder of the swap lock of the store at `root` as a swap's error names it: `process
 /// 123`, and whether it is stopped.
 fn describe_holder(root: &Path) -> String {
@@ -697,5 +740,35 @@ mod tests {
             store.get(&Key::new("c").unwrap()).await,
             Err(CkptError::NotFound { .. })
         ));
+    }
+
+    /// A child stopped while it holds the local store's swap lock is woken and stopped again
+    /// until it holds it no more: a frozen job never leaves the lock to a stopped process.
+    /// (`flock` holds the lock while its command runs, then lets go and exits.)
+    #[test]
+    fn a_child_is_never_left_stopped_holding_the_swap_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("flock")
+            .arg(dir.path().join(".swap.lock"))
+            .args(["sleep", "0.3"])
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // A condition, not a duration; the bound only stops a hang.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while swap_lock_holder(dir.path()) != Some(pid) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "flock never took the lock"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(stop_outside_swaps(pid, Some(dir.path())));
+        assert_ne!(swap_lock_holder(dir.path()), Some(pid));
+        // SAFETY: kill(2) on the child this test started and has not reaped.
+        unsafe {
+            libc::kill(pid as i32, libc::SIGCONT);
+        }
+        child.wait().unwrap();
     }
 }

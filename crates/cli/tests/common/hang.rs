@@ -5,13 +5,16 @@
 //! the group was doing (state, kernel wait channel, its threads, and their backtraces where
 //! `gdb` is installed) and the output so far, and the group is killed, so the suite goes on.
 //!
+//! A test that drives processes itself (reads their output as it comes, signals them, waits
+//! for them) holds a [`Watchdog`] over them instead, with the same bound and report.
+//!
 //! The bound is no timing assertion: it is far above what any of these commands takes on a
 //! loaded two-core machine, and only stops a hang from using up the run.
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -165,44 +168,162 @@ fn stat_fields(path: &str) -> Option<(String, Vec<String>)> {
 
 /// What every process of group `pgid` is doing: one paragraph per process.
 pub fn group_report(pgid: u32) -> String {
-    let mut out = String::new();
+    let pids = all_pids()
+        .into_iter()
+        .filter(|&pid| {
+            stat_fields(&format!("/proc/{pid}/stat"))
+                .and_then(|(_, f)| f.get(2)?.parse::<u32>().ok())
+                == Some(pgid)
+        })
+        .collect::<Vec<_>>();
+    pids.into_iter().map(process_report).collect()
+}
+
+/// Every process id in /proc, in order.
+fn all_pids() -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
-        return "(no /proc)".into();
+        return Vec::new();
     };
     let mut pids: Vec<u32> = entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .collect();
     pids.sort_unstable();
-    for pid in pids {
-        let Some((comm, f)) = stat_fields(&format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        if f.get(2).and_then(|g| g.parse::<u32>().ok()) != Some(pgid) {
-            continue;
-        }
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
-            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-            .unwrap_or_default();
-        let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
-        out += &format!(
-            "- pid {pid} ({comm}) state {} ppid {} wchan {wchan}: {cmdline}\n",
-            f[0], f[1]
-        );
-        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-            let mut threads = Vec::new();
-            for t in tasks.filter_map(|e| e.ok()) {
-                let tid = t.file_name().to_string_lossy().into_owned();
-                if let Some((name, tf)) = stat_fields(&format!("/proc/{pid}/task/{tid}/stat")) {
-                    let wchan = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/wchan"))
-                        .unwrap_or_default();
-                    threads.push(format!("{tid} {name} {} {wchan}", tf[0]));
-                }
+    pids
+}
+
+/// `roots` and every process descended from them, parents first.
+fn with_descendants(roots: &[u32]) -> Vec<u32> {
+    let parent: Vec<(u32, u32)> = all_pids()
+        .into_iter()
+        .filter_map(|pid| {
+            let (_, f) = stat_fields(&format!("/proc/{pid}/stat"))?;
+            Some((pid, f.get(1)?.parse().ok()?))
+        })
+        .collect();
+    let mut out: Vec<u32> = roots.to_vec();
+    let mut i = 0;
+    while i < out.len() {
+        let p = out[i];
+        for &(c, pp) in &parent {
+            if pp == p && !out.contains(&c) {
+                out.push(c);
             }
-            out += &format!("  threads: {}\n", threads.join("; "));
         }
-        out += &backtraces(pid);
+        i += 1;
     }
     out
+}
+
+/// What process `pid` is doing (state, parent, kernel wait channel, command line, threads,
+/// backtraces): one paragraph; empty when it is gone.
+fn process_report(pid: u32) -> String {
+    let Some((comm, f)) = stat_fields(&format!("/proc/{pid}/stat")) else {
+        return String::new();
+    };
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default();
+    let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+    let mut out = format!(
+        "- pid {pid} ({comm}) state {} ppid {} wchan {wchan}: {cmdline}\n",
+        f[0], f[1]
+    );
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        let mut threads = Vec::new();
+        for t in tasks.filter_map(|e| e.ok()) {
+            let tid = t.file_name().to_string_lossy().into_owned();
+            if let Some((name, tf)) = stat_fields(&format!("/proc/{pid}/task/{tid}/stat")) {
+                let wchan = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/wchan"))
+                    .unwrap_or_default();
+                threads.push(format!("{tid} {name} {} {wchan}", tf[0]));
+            }
+        }
+        out += &format!("  threads: {}\n", threads.join("; "));
+    }
+    out += &backtraces(pid);
+    out
+}
+
+/// A guard over processes a test starts and drives itself (reading their output as it
+/// comes, signalling them, waiting for them): if the guard still lives [`HANG_AFTER`] after
+/// [`watchdog`] made it, the test is taken for hung. Then every watched process and all it
+/// started are reported (as [`group_report`] does) and killed, which ends whatever the test
+/// was blocked in (a wait, a read of their output), and the test fails with the report.
+pub struct Watchdog {
+    shared: Arc<(Mutex<Watched>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct Watched {
+    pids: Vec<u32>,
+    done: bool,
+    report: Option<String>,
+}
+
+/// Start a [`Watchdog`] for the test named `what` (watch nothing yet: see
+/// [`Watchdog::watch`]).
+pub fn watchdog(what: &str) -> Watchdog {
+    watchdog_within(what, HANG_AFTER)
+}
+
+/// [`watchdog`] with a bound of `limit` instead of [`HANG_AFTER`].
+pub fn watchdog_within(what: &str, limit: Duration) -> Watchdog {
+    let shared = Arc::new((Mutex::new(Watched::default()), Condvar::new()));
+    let what = what.to_string();
+    let thread = {
+        let shared = shared.clone();
+        std::thread::spawn(move || {
+            let (lock, cv) = &*shared;
+            let (mut w, _) = cv
+                .wait_timeout_while(lock.lock().unwrap(), limit, |w| !w.done)
+                .unwrap();
+            if w.done {
+                return;
+            }
+            let pids = with_descendants(&w.pids);
+            let report: String = pids.iter().map(|&p| process_report(p)).collect();
+            for &pid in &pids {
+                // SAFETY: kill(2) on processes this test started, or that they started.
+                unsafe {
+                    libc::kill(pid as libc::pid_t, libc::SIGKILL);
+                }
+            }
+            let text = format!(
+                "hang: {what} was still running after {}s; its processes (now killed) were:\n\
+                 {report}",
+                limit.as_secs()
+            );
+            eprintln!("{text}");
+            w.report = Some(text);
+        })
+    };
+    Watchdog {
+        shared,
+        thread: Some(thread),
+    }
+}
+
+impl Watchdog {
+    /// Watch `child` (and, when the watchdog fires, whatever it started).
+    pub fn watch(&self, child: &Child) {
+        self.shared.0.lock().unwrap().pids.push(child.id());
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        let (lock, cv) = &*self.shared;
+        lock.lock().unwrap().done = true;
+        cv.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let report = lock.lock().unwrap().report.take();
+        if let (Some(report), false) = (report, std::thread::panicking()) {
+            panic!("{report}");
+        }
+    }
 }
 
 /// Every thread's backtrace of process `pid`, where `gdb` is installed (cut short).

@@ -338,7 +338,9 @@ impl Coordinator {
                     _ => None,
                 });
         for pid in pids {
-            stop_outside_swaps(pid, root.as_deref());
+            if !ftrec_ckpt::store::local::stop_outside_swaps(pid, root.as_deref()) {
+                tracing::warn!("ftrec: process {pid} stopped while it holds the store's swap lock");
+            }
         }
         // SAFETY: kill(2) on this process's own pid; a stop signal is delivered before the
         // call returns, and the process goes on from here when continued.
@@ -419,82 +421,5 @@ impl Coordinator {
                 }),
             })
             .collect()
-    }
-}
-
-/// Attempts at stopping a child outside a swap before it is left stopped wherever it is.
-const STOP_ATTEMPTS: u32 = 1000;
-
-/// SIGSTOP child `pid` at a moment it does not hold the swap lock of the local store at
-/// `root` (none to check without one): stopped inside a swap, it is woken, given a moment to
-/// finish it, and stopped again.
-fn stop_outside_swaps(pid: u32, root: Option<&std::path::Path>) {
-    for _ in 0..STOP_ATTEMPTS {
-        // SAFETY: kill(2) with SIGSTOP on a child this coordinator started and still holds
-        // (not reaped, so no pid is reused).
-        unsafe {
-            libc::kill(pid as i32, libc::SIGSTOP);
-        }
-        let Some(root) = root else { return };
-        if !wait_stopped(pid) {
-            return;
-        }
-        if ftrec_ckpt::store::local::swap_lock_holder(root) != Some(pid) {
-            return;
-        }
-        // SAFETY: as above, with SIGCONT.
-        unsafe {
-            libc::kill(pid as i32, libc::SIGCONT);
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-    tracing::warn!("ftrec: process {pid} stopped while it holds the store's swap lock");
-}
-
-/// Wait until process `pid` is stopped (its state `T`); `false` if it is gone or does not
-/// stop within a few seconds.
-fn wait_stopped(pid: u32) -> bool {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while std::time::Instant::now() < deadline {
-        match ftrec_ckpt::store::local::process_state(pid) {
-            Some('T') => return true,
-            Some('Z') | Some('X') | None => return false,
-            Some(_) => std::thread::sleep(std::time::Duration::from_micros(200)),
-        }
-    }
-    false
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::{Duration, Instant};
-
-    use ftrec_ckpt::store::local::swap_lock_holder;
-
-    /// A child stopped while it holds the local store's swap lock is woken and stopped again
-    /// until it holds it no more: a frozen job never leaves the lock to a stopped process.
-    /// (`flock` holds the lock while its command runs, then lets go and exits.)
-    #[test]
-    fn a_child_is_never_left_stopped_holding_the_swap_lock() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut child = std::process::Command::new("flock")
-            .arg(dir.path().join(".swap.lock"))
-            .args(["sleep", "0.3"])
-            .spawn()
-            .unwrap();
-        let pid = child.id();
-        // A condition, not a duration; the bound only stops a hang.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while swap_lock_holder(dir.path()) != Some(pid) {
-            assert!(Instant::now() < deadline, "flock never took the lock");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        super::stop_outside_swaps(pid, Some(dir.path()));
-        assert_ne!(swap_lock_holder(dir.path()), Some(pid));
-        // SAFETY: kill(2) on the child this test started and has not reaped.
-        unsafe {
-            libc::kill(pid as i32, libc::SIGCONT);
-        }
-        child.wait().unwrap();
     }
 }
