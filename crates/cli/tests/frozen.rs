@@ -55,14 +55,6 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// The state letter of process `pid` (`T` stopped, `Z` a zombie), `None` once it is gone.
-fn state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // `pid (comm) S ...`: the comm may hold spaces and parentheses; the state follows the
-    // last ')'.
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
-}
-
 /// Whether any process of process group `pgid` still exists.
 fn group_alive(pgid: u32) -> bool {
     // SAFETY: kill(2) with signal 0 sends nothing; it only asks whether the group exists.
@@ -129,7 +121,7 @@ fn frozen_and_taken_over(strategy: &[&str], exact: bool) {
     let pgid = first.id();
     wait_for("frozen coordinator", || {
         assert!(first.try_wait().is_none(), "the job ended unfrozen");
-        state(pgid) == Some('T')
+        ftrec_ckpt::store::local::process_state(pgid) == Some('T')
     });
     wait_for("expired lease", || {
         let l = read_json(&store.join("LEASE"));
