@@ -191,7 +191,8 @@ fn all_pids() -> Vec<u32> {
     pids
 }
 
-/// `roots` and every process descended from them, parents first.
+/// Those of `roots` that are still children of this process (not reaped, so their pid was
+/// not reused by another), and every process descended from them, parents first.
 fn with_descendants(roots: &[u32]) -> Vec<u32> {
     let parent: Vec<(u32, u32)> = all_pids()
         .into_iter()
@@ -200,7 +201,12 @@ fn with_descendants(roots: &[u32]) -> Vec<u32> {
             Some((pid, f.get(1)?.parse().ok()?))
         })
         .collect();
-    let mut out: Vec<u32> = roots.to_vec();
+    let me = std::process::id();
+    let mut out: Vec<u32> = roots
+        .iter()
+        .copied()
+        .filter(|r| parent.contains(&(*r, me)))
+        .collect();
     let mut i = 0;
     while i < out.len() {
         let p = out[i];
@@ -246,8 +252,8 @@ fn process_report(pid: u32) -> String {
 
 /// A guard over processes a test starts and drives itself (reading their output as it
 /// comes, signalling them, waiting for them): if the guard still lives [`HANG_AFTER`] after
-/// [`watchdog`] made it, the test is taken for hung. Then every watched process and all it
-/// started are reported (as [`group_report`] does) and killed, which ends whatever the test
+/// [`watchdog`] made it, the test is taken for hung. Then every watched process the test has
+/// not reaped yet and all it started are reported (as [`group_report`] does) and killed, which ends whatever the test
 /// was blocked in (a wait, a read of their output), and the test fails with the report.
 pub struct Watchdog {
     shared: Arc<(Mutex<Watched>, Condvar)>,
