@@ -214,6 +214,9 @@ pub struct BatchTiming {
     /// Transactions prepared queued (after a refusal: [`ftrec_ps::ec::Admission::Queued`]).
     #[serde(default)]
     pub txns_queued: u64,
+    /// Transactions prepared behind the gate's holder ([`ftrec_ps::ec::Admission::After`]).
+    #[serde(default)]
+    pub txns_behind: u64,
     /// Of the transactions' time, the part spent waiting for other transactions (refused
     /// attempts and waits for a node's slot).
     #[serde(default)]
@@ -246,6 +249,7 @@ impl BatchTiming {
         self.txn_commit_s += o.txn_commit_s;
         self.txn_retries = self.txn_retries.saturating_add(o.txn_retries);
         self.txns_queued = self.txns_queued.saturating_add(o.txns_queued);
+        self.txns_behind = self.txns_behind.saturating_add(o.txns_behind);
         self.txn_lock_wait_s += o.txn_lock_wait_s;
         self.txn_commit_failures = self
             .txn_commit_failures

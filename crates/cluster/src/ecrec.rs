@@ -540,6 +540,10 @@ pub struct EcReport {
     /// their age: [`ftrec_ps::ec::Admission`]), after a refusal of theirs or their worker's.
     #[serde(default)]
     pub txns_queued: u64,
+    /// Asynchronous: of those, the transactions prepared behind the gate's holder, on top of
+    /// its prepared rows ([`ftrec_ps::ec::Admission::After`]).
+    #[serde(default)]
+    pub txns_behind: u64,
     /// Asynchronous: the share of the transactions' time (both phases) spent waiting for
     /// other transactions (refused attempts, waits for a node's slot).
     #[serde(default)]

@@ -894,6 +894,7 @@ fn run_batch<T: Trainer>(
                     timing.txn_commit_s = r.commit_s;
                     timing.txn_retries = u64::from(r.retries);
                     timing.txns_queued = u64::from(r.queued);
+                    timing.txns_behind = u64::from(r.behind);
                     timing.txn_lock_wait_s = r.lock_wait_s;
                     if !r.commit_failures.is_empty() {
                         // Phase 2 failed on some server: settle the transaction everywhere

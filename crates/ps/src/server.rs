@@ -251,6 +251,40 @@ impl PreparedStep {
     }
 }
 
+/// The prepared rows of one table of a base step, walked alongside rows in ascending order
+/// (both sides are sorted): the words `base` prepared for a row, if it prepared it.
+struct Overlay<'a> {
+    rows: &'a [RowId],
+    new: &'a [f32],
+    words: usize,
+    at: usize,
+}
+
+impl<'a> Overlay<'a> {
+    fn of(base: Option<&'a PreparedStep>, table: TableId, words: usize) -> Self {
+        let p = base.and_then(|b| {
+            b.tables()
+                .iter()
+                .find(|p| p.table == table && p.words == words)
+        });
+        Overlay {
+            rows: p.map_or(&[][..], |p| &p.rows[..]),
+            new: p.map_or(&[][..], |p| &p.new[..]),
+            words,
+            at: 0,
+        }
+    }
+
+    /// The base's words of `row`; rows must be asked for in ascending order.
+    fn row(&mut self, row: RowId) -> Option<&'a [f32]> {
+        while self.at < self.rows.len() && self.rows[self.at] < row {
+            self.at += 1;
+        }
+        (self.rows.get(self.at) == Some(&row))
+            .then(|| &self.new[self.at * self.words..(self.at + 1) * self.words])
+    }
+}
+
 /// One parameter server's shard of the model.
 pub struct Server {
     config: ServerConfig,
@@ -679,21 +713,36 @@ impl Server {
     /// dense blocks it would produce from the current state, exactly as [`Server::push`]
     /// would apply it, changing nothing; `out`'s buffers are reused (whatever it held is
     /// replaced). [`Server::install_prepared`] applies the result.
+    ///
+    /// With `base`, the state is the one `base` (a prepared step of this server not installed
+    /// yet) would leave: a row `base` prepared starts from its prepared words instead of the
+    /// table's, so that installing `base` and then `out` gives what applying the two updates
+    /// one after the other gives.
     pub fn prepare_update_into(
         &self,
         update: &Update,
         out: &mut PreparedStep,
+        base: Option<&PreparedStep>,
     ) -> Result<(), PsError> {
         self.validate_update(update)?;
         let mut acc = Accumulator::new(self.config.dim);
         acc.dense_sum = std::mem::take(&mut out.dense_grads);
         acc.dense_sum.clear();
         acc.add(update, self.dense_range.start, self.dense.len());
-        self.prepare_acc(acc, out);
+        self.prepare_acc_over(acc, out, base);
         Ok(())
     }
 
-    fn prepare_acc(&self, mut acc: Accumulator, out: &mut PreparedStep) {
+    fn prepare_acc(&self, acc: Accumulator, out: &mut PreparedStep) {
+        self.prepare_acc_over(acc, out, None)
+    }
+
+    fn prepare_acc_over(
+        &self,
+        mut acc: Accumulator,
+        out: &mut PreparedStep,
+        base: Option<&PreparedStep>,
+    ) {
         let dim = self.config.dim;
         let words = self.layout.words();
         let opt = self.config.sparse_optimizer;
@@ -713,11 +762,15 @@ impl Server {
             p.new.clear();
             p.rows.reserve(sorted.len());
             p.new.reserve(sorted.len() * words);
+            let mut over = Overlay::of(base, *table, words);
             for (i, &(row, grad)) in sorted.iter().enumerate() {
                 if let Some(&(ahead, _)) = sorted.get(i + AHEAD) {
                     shard.prefetch_row(map.local_index(*table, ahead));
                 }
-                let r = shard.row(map.local_index(*table, row));
+                let r = match over.row(row) {
+                    Some(r) => r,
+                    None => shard.row(map.local_index(*table, row)),
+                };
                 p.rows.push(row);
                 let at = p.new.len();
                 p.new.extend_from_slice(r);
@@ -757,8 +810,14 @@ impl Server {
     }
 
     /// Every prepared row of `prepared` with its words before (read from the table, which
-    /// the step has not changed yet) and after the step: `f(table, row, old, new)`.
-    pub fn prepared_row_pairs<F>(&self, prepared: &PreparedStep, mut f: F) -> Result<(), PsError>
+    /// the step has not changed yet, or from `base` for a row `prepared` was computed on top
+    /// of, see [`Server::prepare_update_into`]) and after the step: `f(table, row, old, new)`.
+    pub fn prepared_row_pairs<F>(
+        &self,
+        prepared: &PreparedStep,
+        base: Option<&PreparedStep>,
+        mut f: F,
+    ) -> Result<(), PsError>
     where
         F: FnMut(TableId, RowId, &[f32], &[f32]) -> Result<(), PsError>,
     {
@@ -774,9 +833,14 @@ impl Server {
                 });
             }
             let shard = &self.tables[t];
+            let mut over = Overlay::of(base, p.table, words);
             for (&row, new) in p.rows.iter().zip(p.new.chunks_exact(words)) {
                 self.local_row(t, row)?;
-                f(p.table, row, shard.row(map.local_index(p.table, row)), new)?;
+                let old = match over.row(row) {
+                    Some(r) => r,
+                    None => shard.row(map.local_index(p.table, row)),
+                };
+                f(p.table, row, old, new)?;
             }
         }
         Ok(())

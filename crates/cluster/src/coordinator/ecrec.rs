@@ -893,6 +893,7 @@ impl Coordinator {
             r.commit_s = timing.txn_commit_s;
             r.txn_retries = timing.txn_retries;
             r.txns_queued = timing.txns_queued;
+            r.txns_behind = timing.txns_behind;
             r.txn_commit_failures = timing.txn_commit_failures;
             r.txns_resolved_by_workers = timing.txn_resolved;
             r.row_deltas_sent = timing.txn_row_deltas;

@@ -99,21 +99,41 @@ impl From<Admission> for proto::Admission {
     fn from(a: Admission) -> Self {
         match a {
             Admission::WaitDie => proto::Admission::WaitDie,
-            Admission::Queued => proto::Admission::Queued,
+            Admission::Queued | Admission::After(_) => proto::Admission::Queued,
             Admission::Reserve => proto::Admission::Reserve,
         }
     }
 }
 
-/// A prepare's admission off the wire; an unknown value names the three.
-fn admission_from_proto(v: i32) -> Result<Admission, PsError> {
-    match proto::Admission::try_from(v) {
-        Ok(proto::Admission::WaitDie) => Ok(Admission::WaitDie),
-        Ok(proto::Admission::Queued) => Ok(Admission::Queued),
-        Ok(proto::Admission::Reserve) => Ok(Admission::Reserve),
-        Err(_) => Err(PsError::MalformedRequest(format!(
-            "unknown admission {v} of a prepare (0 wait-die, 1 queued, 2 reserve)"
-        ))),
+/// A prepare's admission off the wire (`after` only with a queued one); an unknown value
+/// names the three.
+fn admission_from_proto(v: i32, after: Option<proto::Txn>) -> Result<Admission, PsError> {
+    let a = match proto::Admission::try_from(v) {
+        Ok(proto::Admission::WaitDie) => Admission::WaitDie,
+        Ok(proto::Admission::Queued) => match after {
+            Some(t) => return Ok(Admission::After(txn_from_proto(t))),
+            None => Admission::Queued,
+        },
+        Ok(proto::Admission::Reserve) => Admission::Reserve,
+        Err(_) => {
+            return Err(PsError::MalformedRequest(format!(
+                "unknown admission {v} of a prepare (0 wait-die, 1 queued, 2 reserve)"
+            )))
+        }
+    };
+    if after.is_some() {
+        return Err(PsError::MalformedRequest(format!(
+            "a {a:?} prepare names a transaction to go after: only a queued one may"
+        )));
+    }
+    Ok(a)
+}
+
+/// The transaction a queued prepare goes after, for the wire.
+fn after_to_proto(a: Admission) -> Option<proto::Txn> {
+    match a {
+        Admission::After(t) => Some(txn_to_proto(t)),
+        _ => None,
     }
 }
 
@@ -147,6 +167,7 @@ fn update_to_proto(txn: TxnId, u: &Update) -> proto::TxnUpdate {
         dense_lens: u.dense.iter().map(|d| d.grads.len() as u32).collect(),
         dense_grads: dense.into(),
         admission: proto::Admission::WaitDie as i32,
+        after: None,
     }
 }
 
@@ -220,6 +241,7 @@ fn prepare_reply(p: PrepareReport) -> proto::PrepareReply {
         bytes_sent: p.bytes_sent,
         rows_decoded: p.rows_decoded,
         slot_wait_us: p.slot_wait_us,
+        after: p.after.map(txn_to_proto),
     }
 }
 
@@ -232,6 +254,7 @@ fn prepare_report(p: proto::PrepareReply) -> PrepareReport {
         bytes_sent: p.bytes_sent,
         rows_decoded: p.rows_decoded,
         slot_wait_us: p.slot_wait_us,
+        after: p.after.map(txn_from_proto),
     }
 }
 
@@ -528,7 +551,7 @@ impl EcNodeRpc for EcGrpcHandler {
         req: Request<proto::TxnUpdate>,
     ) -> Result<Response<proto::PrepareReply>, Status> {
         let req = req.into_inner();
-        let admission = admission_from_proto(req.admission).map_err(s)?;
+        let admission = admission_from_proto(req.admission, req.after).map_err(s)?;
         let (txn, u) = update_from_proto(req).map_err(s)?;
         let p = self
             .node
@@ -913,6 +936,7 @@ impl EcService for EcGrpcClient {
     ) -> Result<PrepareReport, PsError> {
         let req = proto::TxnUpdate {
             admission: proto::Admission::from(admission) as i32,
+            after: after_to_proto(admission),
             ..update_to_proto(txn, &share)
         };
         let p = self
@@ -1146,14 +1170,27 @@ mod fuzz {
 
     #[test]
     fn admissions_round_trip_and_an_unknown_one_names_the_three() {
-        for a in [Admission::WaitDie, Admission::Queued, Admission::Reserve] {
+        for a in [
+            Admission::WaitDie,
+            Admission::Queued,
+            Admission::Reserve,
+            Admission::After(txn()),
+        ] {
             assert_eq!(
-                admission_from_proto(proto::Admission::from(a) as i32).unwrap(),
+                admission_from_proto(proto::Admission::from(a) as i32, after_to_proto(a)).unwrap(),
                 a
             );
         }
+        // Only a queued prepare goes after another.
+        for a in [Admission::WaitDie, Admission::Reserve] {
+            let e =
+                admission_from_proto(proto::Admission::from(a) as i32, Some(txn_to_proto(txn())))
+                    .unwrap_err()
+                    .to_string();
+            assert!(e.contains("only a queued one may"), "{e}");
+        }
         for v in [-1, 3, 99] {
-            let e = admission_from_proto(v).unwrap_err().to_string();
+            let e = admission_from_proto(v, None).unwrap_err().to_string();
             assert!(
                 e.contains(&format!("unknown admission {v}"))
                     && e.contains("0 wait-die, 1 queued, 2 reserve"),
@@ -1220,11 +1257,13 @@ mod fuzz {
             dense_grads in bytes(40),
             with_txn in any::<bool>(),
             admission in -1i32..4,
+            with_after in any::<bool>(),
         ) {
             let p = proto::TxnUpdate {
                 txn: with_txn.then(|| txn_to_proto(txn())),
                 tables, part_rows, rows: rows.into(), grads: grads.into(), dense_offsets,
                 dense_lens, dense_grads: dense_grads.into(), admission,
+                after: with_after.then(|| txn_to_proto(txn())),
             };
             every_reader(&p.encode_to_vec());
         }

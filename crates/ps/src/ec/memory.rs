@@ -79,7 +79,7 @@ pub struct NodeMemory {
     pub rebuild_bytes: u64,
 }
 
-fn prepared_capacity(p: &PreparedStep) -> u64 {
+pub(crate) fn prepared_capacity(p: &PreparedStep) -> u64 {
     let rows: usize = p
         .rows
         .iter()
@@ -106,10 +106,11 @@ impl EcNode {
             .txn
             .holder
             .iter()
-            .map(|(_, p)| p)
+            .map(|(_, p)| &**p)
             .chain(st.txn.spare.iter())
             .map(prepared_capacity)
-            .sum();
+            .sum::<u64>()
+            + st.txn.behind.map_or(0, |b| b.prepared_bytes);
         let staged_batches = st.txn.incoming.values().map(|s| s.len() as u64).sum();
         let staged_bytes = st
             .txn

@@ -122,6 +122,7 @@ pub use txn::{
     QUEUED_AFTER_REFUSAL, TXN_LEASE,
 };
 pub use types::{
-    Admission, DeltaBatch, DenseDelta, DenseRead, MemberKey, MemberRead, PrepareReport,
-    RebuildHook, RebuildPoint, RebuildStatus, RowDelta, TxnCounters, TxnId, TxnOutcome, TxnStatus,
+    Admission, BehindStatus, DeltaBatch, DenseDelta, DenseRead, MemberKey, MemberRead,
+    PrepareReport, RebuildHook, RebuildPoint, RebuildStatus, RowDelta, TxnCounters, TxnId,
+    TxnOutcome, TxnStatus,
 };

@@ -562,7 +562,7 @@ impl EcNode {
             report.rows_decoded = self.ensure_present(&needed).await?;
         }
         let prepared = self.inner.server.read()?.prepare_step(step, workers)?;
-        self.propagate(step, None, &prepared, apply_now, &mut report)
+        self.propagate(step, None, &prepared, None, apply_now, &mut report)
             .await?;
         Ok((prepared, report))
     }
@@ -570,12 +570,15 @@ impl EcNode {
     /// Difference propagation (ECRec §3.2, §3.3): send each parity holder the deltas of the
     /// prepared rows of its stripes and each replica holder the summed dense gradients, for
     /// step `step` or transaction `txn`, to be staged or (with `apply_now`) applied on
-    /// arrival; returns once every peer took its batch.
+    /// arrival; returns once every peer took its batch. `base`: the prepared step `prepared`
+    /// was computed on top of ([`crate::server::Server::prepare_update_into`]), whose rows
+    /// are the words before for the rows it prepared.
     pub(crate) async fn propagate(
         &self,
         step: u64,
         txn: Option<TxnId>,
         prepared: &PreparedStep,
+        base: Option<&PreparedStep>,
         apply_now: bool,
         report: &mut PrepareReport,
     ) -> Result<(), PsError> {
@@ -597,13 +600,14 @@ impl EcNode {
                 });
             }
         }
-        // The words before the step are read from the table: the caller holds this node for
-        // the step from its prepare to its commit, so nothing else changes the rows it
-        // touches meanwhile. The read lock is released before anything is sent.
+        // The words before the step are read from the table (or from `base`, for the rows it
+        // prepared): the caller holds this node for the step from its prepare to its commit,
+        // behind `base` when there is one, so nothing else changes the rows it touches
+        // meanwhile. The read lock is released before anything is sent.
         self.inner
             .server
             .read()?
-            .prepared_row_pairs(prepared, |table, row, old, new| {
+            .prepared_row_pairs(prepared, base, |table, row, old, new| {
                 if old.iter().zip(new).all(|(a, b)| a.to_bits() == b.to_bits()) {
                     // An update that changed no bit changes no parity.
                     return Ok(());

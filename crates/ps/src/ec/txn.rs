@@ -16,6 +16,29 @@
 //! A prepare takes the node's slot by wait-die, or queued after refusals (the gate node 0
 //! reserved first): see [`Admission`].
 //!
+//! *Behind the holder* (early lock release with a commit dependency): every two updates share
+//! rows on every node, so the slot orders them all, and a holder used to keep it through its
+//! whole two phases. A queued transaction whose reservation finds the gate held by a prepared
+//! queued transaction reserves *behind* it ([`Admission::Reserve`] answers with that one,
+//! [`PrepareReport::after`]) and prepares everywhere as [`Admission::After`] it. On each node
+//! it first waits until its predecessor has been there (prepared, committed or aborted: so
+//! no node sees the two in the other order); where the predecessor holds the node prepared
+//! and undecided, it computes its rows on top of the predecessor's prepared rows
+//! ([`crate::server::Server::prepare_update_into`] with a base), propagates the differences
+//! from those rows, and only then waits, holding its vote until the predecessor is decided
+//! there: committed, it becomes the holder and votes (installing the two one after the other
+//! gives what applying them in order gives, and so do the parities, which apply the staged
+//! differences in commit order); aborted, it is refused (its rows started from rows that
+//! never were) and its worker aborts and retries it. Since its vote waits, its worker cannot
+//! decide it before its predecessor is decided everywhere, so every node still commits in one
+//! order. What moves off the serial path is the successor's computing and propagation, which
+//! now overlaps its predecessor's decision; the wait for the decision stays (see
+//! `docs/DESIGN.md`, "Why every transaction holds every server"). Only queued transactions go
+//! behind, one per node, never on a node that is rebuilding; a wait-die prepare meeting one is
+//! refused like one meeting a queued holder, so no wait cycle forms: a transaction waits only
+//! for those before it in the gate's order, or for wait-die holders that never wait for
+//! queued ones.
+//!
 //! Since every transaction holds every node between its prepare and its commit, all nodes
 //! commit transactions in the same order (the strict two-phase locking argument: a node
 //! prepares a transaction only after the previous holder committed there, which it did only
@@ -50,17 +73,43 @@ use std::time::{Duration, Instant};
 
 use ftrec_core::ServerId;
 
+use super::memory::prepared_capacity;
 use super::node::{EcNode, EcState, StagedIncoming};
-use super::types::{Admission, PrepareReport, TxnCounters, TxnId, TxnOutcome, TxnStatus};
+use super::types::{
+    Admission, BehindStatus, PrepareReport, TxnCounters, TxnId, TxnOutcome, TxnStatus,
+};
 use crate::server::PreparedStep;
 use crate::update::{ApplyReport, RowRequest, Update};
 use crate::PsError;
 
 /// A node's transaction state.
+/// A queued transaction taken behind this node's prepared holder ([`Admission::After`], or a
+/// reservation at the gate): it computes on top of the holder's prepared rows, and votes only
+/// once the holder is decided here (see the module docs).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Behind {
+    pub txn: TxnId,
+    /// The holder it goes behind.
+    pub base: TxnId,
+    /// The base's outcome here, once decided (`true`: committed).
+    pub base_committed: Option<bool>,
+    /// A reservation at the gate: nothing computed yet.
+    pub reserved: bool,
+    /// Bytes of its prepared step once computed (the memory report).
+    pub prepared_bytes: u64,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct TxnState {
-    /// The transaction holding this node, with what it prepared here.
-    pub holder: Option<(TxnId, PreparedStep)>,
+    /// The transaction holding this node, with what it prepared here (shared with the
+    /// transaction behind it, which computes on top of it).
+    pub holder: Option<(TxnId, Arc<PreparedStep>)>,
+    /// The transaction behind the holder, if any; once the holder is decided it owns the
+    /// slot until it is prepared (and becomes the holder) or gives up.
+    pub behind: Option<Behind>,
+    /// The last [`RECENT_ABORTS`] transactions aborted here (a transaction behind one waits
+    /// until that one has been here).
+    pub recent_aborts: VecDeque<TxnId>,
     /// A transaction that took the slot and is computing its prepare.
     pub preparing: Option<TxnId>,
     /// The transaction that took the slot as [`Admission::Queued`] or reserved it (the
@@ -94,6 +143,9 @@ pub(crate) struct TxnState {
 /// Committed transactions remembered per worker and node, for resolvers asking late.
 const RECENT_COMMITS: usize = 64;
 
+/// Aborted transactions remembered per node, for a transaction behind one of them.
+const RECENT_ABORTS: usize = 256;
+
 /// How long a transaction may hold a node (prepared, or with deltas staged) before the node
 /// resolves it ([`EcNode::resolve_expired`]): well beyond a healthy transaction's two
 /// phases and a peer call's timeout, so that only a stalled or vanished worker hits it.
@@ -113,9 +165,64 @@ impl TxnState {
         };
     }
 
-    /// The transaction that holds the slot (prepared or preparing).
+    /// The transaction that holds the slot (prepared or preparing, or behind a holder that
+    /// was decided).
     fn slot(&self) -> Option<TxnId> {
-        self.holder.as_ref().map(|(t, _)| *t).or(self.preparing)
+        self.holder
+            .as_ref()
+            .map(|(t, _)| *t)
+            .or(self.preparing)
+            .or(self.behind.map(|b| b.txn))
+    }
+
+    /// Whether `h`, holding the slot, is a queued transaction (a wait-die prepare meeting it
+    /// is refused whatever its age).
+    fn queued_owner(&self, h: TxnId) -> bool {
+        self.queued == Some(h) || self.behind.is_some_and(|b| b.txn == h)
+    }
+
+    /// Whether transaction `a` has been here: prepared (the holder), committed, aborted or
+    /// resolved, or its worker fenced off.
+    fn passed(&self, a: &TxnId) -> bool {
+        self.holder.as_ref().is_some_and(|(h, _)| h == a)
+            || self.committed(a)
+            || self.recent_aborts.contains(a)
+            || self.fenced_off(a)
+            || self
+                .resolved_upto
+                .get(&a.worker)
+                .is_some_and(|&upto| (a.epoch, a.seq) <= upto)
+    }
+
+    fn note_abort(&mut self, txn: TxnId) {
+        if self.recent_aborts.contains(&txn) {
+            return;
+        }
+        if self.recent_aborts.len() == RECENT_ABORTS {
+            self.recent_aborts.pop_front();
+        }
+        self.recent_aborts.push_back(txn);
+    }
+
+    /// `base`, the holder, was decided here: the transaction behind it learns the outcome;
+    /// a reservation behind it becomes a plain one (it owns the slot now, under the lease).
+    fn base_decided(&mut self, base: TxnId, committed: bool) {
+        let Some(b) = self.behind.as_mut() else {
+            return;
+        };
+        if b.base != base {
+            return;
+        }
+        if b.reserved {
+            let t = b.txn;
+            self.behind = None;
+            self.preparing = Some(t);
+            self.queued = Some(t);
+            self.reserved = Some(t);
+            self.held_since = Some(Instant::now());
+        } else {
+            b.base_committed = Some(committed);
+        }
     }
 
     /// Whether `txn`'s worker incarnation was fenced off.
@@ -199,6 +306,20 @@ fn rows_of(update: &Update) -> Vec<RowRequest> {
         .collect()
 }
 
+/// How a prepare got into the node ([`EcNode::take_slot`]).
+enum Taken {
+    /// The slot: compute on the committed rows.
+    Slot,
+    /// Behind the prepared holder `base`: compute on top of its prepared rows, vote once it
+    /// is decided here.
+    Behind {
+        base: TxnId,
+        rows: Arc<PreparedStep>,
+    },
+    /// A reservation at the gate, behind the prepared holder named.
+    ReservedBehind(TxnId),
+}
+
 /// Frees the slot of a transaction whose prepare did not finish (an error, or the request
 /// dropped half way), unless disarmed.
 struct PrepareGuard<'a> {
@@ -216,6 +337,9 @@ impl Drop for PrepareGuard<'_> {
             if st.txn.preparing == Some(self.txn) {
                 st.txn.preparing = None;
             }
+            if st.txn.behind.is_some_and(|b| b.txn == self.txn) {
+                st.txn.behind = None;
+            }
             st.txn.unstage(&self.txn);
         }
         self.node.inner.slot_freed.notify_waiters();
@@ -225,8 +349,11 @@ impl Drop for PrepareGuard<'_> {
 impl EcNode {
     /// Take this node's transaction slot for `txn`. Wait-die: wait for a younger holder,
     /// refuse (retryably) when the holder is older than `txn` or queued. Queued or reserve:
-    /// wait for any holder; queued, take the slot `txn` reserved ([`Admission`]).
-    async fn take_slot(&self, txn: TxnId, admission: Admission) -> Result<(), PsError> {
+    /// wait for any holder; queued, take the slot `txn` reserved ([`Admission`]). Behind a
+    /// transaction ([`Admission::After`]): first wait until that one has been here; where it
+    /// holds the node prepared (and queued), go behind it instead of waiting for its
+    /// decision. A reservation at the gate goes behind a prepared queued holder likewise.
+    async fn take_slot(&self, txn: TxnId, admission: Admission) -> Result<Taken, PsError> {
         let me = self.inner.me;
         let wait = async {
             loop {
@@ -236,40 +363,8 @@ impl EcNode {
                 {
                     let mut st = self.state()?;
                     check_fence(&mut st, &txn, me)?;
-                    match st.txn.slot() {
-                        None => {
-                            st.txn.preparing = Some(txn);
-                            st.txn.queued = (admission != Admission::WaitDie).then_some(txn);
-                            return Ok(());
-                        }
-                        Some(h) if h == txn => {
-                            if admission == Admission::Queued && st.txn.reserved == Some(txn) {
-                                st.txn.reserved = None;
-                                return Ok(());
-                            }
-                            return Err(PsError::MalformedRequest(format!(
-                                "transaction {} of worker {} is already prepared on server {}",
-                                txn.seq, txn.worker, me.0
-                            )));
-                        }
-                        Some(_) if admission != Admission::WaitDie => {}
-                        Some(h) if st.txn.queued != Some(h) && txn.older_than(&h) => {}
-                        Some(h) => {
-                            return Err(PsError::NotReady {
-                                server: me.0,
-                                reason: format!(
-                                    "held by an {} transaction (worker {}, batch {}): \
-                                     abort and retry",
-                                    if st.txn.queued == Some(h) {
-                                        "queued"
-                                    } else {
-                                        "older"
-                                    },
-                                    h.worker,
-                                    h.priority
-                                ),
-                            })
-                        }
+                    if let Some(t) = self.try_take(&mut st, txn, admission)? {
+                        return Ok(t);
                     }
                 }
                 freed.await;
@@ -288,6 +383,103 @@ impl EcNode {
         }
     }
 
+    /// One look at the slot for [`EcNode::take_slot`]: taken, `None` to wait, or refused.
+    fn try_take(
+        &self,
+        st: &mut EcState,
+        txn: TxnId,
+        admission: Admission,
+    ) -> Result<Option<Taken>, PsError> {
+        let me = self.inner.me;
+        let after = match admission {
+            Admission::After(a) => Some(a),
+            _ => None,
+        };
+        if let Some(a) = after {
+            // Behind `a` in the gate's order: not before `a` has been here.
+            if !st.txn.passed(&a) {
+                return Ok(None);
+            }
+        }
+        // Whether `txn` may go behind the prepared holder `h` (a queued one, with nobody
+        // behind it yet, on a node with nothing to rebuild).
+        let may_go_behind = |st: &EcState, h: TxnId| {
+            st.txn.preparing.is_none()
+                && st.txn.behind.is_none()
+                && st.txn.queued == Some(h)
+                && st.missing.is_none()
+        };
+        let holder = st.txn.holder.as_ref().map(|(h, p)| (*h, Arc::clone(p)));
+        match st.txn.slot() {
+            None => {
+                st.txn.preparing = Some(txn);
+                st.txn.queued = (admission != Admission::WaitDie).then_some(txn);
+                Ok(Some(Taken::Slot))
+            }
+            Some(h) if h == txn => {
+                if admission.is_queued() && st.txn.reserved == Some(txn) {
+                    st.txn.reserved = None;
+                    return Ok(Some(Taken::Slot));
+                }
+                Err(PsError::MalformedRequest(format!(
+                    "transaction {} of worker {} is already prepared on server {}",
+                    txn.seq, txn.worker, me.0
+                )))
+            }
+            Some(h) => {
+                let behind_reserved = st.txn.behind.filter(|b| b.txn == txn && b.reserved);
+                match (admission, holder) {
+                    // The gate: the queued prepare of a reservation taken behind the holder.
+                    (Admission::After(a), Some((hid, rows)))
+                        if behind_reserved.is_some_and(|b| b.base == hid) && hid == a =>
+                    {
+                        if let Some(b) = st.txn.behind.as_mut() {
+                            b.reserved = false;
+                        }
+                        Ok(Some(Taken::Behind { base: hid, rows }))
+                    }
+                    (Admission::After(a), Some((hid, rows)))
+                        if hid == h && hid == a && may_go_behind(st, hid) =>
+                    {
+                        st.txn.behind = Some(Behind {
+                            txn,
+                            base: hid,
+                            base_committed: None,
+                            reserved: false,
+                            prepared_bytes: 0,
+                        });
+                        Ok(Some(Taken::Behind { base: hid, rows }))
+                    }
+                    (Admission::Reserve, Some((hid, _))) if hid == h && may_go_behind(st, hid) => {
+                        st.txn.behind = Some(Behind {
+                            txn,
+                            base: hid,
+                            base_committed: None,
+                            reserved: true,
+                            prepared_bytes: 0,
+                        });
+                        Ok(Some(Taken::ReservedBehind(hid)))
+                    }
+                    (a, _) if a != Admission::WaitDie => Ok(None),
+                    _ if !st.txn.queued_owner(h) && txn.older_than(&h) => Ok(None),
+                    _ => Err(PsError::NotReady {
+                        server: me.0,
+                        reason: format!(
+                            "held by an {} transaction (worker {}, batch {}): abort and retry",
+                            if st.txn.queued_owner(h) {
+                                "queued"
+                            } else {
+                                "older"
+                            },
+                            h.worker,
+                            h.priority
+                        ),
+                    }),
+                }
+            }
+        }
+    }
+
     /// Phase 1 of `txn` on this node: see the module docs.
     pub async fn txn_prepare(
         &self,
@@ -303,19 +495,26 @@ impl EcNode {
             )));
         }
         let waited = std::time::Instant::now();
-        {
+        let taken = {
             let _waiting = self.inner.waiting.enter(&share);
-            self.take_slot(txn, admission).await?;
-        }
-        let slot_wait_us = waited.elapsed().as_micros() as u64;
+            self.take_slot(txn, admission).await?
+        };
+        let mut slot_wait_us = waited.elapsed().as_micros() as u64;
         if admission == Admission::Reserve {
             // Kept for the queued prepare (no await since the slot was taken: the request
             // cannot be dropped in between).
             let mut st = self.state()?;
-            st.txn.reserved = Some(txn);
-            st.txn.held_since = Some(Instant::now());
+            let after = match taken {
+                Taken::ReservedBehind(base) => Some(base),
+                _ => {
+                    st.txn.reserved = Some(txn);
+                    st.txn.held_since = Some(Instant::now());
+                    None
+                }
+            };
             return Ok(PrepareReport {
                 slot_wait_us,
+                after,
                 ..PrepareReport::default()
             });
         }
@@ -324,27 +523,111 @@ impl EcNode {
             txn,
             armed: true,
         };
-        let mut report = PrepareReport {
-            slot_wait_us,
-            ..PrepareReport::default()
+        let base = match taken {
+            Taken::Behind { base, rows } => Some((base, rows)),
+            _ => None,
         };
-        if self.state()?.missing.is_some() {
+        let mut report = PrepareReport::default();
+        if base.is_none() && self.state()?.missing.is_some() {
             report.rows_decoded = self.ensure_present(&rows_of(&share)).await?;
         }
         let mut prepared = self.state()?.txn.spare.take().unwrap_or_default();
+        let base_rows = base.as_ref().map(|(_, r)| &**r);
         self.inner
             .server
             .read()?
-            .prepare_update_into(&share, &mut prepared)?;
-        self.propagate(0, Some(txn), &prepared, false, &mut report)
+            .prepare_update_into(&share, &mut prepared, base_rows)?;
+        self.propagate(0, Some(txn), &prepared, base_rows, false, &mut report)
             .await?;
+        if let Some((base, _)) = base {
+            // Behind `base`: the vote waits for `base` to be decided here.
+            let t = std::time::Instant::now();
+            self.await_base(txn, base, prepared_capacity(&prepared))
+                .await?;
+            slot_wait_us += t.elapsed().as_micros() as u64;
+        }
         let mut st = self.state()?;
         check_fence(&mut st, &txn, self.inner.me)?;
-        st.txn.preparing = None;
-        st.txn.holder = Some((txn, prepared));
+        if st.txn.preparing == Some(txn) {
+            st.txn.preparing = None;
+        }
+        if st.txn.behind.is_some_and(|b| b.txn == txn) {
+            st.txn.behind = None;
+        }
+        if admission.is_queued() {
+            st.txn.queued = Some(txn);
+        }
+        st.txn.holder = Some((txn, Arc::new(prepared)));
         st.txn.held_since = Some(Instant::now());
         guard.armed = false;
+        drop(st);
+        // A queued transaction waiting here may go behind this one now, and one behind this
+        // one waits for it to have been here.
+        self.inner.slot_freed.notify_waiters();
+        report.slot_wait_us = slot_wait_us;
         Ok(report)
+    }
+
+    /// Wait until `base`, which `txn` was computed behind, is decided here: committed, `txn`
+    /// may vote (its rows started from `base`'s); aborted, `txn` is refused (they started
+    /// from rows that never were). Refused too if `txn` itself was aborted or blocked
+    /// meanwhile, or after the node's peer timeout.
+    async fn await_base(&self, txn: TxnId, base: TxnId, bytes: u64) -> Result<(), PsError> {
+        let me = self.inner.me;
+        let wait = async {
+            loop {
+                let freed = self.inner.slot_freed.notified();
+                tokio::pin!(freed);
+                freed.as_mut().enable();
+                {
+                    let mut st = self.state()?;
+                    check_fence(&mut st, &txn, me)?;
+                    let Some(b) = st.txn.behind.as_mut().filter(|b| b.txn == txn) else {
+                        return Err(PsError::NotReady {
+                            server: me.0,
+                            reason: format!(
+                                "transaction {} of worker {} was aborted on server {} while \
+                                 it prepared",
+                                txn.seq, txn.worker, me.0
+                            ),
+                        });
+                    };
+                    b.prepared_bytes = bytes;
+                    match b.base_committed {
+                        Some(true) => {
+                            st.txn.counters.behind += 1;
+                            return Ok(());
+                        }
+                        Some(false) => {
+                            st.txn.counters.behind += 1;
+                            st.txn.counters.behind_refused += 1;
+                            return Err(PsError::NotReady {
+                                server: me.0,
+                                reason: format!(
+                                    "the transaction it was computed behind on server {} \
+                                     (worker {}, batch {}) was aborted: abort and retry",
+                                    me.0, base.worker, base.priority
+                                ),
+                            });
+                        }
+                        None => {}
+                    }
+                }
+                freed.await;
+            }
+        };
+        let limit = self.inner.cfg.peer_timeout;
+        match tokio::time::timeout(limit, wait).await {
+            Ok(r) => r,
+            Err(_) => Err(PsError::NotReady {
+                server: me.0,
+                reason: format!(
+                    "the transaction before it on server {} was not decided within {:.1}s",
+                    me.0,
+                    limit.as_secs_f64()
+                ),
+            }),
+        }
     }
 
     /// Phase 2 of `txn` on this node: install what it prepared here and apply what peers
@@ -383,7 +666,8 @@ impl EcNode {
             self.inner.server.write()?.install_prepared(prepared)?
         };
         if let Some((_, prepared)) = st.txn.holder.take() {
-            st.txn.spare = Some(prepared);
+            // Shared still when the transaction behind it is computing on top of it.
+            st.txn.spare = Arc::try_unwrap(prepared).ok();
         }
         st.txn.held_since = None;
         for (_, inc) in st.txn.unstage(&txn) {
@@ -391,6 +675,7 @@ impl EcNode {
         }
         self.count_commit(st);
         st.txn.note_commit(txn);
+        st.txn.base_decided(txn, true);
         Ok(report)
     }
 
@@ -418,7 +703,11 @@ impl EcNode {
 
     fn abort_locked(st: &mut EcState, txn: TxnId) {
         if st.txn.holder.as_ref().is_some_and(|(h, _)| *h == txn) {
-            st.txn.spare = st.txn.holder.take().map(|(_, p)| p);
+            st.txn.spare = st
+                .txn
+                .holder
+                .take()
+                .and_then(|(_, p)| Arc::try_unwrap(p).ok());
             st.txn.held_since = None;
         }
         if st.txn.preparing == Some(txn) {
@@ -428,7 +717,12 @@ impl EcNode {
             st.txn.reserved = None;
             st.txn.held_since = None;
         }
+        if st.txn.behind.is_some_and(|b| b.txn == txn) {
+            st.txn.behind = None;
+        }
         st.txn.unstage(&txn);
+        st.txn.note_abort(txn);
+        st.txn.base_decided(txn, false);
     }
 
     /// `txn` in one phase (`--no-2pc`): compute, forward the differences to be applied on
@@ -444,8 +738,8 @@ impl EcNode {
         self.inner
             .server
             .read()?
-            .prepare_update_into(&share, &mut prepared)?;
-        self.propagate(0, Some(txn), &prepared, true, &mut report)
+            .prepare_update_into(&share, &mut prepared, None)?;
+        self.propagate(0, Some(txn), &prepared, None, true, &mut report)
             .await?;
         let mut st = self.state()?;
         let applied = self.inner.server.write()?.install_prepared(&prepared)?;
@@ -527,6 +821,16 @@ impl EcNode {
     /// What this node's resolvers did so far.
     pub fn txn_counters(&self) -> Result<TxnCounters, PsError> {
         Ok(self.state()?.txn.counters)
+    }
+
+    /// The transaction behind this node's prepared holder, if any.
+    pub fn txn_behind(&self) -> Result<Option<BehindStatus>, PsError> {
+        Ok(self.state()?.txn.behind.map(|b| BehindStatus {
+            txn: b.txn,
+            base: b.base,
+            computed: b.prepared_bytes > 0,
+            reserved: b.reserved,
+        }))
     }
 
     /// Resolve every transaction that has held this node (prepared here, or with deltas
@@ -714,6 +1018,9 @@ pub struct TxnReport {
     pub retries: u32,
     /// Whether its phase 1 ran queued ([`Admission::Queued`]) in some attempt.
     pub queued: bool,
+    /// Whether the attempt that went through ran behind the gate's holder
+    /// ([`Admission::After`]).
+    pub behind: bool,
     /// Time spent waiting for other transactions: the phase-1 attempts refused (with the
     /// back-off after them) and, in the attempt that went through, the longest wait for a
     /// node's slot.
@@ -835,6 +1142,7 @@ where
         let mut gate_wait_us = 0;
         // Queued, reserve the gate first; then prepare everywhere (the gate included).
         let mut gate_refused = None;
+        let mut after = None;
         if queued {
             report.queued = true;
             let nothing = vec![Arc::clone(&empty); nodes.len()];
@@ -842,14 +1150,18 @@ where
                 move |c: C, s| async move { c.txn_prepare(txn, s, Admission::Reserve).await };
             let gate = on_range(nodes, &nothing, 0..1.min(nodes.len()), &reserve).await;
             match gate.first() {
-                Some((_, Ok(p))) => gate_wait_us = p.slot_wait_us,
+                Some((_, Ok(p))) => {
+                    gate_wait_us = p.slot_wait_us;
+                    after = p.after;
+                }
                 _ => gate_refused = Some(gate),
             }
         }
-        let admission = if queued {
-            Admission::Queued
-        } else {
-            Admission::WaitDie
+        // Reserved behind the gate's holder: behind it everywhere.
+        let admission = match (queued, after) {
+            (true, Some(a)) => Admission::After(a),
+            (true, None) => Admission::Queued,
+            (false, _) => Admission::WaitDie,
         };
         let res = match gate_refused {
             Some(gate) => gate,
@@ -894,6 +1206,7 @@ where
             // Queued, the wait for the gate came before the others'.
             report.lock_wait_s += (gate_wait_us + sum.slot_wait_us) as f64 * 1e-6;
             report.prepared = sum;
+            report.behind = matches!(admission, Admission::After(_));
             if !queued {
                 cursor.note_wait_die(false);
             }

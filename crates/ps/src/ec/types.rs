@@ -143,8 +143,23 @@ pub enum Admission {
     Queued,
     /// At the gate only: wait for any holder, then keep the slot for this transaction's
     /// queued prepare, computing nothing (the share must be empty). The reservation holds
-    /// the slot under the lease like a prepared transaction.
+    /// the slot under the lease like a prepared transaction. When the gate's holder is a
+    /// prepared queued transaction, the reservation is taken *behind* it instead (the
+    /// report's [`PrepareReport::after`] names it), and the prepares go as
+    /// [`Admission::After`].
     Reserve,
+    /// Queued, behind the named transaction (the gate's holder when this one reserved the
+    /// gate): on every node, wait until that one has been there (prepared, committed or
+    /// aborted), and where it is prepared and undecided, compute on top of its prepared
+    /// rows and hold the vote until it is decided there (see the module docs of `txn`).
+    After(TxnId),
+}
+
+impl Admission {
+    /// Queued in either form: never refused for its age, waits for any holder.
+    pub fn is_queued(self) -> bool {
+        matches!(self, Admission::Queued | Admission::After(_))
+    }
 }
 
 /// What a node holds of one transaction once a resolver blocked it there
@@ -169,6 +184,22 @@ pub struct TxnCounters {
     pub resolved_aborted: u64,
     /// Worker messages refused because a resolver had blocked their transaction.
     pub blocked_refusals: u64,
+    /// Prepares computed behind the prepared holder ([`Admission::After`]), and those of them
+    /// refused because that holder was aborted.
+    pub behind: u64,
+    pub behind_refused: u64,
+}
+
+/// The transaction behind a node's prepared holder ([`super::EcNode::txn_behind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BehindStatus {
+    pub txn: TxnId,
+    /// The holder it goes behind.
+    pub base: TxnId,
+    /// Whether its prepare is computed (it waits for `base` to be decided).
+    pub computed: bool,
+    /// Whether it is a reservation at the gate (nothing computed).
+    pub reserved: bool,
 }
 
 /// What a node knows of one worker's transactions, as the coordinator's resolution of a lost
@@ -242,8 +273,12 @@ pub struct PrepareReport {
     pub bytes_sent: u64,
     /// Lost rows decoded on demand before the step could be computed (a replacement only).
     pub rows_decoded: u64,
-    /// Microseconds the transaction waited for this node's slot (held by other transactions).
+    /// Microseconds the transaction waited for this node's slot (held by other transactions),
+    /// and, behind another transaction, for that one to be decided here.
     pub slot_wait_us: u64,
+    /// A reservation taken behind the gate's holder: that transaction (the queued prepares
+    /// go as [`Admission::After`] it).
+    pub after: Option<TxnId>,
 }
 
 /// Progress of a replacement's rebuild (ECRec §3.4).
