@@ -601,8 +601,8 @@ impl EcReport {
         };
         let mut s = format!(
             "  ecrec {} k={} r={} ({}), 2PC {}, dense replication {}: {} {} committed ({} \
-             aborted, {} retried, {} queued), {:.3} ms per commit, {deltas}; memory x{:.3} (code (k+r)/k \
-             = {:.3})\n",
+             aborted, {} retried, {} queued, {} behind the one before), {:.3} ms per commit, \
+             {deltas}; memory x{:.3} (code (k+r)/k = {:.3})\n",
             self.code,
             self.k,
             self.r,
@@ -622,6 +622,7 @@ impl EcReport {
             self.steps_aborted,
             self.txn_retries,
             self.txns_queued,
+            self.txns_behind,
             1e3 * self.per_step_s,
             self.memory.overhead,
             self.memory.code_overhead,
