@@ -42,7 +42,7 @@
 //! Since every transaction holds every node between its prepare and its commit, all nodes
 //! commit transactions in the same order (the strict two-phase locking argument: a node
 //! prepares a transaction only after the previous holder committed there, which it did only
-//! once prepared everywhere). A node's count of committed transactions therefore names the
+//! once prepared everywhere; one behind the holder votes only after it). A node's count of committed transactions therefore names the
 //! same updates on every node; it plays the role the step number plays in synchronous mode
 //! ([`EcNode::committed_step`]), and the rebuild's consistent cuts work unchanged.
 //!
@@ -82,7 +82,6 @@ use crate::server::PreparedStep;
 use crate::update::{ApplyReport, RowRequest, Update};
 use crate::PsError;
 
-/// A node's transaction state.
 /// A queued transaction taken behind this node's prepared holder ([`Admission::After`], or a
 /// reservation at the gate): it computes on top of the holder's prepared rows, and votes only
 /// once the holder is decided here (see the module docs).
@@ -99,6 +98,7 @@ pub(crate) struct Behind {
     pub prepared_bytes: u64,
 }
 
+/// A node's transaction state.
 #[derive(Debug, Default)]
 pub(crate) struct TxnState {
     /// The transaction holding this node, with what it prepared here (shared with the
@@ -550,9 +550,17 @@ impl EcNode {
         check_fence(&mut st, &txn, self.inner.me)?;
         if st.txn.preparing == Some(txn) {
             st.txn.preparing = None;
-        }
-        if st.txn.behind.is_some_and(|b| b.txn == txn) {
+        } else if st.txn.behind.is_some_and(|b| b.txn == txn) {
             st.txn.behind = None;
+        } else {
+            // Its worker aborted it here while it prepared: it holds nothing any more.
+            return Err(PsError::NotReady {
+                server: self.inner.me.0,
+                reason: format!(
+                    "transaction {} of worker {} was aborted on server {} while it prepared",
+                    txn.seq, txn.worker, self.inner.me.0
+                ),
+            });
         }
         if admission.is_queued() {
             st.txn.queued = Some(txn);
