@@ -79,6 +79,37 @@ async fn until_computed_behind(c: &EcCluster, t: TxnId, base: TxnId) {
     }
 }
 
+/// Two transactions in the gate's order: t1 (worker 1) reserved and prepared queued on the
+/// nodes `t1_on`, then t2 (worker 2) reserved behind it. Their ids and updates, which share
+/// rows (tables of 3 and 7 rows) and every dense block.
+async fn t2_reserved_behind_t1(c: &EcCluster, t1_on: &[u32]) -> (TxnId, Update, TxnId, Update) {
+    let (t1, u1) = (txn_id(1, 1, 1), worker_update(1, 1));
+    let (t2, u2) = (txn_id(2, 1, 2), worker_update(2, 2));
+    assert_eq!(reserve(c, t1).await, None, "a free gate");
+    prepare_queued(c, t1, &u1, t1_on).await;
+    // The gate is held by t1, prepared: t2's reservation goes behind it.
+    assert_eq!(reserve(c, t2).await, Some(t1));
+    (t1, u1, t2, u2)
+}
+
+/// t1 committed everywhere, then t2, whose prepares behind t1 must all go through in
+/// between; the reference applies them in that order.
+async fn commit_both(
+    c: &EcCluster,
+    reference: &mut PushReference,
+    (t1, u1): (TxnId, &Update),
+    (t2, u2): (TxnId, &Update),
+    prepares: Vec<JoinHandle<Result<PrepareReport, PsError>>>,
+) {
+    commit_all(c, t1).await;
+    reference.push(u1);
+    for p in prepares {
+        p.await.unwrap().unwrap();
+    }
+    commit_all(c, t2).await;
+    reference.push(u2);
+}
+
 async fn commit_all(c: &EcCluster, t: TxnId) {
     for s in 0..N {
         c.node(s).txn_commit(t).unwrap();
@@ -88,12 +119,7 @@ async fn commit_all(c: &EcCluster, t: TxnId) {
 #[tokio::test]
 async fn a_transaction_behind_a_prepared_one_starts_from_its_rows_and_commits_after_it() {
     let (c, mut reference) = cluster();
-    let (t1, u1) = (txn_id(1, 1, 1), worker_update(1, 1));
-    let (t2, u2) = (txn_id(2, 1, 2), worker_update(2, 2));
-    assert_eq!(reserve(&c, t1).await, None, "a free gate");
-    prepare_queued(&c, t1, &u1, &[0, 1, 2, 3]).await;
-    // The gate is held by t1, prepared: t2's reservation goes behind it.
-    assert_eq!(reserve(&c, t2).await, Some(t1));
+    let (t1, u1, t2, u2) = t2_reserved_behind_t1(&c, &[0, 1, 2, 3]).await;
     assert_eq!(
         c.node(0).txn_behind().unwrap(),
         Some(BehindStatus {
@@ -107,13 +133,7 @@ async fn a_transaction_behind_a_prepared_one_starts_from_its_rows_and_commits_af
     // t2 computes and propagates on every node while t1 is undecided, then waits.
     until_computed_behind(&c, t2, t1).await;
     assert!(prepares.iter().all(|p| !p.is_finished()));
-    commit_all(&c, t1).await;
-    reference.push(&u1);
-    for p in prepares {
-        p.await.unwrap().unwrap();
-    }
-    commit_all(&c, t2).await;
-    reference.push(&u2);
+    commit_both(&c, &mut reference, (t1, &u1), (t2, &u2), prepares).await;
     for s in 0..N {
         let k = c.node(s).txn_counters().unwrap();
         assert_eq!((k.behind, k.behind_refused), (1, 0), "node {s}");
@@ -127,11 +147,7 @@ async fn a_transaction_behind_a_prepared_one_starts_from_its_rows_and_commits_af
 #[tokio::test]
 async fn a_transaction_behind_one_that_is_aborted_is_refused_and_leaves_nothing() {
     let (c, mut reference) = cluster();
-    let (t1, u1) = (txn_id(1, 1, 1), worker_update(1, 1));
-    let (t2, u2) = (txn_id(2, 1, 2), worker_update(2, 2));
-    reserve(&c, t1).await;
-    prepare_queued(&c, t1, &u1, &[0, 1, 2, 3]).await;
-    assert_eq!(reserve(&c, t2).await, Some(t1));
+    let (t1, _, t2, u2) = t2_reserved_behind_t1(&c, &[0, 1, 2, 3]).await;
     let prepares = prepare_behind(&c, t2, t1, &u2);
     until_computed_behind(&c, t2, t1).await;
     // t1's worker aborts it (a phase-1 failure elsewhere): t2 was computed from rows that
@@ -161,11 +177,7 @@ async fn a_transaction_behind_one_that_is_aborted_is_refused_and_leaves_nothing(
 #[tokio::test]
 async fn a_reservation_behind_the_gate_s_holder_takes_the_slot_when_that_one_commits() {
     let (c, mut reference) = cluster();
-    let (t1, u1) = (txn_id(1, 1, 1), worker_update(1, 1));
-    let (t2, u2) = (txn_id(2, 1, 2), worker_update(2, 2));
-    reserve(&c, t1).await;
-    prepare_queued(&c, t1, &u1, &[0, 1, 2, 3]).await;
-    assert_eq!(reserve(&c, t2).await, Some(t1));
+    let (t1, u1, t2, u2) = t2_reserved_behind_t1(&c, &[0, 1, 2, 3]).await;
     commit_all(&c, t1).await;
     reference.push(&u1);
     // The reservation now holds the gate as a plain one: a wait-die prepare is refused.
@@ -198,12 +210,8 @@ async fn a_reservation_behind_the_gate_s_holder_takes_the_slot_when_that_one_com
 #[tokio::test]
 async fn a_transaction_behind_another_waits_on_a_node_that_one_has_not_reached() {
     let (c, mut reference) = cluster();
-    let (t1, u1) = (txn_id(1, 1, 1), worker_update(1, 1));
-    let (t2, u2) = (txn_id(2, 1, 2), worker_update(2, 2));
-    reserve(&c, t1).await;
     // t1 is prepared on the gate only: its prepares to the others are on their way.
-    prepare_queued(&c, t1, &u1, &[0]).await;
-    assert_eq!(reserve(&c, t2).await, Some(t1));
+    let (t1, u1, t2, u2) = t2_reserved_behind_t1(&c, &[0]).await;
     let prepares = prepare_behind(&c, t2, t1, &u2);
     for _ in 0..64 {
         tokio::task::yield_now().await;
@@ -214,12 +222,6 @@ async fn a_transaction_behind_another_waits_on_a_node_that_one_has_not_reached()
     assert_eq!(c.node(1).txn_fence(2, 0).unwrap().holding, None);
     prepare_queued(&c, t1, &u1, &[1, 2, 3]).await;
     until_computed_behind(&c, t2, t1).await;
-    commit_all(&c, t1).await;
-    reference.push(&u1);
-    for p in prepares {
-        p.await.unwrap().unwrap();
-    }
-    commit_all(&c, t2).await;
-    reference.push(&u2);
+    commit_both(&c, &mut reference, (t1, &u1), (t2, &u2), prepares).await;
     assert_exact(&c, &reference, "t2 waited for t1 on nodes 1-3").await;
 }

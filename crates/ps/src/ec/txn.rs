@@ -355,17 +355,35 @@ impl EcNode {
     /// decision. A reservation at the gate goes behind a prepared queued holder likewise.
     async fn take_slot(&self, txn: TxnId, admission: Admission) -> Result<Taken, PsError> {
         let me = self.inner.me;
+        self.until_slot_says(
+            |st| {
+                check_fence(st, &txn, me)?;
+                self.try_take(st, txn, admission)
+            },
+            |limit| format!("still held by another transaction after {limit:.1}s"),
+        )
+        .await
+    }
+
+    /// Look at this node's state with `look` now and whenever the slot changes, until it
+    /// answers (or fails), for at most the node's peer timeout; then a retryable refusal
+    /// saying what was waited for (`waited_for(seconds)`).
+    async fn until_slot_says<T>(
+        &self,
+        mut look: impl FnMut(&mut EcState) -> Result<Option<T>, PsError>,
+        waited_for: impl FnOnce(f64) -> String,
+    ) -> Result<T, PsError> {
         let wait = async {
             loop {
                 let freed = self.inner.slot_freed.notified();
                 tokio::pin!(freed);
                 freed.as_mut().enable();
-                {
+                let found = {
                     let mut st = self.state()?;
-                    check_fence(&mut st, &txn, me)?;
-                    if let Some(t) = self.try_take(&mut st, txn, admission)? {
-                        return Ok(t);
-                    }
+                    look(&mut st)?
+                };
+                if let Some(t) = found {
+                    return Ok(t);
                 }
                 freed.await;
             }
@@ -374,11 +392,8 @@ impl EcNode {
         match tokio::time::timeout(limit, wait).await {
             Ok(r) => r,
             Err(_) => Err(PsError::NotReady {
-                server: me.0,
-                reason: format!(
-                    "still held by another transaction after {:.1}s",
-                    limit.as_secs_f64()
-                ),
+                server: self.inner.me.0,
+                reason: waited_for(limit.as_secs_f64()),
             }),
         }
     }
@@ -582,60 +597,46 @@ impl EcNode {
     /// meanwhile, or after the node's peer timeout.
     async fn await_base(&self, txn: TxnId, base: TxnId, bytes: u64) -> Result<(), PsError> {
         let me = self.inner.me;
-        let wait = async {
-            loop {
-                let freed = self.inner.slot_freed.notified();
-                tokio::pin!(freed);
-                freed.as_mut().enable();
-                {
-                    let mut st = self.state()?;
-                    check_fence(&mut st, &txn, me)?;
-                    let Some(b) = st.txn.behind.as_mut().filter(|b| b.txn == txn) else {
-                        return Err(PsError::NotReady {
-                            server: me.0,
-                            reason: format!(
-                                "transaction {} of worker {} was aborted on server {} while \
-                                 it prepared",
-                                txn.seq, txn.worker, me.0
-                            ),
-                        });
-                    };
-                    b.prepared_bytes = bytes;
-                    match b.base_committed {
-                        Some(true) => {
-                            st.txn.counters.behind += 1;
-                            return Ok(());
-                        }
-                        Some(false) => {
-                            st.txn.counters.behind += 1;
-                            st.txn.counters.behind_refused += 1;
-                            return Err(PsError::NotReady {
-                                server: me.0,
-                                reason: format!(
-                                    "the transaction it was computed behind on server {} \
-                                     (worker {}, batch {}) was aborted: abort and retry",
-                                    me.0, base.worker, base.priority
-                                ),
-                            });
-                        }
-                        None => {}
-                    }
+        self.until_slot_says(
+            |st| {
+                check_fence(st, &txn, me)?;
+                let Some(b) = st.txn.behind.as_mut().filter(|b| b.txn == txn) else {
+                    return Err(PsError::NotReady {
+                        server: me.0,
+                        reason: format!(
+                            "transaction {} of worker {} was aborted on server {} while it \
+                             prepared",
+                            txn.seq, txn.worker, me.0
+                        ),
+                    });
+                };
+                b.prepared_bytes = bytes;
+                let committed = match b.base_committed {
+                    None => return Ok(None),
+                    Some(c) => c,
+                };
+                st.txn.counters.behind += 1;
+                if committed {
+                    return Ok(Some(()));
                 }
-                freed.await;
-            }
-        };
-        let limit = self.inner.cfg.peer_timeout;
-        match tokio::time::timeout(limit, wait).await {
-            Ok(r) => r,
-            Err(_) => Err(PsError::NotReady {
-                server: me.0,
-                reason: format!(
-                    "the transaction before it on server {} was not decided within {:.1}s",
-                    me.0,
-                    limit.as_secs_f64()
-                ),
-            }),
-        }
+                st.txn.counters.behind_refused += 1;
+                Err(PsError::NotReady {
+                    server: me.0,
+                    reason: format!(
+                        "the transaction it was computed behind on server {} (worker {}, batch \
+                         {}) was aborted: abort and retry",
+                        me.0, base.worker, base.priority
+                    ),
+                })
+            },
+            |limit| {
+                format!(
+                    "the transaction before it on server {} was not decided within {limit:.1}s",
+                    me.0
+                )
+            },
+        )
+        .await
     }
 
     /// Phase 2 of `txn` on this node: install what it prepared here and apply what peers
