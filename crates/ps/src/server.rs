@@ -702,7 +702,7 @@ impl Server {
             acc.add(&staged[w], self.dense_range.start, self.dense.len());
         }
         let mut p = PreparedStep::default();
-        self.prepare_acc(acc, &mut p);
+        self.prepare_acc(acc, &mut p, None);
         p.step = step;
         p.workers = workers.to_vec();
         Ok(p)
@@ -729,15 +729,11 @@ impl Server {
         acc.dense_sum = std::mem::take(&mut out.dense_grads);
         acc.dense_sum.clear();
         acc.add(update, self.dense_range.start, self.dense.len());
-        self.prepare_acc_over(acc, out, base);
+        self.prepare_acc(acc, out, base);
         Ok(())
     }
 
-    fn prepare_acc(&self, acc: Accumulator, out: &mut PreparedStep) {
-        self.prepare_acc_over(acc, out, None)
-    }
-
-    fn prepare_acc_over(
+    fn prepare_acc(
         &self,
         mut acc: Accumulator,
         out: &mut PreparedStep,
