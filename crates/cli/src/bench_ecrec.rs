@@ -211,6 +211,12 @@ struct SweepPoint {
     none_spread: f64,
     /// Mean share of the ECRec transactions' time spent waiting for other transactions.
     lock_wait_share: Option<f64>,
+    /// Its parts (means over the repeats): refused attempts, the gate, a node's slot, the
+    /// vote held behind the transaction before.
+    lock_wait: Option<ftrec_cluster::ecrec::LockWaitShares>,
+    /// Mean transactions per ECRec run, and of them those prepared behind the one before.
+    txns: f64,
+    txns_behind: f64,
     /// Mean cost of one commit (both phases) as the worker coordinating it saw it.
     commit_per_update_s: f64,
     /// The ECRec recovery run at this count (the first one when several shares are run):
@@ -681,6 +687,25 @@ fn sweep_point(
         ecrec_train_cpu_s: of(ecrec, &|r| r.train_cpu_s()),
         none_spread: spread_of(none, &|r| r.train_s),
         lock_wait_share: mean(&ecs.iter().map(|e| e.lock_wait_share).collect::<Vec<_>>()),
+        lock_wait: (!ecs.is_empty()).then(|| {
+            let m = |f: &dyn Fn(&ftrec_cluster::ecrec::LockWaitShares) -> f64| {
+                mean(&ecs.iter().map(|e| f(&e.lock_wait)).collect::<Vec<_>>()).unwrap_or(0.0)
+            };
+            ftrec_cluster::ecrec::LockWaitShares {
+                refused: m(&|w| w.refused),
+                gate: m(&|w| w.gate),
+                slot: m(&|w| w.slot),
+                behind: m(&|w| w.behind),
+            }
+        }),
+        txns: mean(
+            &ecs.iter()
+                .map(|e| e.steps_committed as f64)
+                .collect::<Vec<_>>(),
+        )
+        .unwrap_or(0.0),
+        txns_behind: mean(&ecs.iter().map(|e| e.txns_behind as f64).collect::<Vec<_>>())
+            .unwrap_or(0.0),
         commit_per_update_s: mean(&ecs.iter().map(|e| e.per_step_s).collect::<Vec<_>>())
             .unwrap_or(0.0),
         recovery_throughput_share: None,
@@ -1238,11 +1263,22 @@ fn sweep_table(sweep: &[SweepPoint]) -> String {
     };
     let mut s = String::from(
         "workers | none samples/s | ecrec samples/s | overhead (95%) | CPU while training none / \
-         ecrec | CPU overhead | lock wait | ms per commit | recovery throughput | resumed\n",
+         ecrec | CPU overhead | lock wait (refused / gate / slot / behind) | behind the one \
+         before | ms per commit | recovery throughput | resumed\n",
     );
     for p in sweep {
+        let parts = p.lock_wait.map_or(String::new(), |w| {
+            format!(
+                " ({:.0} / {:.0} / {:.0} / {:.0})",
+                w.refused * 100.0,
+                w.gate * 100.0,
+                w.slot * 100.0,
+                w.behind * 100.0
+            )
+        });
         s += &format!(
-            "{} | {:.0} | {:.0} | {} | {:.1}s / {:.1}s | {} | {} | {:.2} | {} | {}\n",
+            "{} | {:.0} | {:.0} | {} | {:.1}s / {:.1}s | {} | {}{parts} | {:.0} of {:.0} | {:.2} | {} \
+             | {}\n",
             p.workers,
             p.none_samples_per_s,
             p.ecrec_samples_per_s,
@@ -1252,6 +1288,8 @@ fn sweep_table(sweep: &[SweepPoint]) -> String {
             pct(p.train_cpu_overhead, p.train_cpu_overhead_ci95),
             p.lock_wait_share
                 .map_or("-".into(), |l| format!("{:.0}%", l * 100.0)),
+            p.txns_behind,
+            p.txns,
             p.commit_per_update_s * 1e3,
             p.recovery_throughput_share
                 .map_or("-".into(), |l| format!("{:.0}%", l * 100.0)),

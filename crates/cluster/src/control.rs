@@ -221,6 +221,14 @@ pub struct BatchTiming {
     /// attempts and waits for a node's slot).
     #[serde(default)]
     pub txn_lock_wait_s: f64,
+    /// Its parts ([`ftrec_ps::ec::TxnReport::refused_wait_s`]): refused attempts with their
+    /// back-off, the gate's reservation, the vote held behind the transaction before.
+    #[serde(default)]
+    pub txn_refused_wait_s: f64,
+    #[serde(default)]
+    pub txn_gate_wait_s: f64,
+    #[serde(default)]
+    pub txn_behind_wait_s: f64,
     /// Transactions whose phase 2 failed on some node (lost after phase 1).
     #[serde(default)]
     pub txn_commit_failures: u64,
@@ -251,6 +259,9 @@ impl BatchTiming {
         self.txns_queued = self.txns_queued.saturating_add(o.txns_queued);
         self.txns_behind = self.txns_behind.saturating_add(o.txns_behind);
         self.txn_lock_wait_s += o.txn_lock_wait_s;
+        self.txn_refused_wait_s += o.txn_refused_wait_s;
+        self.txn_gate_wait_s += o.txn_gate_wait_s;
+        self.txn_behind_wait_s += o.txn_behind_wait_s;
         self.txn_commit_failures = self
             .txn_commit_failures
             .saturating_add(o.txn_commit_failures);

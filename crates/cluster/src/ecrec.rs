@@ -519,6 +519,38 @@ pub struct AuditReport {
     pub replica_mismatches: u64,
 }
 
+/// Where the transactions' wait for one another went, each a share of their time (both
+/// phases): the parts of [`EcReport::lock_wait_share`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct LockWaitShares {
+    /// Phase-1 attempts refused (wait-die, a busy node), with the back-off after each.
+    pub refused: f64,
+    /// Queued: the wait for the gate's reservation.
+    pub gate: f64,
+    /// The wait for the slowest node's slot, its part behind the transaction before apart.
+    pub slot: f64,
+    /// Behind the transaction before ([`ftrec_ps::ec::Admission::After`]): the vote held until
+    /// that one was decided (what early release leaves of the wait).
+    pub behind: f64,
+}
+
+impl LockWaitShares {
+    /// The shares of `txn_s` from a run's summed worker timings.
+    pub fn of(t: &crate::control::BatchTiming, txn_s: f64) -> LockWaitShares {
+        if txn_s <= 0.0 {
+            return LockWaitShares::default();
+        }
+        let slot =
+            t.txn_lock_wait_s - t.txn_refused_wait_s - t.txn_gate_wait_s - t.txn_behind_wait_s;
+        LockWaitShares {
+            refused: t.txn_refused_wait_s / txn_s,
+            gate: t.txn_gate_wait_s / txn_s,
+            slot: slot.max(0.0) / txn_s,
+            behind: t.txn_behind_wait_s / txn_s,
+        }
+    }
+}
+
 /// The ECRec part of a run's report.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct EcReport {
@@ -548,6 +580,9 @@ pub struct EcReport {
     /// other transactions (refused attempts, waits for a node's slot).
     #[serde(default)]
     pub lock_wait_share: f64,
+    /// Asynchronous: `lock_wait_share` in its parts.
+    #[serde(default)]
+    pub lock_wait: LockWaitShares,
     /// Asynchronous: transactions settled by their worker after a failed phase (blocked on
     /// every server, then committed where some server had committed them, else aborted).
     #[serde(default)]
@@ -627,6 +662,19 @@ impl EcReport {
             self.memory.overhead,
             self.memory.code_overhead,
         );
+        if self.asynchronous && self.two_phase {
+            let w = &self.lock_wait;
+            s += &format!(
+                "  waiting for other transactions: {:.1}% of their time (refused attempts \
+                 {:.1}%, the gate {:.1}%, a node's slot {:.1}%, the vote behind the one before \
+                 {:.1}%)\n",
+                100.0 * self.lock_wait_share,
+                100.0 * w.refused,
+                100.0 * w.gate,
+                100.0 * w.slot,
+                100.0 * w.behind,
+            );
+        }
         for b in &self.rebuilds {
             let t = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.3}s"));
             s += &format!(
@@ -700,6 +748,29 @@ mod tests {
             rebuild_share_ppm: 250_000,
             replacement: true,
         }
+    }
+
+    #[test]
+    fn the_lock_wait_s_parts_add_up_to_its_share() {
+        let t = crate::control::BatchTiming {
+            txn_lock_wait_s: 10.0,
+            txn_refused_wait_s: 2.0,
+            txn_gate_wait_s: 1.0,
+            txn_behind_wait_s: 3.0,
+            ..Default::default()
+        };
+        let w = LockWaitShares::of(&t, 20.0);
+        assert_eq!(
+            w,
+            LockWaitShares {
+                refused: 0.1,
+                gate: 0.05,
+                slot: 0.2,
+                behind: 0.15
+            }
+        );
+        assert!((w.refused + w.gate + w.slot + w.behind - 0.5).abs() < 1e-12);
+        assert_eq!(LockWaitShares::of(&t, 0.0), LockWaitShares::default());
     }
 
     #[test]

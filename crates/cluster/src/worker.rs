@@ -896,6 +896,9 @@ fn run_batch<T: Trainer>(
                     timing.txns_queued = u64::from(r.queued);
                     timing.txns_behind = u64::from(r.behind);
                     timing.txn_lock_wait_s = r.lock_wait_s;
+                    timing.txn_refused_wait_s = r.refused_wait_s;
+                    timing.txn_gate_wait_s = r.gate_wait_s;
+                    timing.txn_behind_wait_s = r.behind_wait_s;
                     if !r.commit_failures.is_empty() {
                         // Phase 2 failed on some server: settle the transaction everywhere
                         // now. A server that does not answer either is probably lost: the

@@ -41,10 +41,12 @@ async fn reserve(c: &EcCluster, t: TxnId) -> Option<TxnId> {
 async fn prepare_queued(c: &EcCluster, t: TxnId, update: &Update, on: &[u32]) {
     let sh = shares(update, N);
     for &s in on {
-        c.node(s)
+        let p = c
+            .node(s)
             .txn_prepare(t, sh[s as usize].clone(), Admission::Queued)
             .await
             .unwrap();
+        assert_eq!(p.behind_wait_us, 0, "node {s}: queued, behind nothing");
     }
 }
 
@@ -104,7 +106,9 @@ async fn commit_both(
     commit_all(c, t1).await;
     reference.push(u1);
     for p in prepares {
-        p.await.unwrap().unwrap();
+        // Behind t1, the vote held for it is reported as a part of the node's wait.
+        let p = p.await.unwrap().unwrap();
+        assert!(p.behind_wait_us <= p.slot_wait_us, "{p:?}");
     }
     commit_all(c, t2).await;
     reference.push(u2);

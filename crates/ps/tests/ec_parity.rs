@@ -325,9 +325,18 @@ async fn a_queued_prepare_waits_for_any_holder_and_wait_die_never_waits_for_a_qu
             .unwrap();
     }
     commit_all(queued);
-    // The older one goes through once the slot is free; both updates are in, parities exact.
-    prepare_all(older, WaitDie).await;
-    commit_all(older);
+    // An aborted attempt never prepares again: refused even with the slot free.
+    let e = c
+        .node(1)
+        .txn_prepare(older, sh[1].clone(), WaitDie)
+        .await
+        .unwrap_err();
+    assert!(e.is_retryable() && e.to_string().contains("aborted"), "{e}");
+    // Its worker's retry (a fresh sequence number, the same batch) goes through now that
+    // the slot is free; both updates are in, parities exact.
+    let retry = ec_common::txn_id(2, 2, 5);
+    prepare_all(retry, WaitDie).await;
+    commit_all(retry);
     c.assert_exact(Some(3), "a queued and two wait-die transactions")
         .await;
 }
@@ -391,6 +400,63 @@ async fn a_refused_transaction_is_retried_queued_and_frequent_refusals_queue_the
     assert_eq!((rep.retries, rep.queued), (0, true), "{rep:?}");
     assert_eq!(cursor.queued_left, QUEUED_AFTER_REFUSAL - 1);
     c.assert_exact(Some(8), "refused transactions retried queued")
+        .await;
+}
+
+/// On the tokio clock, paused: it moves only when every task waits for a timer, so how far
+/// it moved says which timers a run waited for, whatever the machine's speed.
+#[tokio::test(start_paused = true)]
+async fn a_refused_attempt_lets_go_at_once_of_a_node_where_it_waits() {
+    use ftrec_ps::ec::{run_txn, Admission, TxnCursor, TxnPhase};
+    let mut cfg = EcConfig::new(CodeKind::Gf256, 2, 1);
+    // A wait for a slot that is never freed would end only here.
+    cfg.peer_timeout = std::time::Duration::from_secs(3600);
+    let c = EcCluster::new(3, cfg, OptimizerKind::Adam);
+    let sh = ec_common::shares(&ec_common::worker_update(10, 0), 3);
+    // Node 0 held by a younger transaction (batch 30), which an older one waits for; node 1
+    // by an older one (batch 5), which refuses a younger one at once. Node 2 is free.
+    let younger = ec_common::txn_id(3, 1, 30);
+    let older = ec_common::txn_id(0, 1, 5);
+    for (t, s) in [(younger, 0u32), (older, 1)] {
+        c.node(s)
+            .txn_prepare(t, sh[s as usize].clone(), Admission::WaitDie)
+            .await
+            .unwrap();
+    }
+    // The transaction (batch 20): it waits on node 0 and is refused on node 1.
+    let t = ec_common::txn_id(1, 1, 20);
+    let mut cursor = TxnCursor::at(1);
+    let start = tokio::time::Instant::now();
+    let mut attempts = 0;
+    let mut retried_after = None;
+    let rep = run_txn(&c.clients(), t, &sh, true, &mut cursor, &[], |p| {
+        if p == TxnPhase::Prepare {
+            attempts += 1;
+            if attempts == 2 {
+                // The first attempt is over, though node 0's holder was never decided: the
+                // refusal on node 1 aborted it everywhere, node 0's wait included. (Had the
+                // attempt waited for node 0's answer, only the peer timeout would have ended
+                // it.) Now both holders give up, and the retry goes through.
+                retried_after = Some(start.elapsed());
+                for s in 0..3u32 {
+                    c.node(s).txn_abort(younger).unwrap();
+                    c.node(s).txn_abort(older).unwrap();
+                }
+            }
+        }
+        async {}
+    })
+    .await
+    .unwrap();
+    assert_eq!((rep.retries, rep.queued), (1, true), "{rep:?}");
+    let waited = retried_after.expect("a second attempt");
+    assert!(
+        waited < std::time::Duration::from_secs(1),
+        "the refused attempt ended after {waited:?} on the paused clock: it waited for a timer"
+    );
+    // Nothing of the aborted attempt or of the two holders stayed: the one update is in,
+    // parities exact.
+    c.assert_exact(Some(1), "a refused attempt aborted at once, then retried")
         .await;
 }
 

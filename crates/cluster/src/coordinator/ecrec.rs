@@ -906,6 +906,7 @@ impl Coordinator {
             } else {
                 0.0
             };
+            r.lock_wait = crate::ecrec::LockWaitShares::of(&timing, txn_s);
         }
         let deadline = Instant::now() + FINISH_REBUILD_TIMEOUT;
         // The rebuilds yielded to training (their share); now nothing else runs.

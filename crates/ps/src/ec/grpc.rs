@@ -242,6 +242,7 @@ fn prepare_reply(p: PrepareReport) -> proto::PrepareReply {
         rows_decoded: p.rows_decoded,
         slot_wait_us: p.slot_wait_us,
         after: p.after.map(txn_to_proto),
+        behind_wait_us: p.behind_wait_us,
     }
 }
 
@@ -255,6 +256,7 @@ fn prepare_report(p: proto::PrepareReply) -> PrepareReport {
         rows_decoded: p.rows_decoded,
         slot_wait_us: p.slot_wait_us,
         after: p.after.map(txn_from_proto),
+        behind_wait_us: p.behind_wait_us,
     }
 }
 
@@ -1166,6 +1168,19 @@ mod fuzz {
         assert_eq!(batch_to_proto(b), valid_batch());
         let k = keys_from_proto(valid_keys()).unwrap();
         assert_eq!(keys_to_proto(&k).unwrap(), valid_keys());
+        // Every field of a prepare's report crosses the wire, the waits' parts included.
+        let p = PrepareReport {
+            rows: 1,
+            dense_blocks: 2,
+            row_deltas_sent: 3,
+            dense_deltas_sent: 4,
+            bytes_sent: 5,
+            rows_decoded: 6,
+            slot_wait_us: 9,
+            behind_wait_us: 7,
+            after: Some(txn()),
+        };
+        assert_eq!(prepare_report(prepare_reply(p)), p);
     }
 
     #[test]

@@ -8,10 +8,13 @@
 //! dense gradients, staged under the transaction, and answers once every peer staged them.
 //! Phase 2 ([`EcNode::txn_commit`]): the worker tells every node to commit; a node installs
 //! its rows and applies every delta and gradient staged for the transaction, counts the
-//! commit and frees its slot. A loss in phase 1: the worker aborts everywhere
-//! ([`EcNode::txn_abort`]) and retries the update once the replacement joined. A loss in
-//! phase 2: the survivors commit, and hold the lost node's differences for the transaction,
-//! so its rebuild includes it.
+//! commit and frees its slot. A refusal or a loss in phase 1: the worker aborts everywhere
+//! ([`EcNode::txn_abort`]) at the first failed answer, not after the last one, so a node
+//! where the attempt still waits for its slot lets go of it at once (an aborted transaction
+//! never takes a slot, and a peer's differences for it that arrive after its abort are
+//! refused); it retries the update (refused: under a fresh sequence number, queued; a lost
+//! node: once the replacement joined). A loss in phase 2: the survivors commit, and hold the
+//! lost node's differences for the transaction, so its rebuild includes it.
 //!
 //! A prepare takes the node's slot by wait-die, or queued after refusals (the gate node 0
 //! reserved first): see [`Admission`].
@@ -358,6 +361,18 @@ impl EcNode {
         self.until_slot_says(
             |st| {
                 check_fence(st, &txn, me)?;
+                if st.txn.recent_aborts.contains(&txn) {
+                    // Its worker gave this attempt up while it waited here (or before it
+                    // arrived): it must not take the slot any more.
+                    return Err(PsError::NotReady {
+                        server: me.0,
+                        reason: format!(
+                            "transaction {} of worker {} was aborted on server {} before it \
+                             took the slot",
+                            txn.seq, txn.worker, me.0
+                        ),
+                    });
+                }
                 self.try_take(st, txn, admission)
             },
             |limit| format!("still held by another transaction after {limit:.1}s"),
@@ -559,7 +574,8 @@ impl EcNode {
             let t = std::time::Instant::now();
             self.await_base(txn, base, prepared_capacity(&prepared))
                 .await?;
-            slot_wait_us += t.elapsed().as_micros() as u64;
+            report.behind_wait_us = t.elapsed().as_micros() as u64;
+            slot_wait_us += report.behind_wait_us;
         }
         let mut st = self.state()?;
         check_fence(&mut st, &txn, self.inner.me)?;
@@ -1031,9 +1047,16 @@ pub struct TxnReport {
     /// ([`Admission::After`]).
     pub behind: bool,
     /// Time spent waiting for other transactions: the phase-1 attempts refused (with the
-    /// back-off after them) and, in the attempt that went through, the longest wait for a
-    /// node's slot.
+    /// back-off after them) and, in the attempt that went through, the wait for the gate's
+    /// reservation (queued) and the longest wait for a node's slot.
     pub lock_wait_s: f64,
+    /// The parts of `lock_wait_s`: the refused attempts with their back-off; the gate's
+    /// reservation; of the longest wait for a node's slot, the vote held behind the
+    /// transaction before ([`PrepareReport::behind_wait_us`]). The rest is the wait for the
+    /// slots themselves.
+    pub refused_wait_s: f64,
+    pub gate_wait_s: f64,
+    pub behind_wait_s: f64,
     /// Nodes whose phase 2 failed (lost after phase 1): the survivors committed.
     pub commit_failures: Vec<(ServerId, PsError)>,
     /// Summed over the nodes' phase-1 reports.
@@ -1172,18 +1195,20 @@ where
             (true, None) => Admission::Queued,
             (false, _) => Admission::WaitDie,
         };
-        let res = match gate_refused {
-            Some(gate) => gate,
-            None => {
+        let (res, aborted) = match gate_refused {
+            Some(gate) => (gate, false),
+            None if split_prepare => (
                 in_halves(
                     nodes,
                     shares,
-                    split_prepare,
+                    true,
                     || at_phase(TxnPhase::PrepareSome),
                     move |c, s| async move { c.txn_prepare(txn, s, admission).await },
                 )
-                .await
-            }
+                .await,
+                false,
+            ),
+            None => prepare_or_abort(nodes, shares, txn, admission).await,
         };
         let mut retry = true;
         let mut first: Option<PsError> = None;
@@ -1197,7 +1222,11 @@ where
                     sum.dense_deltas_sent += p.dense_deltas_sent;
                     sum.bytes_sent += p.bytes_sent;
                     sum.rows_decoded += p.rows_decoded;
-                    sum.slot_wait_us = sum.slot_wait_us.max(p.slot_wait_us);
+                    if p.slot_wait_us >= sum.slot_wait_us {
+                        // The longest wait, with its part behind the transaction before.
+                        sum.slot_wait_us = p.slot_wait_us;
+                        sum.behind_wait_us = p.behind_wait_us.min(p.slot_wait_us);
+                    }
                 }
                 Err(e) => {
                     retry &= e.is_retryable();
@@ -1214,6 +1243,8 @@ where
         let Some(e) = first else {
             // Queued, the wait for the gate came before the others'.
             report.lock_wait_s += (gate_wait_us + sum.slot_wait_us) as f64 * 1e-6;
+            report.gate_wait_s = gate_wait_us as f64 * 1e-6;
+            report.behind_wait_s = sum.behind_wait_us as f64 * 1e-6;
             report.prepared = sum;
             report.behind = matches!(admission, Admission::After(_));
             if !queued {
@@ -1223,20 +1254,17 @@ where
         };
         // Abort everywhere (a node that refused holds nothing of it; one that is gone
         // cannot answer) before anything else is sent for this update.
-        let _ = on_range(
-            nodes,
-            &vec![Arc::clone(&empty); nodes.len()],
-            0..nodes.len(),
-            &move |c, _| async move { c.txn_abort(txn).await },
-        )
-        .await;
+        if !aborted {
+            let _ = abort_everywhere(nodes, txn).await;
+        }
         if !retry || t0.elapsed() > TXN_RETRY_LIMIT {
             return Err(e);
         }
         report.retries += 1;
-        report.lock_wait_s += attempt.elapsed().as_secs_f64();
+        let refused = attempt.elapsed().as_secs_f64();
         tokio::time::sleep(wait).await;
-        report.lock_wait_s += wait.as_secs_f64();
+        report.lock_wait_s += refused + wait.as_secs_f64();
+        report.refused_wait_s += refused + wait.as_secs_f64();
         wait = (wait * 2).min(std::time::Duration::from_millis(50));
         if !queued {
             cursor.note_wait_die(true);
@@ -1264,6 +1292,70 @@ where
         }
     }
     Ok(report)
+}
+
+/// Phase 1 of `txn` on every node at once; at the first failure (a refusal, a lost node) the
+/// attempt is lost, so it is aborted everywhere at once rather than after the last answer:
+/// a node where it waits for the slot, or for the transaction before, lets go of it then
+/// ([`EcNode::txn_abort`]; a prepare that arrives after its abort is refused), instead of
+/// holding the attempt until that wait ends. Returns the answers by node index, and whether
+/// the abort was sent (and answered) everywhere.
+async fn prepare_or_abort<C>(
+    nodes: &[C],
+    shares: &[Arc<Update>],
+    txn: TxnId,
+    admission: Admission,
+) -> (Vec<(usize, Result<PrepareReport, PsError>)>, bool)
+where
+    C: super::EcService + Clone + 'static,
+{
+    let mut set = tokio::task::JoinSet::new();
+    for (i, (c, s)) in nodes.iter().zip(shares).enumerate() {
+        let (c, s) = (c.clone(), Arc::clone(s));
+        set.spawn(async move { (i, c.txn_prepare(txn, s, admission).await) });
+    }
+    let mut out = Vec::with_capacity(nodes.len());
+    let mut aborts = None;
+    while let Some(r) = set.join_next().await {
+        let x = r.unwrap_or_else(|e| {
+            (
+                usize::MAX,
+                Err(PsError::Internal(format!(
+                    "transaction call task failed: {e}"
+                ))),
+            )
+        });
+        if x.1.is_err() && aborts.is_none() {
+            let nodes = nodes.to_vec();
+            aborts = Some(tokio::spawn(
+                async move { abort_everywhere(&nodes, txn).await },
+            ));
+        }
+        out.push(x);
+    }
+    let aborted = match aborts {
+        Some(a) => {
+            let _ = a.await;
+            true
+        }
+        None => false,
+    };
+    out.sort_by_key(|(i, _)| *i);
+    (out, aborted)
+}
+
+/// `txn` aborted on every node at once; the answers by node index.
+async fn abort_everywhere<C>(nodes: &[C], txn: TxnId) -> Vec<(usize, Result<(), PsError>)>
+where
+    C: super::EcService + Clone + 'static,
+{
+    // An abort carries no share: one empty update for every node.
+    let empty = Arc::new(Update::new());
+    let none = vec![empty; nodes.len()];
+    on_range(nodes, &none, 0..nodes.len(), &move |c: C, _| async move {
+        c.txn_abort(txn).await
+    })
+    .await
 }
 
 /// `f(node, share)` on every node at once, or (with `split`) on the first half of the nodes,

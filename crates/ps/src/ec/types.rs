@@ -276,6 +276,9 @@ pub struct PrepareReport {
     /// Microseconds the transaction waited for this node's slot (held by other transactions),
     /// and, behind another transaction, for that one to be decided here.
     pub slot_wait_us: u64,
+    /// Of `slot_wait_us`, behind another transaction ([`Admission::After`]): the vote held
+    /// until that one was decided here (the wait that early release leaves).
+    pub behind_wait_us: u64,
     /// A reservation taken behind the gate's holder: that transaction (the queued prepares
     /// go as [`Admission::After`] it).
     pub after: Option<TxnId>,
