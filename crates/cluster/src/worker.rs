@@ -788,7 +788,7 @@ struct EcTxns {
     mode: EcWorker,
     clients: Vec<EcGrpcClient>,
     /// Sequence number of the last transaction (attempts included) and how the next ones
-    /// are admitted.
+    /// are admitted (queued, every one: [`TxnCursor::queued`]).
     cursor: TxnCursor,
 }
 
@@ -812,7 +812,7 @@ impl EcTxns {
         Ok(EcTxns {
             mode,
             clients,
-            cursor: previous.map_or_else(TxnCursor::default, |p| p.cursor),
+            cursor: previous.map_or_else(|| TxnCursor::queued(0), |p| p.cursor),
         })
     }
 }

@@ -383,9 +383,15 @@ fn async_run_with(
         // Every batch was one committed transaction (a batch retried after a phase-1 loss
         // commits once).
         assert!(ec.steps_committed >= steps * u64::from(workers), "{ec:?}");
-        // Phase 1 sent the parity holders the rows' differences, as the workers counted.
+        // Phase 1 sent the parity holders the rows' differences, as the workers counted;
+        // every transaction was prepared queued (the gate reserved first), but for those a
+        // worker found committed when it settled them after a loss.
         if ec.two_phase {
             assert!(ec.row_deltas_sent > 0 && ec.delta_bytes_sent > 0, "{ec:?}");
+            assert!(
+                ec.txns_queued + ec.txns_resolved_by_workers >= ec.steps_committed,
+                "{ec:?}"
+            );
         }
         assert_eq!(report.checkpoints, 0);
         assert_clean_audit(&report);
