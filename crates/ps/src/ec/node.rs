@@ -857,18 +857,14 @@ impl EcNode {
             self.apply_incoming(&mut st, &inc)
         } else if let Some(txn) = batch.txn {
             super::txn::check_fence(&mut st, &txn, me)?;
-            if st.txn.recent_aborts.contains(&txn) {
-                // Its worker aborted it here before this batch arrived (at the first refusal
-                // of its phase 1): staged now, it would never be taken.
-                return Err(PsError::NotReady {
-                    server: me.0,
-                    reason: format!(
-                        "transaction {} of worker {} was aborted on server {} before server \
-                         {}'s differences for it arrived",
-                        txn.seq, txn.worker, me.0, batch.from.0
-                    ),
-                });
-            }
+            // Aborted here before this batch arrived (at the first failed answer of its
+            // phase 1): staged now, it would never be taken.
+            super::txn::refuse_if_aborted(
+                &st,
+                &txn,
+                me,
+                &format!("server {}'s differences for it arrived", batch.from.0),
+            )?;
             st.txn
                 .staged_at
                 .entry(txn)

@@ -264,6 +264,26 @@ impl TxnState {
     }
 }
 
+/// Refuse (retryably) what arrives for `txn` after its worker aborted it here: it was aborted
+/// before `what`. Its sequence number is never used again, so nothing of it may stay.
+pub(crate) fn refuse_if_aborted(
+    st: &EcState,
+    txn: &TxnId,
+    me: ServerId,
+    what: &str,
+) -> Result<(), PsError> {
+    if st.txn.recent_aborts.contains(txn) {
+        return Err(PsError::NotReady {
+            server: me.0,
+            reason: format!(
+                "transaction {} of worker {} was aborted on server {} before {what}",
+                txn.seq, txn.worker, me.0
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Refuse a worker's message for `txn` if its worker's incarnation was fenced off or a
 /// resolver blocked the transaction.
 pub(crate) fn check_fence(st: &mut EcState, txn: &TxnId, me: ServerId) -> Result<(), PsError> {
@@ -361,18 +381,9 @@ impl EcNode {
         self.until_slot_says(
             |st| {
                 check_fence(st, &txn, me)?;
-                if st.txn.recent_aborts.contains(&txn) {
-                    // Its worker gave this attempt up while it waited here (or before it
-                    // arrived): it must not take the slot any more.
-                    return Err(PsError::NotReady {
-                        server: me.0,
-                        reason: format!(
-                            "transaction {} of worker {} was aborted on server {} before it \
-                             took the slot",
-                            txn.seq, txn.worker, me.0
-                        ),
-                    });
-                }
+                // Its worker gave this attempt up while it waited here (or before it
+                // arrived): it must not take the slot any more.
+                refuse_if_aborted(st, &txn, me, "it took the slot")?;
                 self.try_take(st, txn, admission)
             },
             |limit| format!("still held by another transaction after {limit:.1}s"),
@@ -1327,30 +1338,20 @@ async fn prepare_or_abort<C>(
 where
     C: super::EcService + Clone + 'static,
 {
-    let mut set = tokio::task::JoinSet::new();
-    for (i, (c, s)) in nodes.iter().zip(shares).enumerate() {
-        let (c, s) = (c.clone(), Arc::clone(s));
-        set.spawn(async move { (i, c.txn_prepare(txn, s, admission).await) });
-    }
-    let mut out = Vec::with_capacity(nodes.len());
     let mut aborts = None;
-    while let Some(r) = set.join_next().await {
-        let x = r.unwrap_or_else(|e| {
-            (
-                usize::MAX,
-                Err(PsError::Internal(format!(
-                    "transaction call task failed: {e}"
-                ))),
-            )
-        });
-        if x.1.is_err() && aborts.is_none() {
+    let out = on_range_with(
+        nodes,
+        shares,
+        0..nodes.len(),
+        &move |c: C, s| async move { c.txn_prepare(txn, s, admission).await },
+        || {
             let nodes = nodes.to_vec();
             aborts = Some(tokio::spawn(
                 async move { abort_everywhere(&nodes, txn).await },
             ));
-        }
-        out.push(x);
-    }
+        },
+    )
+    .await;
     let aborted = match aborts {
         Some(a) => {
             let _ = a.await;
@@ -1358,7 +1359,6 @@ where
         }
         None => false,
     };
-    out.sort_by_key(|(i, _)| *i);
     (out, aborted)
 }
 
@@ -1416,22 +1416,46 @@ where
     F: Fn(C, Arc<Update>) -> Fut,
     Fut: std::future::Future<Output = Result<T, PsError>> + Send + 'static,
 {
+    on_range_with(nodes, shares, range, f, || {}).await
+}
+
+/// [`on_range`], running `first_failure` when the first failed answer arrives (the others
+/// still collected).
+async fn on_range_with<C, T, F, Fut>(
+    nodes: &[C],
+    shares: &[Arc<Update>],
+    range: std::ops::Range<usize>,
+    f: &F,
+    first_failure: impl FnOnce(),
+) -> Vec<(usize, Result<T, PsError>)>
+where
+    C: Clone + Send + Sync + 'static,
+    T: Send + 'static,
+    F: Fn(C, Arc<Update>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, PsError>> + Send + 'static,
+{
     let mut set = tokio::task::JoinSet::new();
     for i in range {
         let fut = f(nodes[i].clone(), shares[i].clone());
         set.spawn(async move { (i, fut.await) });
     }
+    let mut first_failure = Some(first_failure);
     let mut out = Vec::with_capacity(nodes.len());
     while let Some(r) = set.join_next().await {
-        match r {
-            Ok(x) => out.push(x),
-            Err(e) => out.push((
+        let x = r.unwrap_or_else(|e| {
+            (
                 usize::MAX,
                 Err(PsError::Internal(format!(
                     "transaction call task failed: {e}"
                 ))),
-            )),
+            )
+        });
+        if x.1.is_err() {
+            if let Some(hook) = first_failure.take() {
+                hook();
+            }
         }
+        out.push(x);
     }
     out.sort_by_key(|(i, _)| *i);
     out
