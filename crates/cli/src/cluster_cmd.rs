@@ -68,6 +68,7 @@ pub struct JobFile {
     pub dense_optimizer: Option<String>,
     pub dense_lr: Option<f32>,
     pub threads: Option<usize>,
+    pub compute_nice: Option<i32>,
     pub eval_samples: Option<usize>,
     pub heartbeat_ms: Option<u64>,
     pub heartbeat_timeout_ms: Option<u64>,
@@ -204,6 +205,7 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
             dense_lr: a.opt.dense_lr.or(f.dense_lr),
         },
         threads: a.threads.or(f.threads),
+        compute_nice: a.compute_nice.or(f.compute_nice),
         eval_samples: a.eval_samples.or(f.eval_samples),
         heartbeat_ms: a.heartbeat_ms.or(f.heartbeat_ms),
         heartbeat_timeout_ms: a.heartbeat_timeout_ms.or(f.heartbeat_timeout_ms),
@@ -351,6 +353,9 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
     }
     cfg.seed = a.seed.unwrap_or(1);
     cfg.threads = a.threads.unwrap_or(1);
+    if let Some(n) = a.compute_nice {
+        cfg.compute_nice = n;
+    }
     a.opt
         .apply(&mut cfg.sparse_optimizer, &mut cfg.dense_optimizer)?;
     cfg.heartbeat = Duration::from_millis(a.heartbeat_ms.unwrap_or(100));

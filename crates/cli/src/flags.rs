@@ -176,6 +176,11 @@ pub struct RunArgs {
     /// Matrix-kernel threads per worker [default: 1].
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Nice value of each worker's compute threads, 0 to 19: they yield the CPU to the
+    /// worker's RPCs and to the servers on a shared host; 0 runs the math on the worker's one
+    /// thread at its own priority [default: 19].
+    #[arg(long, value_name = "N")]
+    pub compute_nice: Option<i32>,
     /// Held-out samples for AUC and logloss (0 skips the evaluation) [default: the preset's].
     #[arg(long)]
     pub eval_samples: Option<usize>,

@@ -30,6 +30,9 @@ pub fn config(a: &RunArgs, location: &str) -> Result<RunConfig> {
     if let Some(t) = a.threads {
         cfg.threads = t;
     }
+    if let Some(n) = a.compute_nice {
+        cfg.compute_nice = n;
+    }
     if let Some(e) = a.eval_samples {
         cfg.eval_samples = e;
     }

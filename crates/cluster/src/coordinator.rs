@@ -628,6 +628,7 @@ impl Coordinator {
             seed: self.cfg.seed,
             batch: self.cfg.batch,
             threads: self.cfg.threads,
+            compute_nice: self.cfg.compute_nice,
             rpc_timeout: STEP_TIMEOUT,
             ec: self.ec_worker(w),
             data,

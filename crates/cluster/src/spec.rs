@@ -809,6 +809,10 @@ pub struct RunConfig {
     pub save_timeout_s: Option<f64>,
     /// Threads of the matrix kernels in each worker.
     pub threads: usize,
+    /// Nice value of each worker's compute threads (0: none of its own; see
+    /// [`DEFAULT_COMPUTE_NICE`]).
+    #[serde(default = "default_compute_nice")]
+    pub compute_nice: i32,
     /// Servers started elsewhere (`ftrec server` on other hosts), in server order; empty: the
     /// coordinator starts its own. A lost external server is waited for at its address.
     #[serde(default)]
@@ -836,6 +840,19 @@ pub struct RunConfig {
 
 fn default_control() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+/// The nice value a worker's compute threads take by default: they yield the CPU to its
+/// messages (the thread that runs its RPCs stays at the default priority) and to the servers
+/// on a shared host, so a transaction's round trips are not queued behind the batches being
+/// computed (`docs/DESIGN.md`, "Compute below messages").
+pub const DEFAULT_COMPUTE_NICE: i32 = 19;
+
+/// The highest nice value (the lowest priority).
+pub const MAX_COMPUTE_NICE: i32 = 19;
+
+fn default_compute_nice() -> i32 {
+    DEFAULT_COMPUTE_NICE
 }
 
 fn default_interval() -> f64 {
@@ -890,6 +907,7 @@ impl RunConfig {
             lease_ttl: default_lease_ttl(),
             save_timeout_s: None,
             threads: 1,
+            compute_nice: DEFAULT_COMPUTE_NICE,
             external_servers: Vec::new(),
             external_workers: false,
             control_listen: default_control(),
@@ -954,6 +972,13 @@ impl RunConfig {
         }
         if self.threads == 0 || self.threads > 256 {
             return bad("--threads must be between 1 and 256".into());
+        }
+        if !(0..=MAX_COMPUTE_NICE).contains(&self.compute_nice) {
+            return bad(format!(
+                "--compute-nice must be between 0 (compute at the workers' own priority) and \
+                 {MAX_COMPUTE_NICE} (the lowest), got {}",
+                self.compute_nice
+            ));
         }
         match self.strategy {
             StrategyChoice::Full { every_steps: 0 }
@@ -1293,5 +1318,23 @@ mod tests {
             StrategyChoice::parse("ecrek", 5),
             Err(ClusterError::Config(m)) if m.contains("ecrek") && m.contains("ecrec")
         ));
+    }
+
+    #[test]
+    fn run_config_refuses_a_compute_nice_value_outside_0_to_19() {
+        let mut cfg = RunConfig::new(Preset::tiny(), "x".into(), "/tmp".into());
+        assert_eq!(cfg.compute_nice, DEFAULT_COMPUTE_NICE);
+        for ok in [0, 19] {
+            cfg.compute_nice = ok;
+            assert!(cfg.validate().is_ok(), "{ok}");
+        }
+        for bad in [-1, 20] {
+            cfg.compute_nice = bad;
+            assert!(
+                matches!(cfg.validate(), Err(ClusterError::Config(m))
+                    if m.contains("--compute-nice") && m.contains(&bad.to_string())),
+                "{bad}"
+            );
+        }
     }
 }

@@ -69,22 +69,27 @@ impl Compute {
         })
     }
 
-    /// Pull the rows `batch` looks up and the whole dense vector; pool the bags.
-    async fn pull_and_pool(
-        &mut self,
-        client: &ShardedClient<GrpcClient>,
-        batch: &Batch,
-    ) -> Result<(), ClusterError> {
+    /// Pool the bags of `batch` from what it pulled and take the pulled dense vector.
+    fn pool(&mut self, batch: &Batch, pulled: Pulled) -> Result<(), ClusterError> {
         let values = &mut self.model.params_mut().values;
-        pull_pooled(
-            client,
+        pool_pulled(
             batch,
             self.dim,
             self.tables,
+            pulled,
             &mut self.pooled,
             Some(values),
         )
-        .await
+    }
+
+    /// What follows the pull: pooling, forward and backward, and the update with its loss.
+    fn compute(&mut self, batch: &Batch, pulled: Pulled) -> Result<(Update, f64), ClusterError> {
+        self.pool(batch, pulled)?;
+        let loss =
+            self.model
+                .forward_backward(&mut self.ws, &batch.dense, &self.pooled, &batch.labels)?;
+        let update = sparse_update(batch, self.dim, self.ws.grad_pooled(), &mut self.accs)?;
+        Ok((update.with_dense(0, self.ws.grad_params().to_vec()), loss))
     }
 
     /// Forward and backward on `batch` against the servers' current model: the update to send
@@ -106,17 +111,13 @@ impl Compute {
         timing: &mut BatchTiming,
     ) -> Result<(Update, f64), ClusterError> {
         let t0 = std::time::Instant::now();
-        self.pull_and_pool(client, batch).await?;
+        let pulled = pull_for(client, batch, true).await?;
         let t1 = std::time::Instant::now();
         timing.pull_s += (t1 - t0).as_secs_f64();
-        let (model, ws, pooled) = (&self.model, &mut self.ws, &self.pooled);
-        let loss = ftrec_model::on_pool(|| {
-            model.forward_backward(ws, &batch.dense, pooled, &batch.labels)
-        })?;
-        let update = sparse_update(batch, self.dim, self.ws.grad_pooled(), &mut self.accs)?;
-        let update = update.with_dense(0, self.ws.grad_params().to_vec());
+        // On the math pool when the worker runs its math there (`set_compute_threads`).
+        let out = ftrec_model::on_pool(|| self.compute(batch, pulled))?;
         timing.compute_s += t1.elapsed().as_secs_f64();
-        Ok((update, loss))
+        Ok(out)
     }
 
     /// Click probabilities of `batch` under the servers' current model.
@@ -126,10 +127,13 @@ impl Compute {
         batch: &Batch,
         out: &mut Vec<f32>,
     ) -> Result<(), ClusterError> {
-        self.pull_and_pool(client, batch).await?;
-        let (model, ws, pooled) = (&self.model, &mut self.ws, &self.pooled);
-        ftrec_model::on_pool(|| model.predict(ws, &batch.dense, pooled, out))?;
-        Ok(())
+        let pulled = pull_for(client, batch, true).await?;
+        ftrec_model::on_pool(|| {
+            self.pool(batch, pulled)?;
+            self.model
+                .predict(&mut self.ws, &batch.dense, &self.pooled, out)?;
+            Ok(())
+        })
     }
 }
 
@@ -179,6 +183,19 @@ pub async fn pull_pooled(
     pooled: &mut Vec<f32>,
     dense: Option<&mut [f32]>,
 ) -> Result<(), ClusterError> {
+    let pulled = pull_for(client, batch, dense.is_some()).await?;
+    pool_pulled(batch, dim, tables, pulled, pooled, dense)
+}
+
+/// What a batch pulled: the rows it looks up, per table, and the dense vector if asked for.
+pub type Pulled = (Vec<PulledRows>, Option<Vec<f32>>);
+
+/// Pull the rows `batch` looks up, and the whole dense vector if `want_dense`.
+pub async fn pull_for(
+    client: &ShardedClient<GrpcClient>,
+    batch: &Batch,
+    want_dense: bool,
+) -> Result<Pulled, ClusterError> {
     let requests: Vec<RowRequest> = batch
         .sparse
         .iter()
@@ -189,10 +206,9 @@ pub async fn pull_pooled(
             rows: f.ids.clone(),
         })
         .collect();
-    let want_dense = dense.is_some();
     // Pulls change nothing, so one refused as not ready yet (an ECRec replacement that is
     // still joining) is simply sent again.
-    let (rows, pulled) = retrying(|| async {
+    retrying(|| async {
         if want_dense {
             let (rows, dense) = tokio::join!(client.pull_rows(&requests), client.pull_dense());
             Ok((rows?, Some(dense?)))
@@ -200,7 +216,20 @@ pub async fn pull_pooled(
             Ok((client.pull_rows(&requests).await?, None))
         }
     })
-    .await?;
+    .await
+    .map_err(Into::into)
+}
+
+/// Sum-pool each sample's bags of `batch` into `pooled` `[batch x tables x dim]` from what
+/// it pulled, and copy the pulled dense vector into `dense` (given both).
+pub fn pool_pulled(
+    batch: &Batch,
+    dim: usize,
+    tables: usize,
+    (rows, pulled): Pulled,
+    pooled: &mut Vec<f32>,
+    dense: Option<&mut [f32]>,
+) -> Result<(), ClusterError> {
     let mut by_table: Vec<Option<&PulledRows>> = vec![None; tables];
     for p in &rows {
         if let Some(slot) = by_table.get_mut(p.table.0 as usize) {
@@ -307,6 +336,10 @@ pub struct WorkerSetup {
     pub batch: usize,
     /// Matrix-kernel threads.
     pub threads: usize,
+    /// Nice value of the compute threads (0: the math runs on the calling thread, as in the
+    /// single-process trainer): the thread that runs the RPCs keeps its priority.
+    #[serde(default)]
+    pub compute_nice: i32,
     /// Longest a batch's RPCs may take before the batch counts as failed.
     #[serde(with = "crate::spec::millis")]
     pub rpc_timeout: Duration,
@@ -419,6 +452,13 @@ impl WorkerSetup {
                 self.threads
             ));
         }
+        if !(0..=crate::spec::MAX_COMPUTE_NICE).contains(&self.compute_nice) {
+            return bad(format!(
+                "compute nice value {} must be between 0 and {}",
+                self.compute_nice,
+                crate::spec::MAX_COMPUTE_NICE
+            ));
+        }
         if self.workers == 0 || self.id >= self.workers {
             return bad(format!(
                 "worker {} of {} workers is not a worker of the job",
@@ -478,9 +518,27 @@ pub fn worker_process(
     auth: &Auth,
 ) -> Result<(), ClusterError> {
     worker_process_with(coordinator, id, lifetime, auth, |setup| {
-        ftrec_model::set_gemm_threads(setup.threads)?;
+        set_compute_threads(setup.threads, setup.compute_nice)?;
         Compute::new(&setup.preset, setup.seed, setup.batch, setup.threads)
     })
+}
+
+/// Set this process's matrix-kernel threads (`threads`) for a worker. With a `nice` value
+/// above 0 the math (the batch's data, pooling, forward and backward, the update and its
+/// shares) runs on the math pool, whose threads take that nice value, while the calling
+/// thread, which runs the RPCs, keeps its priority: a transaction's messages, on the
+/// critical path of every worker behind it, are not queued behind batches being computed
+/// (`docs/DESIGN.md`, "Compute below messages"). The digest does not change: which thread
+/// runs the math changes no result. Call it before the first batch.
+pub fn set_compute_threads(threads: usize, nice: i32) -> Result<(), ClusterError> {
+    if nice > 0 {
+        ftrec_model::set_gemm_threads_in_pool(threads, move || {
+            ftrec_worker::sys::nice_this_thread(nice);
+        })?;
+    } else {
+        ftrec_model::set_gemm_threads(threads)?;
+    }
+    Ok(())
 }
 
 /// [`worker_process`] with the batches' updates computed by the trainer `make` builds from
@@ -845,7 +903,7 @@ fn run_batch<T: Trainer>(
     };
     let mut timing = BatchTiming::default();
     let t0 = std::time::Instant::now();
-    let batch = source.batch(setup.batch, index, start)?;
+    let batch = ftrec_model::on_pool(|| source.batch(setup.batch, index, start))?;
     timing.data_s = t0.elapsed().as_secs_f64();
     let mut txns = txns;
     // The batch's loss once computed, and its transaction once started (asynchronous ECRec).
@@ -859,8 +917,9 @@ fn run_batch<T: Trainer>(
             match (seq, txns.as_mut()) {
                 (Some(seq), _) => c.stage_step(seq, id, &update).await?,
                 (None, Some((ec, hold, at_hold))) => {
-                    let shares: Vec<Arc<Update>> =
-                        c.split_update(&update).into_iter().map(Arc::new).collect();
+                    let shares: Vec<Arc<Update>> = ftrec_model::on_pool(|| {
+                        c.split_update(&update).into_iter().map(Arc::new).collect()
+                    });
                     ec.cursor.seq += 1;
                     let txn = TxnId {
                         worker: id,

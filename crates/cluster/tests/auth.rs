@@ -261,6 +261,10 @@ fn ask(w: &mut TcpStream, r: &mut BufReader<TcpStream>, msg: &ToWorker) -> FromW
 }
 
 fn setup(batch: usize) -> ToWorker {
+    setup_nice(batch, 0)
+}
+
+fn setup_nice(batch: usize, compute_nice: i32) -> ToWorker {
     ToWorker::Setup(Box::new(WorkerSetup {
         id: 0,
         workers: 1,
@@ -268,6 +272,7 @@ fn setup(batch: usize) -> ToWorker {
         seed: 1,
         batch,
         threads: 1,
+        compute_nice,
         rpc_timeout: Duration::from_secs(5),
         ec: None,
         data: None,
@@ -283,6 +288,14 @@ fn a_worker_refuses_a_huge_batch_and_batch_indices_out_of_range() {
                 assert!(error.contains(&format!("batch {batch}")), "{error}")
             }
             other => panic!("batch {batch}: {other:?}"),
+        }
+    }
+    for nice in [-1, 20] {
+        match ask(&mut w, &mut r, &setup_nice(64, nice)) {
+            FromWorker::Failed { index: None, error } => {
+                assert!(error.contains(&format!("nice value {nice}")), "{error}")
+            }
+            other => panic!("nice {nice}: {other:?}"),
         }
     }
     assert!(matches!(ask(&mut w, &mut r, &setup(64)), FromWorker::Ready));
@@ -318,6 +331,50 @@ fn a_worker_refuses_a_huge_batch_and_batch_indices_out_of_range() {
         FromWorker::Failed { error, .. } => assert!(error.contains("connected"), "{error}"),
         other => panic!("{other:?}"),
     }
+    send_line(&mut w, &ToWorker::Stop).unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+/// Nice value and name of every thread of process `pid` (Linux's `/proc`).
+#[cfg(target_os = "linux")]
+fn thread_nices(pid: u32) -> Vec<(String, i64)> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let dir = t.unwrap().path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap();
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap();
+        // Fields after the name's closing parenthesis start at the state (field 3); the nice
+        // value is field 19.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let nice = after.split(' ').nth(16).unwrap().parse().unwrap();
+        out.push((comm.trim().to_string(), nice));
+    }
+    out
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_worker_computes_at_the_compute_nice_value_and_talks_at_its_own() {
+    // SAFETY: a plain system call on the calling thread.
+    let own = i64::from(unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) });
+    if own >= 12 {
+        eprintln!("skipped: this test process already runs at nice {own}");
+        return;
+    }
+    let nice = own + 7;
+    let (mut child, mut w, mut r) = fake_coordinator();
+    let ready = ask(&mut w, &mut r, &setup_nice(64, nice as i32));
+    assert!(matches!(ready, FromWorker::Ready), "{ready:?}");
+    let threads = thread_nices(child.id());
+    let (math, rest): (Vec<_>, Vec<_>) = threads
+        .iter()
+        .partition(|(n, _)| n.starts_with("ftrec-math"));
+    assert_eq!(math.len(), 1, "one matrix-kernel thread: {threads:?}");
+    assert!(math.iter().all(|(_, n)| *n == nice), "{threads:?}");
+    assert!(
+        !rest.is_empty() && rest.iter().all(|(_, n)| *n == own),
+        "{threads:?}"
+    );
     send_line(&mut w, &ToWorker::Stop).unwrap();
     assert!(child.wait().unwrap().success());
 }

@@ -47,6 +47,7 @@ pub const GEMM_BACKEND_ENV: &str = "FTREC_GEMM";
 pub const MAX_GEMM_THREADS: usize = 4;
 
 static STARTED: AtomicBool = AtomicBool::new(false);
+static ALL_IN_POOL: AtomicBool = AtomicBool::new(false);
 static SET_LOCK: Mutex<()> = Mutex::new(());
 /// Backend and thread count, fixed at the first product.
 static FIXED: OnceLock<(Backend, usize)> = OnceLock::new();
@@ -141,6 +142,31 @@ impl Backend {
 /// This writes `MATMUL_NUM_THREADS` into the process environment, so call it while the
 /// process is single-threaded (e.g. first thing in `main`).
 pub fn set_gemm_threads(threads: usize) -> Result<usize, ModelError> {
+    set_threads(threads, None)
+}
+
+/// [`set_gemm_threads`] for a process whose calling thread has other work to stay free for (a
+/// cluster worker's messages): the math pool gets every thread the products use,
+/// [`crate::on_pool`] hands every call to it (one thread too: the caller waits meanwhile), and
+/// each pool thread runs `on_start` before anything else (to lower its own scheduling
+/// priority, say); it returns once every one has. If the pool was started already, it stays as
+/// it was and `on_pool` keeps its usual rule.
+pub fn set_gemm_threads_in_pool(
+    threads: usize,
+    on_start: impl Fn() + Send + Sync + 'static,
+) -> Result<usize, ModelError> {
+    set_threads(threads, Some(Box::new(on_start)))
+}
+
+/// Whether [`set_gemm_threads_in_pool`] built the pool: every [`crate::on_pool`] call runs on
+/// it.
+pub(crate) fn all_in_pool() -> bool {
+    ALL_IN_POOL.load(Ordering::Acquire)
+}
+
+type OnStart = Box<dyn Fn() + Send + Sync>;
+
+fn set_threads(threads: usize, in_pool: Option<OnStart>) -> Result<usize, ModelError> {
     if threads == 0 {
         return Err(ModelError::InvalidThreads(0));
     }
@@ -165,14 +191,25 @@ pub fn set_gemm_threads(threads: usize) -> Result<usize, ModelError> {
     // inside the pool, so it gets `want`, and a training step then runs on the pool itself
     // (`par::on_pool`) rather than as one thread more beside it. The pool exists once per
     // process: if something started it already, it stays as it is.
-    let pool = match Backend::from_env()? {
-        Backend::Gemm => want,
+    // In the pool (`set_gemm_threads_in_pool`) the caller completes nothing, so the pool has
+    // them all.
+    let pool = match (Backend::from_env()?, &in_pool) {
+        (Backend::Gemm, _) | (_, Some(_)) => want,
         _ => want.saturating_sub(1).max(1),
     };
-    let _ = rayon::ThreadPoolBuilder::new()
+    let all = in_pool.is_some();
+    let mut builder = rayon::ThreadPoolBuilder::new()
         .num_threads(pool)
-        .thread_name(|i| format!("ftrec-math-{i}"))
-        .build_global();
+        .thread_name(|i| format!("ftrec-math-{i}"));
+    if let Some(on_start) = in_pool {
+        builder = builder.start_handler(move |_| on_start());
+    }
+    if builder.build_global().is_ok() && all {
+        // A pool thread runs its start handler before any job: once each ran this one, each
+        // ran `on_start`.
+        rayon::broadcast(|_| ());
+        ALL_IN_POOL.store(true, Ordering::Release);
+    }
     Ok(want)
 }
 

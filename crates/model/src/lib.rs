@@ -71,6 +71,8 @@ pub use bench::{bench_mlp, MlpBench};
 pub use config::{DlrmConfig, LinearLayer};
 pub use dlrm::{Dlrm, Workspace};
 pub use error::ModelError;
-pub use gemm::{gemm_backend, gemm_threads, set_gemm_threads, Backend as GemmBackend};
+pub use gemm::{
+    gemm_backend, gemm_threads, set_gemm_threads, set_gemm_threads_in_pool, Backend as GemmBackend,
+};
 pub use metrics::{auc, logloss};
 pub use par::on_pool;

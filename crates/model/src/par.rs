@@ -83,9 +83,10 @@ pub(crate) fn split2<F>(
 }
 
 /// Run `f` on a thread of the math pool when the pool alone has as many threads as the
-/// products use, two or more (inline otherwise, and when the caller is already on the pool),
-/// so that the parallel sections and the products `f` runs are shared by the pool's threads,
-/// the one running `f` among them.
+/// products use, two or more, or when it was built to run all the math
+/// ([`crate::set_gemm_threads_in_pool`]); inline otherwise, and when the caller is already on
+/// the pool. The parallel sections and the products `f` runs are then shared by the pool's
+/// threads, the one running `f` among them.
 ///
 /// Why: with the `gemm` backend the pool has as many threads as the products use (that crate
 /// runs a whole product inside the pool), so a caller outside it is one thread too many: a
@@ -97,7 +98,10 @@ pub(crate) fn split2<F>(
 /// does not depend on the thread.
 pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let pool = rayon::current_num_threads();
-    if rayon::current_thread_index().is_some() || pool < 2 || pool < crate::gemm::gemm_threads() {
+    if rayon::current_thread_index().is_some() {
+        return f();
+    }
+    if !crate::gemm::all_in_pool() && (pool < 2 || pool < crate::gemm::gemm_threads()) {
         return f();
     }
     rayon::scope(|_| f())
