@@ -197,9 +197,9 @@ impl TxnHold {
 pub struct BatchTiming {
     /// Generating the batch from its index.
     pub data_s: f64,
-    /// Pulling rows and dense values, and pooling.
+    /// Pulling rows and dense values (and pooling them, for a trainer outside the process).
     pub pull_s: f64,
-    /// Forward, backward and gathering the sparse gradients.
+    /// Pooling, forward, backward and gathering the sparse gradients.
     pub compute_s: f64,
     /// Pushing (or staging) the update.
     pub push_s: f64,
