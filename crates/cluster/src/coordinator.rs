@@ -57,7 +57,7 @@ use crate::plan::BatchPlan;
 use crate::report::{
     intervals, CpuMeter, EventKind, FailureReport, Overheads, RunReport, StepPoint, TimedEvent,
 };
-use crate::worker::{connect_all, Compute, WorkerData, WorkerSetup};
+use crate::worker::{connect_all, Compute, WorkerSetup};
 use crate::{
     ClusterError, KillAt, KillSpec, Phase, Role, RunConfig, ServerProcess, StrategyChoice,
 };
@@ -614,25 +614,9 @@ impl Coordinator {
         } else {
             self.pool.spawn(w, self.cfg.start_timeout)?;
         }
-        let data = match (&self.cfg.data, &self.plan) {
-            (Some(tsv), Some(plan)) => Some(WorkerData {
-                tsv: tsv.clone(),
-                files: crate::plan::file_fingerprints(plan.files())?,
-            }),
-            _ => None,
-        };
-        let setup = WorkerSetup {
-            id: w,
-            workers: self.workers(),
-            preset: self.cfg.preset.clone(),
-            seed: self.cfg.seed,
-            batch: self.cfg.batch,
-            threads: self.cfg.threads,
-            compute_nice: self.cfg.compute_nice,
-            rpc_timeout: STEP_TIMEOUT,
-            ec: self.ec_worker(w),
-            data,
-        };
+        let ec = self.ec_worker(w);
+        let data = self.cfg.data.as_ref().zip(self.plan.as_ref());
+        let setup = WorkerSetup::of_run(&self.cfg, (w, self.workers()), STEP_TIMEOUT, ec, data)?;
         self.ask_one(w, ToWorker::Setup(Box::new(setup)))?;
         self.ask_one(w, self.connect_cmd())?;
         Ok(())

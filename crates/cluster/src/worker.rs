@@ -437,6 +437,36 @@ pub struct EcWorker {
 pub const MAX_BATCH: usize = 1 << 20;
 
 impl WorkerSetup {
+    /// The setup of worker `id` of `workers` in run `cfg`: RPCs time out after `rpc_timeout`,
+    /// `ec` for asynchronous ECRec, and the TSV data with the coordinator's batch plan.
+    pub fn of_run(
+        cfg: &crate::spec::RunConfig,
+        (id, workers): (u32, u32),
+        rpc_timeout: Duration,
+        ec: Option<EcWorker>,
+        data: Option<(&TsvConfig, &crate::plan::BatchPlan)>,
+    ) -> Result<WorkerSetup, ClusterError> {
+        let data = match data {
+            Some((tsv, plan)) => Some(WorkerData {
+                tsv: tsv.clone(),
+                files: crate::plan::file_fingerprints(plan.files())?,
+            }),
+            None => None,
+        };
+        Ok(WorkerSetup {
+            id,
+            workers,
+            preset: cfg.preset.clone(),
+            seed: cfg.seed,
+            batch: cfg.batch,
+            threads: cfg.threads,
+            compute_nice: cfg.compute_nice,
+            rpc_timeout,
+            ec,
+            data,
+        })
+    }
+
     /// Check what a setup asks for before building anything from it.
     pub fn validate(&self) -> Result<(), ClusterError> {
         let bad = |m: String| Err(ClusterError::Protocol(format!("setup: {m}")));

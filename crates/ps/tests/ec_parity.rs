@@ -461,6 +461,49 @@ async fn a_refused_attempt_lets_go_at_once_of_a_node_where_it_waits() {
 }
 
 #[tokio::test]
+async fn a_peers_differences_for_a_transaction_aborted_there_are_refused() {
+    use ftrec_ps::ec::Admission;
+    // The abort of an attempt can overtake the differences a peer computed for it: a parity
+    // holder that saw the abort refuses them, so nothing of the attempt stays staged there.
+    let c = EcCluster::new(3, EcConfig::new(CodeKind::Gf256, 2, 1), OptimizerKind::Adam);
+    let sh = ec_common::shares(&ec_common::worker_update(10, 0), 3);
+    let t = ec_common::txn_id(0, 1, 10);
+    // Aborted everywhere but on node 0, which prepares it and sends its parity holders the
+    // differences.
+    for s in 1..3u32 {
+        c.node(s).txn_abort(t).unwrap();
+    }
+    let e = c
+        .node(0)
+        .txn_prepare(t, sh[0].clone(), Admission::Queued)
+        .await
+        .unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    let m = e.to_string();
+    assert!(
+        m.contains("was aborted on server") && m.contains("differences for it arrived"),
+        "{m}"
+    );
+    for s in 0..3u32 {
+        let held = c.node(s).txn_fence(0, 0).unwrap();
+        assert_eq!((held.holding, held.staged.len()), (None, 0), "node {s}");
+    }
+    // The slot is free: the update goes through under a fresh sequence number.
+    let fresh = ec_common::txn_id(0, 2, 10);
+    for s in 0..3u32 {
+        c.node(s)
+            .txn_prepare(fresh, sh[s as usize].clone(), Admission::Queued)
+            .await
+            .unwrap();
+    }
+    for s in 0..3u32 {
+        c.node(s).txn_commit(fresh).unwrap();
+    }
+    c.assert_exact(Some(1), "differences for an aborted transaction refused")
+        .await;
+}
+
+#[tokio::test]
 async fn conflicting_transactions_wait_or_die_by_age_and_a_waiter_is_counted_with_its_share() {
     // Wait-die (no deadlock, no starvation): a transaction younger than the one holding a
     // node is refused at once, retryably; an older one waits for the holder to finish.
