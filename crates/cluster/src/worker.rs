@@ -944,12 +944,13 @@ fn run_batch<T: Trainer>(
             let (update, loss) = trainer.gradients(c, &batch, index, &mut timing).await?;
             loss_seen.set(Some(loss));
             let t = std::time::Instant::now();
+            // Split with the math (`set_compute_threads`).
+            let shares = ftrec_model::on_pool(|| c.split_update(&update));
+            drop(update);
             match (seq, txns.as_mut()) {
-                (Some(seq), _) => c.stage_step(seq, id, &update).await?,
+                (Some(seq), _) => c.stage_shares(seq, id, shares).await?,
                 (None, Some((ec, hold, at_hold))) => {
-                    let shares: Vec<Arc<Update>> = ftrec_model::on_pool(|| {
-                        c.split_update(&update).into_iter().map(Arc::new).collect()
-                    });
+                    let shares: Vec<Arc<Update>> = shares.into_iter().map(Arc::new).collect();
                     ec.cursor.seq += 1;
                     let txn = TxnId {
                         worker: id,
@@ -1002,7 +1003,7 @@ fn run_batch<T: Trainer>(
                     timing.txn_delta_bytes = r.prepared.bytes_sent;
                 }
                 (None, None) => {
-                    c.push(&update).await?;
+                    c.push_shares(shares).await?;
                 }
             }
             timing.push_s = t.elapsed().as_secs_f64();

@@ -236,8 +236,13 @@ impl<S: PsService + Clone + 'static> ShardedClient<S> {
 
     /// Push each server its share of `update` (servers with an empty share are skipped).
     pub async fn push(&self, update: &Update) -> Result<ApplyReport, PsError> {
-        let shares = self
-            .split_update(update)
+        self.push_shares(self.split_update(update)).await
+    }
+
+    /// [`ShardedClient::push`] of an update already split ([`ShardedClient::split_update`]):
+    /// share `i` to server `i`, empty ones not sent.
+    pub async fn push_shares(&self, shares: Vec<Update>) -> Result<ApplyReport, PsError> {
+        let shares = shares
             .into_iter()
             .map(|u| (!u.is_empty()).then_some(u))
             .collect();
@@ -256,7 +261,19 @@ impl<S: PsService + Clone + 'static> ShardedClient<S> {
     /// Stage `worker`'s contribution to `step` on every server (an empty share where the
     /// worker touched nothing), so that every server commits the same worker list.
     pub async fn stage_step(&self, step: u64, worker: u32, update: &Update) -> Result<(), PsError> {
-        let shares = self.split_update(update).into_iter().map(Some).collect();
+        self.stage_shares(step, worker, self.split_update(update))
+            .await
+    }
+
+    /// [`ShardedClient::stage_step`] of an update already split
+    /// ([`ShardedClient::split_update`]): share `i` to server `i`, every one sent.
+    pub async fn stage_shares(
+        &self,
+        step: u64,
+        worker: u32,
+        shares: Vec<Update>,
+    ) -> Result<(), PsError> {
+        let shares = shares.into_iter().map(Some).collect();
         let replies = self
             .on_each(shares, move |s, u| async move {
                 s.stage_step(step, worker, u).await
