@@ -466,7 +466,8 @@ async fn a_peers_differences_for_a_transaction_aborted_there_are_refused() {
     // The abort of an attempt can overtake the differences a peer computed for it: a parity
     // holder that saw the abort refuses them, so nothing of the attempt stays staged there.
     let c = EcCluster::new(3, EcConfig::new(CodeKind::Gf256, 2, 1), OptimizerKind::Adam);
-    let sh = ec_common::shares(&ec_common::worker_update(10, 0), 3);
+    let u = ec_common::worker_update(10, 0);
+    let sh = ec_common::shares(&u, 3);
     let t = ec_common::txn_id(0, 1, 10);
     // Aborted everywhere but on node 0, which prepares it and sends its parity holders the
     // differences.
@@ -489,16 +490,8 @@ async fn a_peers_differences_for_a_transaction_aborted_there_are_refused() {
         assert_eq!((held.holding, held.staged.len()), (None, 0), "node {s}");
     }
     // The slot is free: the update goes through under a fresh sequence number.
-    let fresh = ec_common::txn_id(0, 2, 10);
-    for s in 0..3u32 {
-        c.node(s)
-            .txn_prepare(fresh, sh[s as usize].clone(), Admission::Queued)
-            .await
-            .unwrap();
-    }
-    for s in 0..3u32 {
-        c.node(s).txn_commit(fresh).unwrap();
-    }
+    let r = c.txn(0, 10, &u).await.unwrap();
+    assert!(r.retries == 0 && r.commit_failures.is_empty(), "{r:?}");
     c.assert_exact(Some(1), "differences for an aborted transaction refused")
         .await;
 }
