@@ -67,6 +67,8 @@ pub struct JobFile {
     pub lr: Option<f32>,
     pub dense_optimizer: Option<String>,
     pub dense_lr: Option<f32>,
+    pub initial_accumulator: Option<f32>,
+    pub dense_initial_accumulator: Option<f32>,
     pub threads: Option<usize>,
     pub compute_nice: Option<i32>,
     pub eval_samples: Option<usize>,
@@ -203,6 +205,11 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
             lr: a.opt.lr.or(f.lr),
             dense_optimizer: a.opt.dense_optimizer.clone().or(f.dense_optimizer),
             dense_lr: a.opt.dense_lr.or(f.dense_lr),
+            initial_accumulator: a.opt.initial_accumulator.or(f.initial_accumulator),
+            dense_initial_accumulator: a
+                .opt
+                .dense_initial_accumulator
+                .or(f.dense_initial_accumulator),
         },
         threads: a.threads.or(f.threads),
         compute_nice: a.compute_nice.or(f.compute_nice),

@@ -129,6 +129,20 @@ fn check(a: &RunArgs, rec: &RunConfig, location: &str) -> Result<()> {
             rec.dense_optimizer.lr.to_string(),
         )?;
     }
+    if let Some(a0) = a.opt.initial_accumulator {
+        clash(
+            "--initial-accumulator",
+            a0.to_string(),
+            rec.sparse_optimizer.initial_accumulator.to_string(),
+        )?;
+    }
+    if let Some(a0) = a.opt.dense_initial_accumulator {
+        clash(
+            "--dense-initial-accumulator",
+            a0.to_string(),
+            rec.dense_optimizer.initial_accumulator.to_string(),
+        )?;
+    }
     check_data(a, rec, location)?;
     let name = rec.strategy.name();
     if let Some(s) = &a.strategy {
@@ -486,6 +500,19 @@ mod tests {
         };
         let e = err(&a);
         assert!(e.contains("--optimizer sgd"), "{e}");
+        // The record's dense optimizer starts its accumulators at 0.
+        let a = RunArgs {
+            opt: crate::flags::OptimizerArgs {
+                dense_initial_accumulator: Some(0.1),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let e = err(&a);
+        assert!(
+            e.contains("--dense-initial-accumulator 0.1") && e.contains("is 0"),
+            "{e}"
+        );
     }
 
     #[test]

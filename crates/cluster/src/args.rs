@@ -37,6 +37,17 @@ pub struct OptimizerArgs {
     /// Learning rate of the dense MLP.
     #[arg(long)]
     pub dense_lr: Option<f32>,
+    /// Adagrad or rowwise_adagrad of the embedding rows: the value every accumulator starts
+    /// from (TensorFlow's initial_accumulator_value) [default: 0].
+    #[arg(long, value_name = "A0")]
+    pub initial_accumulator: Option<f32>,
+    /// Adagrad or rowwise_adagrad of the dense MLP: the value every accumulator starts from.
+    /// Asynchronous workers' first updates all come from the initial model; at 0 each takes
+    /// an Adagrad step of about the learning rate per weight, and several workers' steps in one
+    /// direction can blow the loss up in the first steps (0.1 removes that on `small`)
+    /// [default: 0].
+    #[arg(long, value_name = "A0")]
+    pub dense_initial_accumulator: Option<f32>,
 }
 
 impl OptimizerArgs {
@@ -46,15 +57,42 @@ impl OptimizerArgs {
         sparse: &mut Optimizer,
         dense: &mut Optimizer,
     ) -> Result<(), ftrec_core::CoreError> {
-        let one = |name: &Option<String>, default: Optimizer, lr: Option<f32>| {
+        let one = |name: &Option<String>,
+                   default: Optimizer,
+                   lr: Option<f32>,
+                   a0: Option<f32>,
+                   flag: &str| {
             let kind = match name {
                 Some(n) => n.parse::<OptimizerKind>()?,
                 None => default.kind,
             };
-            Ok::<_, ftrec_core::CoreError>(Optimizer::new(kind, lr.unwrap_or(default.lr)))
+            let opt = Optimizer::new(kind, lr.unwrap_or(default.lr))
+                .with_initial_accumulator(a0.unwrap_or(default.initial_accumulator));
+            if a0.is_some() {
+                opt.validate().map_err(|e| {
+                    let why = match e {
+                        ftrec_core::CoreError::InvalidConfig(m) => m,
+                        other => other.to_string(),
+                    };
+                    ftrec_core::CoreError::InvalidConfig(format!("{flag}: {why}"))
+                })?;
+            }
+            Ok::<_, ftrec_core::CoreError>(opt)
         };
-        *sparse = one(&self.optimizer, *sparse, self.lr)?;
-        *dense = one(&self.dense_optimizer, *dense, self.dense_lr)?;
+        *sparse = one(
+            &self.optimizer,
+            *sparse,
+            self.lr,
+            self.initial_accumulator,
+            "--initial-accumulator",
+        )?;
+        *dense = one(
+            &self.dense_optimizer,
+            *dense,
+            self.dense_lr,
+            self.dense_initial_accumulator,
+            "--dense-initial-accumulator",
+        )?;
         Ok(())
     }
 }
@@ -617,6 +655,39 @@ mod tests {
         bad.extend(["--preset", "tiny", "--cpr-r", "0.5"].map(String::from));
         let e = ServerSpec::from_args(&bad).unwrap_err().to_string();
         assert!(e.contains("--cpr-priority"), "{e}");
+    }
+
+    #[test]
+    fn an_initial_accumulator_is_set_where_adagrad_runs_and_refused_elsewhere() {
+        let preset = ftrec_core::Preset::tiny();
+        let (mut sparse, mut dense) = (
+            Optimizer::new(preset.sparse_optimizer, preset.sparse_lr),
+            Optimizer::new(preset.dense_optimizer, preset.dense_lr),
+        );
+        let a = OptimizerArgs {
+            dense_initial_accumulator: Some(0.1),
+            ..Default::default()
+        };
+        a.apply(&mut sparse, &mut dense).unwrap();
+        assert_eq!(dense.initial_accumulator, 0.1);
+        assert_eq!(sparse.initial_accumulator, 0.0);
+        // A later change of the learning rate alone keeps it.
+        let lr = OptimizerArgs {
+            dense_lr: Some(0.01),
+            ..Default::default()
+        };
+        lr.apply(&mut sparse, &mut dense).unwrap();
+        assert_eq!((dense.lr, dense.initial_accumulator), (0.01, 0.1));
+        let sgd = OptimizerArgs {
+            optimizer: Some("sgd".into()),
+            initial_accumulator: Some(0.1),
+            ..Default::default()
+        };
+        let e = sgd.apply(&mut sparse, &mut dense).unwrap_err().to_string();
+        assert!(
+            e.contains("--initial-accumulator") && e.contains("sgd") && !e.contains('\n'),
+            "{e}"
+        );
     }
 
     #[test]

@@ -200,6 +200,15 @@ impl ServerSpec {
             "--listen".into(),
             self.listen.to_string(),
         ];
+        for (flag, o) in [
+            ("--initial-accumulator", &self.sparse_optimizer),
+            ("--dense-initial-accumulator", &self.dense_optimizer),
+        ] {
+            if o.initial_accumulator != 0.0 {
+                a.push(flag.into());
+                a.push(o.initial_accumulator.to_string());
+            }
+        }
         a.push("--until".into());
         a.push(self.until.to_string());
         if let Some(rows) = &self.table_rows {
@@ -1250,6 +1259,10 @@ mod tests {
         let mut spec = ServerSpec::from_preset(&Preset::tiny(), 1, 3, 42).unwrap();
         spec.port_file = Some(PathBuf::from("/tmp/x.port"));
         spec.sparse_optimizer.lr = 0.125;
+        assert_eq!(ServerSpec::from_args(&spec.to_args()).unwrap(), spec);
+        // Both accumulators reach the server (the preset's optimizers are Adagrad's).
+        spec.dense_optimizer.initial_accumulator = 0.1;
+        spec.sparse_optimizer.initial_accumulator = 0.25;
         assert_eq!(ServerSpec::from_args(&spec.to_args()).unwrap(), spec);
         spec.table_rows = Some((1..=26).collect());
         assert_eq!(ServerSpec::from_args(&spec.to_args()).unwrap(), spec);

@@ -8,9 +8,13 @@
 //! State layouts (words after the `dim` values):
 //! - `sgd`: none.
 //! - `momentum`: velocity (dim). `v = mu*v + g; w -= lr*v` (PyTorch's form).
-//! - `adagrad`: accumulator (dim). `a += g^2; w -= lr*g/(sqrt(a)+eps)`.
-//! - `rowwise_adagrad`: one accumulator per row. `a += mean(g^2); w -= lr*g/(sqrt(a)+eps)`
+//! - `adagrad`: accumulator (dim). `a += g^2; w -= lr*g/(sqrt(a0+a)+eps)`.
+//! - `rowwise_adagrad`: one accumulator per row. `a += mean(g^2); w -= lr*g/(sqrt(a0+a)+eps)`
 //!   (the FBGEMM / DLRM form: one state word per row instead of `dim`).
+//!
+//!   `a0` is [`Optimizer::initial_accumulator`], 0 unless asked for: the value every
+//!   accumulator is taken to start from (TensorFlow's `initial_accumulator_value`). The state
+//!   holds the sum of squares alone, so a checkpoint's state does not depend on it.
 //! - `adam`: m (dim), v (dim), step (1 word holding a `u32`'s bits). The step count is per row,
 //!   as in sparse ("lazy") Adam: a row is corrected by the number of updates it has received.
 
@@ -81,6 +85,18 @@ pub struct Optimizer {
     pub beta2: f32,
     /// Added to the denominator (adagrad, rowwise_adagrad, adam).
     pub eps: f32,
+    /// Adagrad and row-wise Adagrad: added to every accumulator under the square root, as if
+    /// it had started there. At 0 (the default) each of a value's first Adagrad steps is about
+    /// the learning rate whatever the gradient's size, and asynchronous workers, whose first
+    /// updates all come from the initial model, take several such steps in one direction;
+    /// with it a small gradient takes a small step. Written out only when set, so records
+    /// without it read and write as before.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub initial_accumulator: f32,
+}
+
+fn is_zero(x: &f32) -> bool {
+    *x == 0.0
 }
 
 impl Optimizer {
@@ -93,6 +109,16 @@ impl Optimizer {
             beta1: 0.9,
             beta2: 0.999,
             eps: 1e-8,
+            initial_accumulator: 0.0,
+        }
+    }
+
+    /// The same rule with every Adagrad accumulator starting from `a0`
+    /// ([`Optimizer::initial_accumulator`]).
+    pub fn with_initial_accumulator(self, a0: f32) -> Self {
+        Optimizer {
+            initial_accumulator: a0,
+            ..self
         }
     }
 
@@ -118,7 +144,25 @@ impl Optimizer {
         if !(self.eps.is_finite() && self.eps >= 0.0) {
             return bad("eps", self.eps);
         }
+        let a0 = self.initial_accumulator;
+        if !(a0.is_finite() && a0 >= 0.0) {
+            return bad("initial accumulator", a0);
+        }
+        if a0 > 0.0 && !self.is_adagrad() {
+            return Err(CoreError::InvalidConfig(format!(
+                "an initial accumulator ({a0}) applies to adagrad and rowwise_adagrad only, not \
+                 to {}: drop it or choose one of those",
+                self.kind
+            )));
+        }
         Ok(())
+    }
+
+    fn is_adagrad(&self) -> bool {
+        matches!(
+            self.kind,
+            OptimizerKind::Adagrad | OptimizerKind::RowWiseAdagrad
+        )
     }
 
     /// Number of state words that follow `dim` values in a row.
@@ -178,15 +222,18 @@ crate::simd_kernel! {
                 }
             }
             OptimizerKind::Adagrad => {
+                // `a0 + a` is `a` bit for bit at `a0` = 0 (a sum of squares is never -0.0): the
+                // update without an initial accumulator is the one before it existed.
+                let a0 = opt.initial_accumulator;
                 for ((w, a), g) in w.iter_mut().zip(state.iter_mut()).zip(grad) {
                     *a += g * g;
-                    *w -= lr * g / (a.sqrt() + opt.eps);
+                    *w -= lr * g / ((a0 + *a).sqrt() + opt.eps);
                 }
             }
             OptimizerKind::RowWiseAdagrad => {
                 let mean_sq = grad.iter().map(|g| g * g).sum::<f32>() / dim as f32;
                 state[0] += mean_sq;
-                let scale = lr / (state[0].sqrt() + opt.eps);
+                let scale = lr / ((opt.initial_accumulator + state[0]).sqrt() + opt.eps);
                 for (w, g) in w.iter_mut().zip(grad) {
                     *w -= scale * g;
                 }
@@ -240,6 +287,54 @@ mod tests {
         o.apply(&mut row1, 1, &[1.0]);
         close(row1[1], 2.8);
         close(row1[0], 0.52);
+    }
+
+    #[test]
+    fn an_initial_accumulator_starts_adagrad_from_it() {
+        // a0 = 1, g = 0.5: a = 0.25, w = 1 - 0.1 * 0.5 / sqrt(1.25); without it the step is
+        // 0.1 * 0.5 / 0.5 = 0.1, the full rate.
+        let o = Optimizer::new(OptimizerKind::Adagrad, 0.1).with_initial_accumulator(1.0);
+        let mut row = vec![1.0, 0.0];
+        o.apply(&mut row, 1, &[0.5]);
+        close(row[1], 0.25);
+        close(row[0], 1.0 - 0.05 / 1.25f32.sqrt());
+        let o = Optimizer::new(OptimizerKind::RowWiseAdagrad, 0.1).with_initial_accumulator(1.0);
+        let mut row = vec![1.0, 1.0, 0.0];
+        o.apply(&mut row, 2, &[0.5, 0.5]);
+        close(row[2], 0.25);
+        close(row[0], 1.0 - 0.05 / 1.25f32.sqrt());
+        // At 0 the update is bit for bit the one of an optimizer that never had the field.
+        let plain = Optimizer::new(OptimizerKind::Adagrad, 0.1);
+        let mut a = vec![0.3f32, 0.0];
+        plain.apply(&mut a, 1, &[0.7]);
+        let expect = 0.3f32 - 0.1 * 0.7 / ((0.7f32 * 0.7).sqrt() + 1e-8);
+        assert_eq!(a[0].to_bits(), expect.to_bits());
+    }
+
+    #[test]
+    fn an_initial_accumulator_is_refused_where_it_means_nothing() {
+        let e = Optimizer::new(OptimizerKind::Sgd, 0.1)
+            .with_initial_accumulator(0.1)
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("adagrad") && e.contains("sgd"), "{e}");
+        for bad in [-0.1, f32::NAN, f32::INFINITY] {
+            let e = Optimizer::new(OptimizerKind::Adagrad, 0.1)
+                .with_initial_accumulator(bad)
+                .validate()
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("initial accumulator"), "{e}");
+        }
+        // Written out only when set: a record without it reads back the same.
+        let o = Optimizer::new(OptimizerKind::Adagrad, 0.1);
+        let json = serde_json::to_string(&o).unwrap();
+        assert!(!json.contains("initial_accumulator"), "{json}");
+        assert_eq!(serde_json::from_str::<Optimizer>(&json).unwrap(), o);
+        let o = o.with_initial_accumulator(0.1);
+        let back: Optimizer = serde_json::from_str(&serde_json::to_string(&o).unwrap()).unwrap();
+        assert_eq!(back, o);
     }
 
     #[test]
