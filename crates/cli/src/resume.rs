@@ -112,35 +112,31 @@ fn check(a: &RunArgs, rec: &RunConfig, location: &str) -> Result<()> {
             rec.sparse_optimizer.kind.to_string(),
         )?;
     }
-    if let Some(lr) = a.opt.lr {
-        clash("--lr", lr.to_string(), rec.sparse_optimizer.lr.to_string())?;
+    // The numeric settings of both optimizers, each against the record's.
+    let (sparse, dense) = (&rec.sparse_optimizer, &rec.dense_optimizer);
+    for (flag, given, recorded) in [
+        ("--lr", a.opt.lr, sparse.lr),
+        ("--dense-lr", a.opt.dense_lr, dense.lr),
+        (
+            "--initial-accumulator",
+            a.opt.initial_accumulator,
+            sparse.initial_accumulator,
+        ),
+        (
+            "--dense-initial-accumulator",
+            a.opt.dense_initial_accumulator,
+            dense.initial_accumulator,
+        ),
+    ] {
+        if let Some(v) = given {
+            clash(flag, v.to_string(), recorded.to_string())?;
+        }
     }
     if let Some(o) = &a.opt.dense_optimizer {
         clash(
             "--dense-optimizer",
             kind("--dense-optimizer", o)?,
             rec.dense_optimizer.kind.to_string(),
-        )?;
-    }
-    if let Some(lr) = a.opt.dense_lr {
-        clash(
-            "--dense-lr",
-            lr.to_string(),
-            rec.dense_optimizer.lr.to_string(),
-        )?;
-    }
-    if let Some(a0) = a.opt.initial_accumulator {
-        clash(
-            "--initial-accumulator",
-            a0.to_string(),
-            rec.sparse_optimizer.initial_accumulator.to_string(),
-        )?;
-    }
-    if let Some(a0) = a.opt.dense_initial_accumulator {
-        clash(
-            "--dense-initial-accumulator",
-            a0.to_string(),
-            rec.dense_optimizer.initial_accumulator.to_string(),
         )?;
     }
     check_data(a, rec, location)?;
