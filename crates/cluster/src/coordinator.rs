@@ -268,6 +268,7 @@ fn run_job(cfg: &RunConfig, resume: bool) -> Result<RunReport, ClusterError> {
         last_loss: f64::NAN,
         timeline: Vec::new(),
         completions: Vec::new(),
+        spans: Vec::new(),
         kills: cfg.kills.iter().map(|k| (*k, None)).collect(),
         worker_time: BatchTiming::default(),
         recover_at: Vec::new(),
@@ -369,6 +370,9 @@ struct Coordinator {
     timeline: Vec<StepPoint>,
     /// Seconds after training start at which each batch completed.
     completions: Vec<f64>,
+    /// Seconds after training start at which each answered batch was handed out and answered
+    /// (a batch a resolution counted has none): what a window's throughput is measured from.
+    spans: Vec<(f64, f64)>,
     /// Every scheduled kill and, once it fired, when.
     kills: Vec<(KillSpec, Option<faults::Fired>)>,
     /// Summed over every answered batch.
@@ -708,6 +712,14 @@ impl Coordinator {
         Some((step, actions))
     }
 
+    /// A batch handed out at `handed_out` was answered now.
+    fn note_span(&mut self, handed_out: Instant) {
+        if let Some(t0) = self.train_start {
+            let secs = |t: Instant| t.saturating_duration_since(t0).as_secs_f64();
+            self.spans.push((secs(handed_out), secs(Instant::now())));
+        }
+    }
+
     /// One batch applied, in synchronous mode: the strategy's actions run at once, then the
     /// kills scheduled after this step. `Ok(false)`: the run ended.
     fn batch_done(&mut self, loss: f64) -> Result<bool, ClusterError> {
@@ -746,9 +758,13 @@ impl Coordinator {
             }
             let step = self.step() + 1;
             self.seq += 1;
+            let handed_out = Instant::now();
             match self.sync_step(step, self.seq) {
                 Ok((loss, count)) => {
                     unexplained = 0;
+                    for _ in 0..count {
+                        self.note_span(handed_out);
+                    }
                     // One step is `workers` batches (the last step of TSV data may have
                     // fewer); the strategy hears of it with the last.
                     let t = self.train_start.map_or(0.0, |s| s.elapsed().as_secs_f64());

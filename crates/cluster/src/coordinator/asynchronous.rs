@@ -138,7 +138,9 @@ impl Coordinator {
                             timing,
                         },
                 }) if running.get(&worker).map(|r| r.0) == Some(index) => {
-                    running.remove(&worker);
+                    if let Some((_, since)) = running.remove(&worker) {
+                        self.note_span(since);
+                    }
                     self.worker_time.add(&timing);
                     unexplained = 0;
                     if timing.txn_commit_failures > 0 {

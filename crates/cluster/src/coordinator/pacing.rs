@@ -19,6 +19,26 @@ fn rate(done: &[f64], a: f64, b: f64) -> Option<f64> {
     Some((hi - lo) as f64 / (b - a))
 }
 
+/// Batches per second in `[a, b)` from batches' spans (handed out, answered): each batch counts
+/// by the part of its span inside the window, so a window that starts where a pause ended,
+/// with every worker's batch handed out at once, counts those batches by the work done in it,
+/// not whole at their answers (and one that ends mid-batch counts the part done).
+fn span_rate(spans: &[(f64, f64)], a: f64, b: f64) -> Option<f64> {
+    if b <= a {
+        return None;
+    }
+    let done: f64 = spans
+        .iter()
+        .map(|&(s, e)| {
+            if e <= s {
+                return f64::from(u8::from(e >= a && e < b));
+            }
+            (e.min(b) - s.max(a)).max(0.0) / (e - s)
+        })
+        .sum();
+    Some(done / (b - a))
+}
+
 /// A share as the servers take it, in millionths.
 fn ppm(share: f64) -> u32 {
     (share.clamp(0.0, 1.0) * f64::from(FULL_SHARE_PPM)).round() as u32
@@ -127,55 +147,51 @@ impl Coordinator {
 
     /// For every rebuild, the training throughput while it ran (as a whole, from training
     /// resumed to the rebuild's end, and per lock range) over the throughput in the
-    /// [`BEFORE_WINDOW_S`] before the kill that caused it.
+    /// [`BEFORE_WINDOW_S`] before the kill that caused it, both from the batches' spans.
     pub(super) fn ec_throughput_shares(&mut self) {
         let Some(t0) = self.train_t0() else { return };
-        let Some(&train_end) = self.completions.last() else {
+        // The before-window starts at the first answer, as the pacer's does.
+        let Some(first) = self.spans.iter().map(|s| s.1).reduce(f64::min) else {
             return;
         };
+        let train_end = self.spans.iter().map(|s| s.1).fold(first, f64::max);
         // On the run's clock; a span that outlasts training has no rate.
         let during = |a: f64, b: f64| -> Option<f64> {
             let (a, b) = (a - t0, b - t0);
             if b > train_end {
                 return None;
             }
-            rate(&self.completions, a, b)
+            span_rate(&self.spans, a, b)
         };
         let Some(ec) = self.ec.as_ref() else { return };
         let mut shares = Vec::with_capacity(ec.report.rebuilds.len());
         for b in &ec.report.rebuilds {
             let kill = self.kill_before(b.started_s);
-            let before = kill.and_then(|k| self.rate_before(k));
+            let before = kill.and_then(|k| {
+                let k = k - t0;
+                span_rate(&self.spans, (k - BEFORE_WINDOW_S).max(first), k).filter(|&r| r > 0.0)
+            });
             let Some(before) = before else {
                 shares.push(None);
                 continue;
             };
-            // The whole rebuild counts from training's first batch after it resumed: the
-            // pause from the kill to then, and the batches in flight that it emptied, are the
-            // recovery's own figure (kill to resumed), not what the rebuild takes.
+            // The whole rebuild counts from training resumed: the pause from the kill to then
+            // is the recovery's own figure (kill to resumed), not what the rebuild takes.
             let resumed = self
                 .failures
                 .iter()
                 .filter(|f| f.role == Role::Server && Some(f.injected_t_s) == kill)
                 .filter_map(|f| f.resumed_s.map(|r| f.injected_t_s + r))
-                .reduce(f64::max)
-                .and_then(|r| {
-                    let i = self.completions.partition_point(|&c| c + t0 <= r);
-                    self.completions.get(i).map(|c| c + t0)
-                });
+                .reduce(f64::max);
             let ranges: Vec<Option<f64>> = b
                 .range_spans_s
                 .iter()
                 .map(|&(s, e)| during(s, e).map(|r| r / before))
                 .collect();
             let whole = match (b.joined_s, b.finished_s) {
-                // The first batch counts as the start, not as one done in the window.
                 (Some(j), Some(f)) => {
                     let from = resumed.map_or(j, |r| r.max(j)).min(f);
-                    during(from, f).map(|r| {
-                        let first = usize::from(resumed.is_some_and(|r| r >= j && r < f));
-                        (r - first as f64 / (f - from).max(1e-9)).max(0.0) / before
-                    })
+                    during(from, f).map(|r| r / before)
                 }
                 _ => None,
             };
@@ -188,5 +204,47 @@ impl Coordinator {
                 b.throughput_share = whole;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 15 workers handed batches of 1 s all at once at 5 s (training resumed after a pause),
+    /// one after the other until 20 s.
+    fn resumed_together() -> Vec<(f64, f64)> {
+        (0..15)
+            .flat_map(|_| (5..20).map(|s| (f64::from(s), f64::from(s + 1))))
+            .collect()
+    }
+
+    #[test]
+    fn a_window_counts_each_batch_by_its_work_inside_it() {
+        let spans = resumed_together();
+        // From the resume: 15 batches a second whatever the window's length or phase, where
+        // answers alone give 15 batches in the first 1.1 s window and none in [5, 5.9).
+        for (a, b) in [
+            (5.0, 6.1),
+            (5.0, 5.9),
+            (5.3, 7.7),
+            (5.0, 20.0),
+            (12.25, 12.5),
+        ] {
+            let r = span_rate(&spans, a, b).unwrap();
+            assert!((r - 15.0).abs() < 1e-9, "[{a}, {b}): {r}");
+        }
+        assert!((rate(&[6.0; 15], 5.0, 6.1).unwrap() - 15.0 / 1.1).abs() < 1e-9);
+        assert_eq!(rate(&[6.0; 15], 5.0, 5.9), Some(0.0));
+        // Half the window before training resumed: half the rate.
+        assert!((span_rate(&spans, 4.0, 6.0).unwrap() - 7.5).abs() < 1e-9);
+        assert_eq!(span_rate(&spans, 6.0, 6.0), None);
+    }
+
+    #[test]
+    fn a_batch_without_duration_counts_where_it_was_answered() {
+        let spans = [(2.0, 2.0), (3.0, 3.0)];
+        assert_eq!(span_rate(&spans, 1.0, 3.0), Some(0.5));
+        assert_eq!(span_rate(&spans, 2.0, 4.0), Some(1.0));
     }
 }
