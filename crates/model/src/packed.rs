@@ -19,7 +19,8 @@
 //! DLRM's power-of-two widths they would all fall into a few sets of the first-level cache.
 //! Partial tiles (the matrix's last rows and columns) run the same kernel on zero-padded
 //! panels into a scratch tile, so every element of `C` is computed by the same sequence of
-//! operations.
+//! operations; a panel with at most `NR / 2` live columns (a 13- or 16-wide `C`) computes the
+//! tile's first half only, each element by the same chain.
 //!
 //! # Same bits for every thread count
 //! Threads split `C` by whole tiles: by rows where it has many (the forward pass and the input
@@ -285,14 +286,16 @@ unsafe fn pack_b(
 /// element `(r, p)` at
 /// `a[r * lda + p]` (`PACKED` off: rows of a row-major matrix) or at `a[p * MR + r]` (`PACKED`
 /// on: a panel of [`pack_a`]); `c` has row stride `ldc`. Without `accumulate` the tile is
-/// overwritten, with it the sum is added to what `C` holds.
+/// overwritten, with it the sum is added to what `C` holds. With `HALF` only the tile's first
+/// `NR / 2` columns are computed and written (a panel with no more live columns than that);
+/// each of them by the same chain as without it.
 ///
 /// # Safety
 /// The CPU has AVX-512F; `a` and `b` hold the values named, and `c` an `MR x NR` tile at row
-/// stride `ldc`.
+/// stride `ldc` (`MR x NR / 2` with `HALF`).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn tile<const PACKED: bool>(
+unsafe fn tile<const PACKED: bool, const HALF: bool>(
     kc: usize,
     a: *const f32,
     lda: usize,
@@ -307,11 +310,13 @@ unsafe fn tile<const PACKED: bool>(
         let mut a = a;
         for _ in 0..kc {
             let b0 = _mm512_loadu_ps(b);
-            let b1 = _mm512_loadu_ps(b.add(16));
+            let b1 = if HALF { b0 } else { _mm512_loadu_ps(b.add(16)) };
             for (r, acc) in acc.iter_mut().enumerate() {
                 let x = _mm512_set1_ps(*a.add(r));
                 acc[0] = _mm512_fmadd_ps(x, b0, acc[0]);
-                acc[1] = _mm512_fmadd_ps(x, b1, acc[1]);
+                if !HALF {
+                    acc[1] = _mm512_fmadd_ps(x, b1, acc[1]);
+                }
             }
             a = a.add(MR);
             b = b.add(NR);
@@ -320,11 +325,13 @@ unsafe fn tile<const PACKED: bool>(
         let rows: [*const f32; MR] = std::array::from_fn(|r| a.add(r * lda));
         for p in 0..kc {
             let b0 = _mm512_loadu_ps(b);
-            let b1 = _mm512_loadu_ps(b.add(16));
+            let b1 = if HALF { b0 } else { _mm512_loadu_ps(b.add(16)) };
             for (row, acc) in rows.iter().zip(acc.iter_mut()) {
                 let x = _mm512_set1_ps(*row.add(p));
                 acc[0] = _mm512_fmadd_ps(x, b0, acc[0]);
-                acc[1] = _mm512_fmadd_ps(x, b1, acc[1]);
+                if !HALF {
+                    acc[1] = _mm512_fmadd_ps(x, b1, acc[1]);
+                }
             }
             b = b.add(NR);
         }
@@ -333,18 +340,22 @@ unsafe fn tile<const PACKED: bool>(
         let row = c.add(r * ldc);
         if accumulate {
             _mm512_storeu_ps(row, _mm512_add_ps(_mm512_loadu_ps(row), acc[0]));
-            _mm512_storeu_ps(
-                row.add(16),
-                _mm512_add_ps(_mm512_loadu_ps(row.add(16)), acc[1]),
-            );
+            if !HALF {
+                _mm512_storeu_ps(
+                    row.add(16),
+                    _mm512_add_ps(_mm512_loadu_ps(row.add(16)), acc[1]),
+                );
+            }
         } else {
             _mm512_storeu_ps(row, acc[0]);
-            _mm512_storeu_ps(row.add(16), acc[1]);
+            if !HALF {
+                _mm512_storeu_ps(row.add(16), acc[1]);
+            }
         }
     }
 }
 
-/// [`tile`] on a packed `A` panel.
+/// [`tile`] on a packed `A` panel (`half`: [`tile`]'s `HALF`).
 ///
 /// # Safety
 /// As [`tile`].
@@ -357,17 +368,23 @@ unsafe fn kernel(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    half: bool,
 ) {
-    tile::<true>(kc, a, 0, b, c, ldc, accumulate)
+    if half {
+        tile::<true, true>(kc, a, 0, b, c, ldc, accumulate)
+    } else {
+        tile::<true, false>(kc, a, 0, b, c, ldc, accumulate)
+    }
 }
 
 /// [`tile`] on [`MR`] rows of a row-major `A` read in place (row stride `lda`): its packing
-/// would be a transpose, which costs more than the reads it saves.
+/// would be a transpose, which costs more than the reads it saves (`half`: [`tile`]'s `HALF`).
 ///
 /// # Safety
 /// As [`tile`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn kernel_rows(
     kc: usize,
     a: *const f32,
@@ -376,8 +393,13 @@ unsafe fn kernel_rows(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    half: bool,
 ) {
-    tile::<false>(kc, a, lda, b, c, ldc, accumulate)
+    if half {
+        tile::<false, true>(kc, a, lda, b, c, ldc, accumulate)
+    } else {
+        tile::<false, false>(kc, a, lda, b, c, ldc, accumulate)
+    }
 }
 
 /// Rows of a quarter of the AVX2 tile.
@@ -387,13 +409,13 @@ const QC: usize = 16;
 
 /// [`tile`] with AVX2 and FMA on a `B` panel packed for it ([`pack_b`]): the `MR x NR` tile as
 /// four `QR x QC` quarters, each a chain of fused multiply-adds over the `kc` steps from zero,
-/// like [`tile`]'s (so the same bits).
+/// like [`tile`]'s (so the same bits); with `HALF` the two quarters of the first `QC` columns.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; otherwise as [`tile`].
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn tile_avx2<const PACKED: bool>(
+unsafe fn tile_avx2<const PACKED: bool, const HALF: bool>(
     kc: usize,
     a: *const f32,
     lda: usize,
@@ -403,8 +425,14 @@ unsafe fn tile_avx2<const PACKED: bool>(
     accumulate: bool,
 ) {
     // The two quarters that read the same half of the `B` panel (every step of its first
-    // `QC` columns, then of the others: see `pack_b`) run one after the other.
-    for (r0, j0) in [(0, 0), (QR, 0), (0, QC), (QR, QC)] {
+    // `QC` columns, then of the others: see `pack_b`) run one after the other; a half tile
+    // runs the first two only.
+    let quarters: &[(usize, usize)] = if HALF {
+        &[(0, 0), (QR, 0)]
+    } else {
+        &[(0, 0), (QR, 0), (0, QC), (QR, QC)]
+    };
+    for &(r0, j0) in quarters {
         let mut acc = [[_mm256_setzero_ps(); 2]; QR];
         let mut bq = b.add(j0 / QC * kc * QC);
         if PACKED {
@@ -462,8 +490,13 @@ unsafe fn kernel_avx2(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    half: bool,
 ) {
-    tile_avx2::<true>(kc, a, 0, b, c, ldc, accumulate)
+    if half {
+        tile_avx2::<true, true>(kc, a, 0, b, c, ldc, accumulate)
+    } else {
+        tile_avx2::<true, false>(kc, a, 0, b, c, ldc, accumulate)
+    }
 }
 
 /// [`kernel_rows`] with AVX2 and FMA.
@@ -472,6 +505,7 @@ unsafe fn kernel_avx2(
 /// As [`tile_avx2`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn kernel_rows_avx2(
     kc: usize,
     a: *const f32,
@@ -480,8 +514,13 @@ unsafe fn kernel_rows_avx2(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    half: bool,
 ) {
-    tile_avx2::<false>(kc, a, lda, b, c, ldc, accumulate)
+    if half {
+        tile_avx2::<false, true>(kc, a, lda, b, c, ldc, accumulate)
+    } else {
+        tile_avx2::<false, false>(kc, a, lda, b, c, ldc, accumulate)
+    }
 }
 
 /// The micro-kernel of `isa` on a packed `A` panel ([`kernel`], [`kernel_avx2`]).
@@ -490,6 +529,7 @@ unsafe fn kernel_rows_avx2(
 /// The CPU runs `isa`; otherwise as [`tile`].
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn run_kernel(
     isa: Isa,
     kc: usize,
@@ -498,10 +538,11 @@ unsafe fn run_kernel(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    half: bool,
 ) {
     match isa {
-        Isa::Avx512 => kernel(kc, a, b, c, ldc, accumulate),
-        Isa::Avx2 => kernel_avx2(kc, a, b, c, ldc, accumulate),
+        Isa::Avx512 => kernel(kc, a, b, c, ldc, accumulate, half),
+        Isa::Avx2 => kernel_avx2(kc, a, b, c, ldc, accumulate, half),
     }
 }
 
@@ -522,10 +563,11 @@ unsafe fn run_kernel_rows(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    half: bool,
 ) {
     match isa {
-        Isa::Avx512 => kernel_rows(kc, a, lda, b, c, ldc, accumulate),
-        Isa::Avx2 => kernel_rows_avx2(kc, a, lda, b, c, ldc, accumulate),
+        Isa::Avx512 => kernel_rows(kc, a, lda, b, c, ldc, accumulate, half),
+        Isa::Avx2 => kernel_rows_avx2(kc, a, lda, b, c, ldc, accumulate, half),
     }
 }
 
@@ -574,12 +616,15 @@ unsafe fn block(
             let j0 = (lo + jt) * NR;
             let cols = (n - j0).min(NR);
             let (bpanel, full_cols) = (bpanel.as_ptr(), cols == NR);
+            // A panel with no more than half its columns live (a narrow `C`: the first
+            // layer's weight gradient, 13 wide; a 16-wide layer) computes the half only.
+            let half = cols <= NR / 2;
             for it in 0..in_place {
                 let r0 = it * MR;
                 let arows = a.ptr.add((i0 + r0) * a.rs + p0);
                 let tile = c.ptr.add((i0 + r0) * n + j0);
                 if full_cols {
-                    run_kernel_rows(isa, kc, arows, a.rs, bpanel, tile, n, accumulate);
+                    run_kernel_rows(isa, kc, arows, a.rs, bpanel, tile, n, accumulate, false);
                 } else {
                     run_kernel_rows(
                         isa,
@@ -590,6 +635,7 @@ unsafe fn block(
                         scratch.as_mut_ptr(),
                         NR,
                         false,
+                        half,
                     );
                     add_part(&scratch, MR, tile, n, cols, accumulate);
                 }
@@ -599,7 +645,7 @@ unsafe fn block(
                 let live = (rows - r0).min(MR);
                 let tile = c.ptr.add((i0 + r0) * n + j0);
                 if live == MR && full_cols {
-                    run_kernel(isa, kc, apanel.as_ptr(), bpanel, tile, n, accumulate);
+                    run_kernel(isa, kc, apanel.as_ptr(), bpanel, tile, n, accumulate, false);
                 } else {
                     run_kernel(
                         isa,
@@ -609,6 +655,7 @@ unsafe fn block(
                         scratch.as_mut_ptr(),
                         NR,
                         false,
+                        half,
                     );
                     add_part(&scratch, live, tile, n, cols, accumulate);
                 }
@@ -885,6 +932,10 @@ mod tests {
             (200, 13, 512),
             (2, 600, 1),
             (193, 64, 367),
+            // Last panels with more than half their columns live, and a narrow `C` over
+            // several blocks of `k` (the first layer's weight gradient).
+            (30, 70, 50),
+            (40, 600, 13),
         ] {
             for (ta, tb) in [(false, false), (false, true), (true, false)] {
                 run(isa, m, k, n, 1, ta, tb);
