@@ -19,6 +19,12 @@ fn rate(done: &[f64], a: f64, b: f64) -> Option<f64> {
     Some((hi - lo) as f64 / (b - a))
 }
 
+/// The window before a kill at `kill` (seconds of training) that its throughput is compared
+/// with: [`BEFORE_WINDOW_S`], cut at `first`, training's first answer.
+fn before_window(kill: f64, first: f64) -> (f64, f64) {
+    ((kill - BEFORE_WINDOW_S).max(first), kill)
+}
+
 /// Batches per second in `[a, b)` from batches' spans (handed out, answered): each batch counts
 /// by the part of its span inside the window, so a window that starts where a pause ended,
 /// with every worker's batch handed out at once, counts those batches by the work done in it,
@@ -65,8 +71,8 @@ impl Coordinator {
         let t0 = self.train_t0()?;
         let done = &self.completions;
         let first = *done.first()?;
-        let k = kill - t0;
-        rate(done, (k - BEFORE_WINDOW_S).max(first), k).filter(|&r| r > 0.0)
+        let (a, b) = before_window(kill - t0, first);
+        rate(done, a, b).filter(|&r| r > 0.0)
     }
 
     /// Give every rebuild under way `ppm` of the time; a node that does not answer is lost
@@ -168,8 +174,8 @@ impl Coordinator {
         for b in &ec.report.rebuilds {
             let kill = self.kill_before(b.started_s);
             let before = kill.and_then(|k| {
-                let k = k - t0;
-                span_rate(&self.spans, (k - BEFORE_WINDOW_S).max(first), k).filter(|&r| r > 0.0)
+                let (a, b) = before_window(k - t0, first);
+                span_rate(&self.spans, a, b).filter(|&r| r > 0.0)
             });
             let Some(before) = before else {
                 shares.push(None);
