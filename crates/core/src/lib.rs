@@ -36,6 +36,7 @@ pub mod error;
 pub mod fuzz;
 pub mod ids;
 pub mod optimizer;
+pub mod pages;
 pub mod prefetch;
 pub mod preset;
 pub mod rng;

@@ -53,7 +53,7 @@ impl EmbeddingTable {
             id,
             layout,
             rows,
-            data: vec![0.0; rows as usize * layout.words()],
+            data: crate::pages::zeroed(rows as usize * layout.words()),
         }
     }
 

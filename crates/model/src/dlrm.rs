@@ -635,13 +635,30 @@ pub(crate) mod kernels {
             out: &mut [f32],
         ) {
             let Inter { dim, iw, emb_w } = sh;
-            for (i, o) in out.chunks_exact_mut(iw).enumerate() {
+            #[cfg(target_arch = "x86_64")]
+            if interaction::avx512::serves(dim, emb_w / dim.max(1) + 1) {
+                for (i, o) in out.chunks_exact_mut(iw).enumerate() {
+                    let s = first + i;
+                    // SAFETY: `serves` checked the CPU and the shape.
+                    unsafe {
+                        interaction::avx512::forward(
+                            &z0[s * dim..(s + 1) * dim],
+                            &pooled[s * emb_w..(s + 1) * emb_w],
+                            o,
+                        )
+                    };
+                }
+                return;
+            }
+            // Each sample gets the rest of `out`: the scratch it may write past its own
+            // width lands on the next sample's, which is written after it.
+            for i in 0..out.len() / iw.max(1) {
                 let s = first + i;
                 interaction::forward(
                     dim,
                     &z0[s * dim..(s + 1) * dim],
                     &pooled[s * emb_w..(s + 1) * emb_w],
-                    o,
+                    &mut out[i * iw..],
                 );
             }
         }
@@ -659,12 +676,28 @@ pub(crate) mod kernels {
             de: &mut [f32],
         ) {
             let Inter { dim, iw, emb_w } = sh;
+            #[cfg(target_arch = "x86_64")]
+            let vector = interaction::avx512::serves(dim, emb_w / dim.max(1) + 1);
             for (i, (dz, de)) in dz
                 .chunks_exact_mut(dim)
                 .zip(de.chunks_exact_mut(emb_w))
                 .enumerate()
             {
                 let s = first + i;
+                #[cfg(target_arch = "x86_64")]
+                if vector {
+                    // SAFETY: `serves` checked the CPU and the shape.
+                    unsafe {
+                        interaction::avx512::backward(
+                            &z0[s * dim..(s + 1) * dim],
+                            &pooled[s * emb_w..(s + 1) * emb_w],
+                            &g[s * iw..(s + 1) * iw],
+                            dz,
+                            de,
+                        )
+                    };
+                    continue;
+                }
                 interaction::backward(
                     dim,
                     &z0[s * dim..(s + 1) * dim],

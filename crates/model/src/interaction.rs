@@ -45,8 +45,11 @@ fn axpy(g: f32, x: &[f32], y: &mut [f32]) {
 /// samples take the dot-by-dot path.
 const LANES_N: usize = 32;
 
-/// Forward for one sample: `z0` (`dim`), `emb` (`tables x dim`), `out` (interaction width).
-/// Always inlined, so that it is compiled for the caller's CPU features.
+/// Forward for one sample: `z0` (`dim`), `emb` (`tables x dim`), the interaction into
+/// `out[..width]`. Where `out` has at least [`LANES_N`] more floats, the common dims write their
+/// rows of dots as fixed-width blocks whose tails land past the row (the next row overwrites
+/// them, and past the sample they are scratch for the caller to overwrite): `out[width..]`
+/// then holds no meaning. Always inlined, so that it is compiled for the caller's CPU features.
 #[inline(always)]
 pub(crate) fn forward(dim: usize, z0: &[f32], emb: &[f32], out: &mut [f32]) {
     let n = emb.len() / dim.max(1) + 1;
@@ -66,6 +69,9 @@ pub(crate) fn forward(dim: usize, z0: &[f32], emb: &[f32], out: &mut [f32]) {
 fn forward_columns<const D: usize>(z0: &[f32], emb: &[f32], out: &mut [f32]) {
     const HALF: usize = LANES_N / 2;
     let n = emb.len() / D + 1;
+    // Room past the sample's `width` floats for a row's fixed-width block: without it every
+    // row is copied at its exact length, a call to `memmove` each (1% of a step's cycles).
+    let room = out.len() >= D + n * (n - 1) / 2 + LANES_N;
     // zt[d] = (z_0[d], z_1[d], ..): every vector as a column, padded with zeros.
     let mut zt = [[0.0f32; LANES_N]; D];
     for (d, &v) in z0[..D].iter().enumerate() {
@@ -77,30 +83,87 @@ fn forward_columns<const D: usize>(z0: &[f32], emb: &[f32], out: &mut [f32]) {
         }
     }
     out[..D].copy_from_slice(&z0[..D]);
+    // Rows of dots are computed `GROUP` at a time: each lane's sum over the dim is a chain of
+    // adds, and interleaving independent rows keeps the adder busy instead of waiting for
+    // the chain (the same sums in the same order, so the same bits).
+    const GROUP: usize = 4;
     let mut k = D;
-    for a in 0..n - 1 {
-        let count = n - a - 1;
-        if a + 1 < HALF {
-            let mut acc = [0.0f32; LANES_N];
+    let mut a0 = 0;
+    while a0 < n - 1 {
+        let rows = (n - 1 - a0).min(GROUP);
+        if a0 + rows < HALF + 1 {
+            // Lanes past `LANES_N` stay zero: the source of a fixed-width block's tail.
+            let mut acc = [[0.0f32; LANES_N + HALF]; GROUP];
             for row in &zt {
-                let x = row[a];
-                for j in 0..LANES_N {
-                    acc[j] += x * row[j];
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let x = row[a0 + r];
+                    for j in 0..LANES_N {
+                        acc[j] += x * row[j];
+                    }
                 }
             }
-            out[k..k + count].copy_from_slice(&acc[a + 1..n]);
+            for (r, acc) in acc.iter().enumerate().take(rows) {
+                let a = a0 + r;
+                let count = n - a - 1;
+                if room {
+                    let block: [f32; LANES_N] = acc[a + 1..a + 1 + LANES_N]
+                        .try_into()
+                        .expect("LANES_N lanes");
+                    out[k..k + LANES_N].copy_from_slice(&block);
+                } else {
+                    out[k..k + count].copy_from_slice(&acc[a + 1..n]);
+                }
+                k += count;
+            }
+            a0 += rows;
+        } else if a0 + 1 < HALF {
+            // A group would straddle the half: one row at a time up to it.
+            let rows = HALF - 1 - a0;
+            for a in a0..a0 + rows {
+                let count = n - a - 1;
+                let mut acc = [0.0f32; LANES_N + HALF];
+                for row in &zt {
+                    let x = row[a];
+                    for j in 0..LANES_N {
+                        acc[j] += x * row[j];
+                    }
+                }
+                if room {
+                    let block: [f32; LANES_N] = acc[a + 1..a + 1 + LANES_N]
+                        .try_into()
+                        .expect("LANES_N lanes");
+                    out[k..k + LANES_N].copy_from_slice(&block);
+                } else {
+                    out[k..k + count].copy_from_slice(&acc[a + 1..n]);
+                }
+                k += count;
+            }
+            a0 += rows;
         } else {
             // Lanes below a + 1 are not needed: only the upper half is computed.
-            let mut acc = [0.0f32; HALF];
+            let mut acc = [[0.0f32; LANES_N]; GROUP];
             for row in &zt {
-                let x = row[a];
-                for j in 0..HALF {
-                    acc[j] += x * row[HALF + j];
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let x = row[a0 + r];
+                    for j in 0..HALF {
+                        acc[j] += x * row[HALF + j];
+                    }
                 }
             }
-            out[k..k + count].copy_from_slice(&acc[a + 1 - HALF..n - HALF]);
+            for (r, acc) in acc.iter().enumerate().take(rows) {
+                let a = a0 + r;
+                let count = n - a - 1;
+                if room {
+                    let block: [f32; HALF] =
+                        acc[a + 1 - HALF..a + 1].try_into().expect("HALF lanes");
+                    out[k..k + HALF].copy_from_slice(&block);
+                } else {
+                    out[k..k + count].copy_from_slice(&acc[a + 1 - HALF..n - HALF]);
+                }
+                k += count;
+            }
+            a0 += rows;
         }
-        k += count;
     }
 }
 
@@ -240,6 +303,159 @@ fn backward_generic(
     debug_assert_eq!(k, g.len());
 }
 
+/// The interaction at `dim` 16 with AVX-512F, one vector a register: the column-wise forward
+/// and the register-accumulated backward with explicit vectors, rows of dots written by masked
+/// stores (no copy of a row at its length) and `GROUP` independent sums interleaved (each is
+/// a chain of adds that would otherwise wait on the adder's latency). Every value is the same
+/// chain of multiplies and adds, in the same order, as [`forward`] and [`backward`] compute
+/// it, so the same bits (the tests compare them).
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{pair_index, LANES_N};
+
+    /// Rows computed together.
+    const GROUP: usize = 4;
+
+    /// Whether these kernels serve `dim` with `n` vectors a sample on this CPU.
+    pub(crate) fn serves(dim: usize, n: usize) -> bool {
+        dim == 16 && (1..=LANES_N).contains(&n) && std::arch::is_x86_feature_detected!("avx512f")
+    }
+
+    /// Lanes `from..to` (`0 <= from <= to <= 16`) as a write mask.
+    #[inline(always)]
+    fn lanes(from: usize, to: usize) -> u16 {
+        ((1u32 << to) - (1u32 << from)) as u16
+    }
+
+    /// [`super::forward`] at `dim` 16: `out[..16 + n (n - 1) / 2]` written, nothing past it.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `z0` holds 16 values, `emb` `16 (n - 1)` with `n <= LANES_N`.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn forward(z0: &[f32], emb: &[f32], out: &mut [f32]) {
+        const D: usize = 16;
+        let n = emb.len() / D + 1;
+        let width = D + n * (n - 1) / 2;
+        assert!(n <= LANES_N && z0.len() >= D && out.len() >= width);
+        // v[b] = z_b; zt[d] = (z_0[d], z_1[d], ..), zeros past the last vector.
+        let mut v = [[0.0f32; D]; LANES_N];
+        v[0].copy_from_slice(&z0[..D]);
+        for (vb, e) in v[1..n].iter_mut().zip(emb.chunks_exact(D)) {
+            vb.copy_from_slice(e);
+        }
+        let mut zt = [[0.0f32; LANES_N]; D];
+        for (b, vb) in v.iter().enumerate().take(n) {
+            for (d, &x) in vb.iter().enumerate() {
+                zt[d][b] = x;
+            }
+        }
+        out[..D].copy_from_slice(&z0[..D]);
+        let base = out.as_mut_ptr();
+        let mut k = D;
+        let mut a0 = 0;
+        while a0 + 1 < n {
+            let rows = (n - 1 - a0).min(GROUP);
+            // Lanes below 16 are needed by the rows whose partners start there.
+            let low = a0 + 1 < D;
+            let mut lo = [_mm512_setzero_ps(); GROUP];
+            let mut hi = [_mm512_setzero_ps(); GROUP];
+            for (d, zd) in zt.iter().enumerate() {
+                let rlo = _mm512_loadu_ps(zd.as_ptr());
+                let rhi = _mm512_loadu_ps(zd.as_ptr().add(16));
+                for r in 0..GROUP {
+                    // Rows past the last repeat it; their sums are not stored.
+                    let x = _mm512_set1_ps(v[(a0 + r).min(n - 1)][d]);
+                    if low {
+                        lo[r] = _mm512_add_ps(lo[r], _mm512_mul_ps(x, rlo));
+                    }
+                    hi[r] = _mm512_add_ps(hi[r], _mm512_mul_ps(x, rhi));
+                }
+            }
+            for r in 0..rows {
+                let a = a0 + r;
+                // Lane `b` of row `a` goes to out[k + b - (a + 1)], for b in a + 1..n.
+                let row = base.wrapping_add(k).wrapping_sub(a + 1);
+                if a + 1 < 16 {
+                    _mm512_mask_storeu_ps(row, lanes(a + 1, n.min(16)), lo[r]);
+                }
+                if n > 16 {
+                    let from = (a + 1).max(16) - 16;
+                    _mm512_mask_storeu_ps(row.wrapping_add(16), lanes(from, n - 16), hi[r]);
+                }
+                k += n - a - 1;
+            }
+            a0 += rows;
+        }
+    }
+
+    /// [`super::backward`] at `dim` 16.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `z0` and `dz0` hold 16 values, `emb` and `demb` `16 (n - 1)` with
+    /// `n <= LANES_N`, `g` the interaction's width.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn backward(
+        z0: &[f32],
+        emb: &[f32],
+        g: &[f32],
+        dz0: &mut [f32],
+        demb: &mut [f32],
+    ) {
+        const D: usize = 16;
+        let n = emb.len() / D + 1;
+        assert!(
+            n <= LANES_N
+                && z0.len() >= D
+                && dz0.len() >= D
+                && demb.len() >= emb.len()
+                && g.len() >= D + n * (n - 1) / 2
+        );
+        let mut v = [_mm512_setzero_ps(); LANES_N];
+        v[0] = _mm512_loadu_ps(z0.as_ptr());
+        for (vb, e) in v[1..n].iter_mut().zip(emb.chunks_exact(D)) {
+            *vb = _mm512_loadu_ps(e.as_ptr());
+        }
+        // Pair (lo, hi), lo < hi, is at g[row[lo] + hi].
+        let mut row = [0usize; LANES_N];
+        for (lo, r) in row.iter_mut().enumerate().take(n) {
+            *r = pair_index(D, n, lo, lo + 1) - (lo + 1);
+        }
+        let mut a0 = 0;
+        while a0 < n {
+            let rows = (n - a0).min(GROUP);
+            let mut acc = [_mm512_setzero_ps(); GROUP];
+            if a0 == 0 {
+                acc[0] = _mm512_loadu_ps(g.as_ptr());
+            }
+            // Step t adds vector a's t-th partner: t below a, t + 1 from a on.
+            for t in 0..n - 1 {
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let a = (a0 + r).min(n - 1);
+                    let (at, b) = if t < a {
+                        (row[t] + a, t)
+                    } else {
+                        (row[a] + t + 1, t + 1)
+                    };
+                    let gp = _mm512_set1_ps(g[at]);
+                    *acc = _mm512_add_ps(*acc, _mm512_mul_ps(gp, v[b]));
+                }
+            }
+            for (r, acc) in acc.iter().enumerate().take(rows) {
+                let a = a0 + r;
+                let dst = if a == 0 {
+                    &mut dz0[..D]
+                } else {
+                    &mut demb[(a - 1) * D..a * D]
+                };
+                _mm512_storeu_ps(dst.as_mut_ptr(), *acc);
+            }
+            a0 += rows;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,7 +483,17 @@ mod tests {
     /// backward bit for bit (it adds the same terms in the same order).
     #[test]
     fn fast_paths_match_the_generic_ones() {
-        for (dim, tables) in [(8, 3), (16, 26), (16, 15), (16, 16), (32, 31), (8, 1)] {
+        for (dim, tables) in [
+            (8, 3),
+            (16, 26),
+            (16, 15),
+            (16, 16),
+            (16, 31),
+            (16, 1),
+            (16, 3),
+            (32, 31),
+            (8, 1),
+        ] {
             let n = tables + 1;
             let iw = dim + n * (n - 1) / 2;
             let f = |seed: f32, len: usize| -> Vec<f32> {
@@ -277,6 +503,15 @@ mod tests {
             let (mut fast, mut slow) = (vec![0.0; iw], vec![0.0; iw]);
             forward(dim, &z0, &emb, &mut fast);
             forward_dots(dim, &z0, &emb, &mut slow);
+            // With room past the sample, rows are written as fixed-width blocks: the same
+            // values in the sample's width.
+            let mut roomy = vec![5.0; iw + LANES_N];
+            forward(dim, &z0, &emb, &mut roomy);
+            assert_eq!(
+                roomy[..iw].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                fast.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "dim {dim}, {tables} tables: blocks against exact rows"
+            );
             for (i, (x, y)) in fast.iter().zip(&slow).enumerate() {
                 assert!(
                     (x - y).abs() <= 1e-5 * y.abs().max(1.0),
@@ -288,6 +523,25 @@ mod tests {
             backward(dim, &z0, &emb, &g, &mut dz_f, &mut de_f);
             backward_generic(dim, &z0, &emb, &g, &mut dz_s, &mut de_s);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            #[cfg(target_arch = "x86_64")]
+            if avx512::serves(dim, n) {
+                // SAFETY: `serves` checked the CPU and the shape.
+                let mut vec_out = vec![3.0; iw + 7];
+                unsafe { avx512::forward(&z0, &emb, &mut vec_out) };
+                assert_eq!(
+                    bits(&vec_out[..iw]),
+                    bits(&fast),
+                    "dim {dim}, {tables}: forward"
+                );
+                assert!(
+                    vec_out[iw..].iter().all(|&x| x == 3.0),
+                    "written past the width"
+                );
+                let (mut dz_v, mut de_v) = (vec![1.0; dim], vec![1.0; tables * dim]);
+                unsafe { avx512::backward(&z0, &emb, &g, &mut dz_v, &mut de_v) };
+                assert_eq!(bits(&dz_v), bits(&dz_s), "dim {dim}, {tables} tables: dz0");
+                assert_eq!(bits(&de_v), bits(&de_s), "dim {dim}, {tables} tables: demb");
+            }
             assert_eq!(bits(&dz_f), bits(&dz_s), "dim {dim}, {tables} tables: dz0");
             assert_eq!(bits(&de_f), bits(&de_s), "dim {dim}, {tables} tables: demb");
         }
