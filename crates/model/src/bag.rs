@@ -240,7 +240,14 @@ fn scatter_table(
     grad_pooled: &[f32],
     acc: &mut SparseGradAccumulator,
 ) {
-    for i in 0..f.offsets.len() - 1 {
+    let samples = f.offsets.len() - 1;
+    for i in 0..samples {
+        // A table's gradients lie a whole sample apart, several to a page: a stride the
+        // hardware's prefetchers do not follow across pages, so it is asked for ahead.
+        if i + AHEAD < samples {
+            let next = ((i + AHEAD) * tables + t) * dim;
+            ftrec_core::prefetch::prefetch(&grad_pooled[next..next + dim]);
+        }
         let g = &grad_pooled[(i * tables + t) * dim..(i * tables + t + 1) * dim];
         for &row in f.bag(i) {
             acc.add(row, g);
