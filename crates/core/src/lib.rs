@@ -12,7 +12,8 @@
 //! - the [`ModelDigest`], the single number the correctness oracle compares,
 //! - a small counter-based RNG ([`rng`]) so that every row's initial value is a pure function of
 //!   `(seed, table, row)`, whatever the sharding,
-//! - software [`prefetch`] of the rows a loop is about to touch, and [`simd`] kernels compiled
+//! - software [`prefetch`] of the rows a loop is about to touch, transparent huge [`pages`] for
+//!   large tables, and [`simd`] kernels compiled
 //!   for the CPU they run on (AVX-512F, AVX2 or the baseline) with the same bits on each,
 //! - support for the tests that fuzz every reader of untrusted bytes ([`fuzz`]: byte mutations
 //!   and a probe of the largest allocation a call makes).
