@@ -85,18 +85,21 @@ fn forward_columns<const D: usize>(z0: &[f32], emb: &[f32], out: &mut [f32]) {
     out[..D].copy_from_slice(&z0[..D]);
     // Rows of dots are computed `GROUP` at a time: each lane's sum over the dim is a chain of
     // adds, and interleaving independent rows keeps the adder busy instead of waiting for
-    // the chain (the same sums in the same order, so the same bits).
+    // the chain (the same sums in the same order, so the same bits). Groups start at
+    // multiples of `GROUP`, which divides `HALF`: a group lies wholly in one half.
     const GROUP: usize = 4;
+    const { assert!(HALF.is_multiple_of(GROUP)) };
     let mut k = D;
-    let mut a0 = 0;
-    while a0 < n - 1 {
+    for a0 in (0..n - 1).step_by(GROUP) {
         let rows = (n - 1 - a0).min(GROUP);
-        if a0 + rows < HALF + 1 {
+        // Rows past the last repeat it; their sums are not stored.
+        let at = |r: usize| (a0 + r).min(n - 2);
+        if a0 < HALF {
             // Lanes past `LANES_N` stay zero: the source of a fixed-width block's tail.
             let mut acc = [[0.0f32; LANES_N + HALF]; GROUP];
             for row in &zt {
                 for (r, acc) in acc.iter_mut().enumerate() {
-                    let x = row[a0 + r];
+                    let x = row[at(r)];
                     for j in 0..LANES_N {
                         acc[j] += x * row[j];
                     }
@@ -115,36 +118,12 @@ fn forward_columns<const D: usize>(z0: &[f32], emb: &[f32], out: &mut [f32]) {
                 }
                 k += count;
             }
-            a0 += rows;
-        } else if a0 + 1 < HALF {
-            // A group would straddle the half: one row at a time up to it.
-            let rows = HALF - 1 - a0;
-            for a in a0..a0 + rows {
-                let count = n - a - 1;
-                let mut acc = [0.0f32; LANES_N + HALF];
-                for row in &zt {
-                    let x = row[a];
-                    for j in 0..LANES_N {
-                        acc[j] += x * row[j];
-                    }
-                }
-                if room {
-                    let block: [f32; LANES_N] = acc[a + 1..a + 1 + LANES_N]
-                        .try_into()
-                        .expect("LANES_N lanes");
-                    out[k..k + LANES_N].copy_from_slice(&block);
-                } else {
-                    out[k..k + count].copy_from_slice(&acc[a + 1..n]);
-                }
-                k += count;
-            }
-            a0 += rows;
         } else {
             // Lanes below a + 1 are not needed: only the upper half is computed.
             let mut acc = [[0.0f32; LANES_N]; GROUP];
             for row in &zt {
                 for (r, acc) in acc.iter_mut().enumerate() {
-                    let x = row[a0 + r];
+                    let x = row[at(r)];
                     for j in 0..HALF {
                         acc[j] += x * row[HALF + j];
                     }
@@ -162,7 +141,6 @@ fn forward_columns<const D: usize>(z0: &[f32], emb: &[f32], out: &mut [f32]) {
                 }
                 k += count;
             }
-            a0 += rows;
         }
     }
 }
