@@ -104,9 +104,8 @@ fn check_pooled(
 /// Pool the samples from `first` on into `out` (whole samples of `tables x dim` floats), sample
 /// by sample, so that `out` is written in order (table by table, each table's pass wrote one
 /// 64-byte piece per sample a whole sample apart, a miss each: pooling 1.7-2.5 -> 1.4-1.5 ms a
-/// step on `small`). Before a sample is pooled, `ahead(table, row)`
-/// is called for every row of the sample [`SAMPLES_AHEAD`] further on (a prefetch hint; it
-/// changes no value).
+/// step on `small`). Before a sample is pooled, `ahead(table, row)` is called for every row of
+/// the sample [`SAMPLES_AHEAD`] further on (a prefetch hint; it changes no value).
 fn pool_range<'a, F, A>(
     features: &[SparseFeature],
     first: usize,
