@@ -307,6 +307,50 @@ pub(crate) mod avx512 {
         ((1u32 << to) - (1u32 << from)) as u16
     }
 
+    /// Permutation indices of stage `bit` of [`transpose`]: lanes of the row whose index has
+    /// `bit` clear (`keep_clear`) or set.
+    #[inline(always)]
+    unsafe fn stage_indices(bit: usize, keep_clear: bool) -> __m512i {
+        let mut idx = [0i32; 16];
+        for (d, x) in idx.iter_mut().enumerate() {
+            let own = (d & bit == 0) == keep_clear;
+            // Lanes 16.. of `permutex2var`'s index pick from the second (partner) row.
+            *x = match (own, keep_clear) {
+                (true, true) => d,
+                (false, true) => 16 + (d ^ bit),
+                (true, false) => 16 + d,
+                (false, false) => d ^ bit,
+            } as i32;
+        }
+        _mm512_loadu_si512(idx.as_ptr().cast())
+    }
+
+    /// Transposes the 16x16 matrix whose rows are `r` in registers: afterwards lane `b` of
+    /// `r[d]` is what lane `d` of `r[b]` was. Four stages, each swapping one bit of the row
+    /// index with the same bit of the lane index (rows `i` and `i | bit` trade the lanes in
+    /// which they differ), 64 two-source permutes in all.
+    #[inline(always)]
+    unsafe fn transpose(r: &mut [__m512; 16]) {
+        for bit in [1usize, 2, 4, 8] {
+            let (lo_idx, hi_idx) = (stage_indices(bit, true), stage_indices(bit, false));
+            for i in (0..16).filter(|i| i & bit == 0) {
+                let (a, b) = (r[i], r[i | bit]);
+                r[i] = _mm512_permutex2var_ps(a, lo_idx, b);
+                r[i | bit] = _mm512_permutex2var_ps(a, hi_idx, b);
+            }
+        }
+    }
+
+    /// Where vector `b` of a sample starts: `z0` for 0, then the pooled embeddings.
+    #[inline(always)]
+    fn vector_ptrs(z0: &[f32], emb: &[f32], n: usize) -> [*const f32; LANES_N] {
+        let mut p = [z0.as_ptr(); LANES_N];
+        for (pb, e) in p[1..n].iter_mut().zip(emb.chunks_exact(16)) {
+            *pb = e.as_ptr();
+        }
+        p
+    }
+
     /// [`super::forward`] at `dim` 16: `out[..16 + n (n - 1) / 2]` written, nothing past it.
     ///
     /// # Safety
@@ -317,16 +361,19 @@ pub(crate) mod avx512 {
         let n = emb.len() / D + 1;
         let width = D + n * (n - 1) / 2;
         assert!(n <= LANES_N && z0.len() >= D && out.len() >= width);
-        // v[b] = z_b; zt[d] = (z_0[d], z_1[d], ..), zeros past the last vector.
-        let mut v = [[0.0f32; D]; LANES_N];
-        v[0].copy_from_slice(&z0[..D]);
-        for (vb, e) in v[1..n].iter_mut().zip(emb.chunks_exact(D)) {
-            vb.copy_from_slice(e);
-        }
-        let mut zt = [[0.0f32; LANES_N]; D];
-        for (b, vb) in v.iter().enumerate().take(n) {
-            for (d, &x) in vb.iter().enumerate() {
-                zt[d][b] = x;
+        let vp = vector_ptrs(z0, emb, n);
+        // zt[h][d] = (z_16h[d], z_16h+1[d], ..): the vectors as columns, transposed in
+        // registers, zeros past the last vector.
+        let mut zt = [[_mm512_setzero_ps(); D]; 2];
+        for (h, half) in zt.iter_mut().enumerate() {
+            for (j, r) in half.iter_mut().enumerate() {
+                let b = 16 * h + j;
+                if b < n {
+                    *r = _mm512_loadu_ps(vp[b]);
+                }
+            }
+            if 16 * h < n {
+                transpose(half);
             }
         }
         out[..D].copy_from_slice(&z0[..D]);
@@ -337,14 +384,13 @@ pub(crate) mod avx512 {
             let rows = (n - 1 - a0).min(GROUP);
             // Lanes below 16 are needed by the rows whose partners start there.
             let low = a0 + 1 < D;
+            // Rows past the last repeat it; their sums are not stored.
+            let row: [*const f32; GROUP] = std::array::from_fn(|r| vp[(a0 + r).min(n - 1)]);
             let mut lo = [_mm512_setzero_ps(); GROUP];
             let mut hi = [_mm512_setzero_ps(); GROUP];
-            for (d, zd) in zt.iter().enumerate() {
-                let rlo = _mm512_loadu_ps(zd.as_ptr());
-                let rhi = _mm512_loadu_ps(zd.as_ptr().add(16));
+            for (d, (&rlo, &rhi)) in zt[0].iter().zip(&zt[1]).enumerate() {
                 for r in 0..GROUP {
-                    // Rows past the last repeat it; their sums are not stored.
-                    let x = _mm512_set1_ps(v[(a0 + r).min(n - 1)][d]);
+                    let x = _mm512_set1_ps(*row[r].add(d));
                     if low {
                         lo[r] = _mm512_add_ps(lo[r], _mm512_mul_ps(x, rlo));
                     }
