@@ -64,11 +64,36 @@ impl DenseParams {
     /// One optimizer step with the full dense gradient `grad` (same layout as `values`).
     pub fn apply(&mut self, opt: &Optimizer, grad: &[f32]) {
         assert_eq!(grad.len(), self.values.len(), "dense gradient length");
-        for i in 0..self.blocks() {
-            let lo = i * DENSE_BLOCK;
-            let hi = (lo + DENSE_BLOCK).min(grad.len());
-            let (v, s) = self.block_mut(i, opt);
-            opt.apply_split(v, s, &grad[lo..hi]);
+        for mut range in self.split_mut(1) {
+            range.apply(opt, grad);
+        }
+    }
+
+    /// The blocks cut into at most `parts` contiguous ranges of whole blocks (at least one
+    /// range), each of which can take its optimizer step on its own thread: a block's step
+    /// reads only its own values, state and gradient, so the result does not depend on the cut.
+    pub fn split_mut(&mut self, parts: usize) -> Vec<DenseRange<'_>> {
+        let blocks = self.blocks();
+        let per = blocks.div_ceil(parts.clamp(1, blocks.max(1))).max(1);
+        let spb = self.state_per_block;
+        let mut out = Vec::with_capacity(parts.max(1));
+        let (mut values, mut state) = (&mut self.values[..], &mut self.state[..]);
+        let mut first = 0;
+        loop {
+            let n = per.min(blocks - first);
+            let (v, v_rest) = values.split_at_mut((n * DENSE_BLOCK).min(values.len()));
+            let (s, s_rest) = state.split_at_mut(n * spb);
+            out.push(DenseRange {
+                first,
+                values: v,
+                state: s,
+                state_per_block: spb,
+            });
+            (values, state) = (v_rest, s_rest);
+            first += n;
+            if first >= blocks {
+                return out;
+            }
         }
     }
 
@@ -83,6 +108,34 @@ impl DenseParams {
                 &self.values[lo..hi],
                 &self.state[s..s + self.state_per_block],
             );
+        }
+    }
+}
+
+/// Whole blocks `first..` of a [`DenseParams`], from [`DenseParams::split_mut`].
+#[derive(Debug)]
+pub struct DenseRange<'a> {
+    first: usize,
+    values: &'a mut [f32],
+    state: &'a mut [f32],
+    state_per_block: usize,
+}
+
+impl DenseRange<'_> {
+    /// The range's part of an optimizer step with the full dense gradient `grad` (the layout
+    /// of [`DenseParams::values`]).
+    pub fn apply(&mut self, opt: &Optimizer, grad: &[f32]) {
+        let lo = self.first * DENSE_BLOCK;
+        let grad = &grad[lo..lo + self.values.len()];
+        for (i, (v, g)) in self
+            .values
+            .chunks_mut(DENSE_BLOCK)
+            .zip(grad.chunks(DENSE_BLOCK))
+            .enumerate()
+        {
+            // The last block may be short: its state is the prefix of its slot it needs.
+            let s = i * self.state_per_block;
+            opt.apply_split(v, &mut self.state[s..s + opt.state_words(v.len())], g);
         }
     }
 }
@@ -123,5 +176,33 @@ mod tests {
         let mut d = ModelDigest::new();
         p.digest_into(&mut d);
         assert_eq!(d.items(), 3);
+    }
+
+    #[test]
+    fn a_step_split_into_ranges_gives_the_bits_of_the_whole() {
+        // Every optimizer (SGD has no state words, row-wise Adagrad one a block), a short last
+        // block, and more parts than blocks.
+        let n = DENSE_BLOCK * 5 + 7;
+        let values: Vec<f32> = (0..n).map(|i| (i as f32 * 0.013).cos()).collect();
+        let grad: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+        for kind in OptimizerKind::ALL {
+            let opt = Optimizer::new(kind, 0.1);
+            let mut whole = DenseParams::new(values.clone(), &opt);
+            whole.apply(&opt, &grad);
+            for parts in [1, 2, 3, 6, 9] {
+                let mut split = DenseParams::new(values.clone(), &opt);
+                let ranges = split.split_mut(parts);
+                assert_eq!(ranges.len(), parts.min(6), "{kind:?}, {parts} parts");
+                for mut r in ranges {
+                    r.apply(&opt, &grad);
+                }
+                let bits = |p: &DenseParams| {
+                    (p.values.iter().chain(&p.state))
+                        .map(|x| x.to_bits())
+                        .collect::<Vec<_>>()
+                };
+                assert_eq!(bits(&split), bits(&whole), "{kind:?}, {parts} parts");
+            }
+        }
     }
 }

@@ -46,7 +46,7 @@ pub mod sparse;
 pub mod table;
 
 pub use batch::{samples_per_s, Batch, SparseFeature, NUM_DENSE, NUM_SPARSE};
-pub use dense::{DenseParams, DENSE_BLOCK};
+pub use dense::{DenseParams, DenseRange, DENSE_BLOCK};
 pub use digest::ModelDigest;
 pub use error::CoreError;
 pub use ids::{RowId, ServerId, ShardMap, TableId};

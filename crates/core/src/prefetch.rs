@@ -32,6 +32,19 @@ pub fn prefetch(words: &[f32]) {
     let _ = words;
 }
 
+/// Hint that the value `x` will be used soon: its cache line is requested.
+#[inline(always)]
+pub fn prefetch_value<T>(x: &T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: as in `prefetch`: a hint that cannot fault, at the address of a live value.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(x).cast::<i8>()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -42,6 +55,7 @@ mod tests {
         prefetch(&words);
         prefetch(&words[3..4]);
         prefetch(&[]);
+        prefetch_value(&words[7]);
         assert_eq!(words, (0..40).map(|i| i as f32).collect::<Vec<_>>());
     }
 }

@@ -257,6 +257,9 @@ fn scatter_table(
         if i + AHEAD < samples {
             let next = ((i + AHEAD) * tables + t) * dim;
             ftrec_core::prefetch::prefetch(&grad_pooled[next..next + dim]);
+            for &row in f.bag(i + AHEAD) {
+                acc.prefetch(row);
+            }
         }
         let g = &grad_pooled[(i * tables + t) * dim..(i * tables + t + 1) * dim];
         for &row in f.bag(i) {

@@ -327,8 +327,14 @@ impl Dlrm {
     }
 
     /// One optimizer step on the dense parameters with the gradient `grad` (layout of the
-    /// values, e.g. [`Workspace::grad_params`] or a sum of workers' gradients).
-    pub fn apply_gradients(&mut self, opt: &Optimizer, grad: &[f32]) -> Result<(), ModelError> {
+    /// values, e.g. [`Workspace::grad_params`] or a sum of workers' gradients), its blocks
+    /// spread over up to `threads` threads.
+    pub fn apply_gradients(
+        &mut self,
+        opt: &Optimizer,
+        grad: &[f32],
+        threads: usize,
+    ) -> Result<(), ModelError> {
         if grad.len() != self.params.len() {
             return Err(ModelError::ShapeMismatch {
                 what: "dense gradient",
@@ -344,7 +350,20 @@ impl Dlrm {
                 got: self.params.state.len(),
             });
         }
-        self.params.apply(opt, grad);
+        // Blocks are independent (`DenseParams::split_mut`): the same bits at any thread count.
+        let parts = threads
+            .min(self.params.len() / crate::par::MIN_WORK_PER_THREAD)
+            .max(1);
+        let mut ranges = self.params.split_mut(parts).into_iter();
+        let head = ranges.next();
+        rayon::in_place_scope(|s| {
+            for mut range in ranges {
+                s.spawn(move |_| range.apply(opt, grad));
+            }
+            if let Some(mut range) = head {
+                range.apply(opt, grad);
+            }
+        });
         Ok(())
     }
 
@@ -1083,7 +1102,7 @@ mod tests {
         ));
         let n = model.params().len();
         assert!(matches!(
-            model.apply_gradients(&sgd(), &vec![0.0; n - 1]),
+            model.apply_gradients(&sgd(), &vec![0.0; n - 1], 1),
             Err(ModelError::ShapeMismatch {
                 what: "dense gradient",
                 ..
@@ -1091,7 +1110,7 @@ mod tests {
         ));
         let adam = Optimizer::new(OptimizerKind::Adam, 0.01);
         assert!(matches!(
-            model.apply_gradients(&adam, &vec![0.0; n]),
+            model.apply_gradients(&adam, &vec![0.0; n], 1),
             Err(ModelError::OptimizerMismatch { .. })
         ));
         model.params_mut().values.pop();
@@ -1156,7 +1175,7 @@ mod tests {
         for step in 0..400u64 {
             let (d, p, l) = make(2 * step + 1);
             model.forward_backward(&mut ws, &d, &p, &l).unwrap();
-            model.apply_gradients(&opt, ws.grad_params()).unwrap();
+            model.apply_gradients(&opt, ws.grad_params(), 1).unwrap();
         }
         let last = model.forward_backward(&mut ws, &d0, &p0, &l0).unwrap();
         let mut probs = Vec::new();

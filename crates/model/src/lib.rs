@@ -51,7 +51,7 @@
 //!
 //! let mut accs = vec![SparseGradAccumulator::new(cfg.dim); cfg.tables];
 //! scatter_grads(&features, 2, cfg.dim, ws.grad_pooled(), &mut accs)?;
-//! model.apply_gradients(&opt, ws.grad_params())?;
+//! model.apply_gradients(&opt, ws.grad_params(), 1)?;
 //! # Ok::<(), ftrec_model::ModelError>(())
 //! ```
 

@@ -50,6 +50,15 @@ pub struct StepTiming {
     pub data_cpu_s: f64,
 }
 
+/// One gradient accumulator a table, each with a dense row index (the tables live here, so
+/// their rows are known and the index costs 4 bytes a row next to the row's 64 or more).
+fn accumulators(p: &ftrec_core::Preset) -> Vec<SparseGradAccumulator> {
+    p.table_rows
+        .iter()
+        .map(|&rows| SparseGradAccumulator::with_dense_index(p.dim, rows))
+        .collect()
+}
+
 impl LocalTrainer {
     /// Fresh tables and model, initialised from `cfg.seed`.
     pub fn new(cfg: &TrainConfig) -> Result<LocalTrainer, WorkerError> {
@@ -68,9 +77,7 @@ impl LocalTrainer {
         let ws = model.workspace(cfg.batch, cfg.threads)?;
         Ok(LocalTrainer {
             cfg: cfg.clone(),
-            accs: (0..p.table_rows.len())
-                .map(|_| SparseGradAccumulator::new(p.dim))
-                .collect(),
+            accs: accumulators(p),
             pooled: Vec::new(),
             tables,
             model,
@@ -124,9 +131,7 @@ impl LocalTrainer {
         let ws = model.workspace(cfg.batch, cfg.threads)?;
         Ok(LocalTrainer {
             cfg: cfg.clone(),
-            accs: (0..p.table_rows.len())
-                .map(|_| SparseGradAccumulator::new(p.dim))
-                .collect(),
+            accs: accumulators(p),
             pooled: Vec::new(),
             tables,
             model,
@@ -197,8 +202,11 @@ impl LocalTrainer {
             self.cfg.threads,
         )?;
         let t3 = Instant::now();
-        self.model
-            .apply_gradients(&self.cfg.dense_optimizer, self.ws.grad_params())?;
+        self.model.apply_gradients(
+            &self.cfg.dense_optimizer,
+            self.ws.grad_params(),
+            self.cfg.threads,
+        )?;
         let t4 = Instant::now();
 
         self.timing.pool_s += (t1 - t0).as_secs_f64();
