@@ -31,7 +31,11 @@ impl SparseFeature {
         if self.offsets.is_empty() {
             self.offsets.push(0);
         }
-        self.ids.extend_from_slice(ids);
+        match ids {
+            // One id (a one-hot feature, the common bag) without a call to copy 8 bytes.
+            &[id] => self.ids.push(id),
+            _ => self.ids.extend_from_slice(ids),
+        }
         self.offsets.push(self.ids.len() as u32);
     }
 
