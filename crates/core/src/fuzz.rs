@@ -15,10 +15,9 @@
 //! It refuses any single allocation above [`HARD_CAP`] (the process aborts with "memory
 //! allocation of N bytes failed", naming the size) instead of letting a huge declared length
 //! thrash the machine; an allocator must not unwind, so that is the loudest failure it can give.
-
 //!
 //! With the `proptest` feature (enabled by the dev-dependencies of the crates that fuzz),
-//! [`strategies`] holds the proptest strategies those tests share: the case count, the values
+//! the `strategies` module holds the proptest strategies those tests share: the case count, the values
 //! written over length fields, and the mutations themselves.
 
 use std::alloc::{GlobalAlloc, Layout, System};
