@@ -17,8 +17,8 @@
 //! thrash the machine; an allocator must not unwind, so that is the loudest failure it can give.
 //!
 //! With the `proptest` feature (enabled by the dev-dependencies of the crates that fuzz),
-//! the `strategies` module holds the proptest strategies those tests share: the case count, the values
-//! written over length fields, and the mutations themselves.
+//! the `strategies` module holds the proptest strategies those tests share: the case count,
+//! the values written over length fields, and the mutations themselves.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
