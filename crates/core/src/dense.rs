@@ -64,9 +64,13 @@ impl DenseParams {
     /// One optimizer step with the full dense gradient `grad` (same layout as `values`).
     pub fn apply(&mut self, opt: &Optimizer, grad: &[f32]) {
         assert_eq!(grad.len(), self.values.len(), "dense gradient length");
-        for mut range in self.split_mut(1) {
-            range.apply(opt, grad);
+        DenseRange {
+            first: 0,
+            values: &mut self.values,
+            state: &mut self.state,
+            state_per_block: self.state_per_block,
         }
+        .apply(opt, grad);
     }
 
     /// The blocks cut into at most `parts` contiguous ranges of whole blocks (at least one
