@@ -6,6 +6,7 @@
 //! state slot of `state_words(DENSE_BLOCK)` words. A "row" of row-wise Adagrad is a block.
 
 use crate::{ModelDigest, Optimizer};
+use std::ops::Range;
 
 /// Values per dense block.
 pub const DENSE_BLOCK: usize = 256;
@@ -56,9 +57,8 @@ impl DenseParams {
     pub fn block_mut(&mut self, i: usize, opt: &Optimizer) -> (&mut [f32], &mut [f32]) {
         let lo = i * DENSE_BLOCK;
         let hi = (lo + DENSE_BLOCK).min(self.values.len());
-        let s = i * self.state_per_block;
-        let sw = opt.state_words(hi - lo);
-        (&mut self.values[lo..hi], &mut self.state[s..s + sw])
+        let s = state_of(i, hi - lo, self.state_per_block, opt);
+        (&mut self.values[lo..hi], &mut self.state[s])
     }
 
     /// One optimizer step with the full dense gradient `grad` (same layout as `values`).
@@ -137,11 +137,18 @@ impl DenseRange<'_> {
             .zip(grad.chunks(DENSE_BLOCK))
             .enumerate()
         {
-            // The last block may be short: its state is the prefix of its slot it needs.
-            let s = i * self.state_per_block;
-            opt.apply_split(v, &mut self.state[s..s + opt.state_words(v.len())], g);
+            let s = state_of(i, v.len(), self.state_per_block, opt);
+            opt.apply_split(v, &mut self.state[s], g);
         }
     }
+}
+
+/// Where the optimizer state of block `i`, of `len` values, lies in a state buffer of
+/// `state_per_block` words a block: the last block may be short, and its state is then the
+/// prefix of its slot it needs.
+fn state_of(i: usize, len: usize, state_per_block: usize, opt: &Optimizer) -> Range<usize> {
+    let s = i * state_per_block;
+    s..s + opt.state_words(len)
 }
 
 #[cfg(test)]
