@@ -85,6 +85,25 @@ impl RunSummary {
     }
 }
 
+/// ECRec's CPU while training over the `none` run of the same repeat, in milliseconds per
+/// committed transaction, one figure per pair (pairs whose ECRec run committed nothing or
+/// did not end normally left out). Servers and workers share the cores, so a ratio of times
+/// moves with the host's speed; the CPU an update costs moves much less.
+fn extra_cpu_ms_per_txn<'a>(
+    ecrec: impl IntoIterator<Item = &'a RunSummary>,
+    none: &[&RunSummary],
+) -> Vec<f64> {
+    ecrec
+        .into_iter()
+        .zip(none)
+        .filter_map(|(e, n)| {
+            let txns = e.report.ec.as_ref()?.steps_committed;
+            (txns > 0 && e.train_cpu_s() > 0.0 && n.train_cpu_s() > 0.0)
+                .then(|| (e.train_cpu_s() - n.train_cpu_s()) * 1e3 / txns as f64)
+        })
+        .collect()
+}
+
 /// Mean, smallest and largest of some ratios minus one (overheads).
 #[derive(Serialize, Clone, Copy)]
 struct Spread {
@@ -140,6 +159,9 @@ struct Variant {
     server_cpu_overhead: Option<Spread>,
     /// Mean cost of one commit (both phases) as its coordinator (worker or coordinator) saw it.
     commit_per_update_s: f64,
+    /// CPU (servers + workers) while training over the `none` run's, in ms per committed
+    /// transaction ([`extra_cpu_ms_per_txn`]).
+    extra_cpu_ms_per_txn: Option<MeanCi>,
     /// Cluster memory (model + parities + dense copies) over the model's, and `(k+r)/k`.
     memory_overhead: f64,
     code_overhead: f64,
@@ -207,6 +229,10 @@ struct SweepPoint {
     /// Mean CPU seconds (servers + workers) while training.
     none_train_cpu_s: f64,
     ecrec_train_cpu_s: f64,
+    /// ECRec's CPU while training over `none`'s in ms per committed transaction
+    /// ([`extra_cpu_ms_per_txn`]): the mean over the repeats and its 95% half-width.
+    extra_cpu_ms_per_txn: Option<f64>,
+    extra_cpu_ms_per_txn_ci95: Option<f64>,
     /// Largest over smallest training time of the `none` runs at this count, minus one.
     none_spread: f64,
     /// Mean share of the ECRec transactions' time spent waiting for other transactions.
@@ -636,6 +662,7 @@ fn compare_variant(v: &mut Variant, none: &[&RunSummary]) {
     v.server_cpu_overhead = Spread::of(&per(&|r| r.servers_cpu_s));
     let ecs: Vec<_> = v.runs.iter().filter_map(|r| r.report.ec.clone()).collect();
     v.commit_per_update_s = ecs.iter().map(|e| e.per_step_s).sum::<f64>() / ecs.len().max(1) as f64;
+    v.extra_cpu_ms_per_txn = MeanCi::of(&extra_cpu_ms_per_txn(&v.runs, none));
     if let Some(e) = ecs.first() {
         v.memory_overhead = e.memory.overhead;
         v.code_overhead = e.memory.code_overhead;
@@ -670,6 +697,7 @@ fn sweep_point(
     };
     let overhead = crate::timeline::mean_ci95(&ratios(&|r| r.train_s));
     let cpu = crate::timeline::mean_ci95(&ratios(&|r| r.train_cpu_s()));
+    let per_txn = crate::timeline::mean_ci95(&extra_cpu_ms_per_txn(ecrec.iter().copied(), none));
     let of = |runs: &[&RunSummary], f: &dyn Fn(&RunSummary) -> f64| {
         mean(&runs.iter().map(|r| f(r)).collect::<Vec<_>>()).unwrap_or(0.0)
     };
@@ -685,6 +713,8 @@ fn sweep_point(
         train_cpu_overhead_ci95: cpu.and_then(|o| o.1),
         none_train_cpu_s: of(none, &|r| r.train_cpu_s()),
         ecrec_train_cpu_s: of(ecrec, &|r| r.train_cpu_s()),
+        extra_cpu_ms_per_txn: per_txn.map(|o| o.0),
+        extra_cpu_ms_per_txn_ci95: per_txn.and_then(|o| o.1),
         none_spread: spread_of(none, &|r| r.train_s),
         lock_wait_share: mean(&ecs.iter().map(|e| e.lock_wait_share).collect::<Vec<_>>()),
         lock_wait: (!ecs.is_empty()).then(|| {
@@ -863,6 +893,7 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
                     cpu_overhead: None,
                     server_cpu_overhead: None,
                     commit_per_update_s: 0.0,
+                    extra_cpu_ms_per_txn: None,
                     memory_overhead: 0.0,
                     code_overhead: 0.0,
                     runs: Vec::new(),
@@ -1142,8 +1173,8 @@ pub fn run(run: RunArgs, plan: Plan) -> Result<()> {
     for v in &b.variants {
         println!(
             "{}: training time {}, CPU time while training {} (servers' {}), whole \
-             processes {} (servers' {}); {:.3} ms per commit, memory x{:.3} (code (k+r)/k = \
-             {:.3})",
+             processes {} (servers' {}); {:.3} ms per commit, CPU per commit over none's {}, \
+             memory x{:.3} (code (k+r)/k = {:.3})",
             v.name,
             Spread::pct(v.overhead),
             Spread::pct(v.train_cpu_overhead),
@@ -1151,6 +1182,7 @@ pub fn run(run: RunArgs, plan: Plan) -> Result<()> {
             Spread::pct(v.cpu_overhead),
             Spread::pct(v.server_cpu_overhead),
             v.commit_per_update_s * 1e3,
+            MeanCi::show(v.extra_cpu_ms_per_txn, 1.0, " ms"),
             v.memory_overhead,
             v.code_overhead
         );
@@ -1263,7 +1295,7 @@ fn sweep_table(sweep: &[SweepPoint]) -> String {
     };
     let mut s = String::from(
         "workers | none samples/s | ecrec samples/s | overhead (95%) | CPU while training none / \
-         ecrec | CPU overhead | lock wait (refused / gate / slot / behind) | behind the one \
+         ecrec | CPU overhead | extra CPU per commit | lock wait (refused / gate / slot / behind) | behind the one \
          before | ms per commit | recovery throughput | resumed\n",
     );
     for p in sweep {
@@ -1277,8 +1309,8 @@ fn sweep_table(sweep: &[SweepPoint]) -> String {
             )
         });
         s += &format!(
-            "{} | {:.0} | {:.0} | {} | {:.1}s / {:.1}s | {} | {}{parts} | {:.0} of {:.0} | {:.2} | {} \
-             | {}\n",
+            "{} | {:.0} | {:.0} | {} | {:.1}s / {:.1}s | {} | {} | {}{parts} | {:.0} of {:.0} | {:.2} \
+             | {} | {}\n",
             p.workers,
             p.none_samples_per_s,
             p.ecrec_samples_per_s,
@@ -1286,6 +1318,11 @@ fn sweep_table(sweep: &[SweepPoint]) -> String {
             p.none_train_cpu_s,
             p.ecrec_train_cpu_s,
             pct(p.train_cpu_overhead, p.train_cpu_overhead_ci95),
+            match (p.extra_cpu_ms_per_txn, p.extra_cpu_ms_per_txn_ci95) {
+                (Some(m), Some(c)) => format!("{m:.1} ± {c:.1} ms"),
+                (Some(m), None) => format!("{m:.1} ms"),
+                _ => "-".into(),
+            },
             p.lock_wait_share
                 .map_or("-".into(), |l| format!("{:.0}%", l * 100.0)),
             p.txns_behind,

@@ -244,6 +244,11 @@ fn bench_ecrec_sweeps_worker_counts() {
     let variants = b["variants"].as_array().unwrap();
     assert_eq!(variants.len(), 2, "{variants:?}");
     assert_eq!(variants[1]["name"], "ecrec_k2_w2");
+    assert_eq!(
+        variants[1]["extra_cpu_ms_per_txn"]["runs"], 1,
+        "{}",
+        variants[1]
+    );
     let sweep = b["sweep"].as_array().unwrap();
     assert_eq!(sweep.len(), 2);
     for (p, w) in sweep.iter().zip([1, 2]) {
@@ -260,6 +265,16 @@ fn bench_ecrec_sweeps_worker_counts() {
         }
         // One repeat: no interval.
         assert!(p["overhead_ci95"].is_null(), "{p}");
+        // The CPU an update costs over `none`'s: the pair's difference over its commits.
+        let per_txn = p["extra_cpu_ms_per_txn"].as_f64().unwrap();
+        let txns = p["txns"].as_f64().unwrap();
+        assert!(txns > 0.0, "{p}");
+        let want = (p["ecrec_train_cpu_s"].as_f64().unwrap()
+            - p["none_train_cpu_s"].as_f64().unwrap())
+            * 1e3
+            / txns;
+        assert!((per_txn - want).abs() <= 1e-9 * want.abs().max(1.0), "{p}");
+        assert!(p["extra_cpu_ms_per_txn_ci95"].is_null(), "{p}");
         assert_eq!(p["extra_rss_bytes"].as_array().unwrap().len(), 3);
     }
     // The recovery run was made at the largest count only.
