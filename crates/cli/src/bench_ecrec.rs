@@ -3,10 +3,11 @@
 //! for the deterministic mode):
 //! - training-time overhead against no fault tolerance for the paper's variants (§5.2: all
 //!   on, without dense replication, and without dense replication and 2PC), for k = 2 and
-//!   k = 4, each run next to a `none` run and the whole set repeated, so that the spread of
-//!   the `none` runs is reported next to the overheads it has to be smaller than; and the
-//!   same as CPU time (user + system of the servers and workers), which the other load on a
-//!   shared machine disturbs less than wall time;
+//!   k = 4, each run next to a `none` run and the whole set repeated (its order rotated by one
+//!   each repeat), so that the spread of the `none` runs is reported next to the overheads it
+//!   has to be smaller than; and the same as CPU time (user + system of the servers and
+//!   workers), which the other load on a shared machine disturbs less than wall time, also as
+//!   the CPU an update costs over `none`'s per committed transaction;
 //! - the recovery from one SIGKILL (§5.3): time to training resumed, the rebuild's duration,
 //!   and training throughput while it ran, as a whole and per lock range, its active bandwidth
 //!   and CPU per MB, paced (the default) or for one or several fixed shares
@@ -901,8 +902,9 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
             ));
         }
     }
-    // Each repeat: `none`, then every variant; a variant's ratios are against the `none` run
-    // of its own repeat (and worker count), so slow drifts of the machine's load cancel out.
+    // Each repeat: `none` and every variant, in an order that rotates by one each repeat; a
+    // variant's ratios are against the `none` run of its own repeat (and worker count), so
+    // slow drifts of the machine's load cancel out.
     let total = repeats as usize * (counts.len() + variants.len())
         + plan.recovery_repeats as usize * (recovery_shares.len() + usize::from(full));
     eprintln!(
@@ -919,16 +921,27 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
         } else {
             String::new()
         };
+        let here: Vec<usize> = (0..variants.len())
+            .filter(|&i| variants[i].0 == w)
+            .collect();
         for rep in 0..repeats {
-            let n = run_one(
-                &at,
-                &format!("none{tag}_{rep}"),
-                StrategyChoice::None,
-                None,
-                &mut progress,
-            )?;
-            none.push(RunSummary::of("none", rep, n));
-            for (_, v) in variants.iter_mut().filter(|(vw, _)| *vw == w) {
+            // `none` and the variants in turn, the turn moved on by one each repeat: no run
+            // always comes first or right after another.
+            let slots = here.len() + 1;
+            for j in 0..slots {
+                let slot = (j + rep as usize) % slots;
+                if slot == 0 {
+                    let n = run_one(
+                        &at,
+                        &format!("none{tag}_{rep}"),
+                        StrategyChoice::None,
+                        None,
+                        &mut progress,
+                    )?;
+                    none.push(RunSummary::of("none", rep, n));
+                    continue;
+                }
+                let v = &mut variants[here[slot - 1]].1;
                 let name = v.name.trim_end_matches(&tag).to_string();
                 let r = run_one(
                     &at,

@@ -202,6 +202,75 @@ fn bad_bench_ecrec_shares_give_one_clear_error_line() {
 }
 
 #[test]
+fn bench_ecrec_rotates_its_runs_between_repeats() {
+    // Two repeats of `none` and the three k = 2 variants (k = 4 needs 5 servers): the second
+    // repeat starts one run later in the turn, and every figure still pairs a variant's run
+    // with the `none` run of its own repeat.
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let out = succeed(
+        ftrec()
+            .args([
+                "bench",
+                "ecrec",
+                "--preset",
+                "tiny",
+                "--servers",
+                "3",
+                "--workers",
+                "1",
+                "--steps",
+                "4",
+                "--batch",
+                "32",
+                "--eval-samples",
+                "0",
+                "--repeat",
+                "2",
+                "--no-recovery",
+                "--json",
+            ])
+            .arg(&json),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let order: Vec<&str> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("bench ecrec ["))
+        .filter_map(|l| l.split_once("] ")?.1.split_once(':'))
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "none_0",
+            "ecrec_k2_0",
+            "ecrec_k2_norep_0",
+            "ecrec_k2_norep_no2pc_0",
+            "ecrec_k2_1",
+            "ecrec_k2_norep_1",
+            "ecrec_k2_norep_no2pc_1",
+            "none_1",
+        ],
+        "{stderr}"
+    );
+    let b = read_json(&json);
+    let repeats = |runs: &serde_json::Value| -> Vec<u64> {
+        runs.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["repeat"].as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(repeats(&b["none"]), [0, 1]);
+    let variants = b["variants"].as_array().unwrap();
+    assert_eq!(variants.len(), 3, "{variants:?}");
+    for v in variants {
+        assert_eq!(repeats(&v["runs"]), [0, 1], "{v}");
+        assert_eq!(v["extra_cpu_ms_per_txn"]["runs"], 2, "{v}");
+    }
+}
+
+#[test]
 fn bench_ecrec_sweeps_worker_counts() {
     // `--workers 1,2`: `none` and ECRec all on at each count, one recovery run at the largest
     // count, and the memory of every server at that count.
