@@ -87,19 +87,22 @@ impl RunSummary {
 }
 
 /// ECRec's CPU while training over the `none` run of the same repeat, in milliseconds per
-/// committed transaction, one figure per pair (pairs whose ECRec run committed nothing or
-/// did not end normally left out). Servers and workers share the cores, so a ratio of times
-/// moves with the host's speed; the CPU an update costs moves much less.
+/// committed transaction, one figure per pair (pairs where either run did not end normally,
+/// or the ECRec run committed nothing, left out). Servers and workers share the cores, so a
+/// ratio of times moves with the host's speed; the CPU an update costs moves much less.
 fn extra_cpu_ms_per_txn<'a>(
     ecrec: impl IntoIterator<Item = &'a RunSummary>,
     none: &[&RunSummary],
 ) -> Vec<f64> {
+    let trained = |r: &RunSummary| {
+        r.report.cpu.train_servers_s.is_some() && r.report.cpu.train_workers_s.is_some()
+    };
     ecrec
         .into_iter()
         .zip(none)
         .filter_map(|(e, n)| {
             let txns = e.report.ec.as_ref()?.steps_committed;
-            (txns > 0 && e.train_cpu_s() > 0.0 && n.train_cpu_s() > 0.0)
+            (txns > 0 && trained(e) && trained(n))
                 .then(|| (e.train_cpu_s() - n.train_cpu_s()) * 1e3 / txns as f64)
         })
         .collect()
