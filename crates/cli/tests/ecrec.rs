@@ -35,6 +35,32 @@ fn run_args(dir: &Path) -> Vec<String> {
     .collect()
 }
 
+/// `ftrec bench ecrec` on three tiny servers (batch 32, no evaluation) with `extra`, which
+/// must succeed: its output and its JSON.
+fn bench_ecrec(extra: &[&str]) -> (std::process::Output, serde_json::Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let out = succeed(
+        ftrec()
+            .args([
+                "bench",
+                "ecrec",
+                "--preset",
+                "tiny",
+                "--servers",
+                "3",
+                "--batch",
+                "32",
+                "--eval-samples",
+                "0",
+            ])
+            .args(extra)
+            .arg("--json")
+            .arg(&json),
+    );
+    (out, read_json(&json))
+}
+
 #[test]
 fn an_ecrec_run_with_a_kill_rebuilds_the_server_and_matches_the_clean_run() {
     let dir = tempfile::tempdir().unwrap();
@@ -132,37 +158,19 @@ fn bad_ecrec_settings_give_one_clear_error_line() {
 fn bench_ecrec_runs_one_recovery_per_rebuild_share() {
     // `--repeat 0`: the recovery runs only; one ECRec recovery per share of
     // `--rebuild-shares`, each rebuild finished and its share reported.
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("bench.json");
-    let out = succeed(
-        ftrec()
-            .args([
-                "bench",
-                "ecrec",
-                "--preset",
-                "tiny",
-                "--servers",
-                "3",
-                "--workers",
-                "1",
-                "--steps",
-                "12",
-                "--batch",
-                "32",
-                "--eval-samples",
-                "0",
-                "--repeat",
-                "0",
-                "--rebuild-shares",
-                "1,0.5",
-                "--no-full",
-                "--json",
-            ])
-            .arg(&json),
-    );
+    let (out, b) = bench_ecrec(&[
+        "--workers",
+        "1",
+        "--steps",
+        "12",
+        "--repeat",
+        "0",
+        "--rebuild-shares",
+        "1,0.5",
+        "--no-full",
+    ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("rebuild share 0.5"), "{stdout}");
-    let b = read_json(&json);
     assert_eq!(b["none"].as_array().unwrap().len(), 0);
     // No variant without a run to compare: none listed, none printed.
     assert_eq!(b["variants"].as_array().unwrap().len(), 0);
@@ -206,32 +214,15 @@ fn bench_ecrec_rotates_its_runs_between_repeats() {
     // Two repeats of `none` and the three k = 2 variants (k = 4 needs 5 servers): the second
     // repeat starts one run later in the turn, and every figure still pairs a variant's run
     // with the `none` run of its own repeat.
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("bench.json");
-    let out = succeed(
-        ftrec()
-            .args([
-                "bench",
-                "ecrec",
-                "--preset",
-                "tiny",
-                "--servers",
-                "3",
-                "--workers",
-                "1",
-                "--steps",
-                "4",
-                "--batch",
-                "32",
-                "--eval-samples",
-                "0",
-                "--repeat",
-                "2",
-                "--no-recovery",
-                "--json",
-            ])
-            .arg(&json),
-    );
+    let (out, b) = bench_ecrec(&[
+        "--workers",
+        "1",
+        "--steps",
+        "4",
+        "--repeat",
+        "2",
+        "--no-recovery",
+    ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let order: Vec<&str> = stderr
         .lines()
@@ -253,7 +244,6 @@ fn bench_ecrec_rotates_its_runs_between_repeats() {
         ],
         "{stderr}"
     );
-    let b = read_json(&json);
     let repeats = |runs: &serde_json::Value| -> Vec<u64> {
         runs.as_array()
             .unwrap()
@@ -274,40 +264,22 @@ fn bench_ecrec_rotates_its_runs_between_repeats() {
 fn bench_ecrec_sweeps_worker_counts() {
     // `--workers 1,2`: `none` and ECRec all on at each count, one recovery run at the largest
     // count, and the memory of every server at that count.
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("sweep.json");
-    let out = succeed(
-        ftrec()
-            .args([
-                "bench",
-                "ecrec",
-                "--preset",
-                "tiny",
-                "--servers",
-                "3",
-                "--workers",
-                "1,2",
-                "--steps",
-                "6",
-                "--batch",
-                "32",
-                "--eval-samples",
-                "0",
-                "--repeat",
-                "1",
-                "--recovery-steps",
-                "16",
-                "--rebuild-shares",
-                "1",
-                "--no-full",
-                "--json",
-            ])
-            .arg(&json),
-    );
+    let (out, b) = bench_ecrec(&[
+        "--workers",
+        "1,2",
+        "--steps",
+        "6",
+        "--repeat",
+        "1",
+        "--recovery-steps",
+        "16",
+        "--rebuild-shares",
+        "1",
+        "--no-full",
+    ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("workers | none samples/s"), "{stdout}");
     assert!(stdout.contains("memory at 2 workers"), "{stdout}");
-    let b = read_json(&json);
     // The fields of a single count are still there.
     assert_eq!(b["none"].as_array().unwrap().len(), 2);
     let variants = b["variants"].as_array().unwrap();
