@@ -1304,15 +1304,23 @@ fn mib(bytes: f64) -> String {
 
 /// The sweep as a table: one row per worker count.
 fn sweep_table(sweep: &[SweepPoint]) -> String {
-    let pct = |v: Option<f64>, ci: Option<f64>| match (v, ci) {
-        (Some(v), Some(c)) => format!("{:+.1}% ± {:.1}", v * 100.0, c * 100.0),
-        (Some(v), None) => format!("{:+.1}%", v * 100.0),
-        _ => "-".into(),
+    // A mean with its 95% half-width where there is one: `scale`d, signed or not, `unit`.
+    let show = |v: Option<f64>, ci: Option<f64>, scale: f64, unit: &str, signed: bool| match v {
+        Some(v) => {
+            let m = if signed {
+                format!("{:+.1}{unit}", v * scale)
+            } else {
+                format!("{:.1}{unit}", v * scale)
+            };
+            ci.map_or(m.clone(), |c| format!("{m} ± {:.1}", c * scale))
+        }
+        None => "-".into(),
     };
+    let pct = |v: Option<f64>, ci: Option<f64>| show(v, ci, 100.0, "%", true);
     let mut s = String::from(
         "workers | none samples/s | ecrec samples/s | overhead (95%) | CPU while training none / \
-         ecrec | CPU overhead | extra CPU per commit | lock wait (refused / gate / slot / behind) | behind the one \
-         before | ms per commit | recovery throughput | resumed\n",
+         ecrec | CPU overhead | extra CPU per commit (ms) | lock wait (refused / gate / slot / \
+         behind) | behind the one before | ms per commit | recovery throughput | resumed\n",
     );
     for p in sweep {
         let parts = p.lock_wait.map_or(String::new(), |w| {
@@ -1334,11 +1342,13 @@ fn sweep_table(sweep: &[SweepPoint]) -> String {
             p.none_train_cpu_s,
             p.ecrec_train_cpu_s,
             pct(p.train_cpu_overhead, p.train_cpu_overhead_ci95),
-            match (p.extra_cpu_ms_per_txn, p.extra_cpu_ms_per_txn_ci95) {
-                (Some(m), Some(c)) => format!("{m:.1} ± {c:.1} ms"),
-                (Some(m), None) => format!("{m:.1} ms"),
-                _ => "-".into(),
-            },
+            show(
+                p.extra_cpu_ms_per_txn,
+                p.extra_cpu_ms_per_txn_ci95,
+                1.0,
+                "",
+                false
+            ),
             p.lock_wait_share
                 .map_or("-".into(), |l| format!("{:.0}%", l * 100.0)),
             p.txns_behind,
