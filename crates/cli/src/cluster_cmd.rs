@@ -71,6 +71,8 @@ pub struct JobFile {
     pub dense_initial_accumulator: Option<f32>,
     pub threads: Option<usize>,
     pub compute_nice: Option<i32>,
+    pub server_cpus: Option<ftrec_cluster::cpus::CpuSet>,
+    pub worker_cpus: Option<ftrec_cluster::cpus::CpuSet>,
     pub eval_samples: Option<usize>,
     pub heartbeat_ms: Option<u64>,
     pub heartbeat_timeout_ms: Option<u64>,
@@ -213,6 +215,8 @@ pub fn merge(a: &RunArgs) -> Result<RunArgs> {
         },
         threads: a.threads.or(f.threads),
         compute_nice: a.compute_nice.or(f.compute_nice),
+        server_cpus: a.server_cpus.clone().or(f.server_cpus),
+        worker_cpus: a.worker_cpus.clone().or(f.worker_cpus),
         eval_samples: a.eval_samples.or(f.eval_samples),
         heartbeat_ms: a.heartbeat_ms.or(f.heartbeat_ms),
         heartbeat_timeout_ms: a.heartbeat_timeout_ms.or(f.heartbeat_timeout_ms),
@@ -363,6 +367,8 @@ pub fn run_config(a: &RunArgs) -> Result<RunConfig> {
     if let Some(n) = a.compute_nice {
         cfg.compute_nice = n;
     }
+    cfg.server_cpus = a.server_cpus.clone();
+    cfg.worker_cpus = a.worker_cpus.clone();
     a.opt
         .apply(&mut cfg.sparse_optimizer, &mut cfg.dense_optimizer)?;
     cfg.heartbeat = Duration::from_millis(a.heartbeat_ms.unwrap_or(100));
@@ -635,6 +641,15 @@ mod tests {
     fn the_valid_job_parses() {
         let f = JobFile::parse(VALID).unwrap();
         assert_eq!((f.servers, f.workers, f.kill.len()), (Some(3), Some(2), 2));
+    }
+
+    #[test]
+    fn job_file_cpu_sets_parse_and_a_bad_one_names_its_line() {
+        let f = JobFile::parse("server_cpus = \"1\"\nworker_cpus = \"0,2-3\"\n").unwrap();
+        assert_eq!(f.server_cpus.unwrap().cpus(), [1]);
+        assert_eq!(f.worker_cpus.unwrap().cpus(), [0, 2, 3]);
+        let e = JobFile::parse("workers = 2\nworker_cpus = \"3-1\"\n").unwrap_err();
+        assert!(e.contains("line 2") && e.contains("backwards"), "{e}");
     }
 
     #[test]

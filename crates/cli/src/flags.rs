@@ -181,6 +181,14 @@ pub struct RunArgs {
     /// thread at its own priority [default: 19].
     #[arg(long, value_name = "N")]
     pub compute_nice: Option<i32>,
+    /// Start the servers on these CPUs only, e.g. `1` or `2-3` (servers this job starts; the
+    /// workers' are `--worker-cpus`): disjoint sets place servers and workers as separate
+    /// machines would [default: any CPU].
+    #[arg(long, value_name = "LIST")]
+    pub server_cpus: Option<ftrec_cluster::cpus::CpuSet>,
+    /// Start the workers on these CPUs only, e.g. `0` or `0-1` [default: any CPU].
+    #[arg(long, value_name = "LIST")]
+    pub worker_cpus: Option<ftrec_cluster::cpus::CpuSet>,
     /// Held-out samples for AUC and logloss (0 skips the evaluation) [default: the preset's].
     #[arg(long)]
     pub eval_samples: Option<usize>,

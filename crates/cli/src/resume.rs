@@ -33,6 +33,9 @@ pub fn config(a: &RunArgs, location: &str) -> Result<RunConfig> {
     if let Some(n) = a.compute_nice {
         cfg.compute_nice = n;
     }
+    // Where the processes run is the machine's business, not the job's: as given now.
+    cfg.server_cpus = a.server_cpus.clone();
+    cfg.worker_cpus = a.worker_cpus.clone();
     if let Some(e) = a.eval_samples {
         cfg.eval_samples = e;
     }

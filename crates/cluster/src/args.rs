@@ -312,7 +312,7 @@ pub fn server_id(s: &str) -> Result<u32, String> {
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct WorkerArgs {
     /// The coordinator's control socket: HOST:PORT, with a DNS name (looked up at every
-    /// connection attempt), an IPv4 or an [IPv6] address.
+    /// connection attempt), an IPv4 or an `[IPv6]` address.
     #[arg(long, value_name = "HOST:PORT")]
     pub coordinator: PeerAddr,
     #[arg(long)]

@@ -368,6 +368,8 @@ pub struct WorkerPool {
     last_refusal: Option<String>,
     /// Losses a caller waiting for one worker put back for the next caller ([`Self::defer`]).
     deferred: std::collections::VecDeque<PoolEvent>,
+    /// The CPUs the workers it starts run on ([`Self::on_cpus`]).
+    cpus: Option<crate::cpus::CpuSet>,
 }
 
 impl WorkerPool {
@@ -446,7 +448,15 @@ impl WorkerPool {
             auth,
             last_refusal: None,
             deferred: Default::default(),
+            cpus: None,
         })
+    }
+
+    /// Start the workers this pool starts on `cpus` only (`None`: wherever this process may
+    /// run).
+    pub fn on_cpus(mut self, cpus: Option<crate::cpus::CpuSet>) -> WorkerPool {
+        self.cpus = cpus;
+        self
     }
 
     /// The control socket's address (what `ftrec worker --coordinator` connects to).
@@ -479,7 +489,11 @@ impl WorkerPool {
         );
         self.slots[w as usize].starts += 1;
         self.auth.fences.raise(me);
-        let child = Command::new(&exe)
+        let mut cmd = Command::new(&exe);
+        if let Some(cpus) = &self.cpus {
+            cpus.pin(&mut cmd);
+        }
+        let child = cmd
             .args([
                 "worker",
                 "--coordinator",

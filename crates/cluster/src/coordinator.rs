@@ -234,7 +234,8 @@ fn run_job(cfg: &RunConfig, resume: bool) -> Result<RunReport, ClusterError> {
         cfg.workers,
         (!cfg.external_workers).then_some(cfg.exe.as_path()),
         cfg.auth.clone(),
-    )?;
+    )?
+    .on_cpus(cfg.worker_cpus.clone());
     let (hb_targets, hb_rx) = watch::channel(Vec::new());
     let (lost_tx, lost_rx) = tmpsc::unbounded_channel();
     let mut c = Coordinator {

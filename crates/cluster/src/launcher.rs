@@ -38,7 +38,11 @@ impl ServerProcess {
         let mut spec = spec.clone();
         spec.port_file = Some(port_file.clone());
         spec.until = crate::spec::Lifetime::Stdin;
-        let child = Command::new(exe)
+        let mut cmd = Command::new(exe);
+        if let Some(cpus) = &spec.cpus {
+            cpus.pin(&mut cmd);
+        }
+        let child = cmd
             .args(spec.to_args())
             // The token and job id go through the environment: a command line is public.
             .env_remove(ftrec_ps::auth::TOKEN_ENV)

@@ -12,7 +12,8 @@
 //!   from and pushing to the servers over gRPC; it holds no state between batches, so a lost
 //!   worker is replaced by a new process with the same id;
 //! - the launcher ([`ServerProcess`], [`control::WorkerPool`]): starts server and worker
-//!   processes of a given executable, waits until they are ready, kills (SIGKILL) and reaps
+//!   processes of a given executable (on the CPU sets a job gives them: [`cpus`]), waits until
+//!   they are ready, kills (SIGKILL) and reaps
 //!   them; no child outlives its handle, and a coordinator that dies takes its children with it
 //!   (their standard input and control connection close);
 //! - the coordinator ([`run`], configured by a [`RunConfig`]): synchronous deterministic mode
@@ -89,6 +90,7 @@ pub mod auth;
 pub mod control;
 pub mod coordinator;
 pub mod cpr;
+pub mod cpus;
 pub mod ecrec;
 pub mod job;
 pub mod launcher;

@@ -49,6 +49,10 @@ pub struct ServerSpec {
     /// process through its environment, never its command line (nor serialized).
     #[serde(skip)]
     pub auth: crate::auth::Auth,
+    /// The CPUs its launcher starts it on (`None`: wherever the launcher may run); not an
+    /// argument of the process, so not serialized.
+    #[serde(skip)]
+    pub cpus: Option<crate::cpus::CpuSet>,
 }
 
 /// A server's checkpoint service: where it stages chunks on local disk (DECK §3.2's SSD layer)
@@ -116,6 +120,7 @@ impl ServerSpec {
             ckpt: None,
             ec: None,
             auth: crate::auth::Auth::none(),
+            cpus: None,
         };
         spec.validate()?;
         Ok(spec)
@@ -822,6 +827,12 @@ pub struct RunConfig {
     /// [`DEFAULT_COMPUTE_NICE`]).
     #[serde(default = "default_compute_nice")]
     pub compute_nice: i32,
+    /// The CPUs the servers it starts run on (`--server-cpus`; `None`: any).
+    #[serde(default)]
+    pub server_cpus: Option<crate::cpus::CpuSet>,
+    /// The CPUs the workers it starts run on (`--worker-cpus`; `None`: any).
+    #[serde(default)]
+    pub worker_cpus: Option<crate::cpus::CpuSet>,
     /// Servers started elsewhere (`ftrec server` on other hosts), in server order; empty: the
     /// coordinator starts its own. A lost external server is waited for at its address.
     #[serde(default)]
@@ -917,6 +928,8 @@ impl RunConfig {
             save_timeout_s: None,
             threads: 1,
             compute_nice: DEFAULT_COMPUTE_NICE,
+            server_cpus: None,
+            worker_cpus: None,
             external_servers: Vec::new(),
             external_workers: false,
             control_listen: default_control(),
@@ -988,6 +1001,22 @@ impl RunConfig {
                  {MAX_COMPUTE_NICE} (the lowest), got {}",
                 self.compute_nice
             ));
+        }
+        for (cpus, flag, elsewhere) in [
+            (
+                &self.server_cpus,
+                "--server-cpus",
+                !self.external_servers.is_empty(),
+            ),
+            (&self.worker_cpus, "--worker-cpus", self.external_workers),
+        ] {
+            let Some(cpus) = cpus else { continue };
+            if elsewhere {
+                return bad(format!(
+                    "{flag} places the processes this job starts, and these are started                      elsewhere: drop {flag}"
+                ));
+            }
+            cpus.check_allowed(flag)?;
         }
         match self.strategy {
             StrategyChoice::Full { every_steps: 0 }
@@ -1172,6 +1201,7 @@ impl RunConfig {
             }),
             ec: EcServerSpec::of_strategy(&self.strategy),
             auth: self.auth.clone(),
+            cpus: self.server_cpus.clone(),
         }
     }
 }
