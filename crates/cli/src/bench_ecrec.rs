@@ -426,6 +426,9 @@ struct Recovery {
 #[derive(Serialize)]
 struct EcrecBench {
     asynchronous: bool,
+    /// The CPUs every run's servers and workers were started on (`None`: any).
+    server_cpus: Option<ftrec_cluster::cpus::CpuSet>,
+    worker_cpus: Option<ftrec_cluster::cpus::CpuSet>,
     steps: u64,
     /// Steps of the recovery runs, and the step after which their server is killed.
     recovery_steps: u64,
@@ -1129,6 +1132,8 @@ fn bench(run: &RunArgs, plan: &Plan) -> Result<EcrecBench> {
     }
     Ok(EcrecBench {
         asynchronous: !none_cfg.sync,
+        server_cpus: none_cfg.server_cpus.clone(),
+        worker_cpus: none_cfg.worker_cpus.clone(),
         steps,
         recovery_steps,
         kill_step,
@@ -1151,8 +1156,12 @@ pub fn run(run: RunArgs, plan: Plan) -> Result<()> {
     let mut args = run;
     args.json = None;
     let b = bench(&args, &plan)?;
+    let cpus = |c: &Option<ftrec_cluster::cpus::CpuSet>| {
+        c.as_ref().map_or("any".to_string(), ToString::to_string)
+    };
     println!(
-        "{} training, {} steps, {} repeats; recovery runs of {} steps killed after step {}",
+        "{} training, {} steps, {} repeats; recovery runs of {} steps killed after step {}; \
+         servers on CPUs {}, workers on CPUs {}",
         if b.asynchronous {
             "asynchronous"
         } else {
@@ -1161,7 +1170,9 @@ pub fn run(run: RunArgs, plan: Plan) -> Result<()> {
         b.steps,
         b.repeats,
         b.recovery_steps,
-        b.kill_step
+        b.kill_step,
+        cpus(&b.server_cpus),
+        cpus(&b.worker_cpus)
     );
     for n in &b.none {
         println!(

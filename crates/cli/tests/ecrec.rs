@@ -210,6 +210,49 @@ fn bad_bench_ecrec_shares_give_one_clear_error_line() {
 }
 
 #[test]
+fn bench_ecrec_starts_every_run_on_the_cpus_it_is_given() {
+    // The CPUs this test may use (the bench's processes inherit them): as a set, every one.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let allowed = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let (out, b) = bench_ecrec(&[
+        "--workers",
+        "1",
+        "--steps",
+        "2",
+        "--repeat",
+        "1",
+        "--no-recovery",
+        "--server-cpus",
+        &allowed,
+        "--worker-cpus",
+        &allowed,
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "servers on CPUs {allowed}, workers on CPUs {allowed}"
+        )),
+        "{stdout}"
+    );
+    assert_eq!(b["server_cpus"], allowed);
+    assert_eq!(b["worker_cpus"], allowed);
+    let mut runs: Vec<&serde_json::Value> = b["none"].as_array().unwrap().iter().collect();
+    for v in b["variants"].as_array().unwrap() {
+        runs.extend(v["runs"].as_array().unwrap());
+    }
+    assert_eq!(runs.len(), 4);
+    for r in runs {
+        assert_eq!(r["report"]["config"]["server_cpus"], allowed, "{r}");
+        assert_eq!(r["report"]["config"]["worker_cpus"], allowed, "{r}");
+    }
+}
+
+#[test]
 fn bench_ecrec_rotates_its_runs_between_repeats() {
     // Two repeats of `none` and the three k = 2 variants (k = 4 needs 5 servers): the second
     // repeat starts one run later in the turn, and every figure still pairs a variant's run
