@@ -16,7 +16,7 @@ use ftrec_cluster::args::{parse_process, ProcessCmd};
 use ftrec_cluster::auth::{Auth, JobId, Token};
 use ftrec_cluster::control::{read_line, send_line, FromWorker, ToWorker, WorkerPool};
 use ftrec_cluster::worker::WorkerSetup;
-use ftrec_cluster::{run, RunConfig, ServerProcess, ServerSpec, StrategyChoice};
+use ftrec_cluster::{run, RunConfig, ServerSpec, StrategyChoice};
 use ftrec_core::Preset;
 
 fn auth(token: Option<&str>, job: Option<&str>) -> Auth {
@@ -59,14 +59,7 @@ fn every_default_bind_address_is_loopback() {
     // The control socket and a started server, bound for real.
     let pool = WorkerPool::listen(cfg.control_listen, 1, None).unwrap();
     assert!(loopback(pool.addr()), "{}", pool.addr());
-    let mut p = ServerProcess::spawn(
-        &server_exe(),
-        &cfg.server_spec(0),
-        dir.path(),
-        0,
-        Duration::from_secs(30),
-    )
-    .unwrap();
+    let mut p = common::start_server(&cfg.server_spec(0), dir.path());
     assert!(loopback(p.addr), "{}", p.addr);
     p.kill();
 }
@@ -215,8 +208,7 @@ fn a_coordinator_refuses_servers_of_another_job_or_with_another_token() {
     cfg.servers = 1;
     let mut spec = cfg.server_spec(0);
     spec.auth = auth(Some("tok"), Some("job-old"));
-    let mut server =
-        ServerProcess::spawn(&server_exe(), &spec, dir.path(), 0, Duration::from_secs(30)).unwrap();
+    let mut server = common::start_server(&spec, dir.path());
     cfg.external_servers = vec![server.addr.into()];
     cfg.auth = auth(Some("tok"), Some("job-new"));
     let e = run(&cfg).unwrap_err().to_string();

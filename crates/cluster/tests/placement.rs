@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use ftrec_cluster::control::WorkerPool;
 use ftrec_cluster::cpus::{allowed_cpus, CpuSet};
-use ftrec_cluster::ServerProcess;
 
 /// The CPU list every thread of process `pid` may run on (`Cpus_allowed_list`), one entry
 /// per thread.
@@ -40,14 +39,7 @@ fn a_server_started_on_a_cpu_set_runs_every_thread_there() {
     let cpus = last_cpu();
     cfg.server_cpus = Some(cpus.clone());
     cfg.validate().unwrap();
-    let mut p = ServerProcess::spawn(
-        &server_exe(),
-        &cfg.server_spec(0),
-        dir.path(),
-        0,
-        Duration::from_secs(30),
-    )
-    .unwrap();
+    let mut p = common::start_server(&cfg.server_spec(0), dir.path());
     let lists = thread_cpus(p.pid());
     assert!(lists.len() >= 2, "a serving process has threads: {lists:?}");
     assert!(lists.iter().all(|l| *l == cpus.to_string()), "{lists:?}");

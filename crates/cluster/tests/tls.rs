@@ -5,14 +5,12 @@
 //! flags are refused at start-up, naming the flag and the file.
 
 mod common;
-use common::server_exe;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use ftrec_cluster::args::{parse_process, ProcessCmd};
 use ftrec_cluster::auth::Auth;
-use ftrec_cluster::{build_server, run, RunConfig, ServerProcess, StrategyChoice};
+use ftrec_cluster::{build_server, run, RunConfig, StrategyChoice};
 use ftrec_ps::auth::ServeOptions;
 use ftrec_ps::grpc::{ps_service, serve_routes_with, GrpcClient, GrpcConfig, Routes};
 use ftrec_ps::tls::Tls;
@@ -105,8 +103,7 @@ fn clients_without_tls_or_of_another_ca_are_refused_with_a_clear_error() {
     let mut spec = config(dir.path()).server_spec(0);
     spec.servers = 1;
     spec.auth = with_tls(Some(tls(&files)));
-    let mut server =
-        ServerProcess::spawn(&server_exe(), &spec, dir.path(), 0, Duration::from_secs(30)).unwrap();
+    let mut server = common::start_server(&spec, dir.path());
     let addr = server.addr;
     let rt = rt();
     let connect = |auth: Auth| {

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ftrec_cluster::RunConfig;
+use ftrec_cluster::{RunConfig, ServerProcess, ServerSpec};
 use ftrec_core::Preset;
 
 /// The server binary the tests run (`ftrec-cluster-server`).
@@ -24,4 +24,17 @@ pub fn tiny_run(dir: &Path, servers: u32, workers: u32, steps: u64, seed: u64) -
     cfg.seed = seed;
     cfg.eval_samples = 0;
     cfg
+}
+
+/// Start the test server binary as `spec` (generation 0, its port file in `dir`) and wait
+/// until it serves.
+pub fn start_server(spec: &ServerSpec, dir: &Path) -> ServerProcess {
+    ServerProcess::spawn(
+        &server_exe(),
+        spec,
+        dir,
+        0,
+        std::time::Duration::from_secs(30),
+    )
+    .unwrap()
 }
