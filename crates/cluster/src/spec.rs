@@ -1013,7 +1013,8 @@ impl RunConfig {
             let Some(cpus) = cpus else { continue };
             if elsewhere {
                 return bad(format!(
-                    "{flag} places the processes this job starts, and these are started                      elsewhere: drop {flag}"
+                    "{flag} places the processes this job starts, and these are started \
+                     elsewhere: drop {flag}"
                 ));
             }
             cpus.check_allowed(flag)?;
