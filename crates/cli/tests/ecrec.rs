@@ -212,13 +212,7 @@ fn bad_bench_ecrec_shares_give_one_clear_error_line() {
 #[test]
 fn bench_ecrec_starts_every_run_on_the_cpus_it_is_given() {
     // The CPUs this test may use (the bench's processes inherit them): as a set, every one.
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let allowed = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        .unwrap()
-        .trim()
-        .to_string();
+    let allowed = ftrec_cluster::cpus::allowed_cpus().unwrap().to_string();
     let (out, b) = bench_ecrec(&[
         "--workers",
         "1",
